@@ -1,0 +1,200 @@
+#include "custom_op.h"
+
+#include <atomic>
+#include <mutex>
+#include <new>
+
+#include "op_table.h"
+#include "ort_util.h"
+
+namespace onnxnorm {
+namespace ort {
+namespace {
+
+static_assert(ORT_API_VERSION >= 17,
+              "onnxnorm needs ONNX Runtime headers 1.17 or newer (CreateKernelV2, KernelContext_ParallelFor)");
+
+std::atomic<const OrtApi*> g_api{nullptr};
+
+// One OrtCustomOp per registration-table line; every callback reads the line.
+struct TableOp : OrtCustomOp {
+  TableOp(const KernelEntry& e, bool shape_inference);
+  const KernelEntry* entry;
+};
+
+const KernelEntry& EntryOf(const OrtCustomOp* op) { return *static_cast<const TableOp*>(op)->entry; }
+
+ONNXTensorElementDataType TypeOf(const KernelEntry& e, const ParamSpec& p) {
+  return p.type == TypeVar::kT ? e.t : e.s;
+}
+
+OrtCustomOpInputOutputCharacteristic CharacteristicOf(const ParamSpec& p) {
+  return p.optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+}
+
+OrtStatus* ORT_API_CALL CreateKernelV2(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
+                                       void** kernel) {
+  const KernelEntry& entry = EntryOf(op);
+  *kernel = nullptr;
+  try {
+    Kernel* k = nullptr;
+    OrtStatus* status = entry.create(*api, info, entry, &k);
+    if (status == nullptr) *kernel = k;
+    return status;
+  } catch (...) {
+    // Factories report errors as statuses; this is only reached on std::bad_alloc and the like.
+    return api->CreateStatus(ORT_FAIL, "onnxnorm: cannot create the kernel (out of memory?)");
+  }
+}
+
+OrtStatus* ORT_API_CALL KernelComputeV2(void* kernel, OrtKernelContext* context) {
+  return static_cast<Kernel*>(kernel)->Compute(context);
+}
+
+void ORT_API_CALL KernelDestroy(void* kernel) { delete static_cast<Kernel*>(kernel); }
+
+const char* ORT_API_CALL GetName(const OrtCustomOp* op) { return EntryOf(op).spec->name; }
+
+const char* ORT_API_CALL GetExecutionProviderType(const OrtCustomOp* op) { return EntryOf(op).execution_provider; }
+
+size_t ORT_API_CALL GetInputTypeCount(const OrtCustomOp* op) { return EntryOf(op).spec->inputs.size(); }
+
+size_t ORT_API_CALL GetOutputTypeCount(const OrtCustomOp* op) { return EntryOf(op).spec->outputs.size(); }
+
+ONNXTensorElementDataType ORT_API_CALL GetInputType(const OrtCustomOp* op, size_t i) {
+  const KernelEntry& e = EntryOf(op);
+  return i < e.spec->inputs.size() ? TypeOf(e, e.spec->inputs[i]) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+
+ONNXTensorElementDataType ORT_API_CALL GetOutputType(const OrtCustomOp* op, size_t i) {
+  const KernelEntry& e = EntryOf(op);
+  return i < e.spec->outputs.size() ? TypeOf(e, e.spec->outputs[i]) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL GetInputCharacteristic(const OrtCustomOp* op, size_t i) {
+  const KernelEntry& e = EntryOf(op);
+  return i < e.spec->inputs.size() ? CharacteristicOf(e.spec->inputs[i]) : INPUT_OUTPUT_REQUIRED;
+}
+
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL GetOutputCharacteristic(const OrtCustomOp* op, size_t i) {
+  const KernelEntry& e = EntryOf(op);
+  return i < e.spec->outputs.size() ? CharacteristicOf(e.spec->outputs[i]) : INPUT_OUTPUT_REQUIRED;
+}
+
+OrtMemType ORT_API_CALL GetInputMemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+
+// No variadic inputs or outputs; ORT only asks when one is declared.
+int ORT_API_CALL GetVariadicMinArity(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL GetVariadicHomogeneity(const OrtCustomOp*) { return 1; }
+
+int ORT_API_CALL GetStartVersion(const OrtCustomOp* op) { return EntryOf(op).spec->since_version; }
+
+// Shape inference at model load: the required node-typed outputs (Y) have X's type and shape.
+// Optional outputs are left alone (the context cannot tell whether the node has them). Any
+// failure here only means less shape information, never an error.
+OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferContext* context) {
+  const OrtApi* api = g_api.load();
+  if (api == nullptr) return nullptr;
+  const KernelEntry& e = EntryOf(op);
+  size_t inputs = 0;
+  if (OrtStatus* s = api->ShapeInferContext_GetInputCount(context, &inputs)) {
+    api->ReleaseStatus(s);
+    return nullptr;
+  }
+  if (inputs == 0) return nullptr;
+  OrtTensorTypeAndShapeInfo* x_info = nullptr;  // owned by the context
+  if (OrtStatus* s = api->ShapeInferContext_GetInputTypeShape(context, 0, &x_info)) {
+    api->ReleaseStatus(s);
+    return nullptr;
+  }
+  size_t rank = 0;
+  if (OrtStatus* s = api->GetDimensionsCount(x_info, &rank)) {
+    api->ReleaseStatus(s);
+    return nullptr;
+  }
+  if (rank == 0) return nullptr;  // unknown rank (or a scalar X, which Compute rejects)
+  for (size_t i = 0; i < e.spec->outputs.size(); ++i) {
+    const ParamSpec& p = e.spec->outputs[i];
+    if (p.type != TypeVar::kT || p.optional) continue;
+    if (OrtStatus* s = api->ShapeInferContext_SetOutputTypeShape(context, i, x_info)) api->ReleaseStatus(s);
+  }
+  return nullptr;
+}
+
+TableOp::TableOp(const KernelEntry& e, bool shape_inference) : OrtCustomOp{}, entry(&e) {
+  version = ORT_API_VERSION;
+  CreateKernel = nullptr;  // CreateKernelV2 / KernelComputeV2 report errors as statuses instead
+  GetName = &ort::GetName;
+  GetExecutionProviderType = &ort::GetExecutionProviderType;
+  GetInputType = &ort::GetInputType;
+  GetInputTypeCount = &ort::GetInputTypeCount;
+  GetOutputType = &ort::GetOutputType;
+  GetOutputTypeCount = &ort::GetOutputTypeCount;
+  KernelCompute = nullptr;
+  KernelDestroy = &ort::KernelDestroy;
+  GetInputCharacteristic = &ort::GetInputCharacteristic;
+  GetOutputCharacteristic = &ort::GetOutputCharacteristic;
+  GetInputMemoryType = &ort::GetInputMemoryType;
+  GetVariadicInputMinArity = &GetVariadicMinArity;
+  GetVariadicInputHomogeneity = &GetVariadicHomogeneity;
+  GetVariadicOutputMinArity = &GetVariadicMinArity;
+  GetVariadicOutputHomogeneity = &GetVariadicHomogeneity;
+  CreateKernelV2 = &ort::CreateKernelV2;
+  KernelComputeV2 = &ort::KernelComputeV2;
+  InferOutputShapeFn = shape_inference ? &InferOutputShape : nullptr;
+  GetStartVersion = &ort::GetStartVersion;
+  GetEndVersion = nullptr;  // open-ended
+}
+
+}  // namespace
+
+void SetRegisteredApi(const OrtApi* api) { g_api.store(api); }
+
+bool RuntimeAtLeast(const char* version, int major, int minor) {
+  if (version == nullptr) return false;
+  int parts[2] = {0, 0};
+  const char* p = version;
+  for (int& part : parts) {
+    if (*p < '0' || *p > '9') return false;
+    while (*p >= '0' && *p <= '9' && part < 100000) part = part * 10 + (*p++ - '0');
+    if (*p == '.') ++p;
+  }
+  return parts[0] > major || (parts[0] == major && parts[1] >= minor);
+}
+
+OrtStatus* GetCustomOpDomain(const OrtApi& api, bool shape_inference, OrtCustomOpDomain** out) {
+  static std::mutex mutex;
+  static OrtCustomOpDomain* domain = nullptr;  // never released (see custom_op.h)
+  static TableOp* ops = nullptr;               // likewise
+  std::lock_guard<std::mutex> lock(mutex);
+  *out = nullptr;
+  if (domain != nullptr) {
+    *out = domain;
+    return nullptr;
+  }
+
+  const Span<KernelEntry> table = KernelTable();
+  if (ops == nullptr) {
+    // Constructed in place so that every object keeps its address for the life of the process.
+    void* memory = ::operator new(sizeof(TableOp) * table.size(), std::nothrow);
+    if (memory == nullptr) return api.CreateStatus(ORT_FAIL, "onnxnorm: out of memory");
+    auto* built = static_cast<TableOp*>(memory);
+    for (size_t i = 0; i < table.size(); ++i) new (&built[i]) TableOp(table[i], shape_inference);
+    ops = built;
+  }
+
+  OrtCustomOpDomain* created = nullptr;
+  if (OrtStatus* s = api.CreateCustomOpDomain(kDomain, &created)) return s;
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (OrtStatus* s = api.CustomOpDomain_Add(created, &ops[i])) {
+      api.ReleaseCustomOpDomain(created);
+      return s;
+    }
+  }
+  domain = created;
+  *out = domain;
+  return nullptr;
+}
+
+}  // namespace ort
+}  // namespace onnxnorm

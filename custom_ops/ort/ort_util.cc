@@ -1,0 +1,163 @@
+#include "ort_util.h"
+
+#include <cmath>
+#include <cstdio>
+#include <new>
+
+namespace onnxnorm {
+namespace ort {
+
+OrtStatus* MakeError(const OrtApi& api, OrtErrorCode code, const char* op, const std::string& message) {
+  std::string text = "onnxnorm::";
+  text += op;
+  text += ": ";
+  text += message;
+  return api.CreateStatus(code, text.c_str());
+}
+
+bool Dims::Resize(size_t rank) {
+  if (rank > kInline) {
+    heap_.reset(new (std::nothrow) int64_t[rank]);
+    if (!heap_) return false;
+  } else {
+    heap_.reset();
+  }
+  rank_ = rank;
+  return true;
+}
+
+std::string FormatShape(const int64_t* dims, size_t rank) {
+  std::string out = "[";
+  for (size_t i = 0; i < rank; ++i) {
+    if (i) out += ',';
+    out += std::to_string(dims[i]);
+  }
+  out += ']';
+  return out;
+}
+
+OrtStatus* GetInput(const OrtApi& api, OrtKernelContext* context, size_t index, InputTensor* out) {
+  out->present = false;
+  size_t count = 0;
+  if (OrtStatus* s = api.KernelContext_GetInputCount(context, &count)) return s;
+  if (index >= count) return nullptr;
+  const OrtValue* value = nullptr;
+  if (OrtStatus* s = api.KernelContext_GetInput(context, index, &value)) return s;
+  if (value == nullptr) return nullptr;
+
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  if (OrtStatus* s = api.GetTensorTypeAndShape(value, &info)) return s;
+  OrtStatus* status = api.GetTensorElementType(info, &out->type);
+  size_t rank = 0;
+  if (status == nullptr) status = api.GetDimensionsCount(info, &rank);
+  if (status == nullptr && !out->dims.Resize(rank)) {
+    status = api.CreateStatus(ORT_FAIL, "onnxnorm: out of memory");
+  }
+  if (status == nullptr) status = api.GetDimensions(info, out->dims.data(), rank);
+  api.ReleaseTensorTypeAndShapeInfo(info);
+  if (status != nullptr) return status;
+
+  // The C API hands out input data through a non-const OrtValue; it is only read here.
+  void* data = nullptr;
+  if (OrtStatus* s = api.GetTensorMutableData(const_cast<OrtValue*>(value), &data)) return s;
+  out->data = data;
+  out->present = true;
+  return nullptr;
+}
+
+namespace {
+
+// A float attribute value for messages: "1e-05", "-1", "nan", "inf".
+std::string FormatFloat(float value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.9g", static_cast<double>(value));
+  return text;
+}
+
+// True when the node sets attribute `name` with a value of another kind than `kind` (a float for
+// an int, a string, a list), so that a wrong type is reported rather than replaced by the default.
+bool HasAttributeOfOtherKind(const OrtApi& api, const OrtKernelInfo* info, const char* name,
+                             AttrKind kind) {
+  if (kind != AttrKind::kFloat) {
+    float f = 0.f;
+    StatusHolder s(api, api.KernelInfoGetAttribute_float(info, name, &f));
+    if (s.ok()) return true;
+  }
+  if (kind != AttrKind::kInt) {
+    int64_t i = 0;
+    StatusHolder s(api, api.KernelInfoGetAttribute_int64(info, name, &i));
+    if (s.ok()) return true;
+  }
+  size_t size = 0;
+  {
+    StatusHolder s(api, api.KernelInfoGetAttribute_string(info, name, nullptr, &size));
+    if (s.ok()) return true;
+  }
+  {
+    StatusHolder s(api, api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size));
+    if (s.ok()) return true;
+  }
+  StatusHolder s(api, api.KernelInfoGetAttributeArray_float(info, name, nullptr, &size));
+  return s.ok();
+}
+
+OrtStatus* WrongKind(const OrtApi& api, const char* op, const AttrSpec& spec) {
+  return MakeError(api, ORT_INVALID_ARGUMENT, op,
+                   std::string("attribute ") + spec.name + " must be " +
+                       (spec.kind == AttrKind::kInt ? "an int" : "a float") +
+                       " (AttributeProto type " + (spec.kind == AttrKind::kInt ? "INT" : "FLOAT") + ")");
+}
+
+}  // namespace
+
+OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
+                        const AttrSpec& spec, int64_t* out) {
+  int64_t value = spec.int_default;
+  {
+    StatusHolder s(api, api.KernelInfoGetAttribute_int64(info, spec.name, &value));
+    if (!s.ok()) {
+      if (HasAttributeOfOtherKind(api, info, spec.name, AttrKind::kInt)) return WrongKind(api, op, spec);
+      value = spec.int_default;
+    }
+  }
+  if (spec.check == AttrCheck::kZeroOrOne && value != 0 && value != 1) {
+    return MakeError(api, ORT_INVALID_ARGUMENT, op,
+                     std::string("attribute ") + spec.name + " must be 0 or 1, got " + std::to_string(value));
+  }
+  *out = value;
+  return nullptr;
+}
+
+OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
+                        const AttrSpec& spec, float* out) {
+  float value = spec.float_default;
+  {
+    StatusHolder s(api, api.KernelInfoGetAttribute_float(info, spec.name, &value));
+    if (!s.ok()) {
+      if (HasAttributeOfOtherKind(api, info, spec.name, AttrKind::kFloat)) return WrongKind(api, op, spec);
+      value = spec.float_default;
+    }
+  }
+  const bool finite = std::isfinite(value);
+  if ((spec.check == AttrCheck::kFinite && !finite) ||
+      (spec.check == AttrCheck::kFiniteNonNegative && !(finite && value >= 0.f))) {
+    return MakeError(api, ORT_INVALID_ARGUMENT, op,
+                     std::string("attribute ") + spec.name + " must be a finite number" +
+                         (spec.check == AttrCheck::kFiniteNonNegative ? " >= 0" : "") + ", got " +
+                         FormatFloat(value));
+  }
+  *out = value;
+  return nullptr;
+}
+
+bool ToElemType(ONNXTensorElementDataType type, ElemType* out) {
+  switch (type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: *out = ElemType::kFloat32; return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: *out = ElemType::kFloat16; return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: *out = ElemType::kBFloat16; return true;
+    default: return false;
+  }
+}
+
+}  // namespace ort
+}  // namespace onnxnorm

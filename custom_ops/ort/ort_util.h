@@ -1,0 +1,95 @@
+// Small helpers over ORT's C API for the op glue: error statuses, tensor shapes, attributes.
+// Nothing here throws; failures come back as OrtStatus* (nullptr = success).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "onnxnorm/kernels.h"
+#include "onnxruntime_c_api.h"
+#include "op_table.h"
+
+namespace onnxnorm {
+namespace ort {
+
+// "onnxnorm::<op>: <message>" as an OrtStatus.
+OrtStatus* MakeError(const OrtApi& api, OrtErrorCode code, const char* op, const std::string& message);
+
+// Releases an OrtStatus on scope exit unless taken.
+class StatusHolder {
+ public:
+  StatusHolder(const OrtApi& api, OrtStatus* status) : api_(api), status_(status) {}
+  ~StatusHolder() {
+    if (status_ != nullptr) api_.ReleaseStatus(status_);
+  }
+  StatusHolder(const StatusHolder&) = delete;
+  StatusHolder& operator=(const StatusHolder&) = delete;
+  bool ok() const { return status_ == nullptr; }
+  OrtStatus* release() {
+    OrtStatus* s = status_;
+    status_ = nullptr;
+    return s;
+  }
+
+ private:
+  const OrtApi& api_;
+  OrtStatus* status_;
+};
+
+// Tensor dimensions without a heap allocation up to kInline dimensions.
+class Dims {
+ public:
+  static constexpr size_t kInline = 8;
+  Dims() = default;
+  Dims(const Dims&) = delete;
+  Dims& operator=(const Dims&) = delete;
+  // Sets the rank; the values are then written through data(). False if out of memory.
+  bool Resize(size_t rank);
+  size_t rank() const { return rank_; }
+  int64_t* data() { return heap_ ? heap_.get() : inline_; }
+  const int64_t* data() const { return heap_ ? heap_.get() : inline_; }
+  int64_t operator[](size_t i) const { return data()[i]; }
+
+ private:
+  int64_t inline_[kInline] = {};
+  std::unique_ptr<int64_t[]> heap_;
+  size_t rank_ = 0;
+};
+
+// "[2,3,8]"
+std::string FormatShape(const int64_t* dims, size_t rank);
+inline std::string FormatShape(const Dims& dims) { return FormatShape(dims.data(), dims.rank()); }
+
+// A tensor input of the kernel context (read-only view).
+struct InputTensor {
+  bool present = false;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  Dims dims;
+  const void* data = nullptr;
+};
+
+// Reads input `index`; an omitted optional input (or one past the node's inputs) gives
+// present == false.
+OrtStatus* GetInput(const OrtApi& api, OrtKernelContext* context, size_t index, InputTensor* out);
+
+// Reads an attribute of the node, or its default when the node does not set it. A value of the
+// wrong kind (a float for an int attribute, ...) or one that fails spec.check is an error.
+OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
+                        const AttrSpec& spec, int64_t* out);
+OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
+                        const AttrSpec& spec, float* out);
+
+// ONNX element type -> kernel element type; false when the kernels have no such type.
+bool ToElemType(ONNXTensorElementDataType type, ElemType* out);
+
+// a * b for non-negative values; false on overflow.
+inline bool CheckedMul(int64_t a, int64_t b, int64_t* out) {
+  if (a < 0 || b < 0 || (a != 0 && b > INT64_MAX / a)) return false;
+  *out = a * b;
+  return true;
+}
+
+}  // namespace ort
+}  // namespace onnxnorm
