@@ -1,0 +1,175 @@
+"""The op catalogue: every onnxnorm op defined once.
+
+Everything else derives from these definitions: the onnx schemas (``schemas.py``), the ONNX
+function bodies (``functions.py``), the numpy reference (``reference.py``), the torch custom ops
+and export (``onnxnorm.nn``), the fusion rules' replacement nodes, ``docs/ops.md`` and the test
+matrix. The names here are the public contract (DESIGN.md section 3): users write them into
+graphs and tools match on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+DOMAIN = "onnxnorm"
+VERSION = 1
+
+#: Element types an onnxnorm tensor may have (one type per node for X, Residual, Y and Sum).
+DATA_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribute:
+    name: str
+    kind: str  # "int" or "float"
+    default: Any
+    doc: str
+    #: returns an error message for a bad value, or None
+    validate: Callable[[Any], str | None] = lambda value: None
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    name: str
+    #: "T" (the node's data type) or "S" (T or float32: Scale and Bias)
+    type_var: str
+    doc: str
+    optional: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    name: str
+    #: "layer" (mean and variance) or "rms" (root mean square)
+    norm: str
+    #: True for the Skip ops: the residual add happens before the norm
+    skip: bool
+    summary: str
+    formula: str
+    inputs: tuple[Param, ...]
+    outputs: tuple[Param, ...]
+    attributes: tuple[Attribute, ...]
+
+    @property
+    def optional_inputs(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.inputs if p.optional)
+
+    @property
+    def required_inputs(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.inputs if not p.optional)
+
+    def attribute(self, name: str) -> Attribute:
+        for a in self.attributes:
+            if a.name == name:
+                return a
+        raise KeyError(f"{self.name} has no attribute {name!r}")
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return {a.name: a.default for a in self.attributes}
+
+
+def _finite_non_negative(value: float) -> str | None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        return f"must be a finite number >= 0, got {value!r}"
+    return None
+
+
+def _finite(value: float) -> str | None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value)):
+        return f"must be a finite number, got {value!r}"
+    return None
+
+
+def _zero_or_one(value: int) -> str | None:
+    if value not in (0, 1):
+        return f"must be 0 or 1, got {value!r}"
+    return None
+
+
+AXIS = Attribute(
+    "axis", "int", -1,
+    "First normalized dimension: statistics are taken over the dimensions [axis, rank). "
+    "Negative values count from the back.",
+)
+EPSILON = Attribute(
+    "epsilon", "float", 1e-5,
+    "Added to the variance (LayerNorm) or the mean square (RMSNorm) before the square root.",
+    _finite_non_negative,
+)
+CAST_BEFORE_SCALE = Attribute(
+    "cast_before_scale", "int", 0,
+    "Rounding order for float16/bfloat16. 0 (order B: Gemma, OLMo 2, Cohere, PyTorch kernels): "
+    "normalize, scale and shift in float32, round once to X's type. 1 (order A: Llama, T5, the "
+    "ONNX standard ops): round the normalized value to X's type, then scale and shift in X's type. "
+    "Both orders are the same for float32.",
+    _zero_or_one,
+)
+SCALE_OFFSET = Attribute(
+    "scale_offset", "float", 0.0,
+    "Added to Scale before it multiplies (Gemma's `1 + weight` is scale_offset = 1). The sum is "
+    "taken in float32 in order B and in X's type in order A.",
+    _finite,
+)
+ALPHA = Attribute(
+    "alpha", "float", 1.0,
+    "Multiplies Residual before the add (DeepNorm's alpha; 1 for Pre-/Post-Norm).",
+    _finite,
+)
+
+_X = Param("X", "T", "Input tensor.")
+_SCALE = Param(
+    "Scale", "S",
+    "Multiplier; its shape is a suffix of X's shape covering at least the normalized "
+    "dimensions (it may span more, e.g. per-head Q/K norms). Absent means 1.",
+    optional=True,
+)
+_BIAS = Param("Bias", "S", "Added after the scale; same shape rule as Scale. Absent means 0.",
+              optional=True)
+_RESIDUAL = Param("Residual", "T", "The residual stream; same shape as X.")
+_XBIAS = Param("XBias", "S", "Bias of the sublayer that produced X, added into the sum; its "
+               "shape is a suffix of X's shape.", optional=True)
+_Y = Param("Y", "T", "The normalized output, same shape and type as X.")
+_SUM = Param("Sum", "T", "alpha * Residual + X (+ XBias) in X's type: the new residual stream.",
+             optional=True)
+
+_LAYER_FORMULA = "Y = (Z - mean(Z)) / sqrt(var(Z) + epsilon) * Scale + Bias  (population variance)"
+_RMS_FORMULA = "Y = Z / sqrt(mean(Z^2) + epsilon) * (Scale + scale_offset) + Bias"
+_SKIP_FORMULA = "Sum = alpha * Residual + X (+ XBias);  Z = Sum"
+
+
+def _spec(name: str, norm: str, skip: bool, summary: str) -> OpSpec:
+    inputs = (_X,) + ((_RESIDUAL,) if skip else ()) + (_SCALE, _BIAS) + ((_XBIAS,) if skip else ())
+    outputs = (_Y,) + ((_SUM,) if skip else ())
+    attributes = (AXIS, EPSILON, CAST_BEFORE_SCALE)
+    if norm == "rms":
+        attributes += (SCALE_OFFSET,)
+    if skip:
+        attributes += (ALPHA,)
+    formula = _LAYER_FORMULA if norm == "layer" else _RMS_FORMULA
+    formula = (_SKIP_FORMULA + ";  " if skip else "Z = X;  ") + formula
+    return OpSpec(name, norm, skip, summary, formula, inputs, outputs, attributes)
+
+
+OPS: dict[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        _spec("LayerNorm", "layer", False,
+              "Layer normalization over the trailing dimensions, statistics in float32."),
+        _spec("RMSNorm", "rms", False,
+              "Root-mean-square normalization (T5, Llama, Gemma with scale_offset = 1)."),
+        _spec("SkipLayerNorm", "layer", True,
+              "Residual add (optionally scaled: DeepNorm) fused with LayerNorm."),
+        _spec("SkipRMSNorm", "rms", True,
+              "Residual add (optionally scaled: DeepNorm) fused with RMSNorm."),
+    )
+}
+
+
+def get(name: str) -> OpSpec:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise KeyError(f"onnxnorm has no op {name!r}; known ops: {', '.join(OPS)}") from None

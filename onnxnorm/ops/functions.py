@@ -1,0 +1,218 @@
+"""ONNX function bodies of the catalogue ops, and attaching them to models.
+
+A node of an onnxnorm op carries, next to its op type, a function *overload* naming its variant:
+which optional inputs it has and its rounding order (``scale_bias_a``, ``scale``, ``none`` ...).
+The model holds one model-local function per (op, overload) in use, written in standard ops of
+the model's own opset: LayerNormalization from opset 17, RMSNormalization from opset 23, and a
+decomposition otherwise (opset 15 at least: the bodies use CastLike and Shape(start)).
+
+ONNX Runtime runs the onnxnorm kernel for such a node when the onnxnorm library is registered,
+and inlines the function body when it is not, so the same file runs everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import onnx
+from onnx import TensorProto, helper
+
+from onnxnorm.ops import catalogue
+
+MIN_OPSET = 15
+#: IR version 10 introduced function overloads.
+MIN_IR_VERSION = 10
+
+_FLOAT = TensorProto.FLOAT
+_ATTR_TYPES = {"int": onnx.AttributeProto.INT, "float": onnx.AttributeProto.FLOAT}
+_ATTRIBUTE_KINDS = {a.name: a.kind for spec in catalogue.OPS.values() for a in spec.attributes}
+
+
+class Ref:
+    """A reference to one of the function's own attributes."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class _Body:
+    """Collects the nodes of one function body; each call adds a node and returns its output."""
+
+    def __init__(self, opset: int):
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+
+    def __call__(self, op: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
+        name = out or f"_t{len(self.nodes)}"
+        node = helper.make_node(op, list(inputs), [name],
+                                **{k: v for k, v in attrs.items() if not isinstance(v, Ref)})
+        for key, value in attrs.items():
+            if isinstance(value, Ref):
+                node.attribute.append(helper.make_attribute_ref(
+                    key, _ATTR_TYPES[_ATTRIBUTE_KINDS[value.name]], ref_attr_name=value.name))
+        self.nodes.append(node)
+        return name
+
+    def const(self, **value: Any) -> str:
+        return self("Constant", **value)
+
+    def reduce_mean(self, value: str) -> str:
+        """Mean over axis 1 of a 2-D tensor, keepdims."""
+        if self.opset >= 18:
+            return self("ReduceMean", value, self.const(value_ints=[1]), keepdims=1)
+        return self("ReduceMean", value, axes=[1], keepdims=1)
+
+
+def overload(spec: catalogue.OpSpec, present: Iterable[str], cast_before_scale: int) -> str:
+    """The function overload naming a node's variant: its optional inputs and rounding order."""
+    present = set(present)
+    parts = [name.lower() for name in spec.optional_inputs if name in present] or ["none"]
+    return "_".join(parts + (["a"] if cast_before_scale else []))
+
+
+def _normalize(b: _Body, spec: catalogue.OpSpec, z: str, x_type_of: str | None) -> str:
+    """Normalizes ``z`` over [axis, rank) without any scale. With ``x_type_of`` the result is
+    rounded to that input's type (order A), else it stays float32 (order B)."""
+    if x_type_of is None:
+        z = b("Cast", z, to=_FLOAT)
+    standard = (spec.norm == "layer" and b.opset >= 17) or (spec.norm == "rms" and b.opset >= 23)
+    if standard:
+        ones = b("ConstantOfShape", b("Shape", z, start=Ref("axis")),
+                 value=helper.make_tensor("one", _FLOAT, [1], [1.0]))
+        if x_type_of is not None:
+            ones = b("CastLike", ones, z)
+        op = "LayerNormalization" if spec.norm == "layer" else "RMSNormalization"
+        return b(op, z, ones, axis=Ref("axis"), epsilon=Ref("epsilon"), stash_type=1)
+    zf = b("Cast", z, to=_FLOAT) if x_type_of is not None else z
+    rows = b("Flatten", zf, axis=Ref("axis"))
+    if spec.norm == "layer":
+        rows = b("Sub", rows, b.reduce_mean(rows))
+    mean_square = b.reduce_mean(b("Mul", rows, rows))
+    eps = b.const(value_float=Ref("epsilon"))
+    normalized = b("Reshape", b("Div", rows, b("Sqrt", b("Add", mean_square, eps))),
+                   b("Shape", z))
+    if x_type_of is not None:
+        normalized = b("CastLike", normalized, x_type_of)
+    return normalized
+
+
+def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
+    """The body of ``op`` for the overload ``variant`` in standard opset ``opset``."""
+    spec = catalogue.get(op)
+    if opset < MIN_OPSET:
+        raise ValueError(f"onnxnorm function bodies need opset >= {MIN_OPSET}, the model has {opset}")
+    parts = set(variant.split("_"))
+    order_a = "a" in parts
+    present = {name for name in spec.optional_inputs if name.lower() in parts}
+    b = _Body(opset)
+    inputs = [p.name for p in spec.inputs]
+
+    def to_type(value: str) -> str:
+        return b("CastLike", value, "X") if order_a else b("Cast", value, to=_FLOAT)
+
+    z = "X"
+    if spec.skip:
+        total = b("Add", b("Mul", b("Cast", "Residual", to=_FLOAT), b.const(value_float=Ref("alpha"))),
+                  b("Cast", "X", to=_FLOAT))
+        if "XBias" in present:
+            total = b("Add", total, b("Cast", "XBias", to=_FLOAT))
+        z = b("CastLike", total, "X", out="Sum")
+
+    y = _normalize(b, spec, z, "X" if order_a else None)
+    offset = None
+    if spec.norm == "rms":
+        offset = to_type(b.const(value_float=Ref("scale_offset")))
+    if "Scale" in present:
+        scale = to_type("Scale")
+        y = b("Mul", y, b("Add", scale, offset) if offset else scale)
+    elif offset:
+        y = b("Mul", y, b("Add", offset, to_type(b.const(value_float=1.0))))
+    if "Bias" in present:
+        y = b("Add", y, to_type("Bias"))
+    if order_a:
+        b("Identity", y, out="Y")
+    else:
+        b("CastLike", y, "X", out="Y")
+
+    defaults = [helper.make_attribute(a.name, float(a.default) if a.kind == "float" else a.default)
+                for a in spec.attributes]
+    return helper.make_function(
+        catalogue.DOMAIN, op, inputs, [p.name for p in spec.outputs], b.nodes,
+        [helper.make_opsetid("", opset)], attribute_protos=defaults,
+        doc_string=f"{spec.summary} {spec.formula}", overload=variant,
+    )
+
+
+def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _all_graphs(g)
+
+
+def onnxnorm_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every onnxnorm node of the model's graphs (subgraphs included)."""
+    for graph in _all_graphs(model.graph):
+        for node in graph.node:
+            if node.domain == catalogue.DOMAIN:
+                yield node
+
+
+def model_opset(model: onnx.ModelProto, domain: str = "") -> int | None:
+    for imp in model.opset_import:
+        if imp.domain == domain:
+            return imp.version
+    return None
+
+
+def node_variant(node: onnx.NodeProto) -> str:
+    spec = catalogue.get(node.op_type)
+    names = [p.name for p in spec.inputs]
+    present = [names[i] for i, value in enumerate(node.input) if value and i < len(names)]
+    order = 0
+    for attr in node.attribute:
+        if attr.name == "cast_before_scale":
+            order = attr.i
+    return overload(spec, present, order)
+
+
+def _set_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
+    for imp in model.opset_import:
+        if imp.domain == domain:
+            imp.version = version
+            return
+    model.opset_import.append(helper.make_opsetid(domain, version))
+
+
+def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Gives every onnxnorm node its overload and the model the matching function bodies
+    (in place; returns the model). Existing onnxnorm functions are replaced."""
+    opset = model_opset(model) or MIN_OPSET
+    wanted: dict[tuple[str, str], None] = {}
+    for node in onnxnorm_nodes(model):
+        node.overload = node_variant(node)
+        wanted[(node.op_type, node.overload)] = None
+    keep = [f for f in model.functions if f.domain != catalogue.DOMAIN]
+    del model.functions[:]
+    model.functions.extend(keep)
+    model.functions.extend(function_proto(op, variant, opset) for op, variant in wanted)
+    if wanted:
+        _set_opset(model, catalogue.DOMAIN, catalogue.VERSION)
+        model.ir_version = max(model.ir_version, MIN_IR_VERSION)
+        if model_opset(model) is None:
+            _set_opset(model, "", MIN_OPSET)
+    return model
+
+
+def strip_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Removes the onnxnorm function bodies (the ``fused`` target: the library is required)."""
+    for node in onnxnorm_nodes(model):
+        node.overload = ""
+    keep = [f for f in model.functions if f.domain != catalogue.DOMAIN]
+    del model.functions[:]
+    model.functions.extend(keep)
+    return model
