@@ -1,0 +1,46 @@
+# One command sets everything up and runs the demo, one runs the tests:
+#   make demo    make test
+# Each step leaves a stamp, so repeated runs reuse what is built.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+HEADERS := third_party/.headers
+NATIVE := CMakeLists.txt pyproject.toml $(shell find custom_ops -type f 2>/dev/null)
+PYTEST_ARGS ?=
+
+.PHONY: all setup install demo test clean
+
+all: install
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch is pinned to the CPU build on this machine's disk so pip never fetches a CUDA build
+$(VENV)/.deps: $(PY) Makefile
+	$(PIP) install -q "torch==2.13.0" numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime \
+		pytest scikit-build-core ninja cmake
+	touch $@
+
+# ORT's C/C++ API headers, needed at build time only (DESIGN.md section 6)
+$(HEADERS): tools/get_ort_headers.sh
+	bash tools/get_ort_headers.sh
+	mkdir -p $(dir $@) && touch $@
+
+# editable install: Python edits take effect at once, the native library is rebuilt
+# (incrementally, in build/) when its sources change
+$(VENV)/.installed: $(VENV)/.deps $(HEADERS) $(NATIVE)
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+setup install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(PY) -m models.demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf build $(VENV)/.installed

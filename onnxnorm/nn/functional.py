@@ -1,0 +1,136 @@
+"""The catalogue ops on the torch side.
+
+In eager mode each op is plain, differentiable torch math that follows the catalogue's semantics
+(float32 statistics, the rounding order of ``cast_before_scale``). While ``torch.onnx.export``
+traces the model, the same call goes through a ``torch.library`` custom op
+(``torch.ops.onnxnorm.<snake_name>``) that the exporter turns into one onnxnorm node through
+:data:`TRANSLATION_TABLE`. Schemas, signatures and the translation functions are all generated
+from the catalogue.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+import onnxscript
+import torch
+
+from onnxnorm.ops import catalogue, schemas
+
+schemas.register()
+
+_TORCH_TYPES = {"int": "int", "float": "float"}
+_PY_TYPES = {"int": int, "float": float}
+_OPSET = onnxscript.values.Opset(catalogue.DOMAIN, catalogue.VERSION)
+
+
+def snake_name(op: str) -> str:
+    """``SkipRMSNorm`` -> ``skip_rms_norm``: the op's name in ``torch.ops.onnxnorm``."""
+    return re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", op).lower()
+
+
+def _eager(spec: catalogue.OpSpec, args: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    x = args["X"]
+    dtype = x.dtype
+    rank = x.dim()
+    axis = args["axis"] % rank if -rank <= args["axis"] < rank else None
+    if axis is None:
+        raise ValueError(f"{spec.name}: axis {args['axis']} is out of range for rank {rank}")
+    dims = tuple(range(axis, rank))
+    outputs: tuple[torch.Tensor, ...] = ()
+    z = x
+    if spec.skip:
+        total = args["alpha"] * args["Residual"].float() + x.float()
+        if args["XBias"] is not None:
+            total = total + args["XBias"].float()
+        z = total.to(dtype)
+        outputs = (z,)
+    zf = z.float()
+    if spec.norm == "layer":
+        zf = zf - zf.mean(dims, keepdim=True)
+    normalized = zf * torch.rsqrt(zf.pow(2).mean(dims, keepdim=True) + args["epsilon"])
+    offset = args.get("scale_offset", 0.0)
+    scale, bias = args["Scale"], args["Bias"]
+    order_a = bool(args["cast_before_scale"])
+    work = dtype if order_a else torch.float32
+    y = normalized.to(work)
+    if scale is not None:
+        y = y * (scale.to(work) + offset if offset else scale.to(work))
+    elif offset:
+        y = y * (1.0 + offset)
+    if bias is not None:
+        y = y + bias.to(work)
+    return (y.to(dtype),) + outputs
+
+
+def _schema(spec: catalogue.OpSpec) -> str:
+    params = [f"Tensor{'?' if p.optional else ''} {p.name}" for p in spec.inputs]
+    params += [f"{_TORCH_TYPES[a.kind]} {a.name}" for a in spec.attributes]
+    results = ", ".join("Tensor" for _ in spec.outputs)
+    return f"({', '.join(params)}) -> {'(' + results + ')' if len(spec.outputs) > 1 else results}"
+
+
+_LIBRARY = torch.library.Library(catalogue.DOMAIN, "DEF")
+
+
+def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
+    name = snake_name(spec.name)
+    _LIBRARY.define(name + _schema(spec))
+    names = [p.name for p in spec.inputs] + [a.name for a in spec.attributes]
+
+    def implementation(*args: Any) -> Any:
+        result = _eager(spec, dict(zip(names, args)))
+        return result if spec.skip else result[0]
+
+    def fake(*args: Any) -> Any:
+        x = args[0]
+        return (torch.empty_like(x),) * len(spec.outputs) if spec.skip else torch.empty_like(x)
+
+    _LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{catalogue.DOMAIN}::{name}", fake, lib=_LIBRARY)
+
+    def translate(*args: Any, **kwargs: Any) -> Any:
+        bound = translate.__signature__.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        inputs = [values[p.name] for p in spec.inputs]
+        attrs = {a.name: values[a.name] for a in spec.attributes}
+        return getattr(_OPSET, spec.name)(*inputs, **attrs, _num_outputs=len(spec.outputs))
+
+    parameters = [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    default=None if p.optional else inspect.Parameter.empty)
+                  for p in spec.inputs]
+    parameters += [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                     default=a.default, annotation=_PY_TYPES[a.kind])
+                   for a in spec.attributes]
+    translate.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    translate.__annotations__ = {a.name: _PY_TYPES[a.kind] for a in spec.attributes}
+    translate.__name__ = spec.name
+    return getattr(torch.ops.onnxnorm, name), translate
+
+
+_OPS = {spec.name: _define(spec) for spec in catalogue.OPS.values()}
+
+#: torch op overload -> onnxscript translation, for ``torch.onnx.export(custom_translation_table=)``
+TRANSLATION_TABLE = {op.default: translate for op, translate in _OPS.values()}
+
+
+def call(op: str, *inputs: torch.Tensor | None, **attrs: Any) -> Any:
+    """Runs catalogue op ``op``: eager torch math, or the custom op while exporting.
+
+    ``inputs`` are positional in the catalogue's order (None for an absent optional input);
+    attributes not given take their catalogue defaults. Returns Y, or (Y, Sum) for Skip ops.
+    """
+    spec = catalogue.get(op)
+    unknown = set(attrs) - {a.name for a in spec.attributes}
+    if unknown:
+        raise TypeError(f"{op}: unknown attribute(s) {sorted(unknown)}")
+    inputs = tuple(inputs) + (None,) * (len(spec.inputs) - len(inputs))
+    values = [attrs.get(a.name, a.default) for a in spec.attributes]
+    if torch.compiler.is_exporting():
+        return _OPS[op][0](*inputs, *values)
+    names = [p.name for p in spec.inputs] + [a.name for a in spec.attributes]
+    result = _eager(spec, dict(zip(names, list(inputs) + values)))
+    return result if spec.skip else result[0]
