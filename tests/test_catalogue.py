@@ -139,3 +139,48 @@ def test_schemas_registered_for_every_op():
 def test_function_bodies_need_opset_15():
     with pytest.raises(ValueError, match="opset >= 15"):
         functions.function_proto("RMSNorm", "scale", 14)
+
+
+def _checked(node, inputs):
+    graph = onnx.helper.make_graph(
+        [node], "g", [onnx.helper.make_tensor_value_info(n, t, [2, 8]) for n, t in inputs],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 8])])
+    model = onnx.helper.make_model(graph, opset_imports=[
+        onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+    onnx.checker.check_model(model, full_check=True)
+
+
+F32, F16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+
+
+@pytest.mark.parametrize("op, inputs, attrs, types, message", [
+    ("RMSNorm", ["x"], {"gamma": 1.0}, [F32], "Unrecognized attribute: gamma"),
+    ("RMSNorm", ["x"] * 4, {}, [F32], "input size 4 not in range"),
+    ("RMSNorm", ["x"], {"axis": 1.5}, [F32], "Mismatched attribute type .*axis"),
+    ("RMSNorm", ["x"], {"axis": 2}, [F32], "axis 2 is out of range for X of rank 2"),
+    ("SkipRMSNorm", ["x", "r"], {}, [F32, F16], "Residual must be FLOAT .*got FLOAT16"),
+    ("LayerNorm", ["x", "r"], {}, [F32, F16], "Scale must be FLOAT .*got FLOAT16"),
+    ("SkipLayerNorm", ["x", "r"], {"alpha": 1}, [F32, F32], "Mismatched attribute type .*alpha"),
+])
+def test_checker_names_node_and_problem(op, inputs, attrs, types, message):
+    node = onnx.helper.make_node(op, inputs, ["y"], name="bad_node", domain=ops.DOMAIN, **attrs)
+    names = list(dict.fromkeys(inputs))
+    with pytest.raises(Exception, match=message) as error:
+        _checked(node, list(zip(names, types)))
+    assert "bad_node" in str(error.value)
+
+
+def test_shape_inference_gives_outputs_x_type_and_shape():
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("SkipRMSNorm", ["x", "r", "s"], ["y", "sum"], domain=ops.DOMAIN)],
+        "g", [onnx.helper.make_tensor_value_info("x", F16, ["batch", 8]),
+              onnx.helper.make_tensor_value_info("r", F16, ["batch", 8]),
+              onnx.helper.make_tensor_value_info("s", F32, [8])],
+        [onnx.helper.make_value_info("y", onnx.TypeProto()),
+         onnx.helper.make_value_info("sum", onnx.TypeProto())])
+    model = onnx.helper.make_model(graph, opset_imports=[
+        onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    for output in inferred.graph.output:
+        assert output.type.tensor_type.elem_type == F16
+        assert [d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim] == ["batch", 8]
