@@ -1,0 +1,97 @@
+"""What the fusion rules found, fused and skipped, and why."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import onnx_ir as ir
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    """A match that a rule's check rejected: the node at its root and the reason."""
+
+    node: str
+    reason: str
+
+
+@dataclasses.dataclass
+class RuleReport:
+    """One rule family: how many matches it found, fused and skipped."""
+
+    rule: str
+    found: int = 0
+    fused: int = 0
+    skips: list[Skip] = dataclasses.field(default_factory=list)
+
+    @property
+    def skipped(self) -> int:
+        return len(self.skips)
+
+
+@dataclasses.dataclass
+class FusionReport:
+    """Per rule family: found / fused / skipped counts and the reasons for every skip."""
+
+    rules: list[RuleReport] = dataclasses.field(default_factory=list)
+
+    @property
+    def fused_total(self) -> int:
+        return sum(r.fused for r in self.rules)
+
+    def __getitem__(self, rule: str) -> RuleReport:
+        for r in self.rules:
+            if r.rule == rule:
+                return r
+        raise KeyError(f"no rule {rule!r} in the report; rules: {[r.rule for r in self.rules]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fused_total": self.fused_total,
+            "rules": [{"rule": r.rule, "found": r.found, "fused": r.fused, "skipped": r.skipped,
+                       "skips": [dataclasses.asdict(s) for s in r.skips]} for r in self.rules],
+        }
+
+    def __str__(self) -> str:
+        lines = []
+        for r in self.rules:
+            lines.append(f"{r.rule}: found {r.found}, fused {r.fused}, skipped {r.skipped}")
+            lines.extend(f"  skipped {s.node}: {s.reason}" for s in r.skips)
+        lines.append(f"total fused: {self.fused_total}")
+        return "\n".join(lines)
+
+
+def node_label(node: ir.Node) -> str:
+    return node.name or f"<unnamed {node.op_type}>"
+
+
+class Tracker:
+    """Bookkeeping shared by the rules of one run: every root node a rule's pattern matched,
+    the reasons its checks gave, and whether it was rewritten."""
+
+    def __init__(self) -> None:
+        # rule title -> root node -> rejection reasons (empty when accepted) and fused flag
+        self._seen: dict[str, dict[ir.Node, list[str]]] = {}
+        self._fused: dict[str, set[ir.Node]] = {}
+
+    def register(self, title: str) -> None:
+        self._seen.setdefault(title, {})
+        self._fused.setdefault(title, set())
+
+    def checked(self, title: str, root: ir.Node, reason: str | None) -> None:
+        reasons = self._seen[title].setdefault(root, [])
+        if reason and reason not in reasons:
+            reasons.append(reason)
+
+    def fused(self, title: str, root: ir.Node) -> None:
+        self._fused[title].add(root)
+
+    def report(self) -> FusionReport:
+        rows = []
+        for title, seen in self._seen.items():
+            fused = self._fused[title]
+            skips = [Skip(node_label(node), "; ".join(reasons) or "rejected")
+                     for node, reasons in seen.items() if node not in fused]
+            rows.append(RuleReport(title, found=len(seen), fused=len(fused), skips=skips))
+        return FusionReport(rows)
