@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import onnx
 import torch
@@ -18,6 +19,25 @@ from onnxnorm.ops import functions
 
 #: the export targets implemented so far (DESIGN.md section 4)
 MODES = ("function", "fused")
+
+
+@contextlib.contextmanager
+def quiet_export(quiet: bool = True) -> Iterator[None]:
+    """Silences what torch.onnx.export prints (progress lines, warnings, log records)."""
+    if not quiet:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in ("torch", "onnxscript", "onnx_ir")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def export(model: torch.nn.Module, args: tuple[Any, ...], path: str | os.PathLike | None = None,
@@ -40,11 +60,7 @@ def export(model: torch.nn.Module, args: tuple[Any, ...], path: str | os.PathLik
         raise OnnxNormError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(args, tuple):
         args = (args,)
-    quiet = io.StringIO()
-    with warnings.catch_warnings(), contextlib.ExitStack() as stack:
-        if not verbose:
-            warnings.simplefilter("ignore")
-            stack.enter_context(contextlib.redirect_stdout(quiet))
+    with quiet_export(not verbose):
         program = torch.onnx.export(
             model, args, dynamo=True, opset_version=opset_version,
             custom_translation_table=TRANSLATION_TABLE, dynamic_shapes=dynamic_shapes,

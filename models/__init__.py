@@ -1,0 +1,1 @@
+"""Reference transformer blocks used by the tests, the demo and the benchmarks."""

@@ -1,0 +1,5 @@
+import sys
+
+from onnxnorm.cli import main
+
+sys.exit(main())
