@@ -2,42 +2,74 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper
 
-from onnxnorm import ops
+from onnxnorm import ops, runtime
 
+BF16 = np.dtype(ml_dtypes.bfloat16)
 NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT,
-              np.dtype(np.float16): onnx.TensorProto.FLOAT16}
+              np.dtype(np.float16): onnx.TensorProto.FLOAT16,
+              BF16: onnx.TensorProto.BFLOAT16}
 
 
 def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None = None,
                       opset: int = 18, functions: bool = True) -> onnx.ModelProto:
     """A model holding one onnxnorm node of ``op``; each present input is a graph input named
-    after its parameter (lower case); Sum is an output for Skip ops."""
+    after its parameter (lower case); Sum is an output for Skip ops. bfloat16 outputs are cast
+    to float32 (exactly) because ORT's Python API cannot return bfloat16 arrays."""
     spec = ops.OPS[op]
     inputs = [p.name.lower() if p.name in arrays else "" for p in spec.inputs]
     while inputs and not inputs[-1]:
         inputs.pop()
     outputs = [p.name.lower() for p in spec.outputs]
-    node = helper.make_node(op, inputs, outputs, domain=ops.DOMAIN, **(attrs or {}))
-    x = arrays["X"]
+    x_type = NP_TO_ONNX[arrays["X"].dtype]
+    cast = x_type == onnx.TensorProto.BFLOAT16
+    nodes = [helper.make_node(op, inputs, [o + "_raw" if cast else o for o in outputs],
+                              domain=ops.DOMAIN, **(attrs or {}))]
+    if cast:
+        nodes += [helper.make_node("Cast", [o + "_raw"], [o], to=onnx.TensorProto.FLOAT)
+                  for o in outputs]
+    shape = arrays["X"].shape
     graph = helper.make_graph(
-        [node], op,
+        nodes, op,
         [helper.make_tensor_value_info(p.name.lower(), NP_TO_ONNX[arrays[p.name].dtype],
                                        arrays[p.name].shape)
          for p in spec.inputs if p.name in arrays],
-        [helper.make_tensor_value_info(name, NP_TO_ONNX[x.dtype], x.shape) for name in outputs])
+        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT if cast else x_type, shape)
+         for o in outputs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
                                                     helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
     return ops.attach_functions(model) if functions else model
 
 
-def feeds_for(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name.lower(): value for name, value in arrays.items()}
+def run(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *, with_library: bool = False,
+        threads: int = 1) -> list[np.ndarray]:
+    """Runs a :func:`single_node_model` on ``arrays`` in ORT (CPU)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    sess = runtime.session(model, options, with_library=with_library)
+    feeds = {}
+    for name, value in arrays.items():
+        if value.dtype == BF16:
+            value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                value.view(np.uint16), onnx.TensorProto.BFLOAT16)
+        else:
+            value = ort.OrtValue.ortvalue_from_numpy(value)
+        feeds[name.lower()] = value
+    return [value.numpy() for value in sess.run_with_ort_values(None, feeds)]
 
 
 def reference_outputs(op: str, arrays: dict[str, np.ndarray], attrs: dict | None = None):
     spec = ops.OPS[op]
     return ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **(attrs or {}))
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, dtype=None) -> None:
+    """Compares in float32 within the reference's tolerance for ``dtype`` (default: want's)."""
+    rtol, atol = ops.reference.tolerance(dtype or want.dtype)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want.astype(np.float32), rtol, atol)

@@ -86,8 +86,10 @@ def test_export_one_node_per_module(exported, mode):
     assert attrs[0]["epsilon"] == pytest.approx(1e-6) and attrs[0]["axis"] == -1
     assert attrs[1]["scale_offset"] == 1.0
     assert not any(n.op_type in ("Pow", "ReduceMean", "Sqrt") for n in model.graph.node)
-    functions = [(f.domain, f.name) for f in model.functions]
-    assert functions == ([(ops.DOMAIN, "RMSNorm")] if mode == "function" else [])
+    functions = sorted((f.domain, f.name, f.overload) for f in model.functions)
+    expected = [(ops.DOMAIN, "RMSNorm", "scale"), (ops.DOMAIN, "RMSNorm", "scale_offset")]
+    assert functions == (expected if mode == "function" else [])
+    assert [n.overload for n in norms] == (["scale", "scale_offset"] if mode == "function" else ["", ""])
     onnx.checker.check_model(model, full_check=True)
 
 

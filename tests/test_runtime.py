@@ -12,17 +12,15 @@ import pytest
 import torch
 
 import onnxnorm
-from helpers import feeds_for, reference_outputs, single_node_model
+from helpers import reference_outputs, run, single_node_model
 from onnxnorm import OnnxNormError, ops, runtime
 
 BODY_OPS = {"ReduceMean", "Sqrt", "Div", "Flatten", "LayerNormalization", "RMSNormalization"}
 
 
 def _run_kernel(op, arrays, attrs=None, threads=1):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    sess = runtime.session(single_node_model(op, arrays, attrs, functions=False), options)
-    return sess.run(None, feeds_for(arrays))
+    model = single_node_model(op, arrays, attrs, functions=False)
+    return run(model, arrays, with_library=True, threads=threads)
 
 
 def test_library_is_built_and_registers():

@@ -63,41 +63,52 @@ class _Body:
         return self("ReduceMean", value, axes=[1], keepdims=1)
 
 
-def overload(spec: catalogue.OpSpec, present: Iterable[str], cast_before_scale: int) -> str:
-    """The function overload naming a node's variant: its optional inputs and rounding order."""
+def overload(spec: catalogue.OpSpec, present: Iterable[str], cast_before_scale: int,
+             scale_offset: float = 0.0) -> str:
+    """The function overload naming a node's variant: its optional inputs, whether it has a
+    scale offset, and its rounding order (``a`` for order A)."""
     present = set(present)
     parts = [name.lower() for name in spec.optional_inputs if name in present] or ["none"]
-    return "_".join(parts + (["a"] if cast_before_scale else []))
+    return "_".join(parts + (["offset"] if scale_offset else []) + (["a"] if cast_before_scale else []))
 
 
-def _normalize(b: _Body, spec: catalogue.OpSpec, z: str, x_type_of: str | None) -> str:
-    """Normalizes ``z`` over [axis, rank) without any scale. With ``x_type_of`` the result is
-    rounded to that input's type (order A), else it stays float32 (order B)."""
-    if x_type_of is None:
-        z = b("Cast", z, to=_FLOAT)
-    standard = (spec.norm == "layer" and b.opset >= 17) or (spec.norm == "rms" and b.opset >= 23)
-    if standard:
-        ones = b("ConstantOfShape", b("Shape", z, start=Ref("axis")),
-                 value=helper.make_tensor("one", _FLOAT, [1], [1.0]))
-        if x_type_of is not None:
-            ones = b("CastLike", ones, z)
-        op = "LayerNormalization" if spec.norm == "layer" else "RMSNormalization"
-        return b(op, z, ones, axis=Ref("axis"), epsilon=Ref("epsilon"), stash_type=1)
-    zf = b("Cast", z, to=_FLOAT) if x_type_of is not None else z
+def _normalize(b: _Body, spec: catalogue.OpSpec, z: str) -> str:
+    """``z`` normalized over [axis, rank) in float32, without any scale.
+
+    The rows are flattened to [rows, cols]. For LayerNorm each row is first shifted by its
+    first element: the result is the same (LayerNorm ignores a constant shift) but a row with
+    a large mean and a small spread (mean 1e4, std 1e-2) keeps its digits, where ORT's
+    LayerNormalization kernel alone loses them.
+    """
+    zf = b("Cast", z, to=_FLOAT)
     rows = b("Flatten", zf, axis=Ref("axis"))
     if spec.norm == "layer":
-        rows = b("Sub", rows, b.reduce_mean(rows))
-    mean_square = b.reduce_mean(b("Mul", rows, rows))
-    eps = b.const(value_float=Ref("epsilon"))
-    normalized = b("Reshape", b("Div", rows, b("Sqrt", b("Add", mean_square, eps))),
-                   b("Shape", z))
-    if x_type_of is not None:
-        normalized = b("CastLike", normalized, x_type_of)
-    return normalized
+        first = b("Slice", rows, b.const(value_ints=[0]), b.const(value_ints=[1]),
+                  b.const(value_ints=[1]))
+        rows = b("Sub", rows, first)
+    if (spec.norm == "layer" and b.opset >= 17) or (spec.norm == "rms" and b.opset >= 23):
+        ones = b("ConstantOfShape", b("Shape", rows, start=1),
+                 value=helper.make_tensor("one", _FLOAT, [1], [1.0]))
+        op = "LayerNormalization" if spec.norm == "layer" else "RMSNormalization"
+        normalized = b(op, rows, ones, axis=-1, epsilon=Ref("epsilon"))
+    else:
+        if spec.norm == "layer":
+            rows = b("Sub", rows, b.reduce_mean(rows))
+        mean_square = b.reduce_mean(b("Mul", rows, rows))
+        eps = b.const(value_float=Ref("epsilon"))
+        normalized = b("Div", rows, b("Sqrt", b("Add", mean_square, eps)))
+    return b("Reshape", normalized, b("Shape", zf))
 
 
 def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
-    """The body of ``op`` for the overload ``variant`` in standard opset ``opset``."""
+    """The body of ``op`` for the overload ``variant`` in standard opset ``opset``.
+
+    All arithmetic is float32. Order A rounds to X's type after the normalization and after
+    each later step; float32 carries more than twice the precision of float16 and bfloat16
+    plus two bits, so one float32 operation rounded to X's type equals that operation done in
+    X's type. The body thus needs no float16/bfloat16 arithmetic kernels, which ORT's CPU
+    provider lacks for bfloat16.
+    """
     spec = catalogue.get(op)
     if opset < MIN_OPSET:
         raise ValueError(f"onnxnorm function bodies need opset >= {MIN_OPSET}, the model has {opset}")
@@ -107,8 +118,12 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     b = _Body(opset)
     inputs = [p.name for p in spec.inputs]
 
-    def to_type(value: str) -> str:
-        return b("CastLike", value, "X") if order_a else b("Cast", value, to=_FLOAT)
+    def rounded(value: str) -> str:
+        """Order A: ``value`` rounded to X's type (kept in float32); order B: unchanged."""
+        return b("Cast", b("CastLike", value, "X"), to=_FLOAT) if order_a else value
+
+    def operand(value: str) -> str:
+        return rounded(b("Cast", value, to=_FLOAT))
 
     z = "X"
     if spec.skip:
@@ -118,21 +133,16 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
             total = b("Add", total, b("Cast", "XBias", to=_FLOAT))
         z = b("CastLike", total, "X", out="Sum")
 
-    y = _normalize(b, spec, z, "X" if order_a else None)
-    offset = None
-    if spec.norm == "rms":
-        offset = to_type(b.const(value_float=Ref("scale_offset")))
-    if "Scale" in present:
-        scale = to_type("Scale")
-        y = b("Mul", y, b("Add", scale, offset) if offset else scale)
-    elif offset:
-        y = b("Mul", y, b("Add", offset, to_type(b.const(value_float=1.0))))
+    y = rounded(_normalize(b, spec, z))
+    factor = operand("Scale") if "Scale" in present else None
+    if "offset" in parts:
+        offset = rounded(b.const(value_float=Ref("scale_offset")))
+        factor = rounded(b("Add", factor or b.const(value_float=1.0), offset))
+    if factor:
+        y = rounded(b("Mul", y, factor))
     if "Bias" in present:
-        y = b("Add", y, to_type("Bias"))
-    if order_a:
-        b("Identity", y, out="Y")
-    else:
-        b("CastLike", y, "X", out="Y")
+        y = rounded(b("Add", y, operand("Bias")))
+    b("CastLike", y, "X", out="Y")
 
     defaults = [helper.make_attribute(a.name, float(a.default) if a.kind == "float" else a.default)
                 for a in spec.attributes]
@@ -173,11 +183,8 @@ def node_variant(node: onnx.NodeProto) -> str:
     spec = catalogue.get(node.op_type)
     names = [p.name for p in spec.inputs]
     present = [names[i] for i, value in enumerate(node.input) if value and i < len(names)]
-    order = 0
-    for attr in node.attribute:
-        if attr.name == "cast_before_scale":
-            order = attr.i
-    return overload(spec, present, order)
+    attrs = {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
+    return overload(spec, present, attrs.get("cast_before_scale", 0), attrs.get("scale_offset", 0.0))
 
 
 def _set_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
