@@ -33,28 +33,33 @@ def snake_name(op: str) -> str:
 
 def _eager(spec: catalogue.OpSpec, args: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     x = args["X"]
-    dtype = x.dtype
     rank = x.dim()
-    axis = args["axis"] % rank if -rank <= args["axis"] < rank else None
-    if axis is None:
+    if not -rank <= args["axis"] < rank:
         raise ValueError(f"{spec.name}: axis {args['axis']} is out of range for rank {rank}")
-    dims = tuple(range(axis, rank))
-    outputs: tuple[torch.Tensor, ...] = ()
-    z = x
-    if spec.skip:
+    dims = tuple(range(args["axis"] % rank, rank))
+    if not spec.has_residual:
+        return (_norm(spec, x, dims, args, args["Scale"], args["Bias"]),)
+    if spec.residual == "skip":
         total = args["alpha"] * args["Residual"].float() + x.float()
         if args["XBias"] is not None:
             total = total + args["XBias"].float()
-        z = total.to(dtype)
-        outputs = (z,)
+    else:
+        inner = _norm(spec, x, dims, args, args["InnerScale"], args["InnerBias"])
+        total = args["Residual"].float() + inner.float()
+    z = total.to(x.dtype)
+    return _norm(spec, z, dims, args, args["Scale"], args["Bias"]), z
+
+
+def _norm(spec: catalogue.OpSpec, z: torch.Tensor, dims: tuple[int, ...], args: dict[str, Any],
+          scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """The catalogue's norm of ``z`` with its scale and bias, in z's type, as torch math."""
     zf = z.float()
     if spec.norm == "layer":
         zf = zf - zf.mean(dims, keepdim=True)
     normalized = zf * torch.rsqrt(zf.pow(2).mean(dims, keepdim=True) + args["epsilon"])
     offset = args.get("scale_offset", 0.0)
-    scale, bias = args["Scale"], args["Bias"]
-    order_a = bool(args["cast_before_scale"])
-    work = dtype if order_a else torch.float32
+    # order A rounds to z's type before the scale, order B stays in float32 to the end
+    work = z.dtype if args["cast_before_scale"] else torch.float32
     y = normalized.to(work)
     if scale is not None:
         y = y * (scale.to(work) + offset if offset else scale.to(work))
@@ -62,7 +67,7 @@ def _eager(spec: catalogue.OpSpec, args: dict[str, Any]) -> tuple[torch.Tensor, 
         y = y * (1.0 + offset)
     if bias is not None:
         y = y + bias.to(work)
-    return (y.to(dtype),) + outputs
+    return y.to(z.dtype)
 
 
 def _schema(spec: catalogue.OpSpec) -> str:
@@ -82,11 +87,11 @@ def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
 
     def implementation(*args: Any) -> Any:
         result = _eager(spec, dict(zip(names, args)))
-        return result if spec.skip else result[0]
+        return result if spec.has_residual else result[0]
 
     def fake(*args: Any) -> Any:
         x = args[0]
-        return (torch.empty_like(x),) * len(spec.outputs) if spec.skip else torch.empty_like(x)
+        return (torch.empty_like(x),) * len(spec.outputs) if spec.has_residual else torch.empty_like(x)
 
     _LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{catalogue.DOMAIN}::{name}", fake, lib=_LIBRARY)
@@ -121,7 +126,7 @@ def call(op: str, *inputs: torch.Tensor | None, **attrs: Any) -> Any:
     """Runs catalogue op ``op``: eager torch math, or the custom op while exporting.
 
     ``inputs`` are positional in the catalogue's order (None for an absent optional input);
-    attributes not given take their catalogue defaults. Returns Y, or (Y, Sum) for Skip ops.
+    attributes not given take their catalogue defaults. Returns Y, or (Y, Sum) for ops with a Residual.
     """
     spec = catalogue.get(op)
     unknown = set(attrs) - {a.name for a in spec.attributes}
@@ -133,4 +138,4 @@ def call(op: str, *inputs: torch.Tensor | None, **attrs: Any) -> Any:
         return _OPS[op][0](*inputs, *values)
     names = [p.name for p in spec.inputs] + [a.name for a in spec.attributes]
     result = _eager(spec, dict(zip(names, list(inputs) + values)))
-    return result if spec.skip else result[0]
+    return result if spec.has_residual else result[0]

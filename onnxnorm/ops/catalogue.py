@@ -44,13 +44,19 @@ class OpSpec:
     name: str
     #: "layer" (mean and variance) or "rms" (root mean square)
     norm: str
-    #: True for the Skip ops: the residual add happens before the norm
-    skip: bool
+    #: "none"; "skip": Sum = alpha * Residual + X (+ XBias), then the norm of Sum;
+    #: "sandwich": Sum = Residual + Norm(X) (inner scale and bias), then the norm of Sum
+    residual: str
     summary: str
     formula: str
     inputs: tuple[Param, ...]
     outputs: tuple[Param, ...]
     attributes: tuple[Attribute, ...]
+
+    @property
+    def has_residual(self) -> bool:
+        """Takes a Residual input and gives the new residual stream as optional output Sum."""
+        return self.residual != "none"
 
     @property
     def optional_inputs(self) -> tuple[str, ...]:
@@ -138,32 +144,55 @@ _SUM = Param("Sum", "T", "alpha * Residual + X (+ XBias) in X's type: the new re
 _LAYER_FORMULA = "Y = (Z - mean(Z)) / sqrt(var(Z) + epsilon) * Scale + Bias  (population variance)"
 _RMS_FORMULA = "Y = Z / sqrt(mean(Z^2) + epsilon) * (Scale + scale_offset) + Bias"
 _SKIP_FORMULA = "Sum = alpha * Residual + X (+ XBias);  Z = Sum"
+_SANDWICH_FORMULA = ("Sum = Residual + Norm(X; InnerScale, InnerBias) (rounded to X's type);  "
+                     "Z = Sum")
+_INNER_SCALE = Param("InnerScale", "S", "Scale of the inner norm, applied to X before the "
+                     "residual add; same shape rule as Scale.", optional=True)
+_INNER_BIAS = Param("InnerBias", "S", "Bias of the inner norm; same shape rule as Scale.",
+                    optional=True)
+_SANDWICH_SUM = Param("Sum", "T", "Residual + Norm(X) in X's type: the new residual stream.",
+                      optional=True)
 
 
-def _spec(name: str, norm: str, skip: bool, summary: str) -> OpSpec:
-    inputs = (_X,) + ((_RESIDUAL,) if skip else ()) + (_SCALE, _BIAS) + ((_XBIAS,) if skip else ())
-    outputs = (_Y,) + ((_SUM,) if skip else ())
+def _spec(name: str, norm: str, residual: str, summary: str) -> OpSpec:
+    inputs: tuple[Param, ...] = (_X,)
+    outputs: tuple[Param, ...] = (_Y,)
     attributes = (AXIS, EPSILON, CAST_BEFORE_SCALE)
     if norm == "rms":
         attributes += (SCALE_OFFSET,)
-    if skip:
+    if residual == "skip":
+        inputs += (_RESIDUAL, _SCALE, _BIAS, _XBIAS)
+        outputs += (_SUM,)
         attributes += (ALPHA,)
-    formula = _LAYER_FORMULA if norm == "layer" else _RMS_FORMULA
-    formula = (_SKIP_FORMULA + ";  " if skip else "Z = X;  ") + formula
-    return OpSpec(name, norm, skip, summary, formula, inputs, outputs, attributes)
+        prefix = _SKIP_FORMULA
+    elif residual == "sandwich":
+        inputs += (_RESIDUAL, _INNER_SCALE, _INNER_BIAS, _SCALE, _BIAS)
+        outputs += (_SANDWICH_SUM,)
+        prefix = _SANDWICH_FORMULA
+    else:
+        inputs += (_SCALE, _BIAS)
+        prefix = "Z = X"
+    formula = prefix + ";  " + (_LAYER_FORMULA if norm == "layer" else _RMS_FORMULA)
+    return OpSpec(name, norm, residual, summary, formula, inputs, outputs, attributes)
 
 
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        _spec("LayerNorm", "layer", False,
+        _spec("LayerNorm", "layer", "none",
               "Layer normalization over the trailing dimensions, statistics in float32."),
-        _spec("RMSNorm", "rms", False,
+        _spec("RMSNorm", "rms", "none",
               "Root-mean-square normalization (T5, Llama, Gemma with scale_offset = 1)."),
-        _spec("SkipLayerNorm", "layer", True,
+        _spec("SkipLayerNorm", "layer", "skip",
               "Residual add (optionally scaled: DeepNorm) fused with LayerNorm."),
-        _spec("SkipRMSNorm", "rms", True,
+        _spec("SkipRMSNorm", "rms", "skip",
               "Residual add (optionally scaled: DeepNorm) fused with RMSNorm."),
+        _spec("SandwichLayerNorm", "layer", "sandwich",
+              "Sandwich-Norm: LayerNorm of the sublayer output, residual add, LayerNorm of the "
+              "sum (CogView's Sandwich-LN), in one pass over memory."),
+        _spec("SandwichRMSNorm", "rms", "sandwich",
+              "Sandwich-Norm with RMSNorm: Gemma 2/3's post-sublayer norm, residual add and "
+              "the next pre-sublayer norm, in one pass over memory."),
     )
 }
 

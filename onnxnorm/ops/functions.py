@@ -125,24 +125,30 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     def operand(value: str) -> str:
         return rounded(b("Cast", value, to=_FLOAT))
 
+    def norm(z: str, scale: str, bias: str, out: str | None = None) -> str:
+        """The norm of ``z`` with the inputs ``scale`` and ``bias`` when present, in X's type."""
+        y = rounded(_normalize(b, spec, z))
+        factor = operand(scale) if scale in present else None
+        if "offset" in parts:
+            offset = rounded(b.const(value_float=Ref("scale_offset")))
+            factor = rounded(b("Add", factor or b.const(value_float=1.0), offset))
+        if factor:
+            y = rounded(b("Mul", y, factor))
+        if bias in present:
+            y = rounded(b("Add", y, operand(bias)))
+        return b("CastLike", y, "X", out=out)
+
     z = "X"
-    if spec.skip:
+    if spec.residual == "skip":
         total = b("Add", b("Mul", b("Cast", "Residual", to=_FLOAT), b.const(value_float=Ref("alpha"))),
                   b("Cast", "X", to=_FLOAT))
         if "XBias" in present:
             total = b("Add", total, b("Cast", "XBias", to=_FLOAT))
         z = b("CastLike", total, "X", out="Sum")
-
-    y = rounded(_normalize(b, spec, z))
-    factor = operand("Scale") if "Scale" in present else None
-    if "offset" in parts:
-        offset = rounded(b.const(value_float=Ref("scale_offset")))
-        factor = rounded(b("Add", factor or b.const(value_float=1.0), offset))
-    if factor:
-        y = rounded(b("Mul", y, factor))
-    if "Bias" in present:
-        y = rounded(b("Add", y, operand("Bias")))
-    b("CastLike", y, "X", out="Y")
+    elif spec.residual == "sandwich":
+        inner = b("Cast", norm("X", "InnerScale", "InnerBias"), to=_FLOAT)
+        z = b("CastLike", b("Add", b("Cast", "Residual", to=_FLOAT), inner), "X", out="Sum")
+    norm(z, "Scale", "Bias", out="Y")
 
     defaults = [helper.make_attribute(a.name, float(a.default) if a.kind == "float" else a.default)
                 for a in spec.attributes]

@@ -54,7 +54,7 @@ def check_suffix(name: str, shape: tuple[int, ...], x_shape: tuple[int, ...], ax
 
 def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
     """Evaluates catalogue op ``op`` on positional ``inputs`` (None for an absent optional
-    input, trailing ones may be left out). Returns every output (Y, and Sum for Skip ops)."""
+    input, trailing ones may be left out). Returns every output (Y, and Sum for ops with a Residual)."""
     spec = catalogue.get(op)
     names = [p.name for p in spec.inputs]
     if len(inputs) > len(names):
@@ -70,34 +70,38 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
     if t not in _DTYPES:
         raise TypeError(f"{op}: X must be float32, float16 or bfloat16, got {t}")
     axis = normalized_axis(a["axis"], x.ndim, op)
-    for name in ("Scale", "Bias", "XBias"):
-        value = given.get(name)
-        if value is not None:
+    for p in spec.inputs:
+        value = given[p.name]
+        if p.type_var == "S" and value is not None:
             if value.dtype not in (t, np.dtype(np.float32)):
-                raise TypeError(f"{op}: {name} must be of X's type {t} or float32, got {value.dtype}")
-            check_suffix(name, value.shape, x.shape, axis, op)
+                raise TypeError(f"{op}: {p.name} must be of X's type {t} or float32, "
+                                f"got {value.dtype}")
+            check_suffix(p.name, value.shape, x.shape, axis, op)
 
-    outputs = []
-    z = x
-    if spec.skip:
+    axes = tuple(range(axis, x.ndim))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
+        if not spec.has_residual:
+            return [_norm(spec, x, axes, a, given["Scale"], given["Bias"])]
         residual = given["Residual"]
         if residual.dtype != t or residual.shape != x.shape:
             raise ValueError(f"{op}: Residual must have X's type and shape, got "
                              f"{residual.dtype}{residual.shape} for X {t}{x.shape}")
-        total = a["alpha"] * residual.astype(np.float64) + x.astype(np.float64)
-        if given["XBias"] is not None:
-            total = total + given["XBias"].astype(np.float64)
+        if spec.residual == "skip":
+            total = a["alpha"] * residual.astype(np.float64) + x.astype(np.float64)
+            if given["XBias"] is not None:
+                total = total + given["XBias"].astype(np.float64)
+        else:
+            inner = _norm(spec, x, axes, a, given["InnerScale"], given["InnerBias"])
+            total = residual.astype(np.float64) + inner.astype(np.float64)
         z = total.astype(t)
-        outputs.append(z)
+        return [_norm(spec, z, axes, a, given["Scale"], given["Bias"]), z]
 
-    axes = tuple(range(axis, x.ndim))
+
+def _norm(spec: catalogue.OpSpec, z: np.ndarray, axes: tuple[int, ...], a: dict[str, Any],
+          scale: np.ndarray | None, bias: np.ndarray | None) -> np.ndarray:
+    """The norm of ``z`` (statistics over ``axes``) with its scale and bias, in z's type."""
+    t = z.dtype
     z64 = z.astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
-        y = _normalize_and_scale(spec, z64, axes, a, given, t)
-    return [y] + outputs
-
-
-def _normalize_and_scale(spec, z64, axes, a, given, t):
     if spec.norm == "layer":
         centred = z64 - z64.mean(axis=axes, keepdims=True)
         normalized = centred / np.sqrt((centred * centred).mean(axis=axes, keepdims=True)
@@ -106,7 +110,6 @@ def _normalize_and_scale(spec, z64, axes, a, given, t):
         normalized = z64 / np.sqrt((z64 * z64).mean(axis=axes, keepdims=True) + a["epsilon"])
 
     offset = a.get("scale_offset", 0.0)
-    scale, bias = given["Scale"], given["Bias"]
     if a["cast_before_scale"] and t != np.float32:
         # order A: round the normalized value, then every step rounds to X's type
         y = normalized.astype(t)
@@ -116,13 +119,12 @@ def _normalize_and_scale(spec, z64, axes, a, given, t):
         y = (y.astype(np.float64) * s.astype(np.float64)).astype(t)
         if bias is not None:
             y = (y.astype(np.float64) + bias.astype(t).astype(np.float64)).astype(t)
-    else:
-        # order B (and float32): one rounding at the end
-        y = normalized * ((scale.astype(np.float64) if scale is not None else 1.0) + offset)
-        if bias is not None:
-            y = y + bias.astype(np.float64)
-        y = y.astype(t)
-    return y
+        return y
+    # order B (and float32): one rounding at the end
+    y = normalized * ((scale.astype(np.float64) if scale is not None else 1.0) + offset)
+    if bias is not None:
+        y = y + bias.astype(np.float64)
+    return y.astype(t)
 
 
 def tolerance(dtype: Any) -> tuple[float, float]:
