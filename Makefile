@@ -20,7 +20,7 @@ $(PY):
 # torch is pinned to the CPU build on this machine's disk so pip never fetches a CUDA build
 $(VENV)/.deps: $(PY) Makefile
 	$(PIP) install -q "torch==2.13.0" numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime \
-		pytest scikit-build-core ninja cmake
+		pytest scikit-build-core ninja cmake transformers matplotlib
 	touch $@
 
 # ORT's C/C++ API headers, needed at build time only (DESIGN.md section 6)
