@@ -17,7 +17,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     fuse.add_argument("-o", "--output", required=True, help="where to write the fused model")
     fuse.add_argument("--target", choices=TARGETS, default="function",
                       help="function: onnxnorm nodes with their ONNX function bodies (runs "
-                           "anywhere; default); fused: without bodies (needs the library)")
+                           "anywhere; default); fused: without bodies (needs the library); ort: ORT's own ops; onnx: standard ONNX ops only")
     fuse.add_argument("--json", metavar="PATH", help="also write the fusion report as JSON "
                                                      "('-' for standard output)")
     fuse.set_defaults(run=run)

@@ -7,12 +7,10 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
-from onnxnorm.ops import catalogue, functions
+from onnxnorm.ops import catalogue
 from onnxnorm.fusion import rms_norm
+from onnxnorm.fusion.lowering import TARGETS, lower
 from onnxnorm.fusion.report import FusionReport, Tracker
-
-#: Targets this pipeline writes (DESIGN.md section 4); "ort" and "onnx" are to come.
-TARGETS = ("function", "fused")
 
 
 def rules(tracker: Tracker | None = None) -> pattern.RewriteRuleSet:
@@ -52,8 +50,4 @@ def fuse(model: onnx.ModelProto, target: str = "function") -> tuple[onnx.ModelPr
     if _count_fused_ops(graph) - before != report.fused_total:
         raise RuntimeError("internal error: the fusion report disagrees with the rewritten graph")
     fused = ir.serde.serialize_model(graph)
-    if target == "function":
-        functions.attach_functions(fused)
-    else:
-        functions.strip_functions(fused)
-    return fused, report
+    return lower(fused, target), report

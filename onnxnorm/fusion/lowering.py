@@ -1,0 +1,338 @@
+"""Lowering onnxnorm nodes to a fusion target (DESIGN.md section 4).
+
+``lower(model, target)`` returns a new model; the input is left as it is.
+
+- ``function``: onnxnorm nodes with their model-local function bodies (``attach_functions``).
+- ``fused``: onnxnorm nodes without bodies (``strip_functions``; the library is required).
+- ``ort``: ONNX Runtime's own ops: LayerNormalization, SimplifiedLayerNormalization (ORT
+  registers it in the ONNX domain) and com.microsoft SkipLayerNormalization /
+  SkipSimplifiedLayerNormalization.
+- ``onnx``: standard ONNX only: LayerNormalization (opset >= 17), RMSNormalization
+  (opset >= 23); below those opsets the catalogue's own function body is inlined.
+
+Exactness. Measured with onnxruntime 1.32 on CPU: its LayerNormalization,
+SimplifiedLayerNormalization and RMSNormalization kernels round once at the end for float16
+and bfloat16 (rounding order B, ``cast_before_scale = 0``), bit for bit; its Skip kernels
+normalize the float32 sum before rounding it, which is up to one unit in the last place away
+from the catalogue (which normalizes the rounded Sum) for float16/bfloat16. The ONNX standard's
+own definitions of LayerNormalization/RMSNormalization round in order A. So a norm op with its
+Scale and Bias is emitted only where every reading gives the same bits:
+
+- float32, Scale and Bias of X's type spanning exactly the normalized dims, no scale offset:
+  the one op with Scale and Bias (Skip ops included, alpha through a Mul before them);
+- otherwise the norm op with a unit Scale, applied to X in float32 (so the normalized value is
+  the same in every reading), followed by the scale offset, Scale and Bias in float32, rounded
+  to X's type after each step in order A and once at the end in order B: the same arithmetic
+  as the catalogue's function body, which is exact (see ``onnxnorm.ops.functions``).
+
+Where a target has no op at all (RMSNorm at opset < 23 for ``onnx``), the function body is
+inlined. ``lower_with_notes`` also says, per node, what was emitted and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import onnx
+from onnx import TensorProto, helper
+
+from onnxnorm.ops import catalogue, functions
+
+TARGETS = ("function", "fused", "ort", "onnx")
+MS_DOMAIN = "com.microsoft"
+_FLOAT = TensorProto.FLOAT
+
+
+@dataclasses.dataclass(frozen=True)
+class Note:
+    """How one onnxnorm node was lowered: the node, its op, what replaced it and why."""
+
+    node: str
+    op: str
+    emitted: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.op}) -> {self.emitted}" + (f": {self.reason}" if self.reason else "")
+
+
+def lower(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
+    """``model`` with its onnxnorm nodes written for ``target`` (a new model)."""
+    return lower_with_notes(model, target)[0]
+
+
+def lower_with_notes(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Note]]:
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    if target == "function":
+        return functions.attach_functions(out), []
+    if target == "fused":
+        return functions.strip_functions(out), []
+    opset = functions.model_opset(out) or 0
+    if opset < functions.MIN_OPSET:
+        raise ValueError(f"lowering to {target!r} needs an ONNX opset >= {functions.MIN_OPSET}, "
+                         f"the model has {opset}")
+    lowerer = _Lowerer(out, target, opset)
+    for graph in list(functions._all_graphs(out.graph)):
+        lowerer.graph(graph)
+    keep = [f for f in out.functions if f.domain != catalogue.DOMAIN]
+    del out.functions[:]
+    out.functions.extend(keep)
+    imports = [i for i in out.opset_import if i.domain != catalogue.DOMAIN]
+    if lowerer.uses_ms and not any(i.domain == MS_DOMAIN for i in imports):
+        imports.append(helper.make_opsetid(MS_DOMAIN, 1))
+    del out.opset_import[:]
+    out.opset_import.extend(imports)
+    return out, lowerer.notes
+
+
+def _types_and_ranks(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list]]:
+    """Element type and dims of every value the model declares (inputs, outputs, value_info,
+    initializers and Constant outputs)."""
+    types: dict[str, int] = {}
+    dims: dict[str, list] = {}
+    for graph in functions._all_graphs(model.graph):
+        for info in list(graph.input) + list(graph.output) + list(graph.value_info):
+            t = info.type.tensor_type
+            if t.elem_type:
+                types[info.name] = t.elem_type
+            if t.HasField("shape"):
+                dims[info.name] = [d.dim_value if d.HasField("dim_value") else None
+                                   for d in t.shape.dim]
+        for init in graph.initializer:
+            types[init.name] = init.data_type
+            dims[init.name] = list(init.dims)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.name == "value":
+                        types[node.output[0]] = attr.t.data_type
+                        dims[node.output[0]] = list(attr.t.dims)
+    return types, dims
+
+
+class _Lowerer:
+    def __init__(self, model: onnx.ModelProto, target: str, opset: int):
+        self.target, self.opset = target, opset
+        self.notes: list[Note] = []
+        self.uses_ms = False
+        self.count = 0
+        self.types, self.dims = _types_and_ranks(model)
+        if any(n.domain == catalogue.DOMAIN and n.input and n.input[0] not in self.types
+               for n in functions.onnxnorm_nodes(model)):
+            try:  # the exporters and the fuse pipeline write value_info; others may not
+                inferred = onnx.shape_inference.infer_shapes(model)
+                self.types, self.dims = _types_and_ranks(inferred)
+            except Exception:  # noqa: BLE001 - without shapes every node takes the safe path
+                pass
+
+    # -- emitting nodes -------------------------------------------------------------------
+    def _name(self, hint: str) -> str:
+        self.count += 1
+        return f"{self.prefix}{hint}_{self.count}"
+
+    def emit(self, op: str, inputs: list[str], n_out: int = 1, outs: list[str] | None = None,
+             domain: str = "", **attrs) -> list[str]:
+        outs = outs or [self._name(op) for _ in range(n_out)]
+        self.new_nodes.append(helper.make_node(op, inputs, outs, name=self._name(op),
+                                               domain=domain, **attrs))
+        return outs
+
+    def one(self, op: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        return self.emit(op, list(inputs), outs=[out] if out else None, **attrs)[0]
+
+    def const(self, value: float) -> str:
+        return self.one("Constant", value=helper.make_tensor(self._name("c"), _FLOAT, [], [value]))
+
+    # -- the graph ------------------------------------------------------------------------
+    def graph(self, graph: onnx.GraphProto) -> None:
+        nodes = list(graph.node)
+        result: list[onnx.NodeProto] = []
+        for node in nodes:
+            if node.domain != catalogue.DOMAIN:
+                result.append(node)
+                continue
+            self.new_nodes = []
+            self.prefix = f"{node.name or node.op_type}/lowered{len(self.notes)}/"
+            emitted, reason = self.node(node)
+            result.extend(self.new_nodes)
+            self.notes.append(Note(node.name or node.op_type, node.op_type, emitted, reason))
+        del graph.node[:]
+        graph.node.extend(result)
+
+    def node(self, node: onnx.NodeProto) -> tuple[str, str]:
+        spec = catalogue.get(node.op_type)
+        attrs = {**spec.defaults, **{a.name: helper.get_attribute_value(a) for a in node.attribute}}
+        args = {p.name: (node.input[i] if i < len(node.input) and node.input[i] else None)
+                for i, p in enumerate(spec.inputs)}
+        outs = {p.name: (node.output[i] if i < len(node.output) and node.output[i] else None)
+                for i, p in enumerate(spec.outputs)}
+        t = self.types.get(args["X"])
+        core = self._core_op(spec)
+        if t is None:
+            return self._inline(node, "the element type of X is unknown")
+        if core is None:
+            return self._inline(node, f"opset {self.opset} has no standard "
+                                      f"{'RMSNormalization (needs 23)' if spec.norm == 'rms' else 'LayerNormalization (needs 17)'}")
+        order_a = bool(attrs["cast_before_scale"]) and t != _FLOAT
+        if spec.residual == "none":
+            kind = self._norm(spec, attrs, t, order_a, args["X"], args["Scale"], args["Bias"],
+                              outs["Y"])
+            return kind, ""
+        if spec.residual == "skip":
+            return self._skip(spec, attrs, t, order_a, args, outs)
+        inner = self._name("inner")
+        self.types[inner], self.dims[inner] = t, self.dims.get(args["X"])
+        k1 = self._norm(spec, attrs, t, order_a, args["X"], args["InnerScale"], args["InnerBias"],
+                        inner)
+        fake = dict(args, X=inner, XBias=None)
+        k2, _ = self._skip(spec, {**attrs, "alpha": 1.0}, t, order_a, fake, outs)
+        return f"{k1} + {k2}", ""
+
+    def _core_op(self, spec: catalogue.OpSpec) -> tuple[str, str] | None:
+        if spec.norm == "layer":
+            return ("LayerNormalization", "") if self.target == "ort" or self.opset >= 17 else None
+        if self.target == "ort":
+            return ("SimplifiedLayerNormalization", "")
+        return ("RMSNormalization", "") if self.opset >= 23 else None
+
+    def _rank(self, name: str) -> int | None:
+        d = self.dims.get(name)
+        return None if d is None else len(d)
+
+    def _normalized_count(self, x: str, axis: int) -> int | None:
+        if axis < 0:
+            return -axis
+        rank = self._rank(x)
+        return None if rank is None else rank - axis
+
+    def _direct(self, spec, attrs, t, x, scale, bias) -> str | None:
+        """Why the one op with Scale and Bias is not exact here (None: it is)."""
+        if t != _FLOAT:
+            return "float16/bfloat16: ORT and the ONNX standard round in different orders"
+        if attrs.get("scale_offset", 0.0):
+            return "scale offset"
+        count = self._normalized_count(x, attrs["axis"])
+        for what, value in (("Scale", scale), ("Bias", bias)):
+            if value is None:
+                continue
+            if self.types.get(value) != t:
+                return f"{what} is not of X's type"
+            if count is None or self._rank(value) != count:
+                return f"{what} does not span exactly the normalized dims"
+        if bias is not None and spec.norm == "rms":
+            return "the RMS op has no Bias"
+        return None
+
+    def _norm(self, spec, attrs, t, order_a, x, scale, bias, y) -> str:
+        op, domain = self._core_op(spec)
+        axis, eps = attrs["axis"], float(attrs["epsilon"])
+        if self._direct(spec, attrs, t, x, scale, bias) is None and scale is not None:
+            inputs = [x, scale] + ([bias] if bias is not None else [])
+            self.emit(op, inputs, outs=[y], domain=domain, axis=axis, epsilon=eps)
+            return op
+        # the norm with a unit Scale on X in float32, then the catalogue's own arithmetic
+        xf = x if t == _FLOAT else self.one("Cast", x, to=_FLOAT)
+        ones = self.one("ConstantOfShape", self.one("Shape", xf, start=axis),
+                        value=helper.make_tensor("one", _FLOAT, [1], [1.0]))
+        value = self.one(op, xf, ones, domain=domain, axis=axis, epsilon=eps)
+
+        def rounded(v: str) -> str:
+            return self.one("Cast", self.one("Cast", v, to=t), to=_FLOAT) if order_a else v
+
+        def operand(v: str) -> str:
+            return rounded(v if self.types.get(v) == _FLOAT else self.one("Cast", v, to=_FLOAT))
+
+        value = rounded(value)
+        factor = operand(scale) if scale is not None else None
+        offset = float(attrs.get("scale_offset", 0.0))
+        if offset:
+            factor = rounded(self.one("Add", factor or self.const(1.0), rounded(self.const(offset))))
+        if factor is not None:
+            value = rounded(self.one("Mul", value, factor))
+        if bias is not None:
+            value = rounded(self.one("Add", value, operand(bias)))
+        if t == _FLOAT:
+            self.one("Identity", value, out=y)
+        else:
+            self.one("Cast", value, to=t, out=y)
+        return f"{op} (unit scale) + float32 arithmetic"
+
+    def _skip(self, spec, attrs, t, order_a, args, outs) -> tuple[str, str]:
+        x, residual, scale, bias, xbias = (args["X"], args["Residual"], args["Scale"],
+                                           args["Bias"], args["XBias"])
+        y, total = outs["Y"], outs["Sum"] or self._name("sum")
+        self.types[total], self.dims[total] = t, self.dims.get(x)
+        alpha = float(attrs["alpha"])
+        why_not = self._direct(spec, attrs, t, x, scale, bias)
+        if why_not is None and self.target == "ort" and scale is not None:
+            if attrs["axis"] not in (-1, (self._rank(x) or 0) - 1) or self._rank(x) not in (2, 3):
+                why_not = "the Skip ops normalize the last axis of a 2-D or 3-D input only"
+            elif self._rank(scale) != 1:
+                why_not = "the Skip ops take a 1-D gamma"
+            elif xbias is not None and (self.types.get(xbias) != t or self._rank(xbias) != 1):
+                why_not = "XBias is not a 1-D tensor of X's type"
+        if why_not is None and self.target == "ort" and scale is not None:
+            if alpha != 1.0:
+                residual = self.one("Mul", residual, self.const(alpha))
+            op = "SkipLayerNormalization" if spec.norm == "layer" else "SkipSimplifiedLayerNormalization"
+            inputs = [x, residual, scale] + ([bias or ""] if spec.norm == "layer" else [])
+            if xbias is not None:
+                inputs.append(xbias)
+            while inputs and not inputs[-1]:
+                inputs.pop()
+            self.emit(op, inputs, outs=[y, "", "", outs["Sum"] or ""], domain=MS_DOMAIN,
+                      epsilon=float(attrs["epsilon"]))
+            self.uses_ms = True
+            return f"{MS_DOMAIN}.{op}" + (" after Mul(alpha)" if alpha != 1.0 else ""), ""
+        # the sum as the catalogue computes it: in float32, rounded once to X's type
+        if t == _FLOAT and alpha == 1.0 and xbias is None:
+            self.one("Add", residual, x, out=total)
+        else:
+            acc = self.one("Cast", residual, to=_FLOAT) if t != _FLOAT else residual
+            if alpha != 1.0:
+                acc = self.one("Mul", acc, self.const(alpha))
+            acc = self.one("Add", acc, x if t == _FLOAT else self.one("Cast", x, to=_FLOAT))
+            if xbias is not None:
+                xb = xbias if self.types.get(xbias) == _FLOAT else self.one("Cast", xbias, to=_FLOAT)
+                acc = self.one("Add", acc, xb)
+            self.one("Cast", acc, to=t, out=total)
+        kind = self._norm(spec, attrs, t, order_a, total, scale, bias, y)
+        return f"Add + {kind}", (why_not or "") if self.target == "ort" else ""
+
+    # -- inlining the catalogue's function body --------------------------------------------
+    def _inline(self, node: onnx.NodeProto, reason: str) -> tuple[str, str]:
+        spec = catalogue.get(node.op_type)
+        body = functions.function_proto(node.op_type, functions.node_variant(node), self.opset)
+        values = {**spec.defaults, **{a.name: helper.get_attribute_value(a) for a in node.attribute}}
+        rename = {formal: actual for formal, actual in zip(body.input, node.input)}
+        for i, formal in enumerate(body.output):
+            actual = node.output[i] if i < len(node.output) and node.output[i] else None
+            rename[formal] = actual or self._name(formal)
+        for inner in body.node:
+            new = onnx.NodeProto()
+            new.CopyFrom(inner)
+            for i, name in enumerate(new.input):
+                if name:
+                    new.input[i] = rename.setdefault(name, self.prefix + name)
+            for i, name in enumerate(new.output):
+                new.output[i] = rename.setdefault(name, self.prefix + name)
+            new.name = self._name(new.op_type)
+            for attr in new.attribute:
+                if attr.ref_attr_name:
+                    resolved = helper.make_attribute(attr.name, values[attr.ref_attr_name])
+                    if attr.type == onnx.AttributeProto.FLOAT:
+                        resolved = helper.make_attribute(attr.name, float(values[attr.ref_attr_name]))
+                    attr.CopyFrom(resolved)
+            self.new_nodes.append(new)
+        return "inlined function body", reason
+
+
+def op_types(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:
+    """(domain, op_type) of every node in the model's graphs."""
+    for graph in functions._all_graphs(model.graph):
+        for node in graph.node:
+            yield node.domain, node.op_type
