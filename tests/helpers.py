@@ -17,15 +17,17 @@ NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT,
 
 
 def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None = None,
-                      opset: int = 18, functions: bool = True) -> onnx.ModelProto:
+                      opset: int = 18, functions: bool = True,
+                      optional_outputs: bool = True) -> onnx.ModelProto:
     """A model holding one onnxnorm node of ``op``; each present input is a graph input named
-    after its parameter (lower case); Sum is an output for Skip ops. bfloat16 outputs are cast
-    to float32 (exactly) because ORT's Python API cannot return bfloat16 arrays."""
+    after its parameter (lower case); Sum is an output for ops with a Residual unless
+    ``optional_outputs`` is False. bfloat16 outputs are cast to float32 (exactly) because ORT's
+    Python API cannot return bfloat16 arrays."""
     spec = ops.OPS[op]
     inputs = [p.name.lower() if p.name in arrays else "" for p in spec.inputs]
     while inputs and not inputs[-1]:
         inputs.pop()
-    outputs = [p.name.lower() for p in spec.outputs]
+    outputs = [p.name.lower() for p in spec.outputs if optional_outputs or not p.optional]
     x_type = NP_TO_ONNX[arrays["X"].dtype]
     cast = x_type == onnx.TensorProto.BFLOAT16
     nodes = [helper.make_node(op, inputs, [o + "_raw" if cast else o for o in outputs],

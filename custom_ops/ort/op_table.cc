@@ -7,13 +7,25 @@ namespace ort {
 namespace {
 
 constexpr ONNXTensorElementDataType kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr ONNXTensorElementDataType kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr ONNXTensorElementDataType kBF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+
+// Each op for every (T, S) its schema allows: T in {float32, float16, bfloat16}, S = T or float32.
+// Once the library is registered ORT never falls back to the function body, so no combination
+// may be missing (DESIGN.md section 6).
+#define ONNXNORM_ALL_TYPES(spec)                                                    \
+  {&spec, kF32, kF32, nullptr, &CreateNormKernel}, {&spec, kF16, kF16, nullptr, &CreateNormKernel}, \
+      {&spec, kF16, kF32, nullptr, &CreateNormKernel}, {&spec, kBF16, kBF16, nullptr, &CreateNormKernel}, \
+      {&spec, kBF16, kF32, nullptr, &CreateNormKernel}
 
 // The registration table: adding an op or an element type is one line here (plus its kernel).
 // Ops sharing a name must have the same inputs and outputs; ORT merges their type constraints.
 constexpr KernelEntry kKernels[] = {
-    // spec          T     S     provider  factory
-    {&kRMSNormSpec, kF32, kF32, nullptr, &CreateRMSNormKernel},
+    ONNXNORM_ALL_TYPES(kLayerNormSpec),         ONNXNORM_ALL_TYPES(kRMSNormSpec),
+    ONNXNORM_ALL_TYPES(kSkipLayerNormSpec),     ONNXNORM_ALL_TYPES(kSkipRMSNormSpec),
+    ONNXNORM_ALL_TYPES(kSandwichLayerNormSpec), ONNXNORM_ALL_TYPES(kSandwichRMSNormSpec),
 };
+#undef ONNXNORM_ALL_TYPES
 
 void AppendJsonString(std::string& out, const char* text) {
   out += '"';

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "onnxnorm/kernels.h"
 #include "onnxruntime_c_api.h"
 
 namespace onnxnorm {
@@ -66,6 +67,8 @@ struct OpSpec {
   Span<ParamSpec> inputs;
   Span<ParamSpec> outputs;
   Span<AttrSpec> attributes;
+  NormKind norm;          // the statistics
+  ResidualKind residual;  // what comes before the norm (input order follows from it)
 };
 
 // Attributes, defined once and shared by the ops that take them.
@@ -77,27 +80,57 @@ inline constexpr AttrSpec kAttrCastBeforeScale{"cast_before_scale", AttrKind::kI
 inline constexpr AttrSpec kAttrScaleOffset{"scale_offset", AttrKind::kFloat, 0, 0.f,
                                            AttrCheck::kFinite};
 
-// RMSNorm(X, Scale?, Bias?) -> Y
-inline constexpr ParamSpec kRMSNormInputs[] = {
+inline constexpr AttrSpec kAttrAlpha{"alpha", AttrKind::kFloat, 0, 1.f, AttrCheck::kFinite};
+
+// Inputs and outputs. Plain norms: (X, Scale?, Bias?) -> Y. Skip norms: (X, Residual, Scale?,
+// Bias?, XBias?) -> (Y, Sum?). Sandwich norms: (X, Residual, InnerScale?, InnerBias?, Scale?,
+// Bias?) -> (Y, Sum?).
+inline constexpr ParamSpec kPlainInputs[] = {
     {"X", TypeVar::kT, false},
     {"Scale", TypeVar::kS, true},
     {"Bias", TypeVar::kS, true},
 };
-inline constexpr ParamSpec kRMSNormOutputs[] = {
+inline constexpr ParamSpec kSkipInputs[] = {
+    {"X", TypeVar::kT, false},     {"Residual", TypeVar::kT, false}, {"Scale", TypeVar::kS, true},
+    {"Bias", TypeVar::kS, true},   {"XBias", TypeVar::kS, true},
+};
+inline constexpr ParamSpec kSandwichInputs[] = {
+    {"X", TypeVar::kT, false},          {"Residual", TypeVar::kT, false}, {"InnerScale", TypeVar::kS, true},
+    {"InnerBias", TypeVar::kS, true},   {"Scale", TypeVar::kS, true},     {"Bias", TypeVar::kS, true},
+};
+inline constexpr ParamSpec kPlainOutputs[] = {
     {"Y", TypeVar::kT, false},
 };
-inline constexpr AttrSpec kRMSNormAttributes[] = {
-    kAttrAxis,
-    kAttrEpsilon,
-    kAttrCastBeforeScale,
-    kAttrScaleOffset,
+inline constexpr ParamSpec kResidualOutputs[] = {
+    {"Y", TypeVar::kT, false},
+    {"Sum", TypeVar::kT, true},
 };
-inline constexpr OpSpec kRMSNormSpec{"RMSNorm", 1, MakeSpan(kRMSNormInputs),
-                                     MakeSpan(kRMSNormOutputs), MakeSpan(kRMSNormAttributes)};
+
+inline constexpr AttrSpec kLayerAttributes[] = {kAttrAxis, kAttrEpsilon, kAttrCastBeforeScale};
+inline constexpr AttrSpec kRMSAttributes[] = {kAttrAxis, kAttrEpsilon, kAttrCastBeforeScale, kAttrScaleOffset};
+inline constexpr AttrSpec kSkipLayerAttributes[] = {kAttrAxis, kAttrEpsilon, kAttrCastBeforeScale, kAttrAlpha};
+inline constexpr AttrSpec kSkipRMSAttributes[] = {kAttrAxis, kAttrEpsilon, kAttrCastBeforeScale, kAttrScaleOffset,
+                                                  kAttrAlpha};
+
+inline constexpr OpSpec kLayerNormSpec{"LayerNorm",        1, MakeSpan(kPlainInputs), MakeSpan(kPlainOutputs),
+                                       MakeSpan(kLayerAttributes), NormKind::kLayer, ResidualKind::kNone};
+inline constexpr OpSpec kRMSNormSpec{"RMSNorm",          1, MakeSpan(kPlainInputs), MakeSpan(kPlainOutputs),
+                                     MakeSpan(kRMSAttributes), NormKind::kRMS, ResidualKind::kNone};
+inline constexpr OpSpec kSkipLayerNormSpec{"SkipLayerNorm", 1, MakeSpan(kSkipInputs), MakeSpan(kResidualOutputs),
+                                           MakeSpan(kSkipLayerAttributes), NormKind::kLayer, ResidualKind::kSkip};
+inline constexpr OpSpec kSkipRMSNormSpec{"SkipRMSNorm", 1, MakeSpan(kSkipInputs), MakeSpan(kResidualOutputs),
+                                         MakeSpan(kSkipRMSAttributes), NormKind::kRMS, ResidualKind::kSkip};
+inline constexpr OpSpec kSandwichLayerNormSpec{"SandwichLayerNorm", 1, MakeSpan(kSandwichInputs),
+                                               MakeSpan(kResidualOutputs), MakeSpan(kLayerAttributes),
+                                               NormKind::kLayer, ResidualKind::kSandwich};
+inline constexpr OpSpec kSandwichRMSNormSpec{"SandwichRMSNorm", 1, MakeSpan(kSandwichInputs),
+                                             MakeSpan(kResidualOutputs), MakeSpan(kRMSAttributes),
+                                             NormKind::kRMS, ResidualKind::kSandwich};
 
 // Every op spec of the library, in manifest order.
 inline constexpr const OpSpec* kOpSpecs[] = {
-    &kRMSNormSpec,
+    &kLayerNormSpec,    &kRMSNormSpec,         &kSkipLayerNormSpec,
+    &kSkipRMSNormSpec,  &kSandwichLayerNormSpec, &kSandwichRMSNormSpec,
 };
 
 // A kernel instance (one per node). Compute must not throw: errors are returned as OrtStatus.
@@ -123,9 +156,9 @@ struct KernelEntry {
   KernelFactory create;
 };
 
-// Kernel factories, one per op (custom_ops/ort/<op>_op.cc).
-OrtStatus* CreateRMSNormKernel(const OrtApi& api, const OrtKernelInfo* info,
-                               const KernelEntry& entry, Kernel** out);
+// The kernel factory of every op (custom_ops/ort/norm_op.cc): the op's shape comes from
+// entry.spec (norm and residual kinds, inputs), the element types from entry.t and entry.s.
+OrtStatus* CreateNormKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 
 // The registration table.
 Span<KernelEntry> KernelTable();

@@ -1,0 +1,240 @@
+"""The CPU kernels of every op, through ONNX Runtime with the onnxnorm library, against the numpy
+reference: every op x X type x weight type x optional inputs x attribute classes x Sum output,
+threaded runs, short (Q/K-norm) rows, odd widths, large-mean LayerNorm, every instruction set,
+and bad inputs (a clear error, never a crash)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from helpers import BF16, run, single_node_model
+from onnxnorm import ops
+
+F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
+TYPE_PAIRS = [(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)]
+TYPE_IDS = ["f32", "f16", "f16-w32", "bf16", "bf16-w32"]
+WEIGHTS = ("Scale", "Bias", "XBias", "InnerScale", "InnerBias")
+
+# Each case: which optional inputs are present, the attributes, whether Sum is an output, the
+# shape of X and of the weights. Together they cover every optional input present and absent,
+# axis -1 / -2, alpha 1 / not 1, scale_offset 0 / 1, both rounding orders, Sum present / absent,
+# per-head weights and widths that are not a multiple of the vector width.
+CASES = {
+    "all-inputs": (WEIGHTS, {}, True, (2, 3, 37), (37,)),
+    "no-inputs-order-a": ((), {"cast_before_scale": 1}, False, (2, 3, 37), (37,)),
+    "all-order-a-offset-alpha-axis2": (WEIGHTS, {"cast_before_scale": 1, "scale_offset": 1.0, "alpha": 0.5,
+                                                 "axis": -2, "epsilon": 1e-3},
+                                       True, (2, 5, 24), (5, 24)),
+    "scales-offset-alpha": (("Scale", "InnerScale"), {"scale_offset": 1.0, "alpha": 2.0}, False,
+                            (3, 4, 64), (4, 64)),
+    "biases-order-a": (("Bias", "XBias", "InnerBias"), {"cast_before_scale": 1}, True, (4, 1, 130), (130,)),
+    "scale-bias-order-a-axis2": (("Scale", "Bias"), {"cast_before_scale": 1, "axis": -2}, False,
+                                 (3, 2, 17), (2, 17)),
+}
+
+
+def _arrays(op, x_type, w_type, present, x_shape, w_shape, rng, mean=0.0):
+    spec = ops.OPS[op]
+    names = {p.name for p in spec.inputs}
+    arrays = {"X": (mean + rng.standard_normal(x_shape)).astype(x_type)}
+    if "Residual" in names:
+        arrays["Residual"] = rng.standard_normal(x_shape).astype(x_type)
+    for name in WEIGHTS:
+        if name in names and name in present:
+            base = 1.0 if "Scale" in name else 0.0
+            arrays[name] = (base + 0.3 * rng.standard_normal(w_shape)).astype(w_type)
+    return arrays
+
+
+def _attrs(op, attrs):
+    allowed = {a.name for a in ops.OPS[op].attributes}
+    return {k: v for k, v in attrs.items() if k in allowed}
+
+
+def _run_kernel(op, arrays, attrs=None, threads=1, with_sum=True):
+    model = single_node_model(op, arrays, attrs, functions=False, optional_outputs=with_sum)
+    return run(model, arrays, with_library=True, threads=threads)
+
+
+def _reference(op, arrays, attrs=None):
+    spec = ops.OPS[op]
+    return ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **(attrs or {}))
+
+
+def _check(op, arrays, attrs=None, threads=1, with_sum=True):
+    got = _run_kernel(op, arrays, attrs, threads, with_sum)
+    want = _reference(op, arrays, attrs)
+    if not with_sum:
+        want = want[:1]
+    assert len(got) == len(want)
+    dtype = arrays["X"].dtype
+    rtol, atol = ops.reference.tolerance(dtype)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g, np.float32), w.astype(np.float32), rtol, atol)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("types", TYPE_PAIRS, ids=TYPE_IDS)
+@pytest.mark.parametrize("op", list(ops.OPS))
+def test_matrix(op, types, case, rng):
+    present, attrs, with_sum, x_shape, w_shape = CASES[case]
+    attrs = _attrs(op, attrs)
+    arrays = _arrays(op, *types, present, x_shape, w_shape, rng)
+    _check(op, arrays, attrs, with_sum=with_sum and ops.OPS[op].has_residual)
+
+
+@pytest.mark.parametrize("types", TYPE_PAIRS, ids=TYPE_IDS)
+@pytest.mark.parametrize("op", list(ops.OPS))
+def test_threaded_many_rows(op, types, rng):
+    arrays = _arrays(op, *types, WEIGHTS, (4, 300, 256), (256,), rng)
+    _check(op, arrays, _attrs(op, {"alpha": 0.7}), threads=2)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("op", ["RMSNorm", "LayerNorm", "SkipRMSNorm"])
+def test_qk_norm_short_rows_per_head_scale(op, dtype, rng):
+    """Q/K-norm: [batch, seq, heads, head_dim] normalized over head_dim, Scale per head."""
+    arrays = _arrays(op, dtype, dtype, ("Scale",), (2, 64, 8, 128), (8, 128), rng)
+    _check(op, arrays, threads=2)
+
+
+@pytest.mark.parametrize("cols", [1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 63, 100, 255, 257, 1000])
+@pytest.mark.parametrize("op", ["LayerNorm", "RMSNorm", "SkipLayerNorm", "SandwichRMSNorm"])
+def test_odd_widths(op, cols, rng):
+    for dtype in (F32, F16, BF16):
+        arrays = _arrays(op, dtype, dtype, ("Scale", "Bias"), (3, cols), (cols,), rng)
+        _check(op, arrays, {"epsilon": 1e-3})
+
+
+@pytest.mark.parametrize("op", ["LayerNorm", "SkipLayerNorm", "SandwichLayerNorm"])
+@pytest.mark.parametrize("cols", [128, 4096])
+def test_layer_norm_large_mean_small_spread(op, cols, rng):
+    """mean 1e4, std 1e-2: a one-pass E[x^2] - E[x]^2 in float32 would lose every digit."""
+    x = (1e4 + 1e-2 * rng.standard_normal((8, cols))).astype(np.float32)
+    arrays = {"X": x}
+    if ops.OPS[op].has_residual:
+        arrays["Residual"] = (1e-2 * rng.standard_normal((8, cols))).astype(np.float32)
+    if op == "SandwichLayerNorm":  # make the outer norm see the large mean too
+        arrays["InnerBias"] = np.full(cols, 1e4, np.float32)
+    got = _run_kernel(op, arrays)[0]
+    want = _reference(op, arrays)[0]
+    np.testing.assert_allclose(got, want, *ops.reference.tolerance(np.float32))
+
+
+def test_nan_and_inf_propagate_as_in_reference(rng):
+    for op in ops.OPS:
+        for dtype in (F32, F16, BF16):
+            arrays = _arrays(op, dtype, dtype, ("Scale", "Bias"), (4, 40), (40,), rng)
+            x = arrays["X"].astype(np.float32)
+            x[0, 3], x[1, 5], x[2, 0] = np.nan, np.inf, -np.inf
+            arrays["X"] = x.astype(dtype)
+            got = _run_kernel(op, arrays)
+            want = _reference(op, arrays)
+            for g, w in zip(got, want):
+                g, w = np.asarray(g, np.float32), w.astype(np.float32)
+                np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"{op} {dtype}")
+                np.testing.assert_array_equal(np.isinf(g), np.isinf(w), err_msg=f"{op} {dtype}")
+                finite = np.isfinite(w)
+                rtol, atol = ops.reference.tolerance(dtype)
+                np.testing.assert_allclose(g[finite], w[finite], rtol, atol)
+
+
+@pytest.mark.parametrize("op", list(ops.OPS))
+def test_empty_batch_gives_empty_outputs(op, rng):
+    arrays = _arrays(op, F16, F32, WEIGHTS, (0, 3, 16), (16,), rng)
+    got = _run_kernel(op, arrays)
+    assert [g.shape for g in got] == [(0, 3, 16)] * len(got)
+
+
+def _bad(op, arrays, attrs=None, message="", with_sum=True):
+    arrays = {k: np.ones(s, np.float32) if isinstance(s, tuple) else s for k, s in arrays.items()}
+    with pytest.raises(Exception, match=message):
+        _run_kernel(op, arrays, attrs, with_sum=with_sum)
+
+
+@pytest.mark.parametrize("op", list(ops.OPS))
+def test_bad_shapes_and_axis_are_clear_errors(op):
+    spec = ops.OPS[op]
+    base = {"X": (2, 16)}
+    if spec.has_residual:
+        base["Residual"] = (2, 16)
+    name = f"onnxnorm::{op}"
+    _bad(op, {"X": (), **({"Residual": ()} if spec.has_residual else {})},
+         message=rf"{name}: X must have rank >= 1")
+    _bad(op, base, {"axis": 2}, message=rf"{name}: axis 2 is out of range")
+    _bad(op, base, {"axis": -3}, message=rf"{name}: axis -3 is out of range")
+    _bad(op, {**base, "X": (2, 0), **({"Residual": (2, 0)} if spec.has_residual else {})},
+         message=rf"{name}: the normalized dimensions .* hold no elements")
+    for weight in (p.name for p in spec.inputs if p.name in WEIGHTS):
+        _bad(op, {**base, weight: (8,)}, message=rf"{name}: {weight} of shape \[8\] does not fit X")
+        _bad(op, {**base, weight: (3, 16)}, message=rf"{name}: {weight} of shape \[3,16\] does not fit X")
+    if spec.has_residual:
+        _bad(op, {**base, "Residual": (1, 16)}, message=rf"{name}: Residual of shape \[1,16\] must have")
+        _bad(op, {**base, "Residual": (2, 16, 1)}, message=rf"{name}: Residual of shape \[2,16,1\] must have")
+
+
+@pytest.mark.parametrize("op", list(ops.OPS))
+def test_mixed_types_are_refused(op):
+    spec = ops.OPS[op]
+    f16 = lambda shape: np.ones(shape, np.float16)  # noqa: E731
+    arrays = {"X": f16((2, 16)), "Scale": np.ones(16, np.float32), "Bias": f16(16)}
+    if spec.has_residual:
+        arrays["Residual"] = f16((2, 16))
+    with pytest.raises(Exception, match=f"no kernel def matches node inputs for Op: {op}"):
+        _run_kernel(op, arrays)
+    arrays = {"X": f16((2, 16)), "Scale": np.ones(16, np.float64)}
+    if spec.has_residual:
+        arrays["Residual"] = f16((2, 16))
+    with pytest.raises(Exception):
+        _run_kernel(op, arrays)
+    if spec.has_residual:
+        arrays = {"X": f16((2, 16)), "Residual": np.ones((2, 16), np.float32)}
+        with pytest.raises(Exception):
+            _run_kernel(op, arrays)
+
+
+@pytest.mark.parametrize("op", ["SkipRMSNorm", "SandwichLayerNorm"])
+def test_attributes_of_the_wrong_value_are_errors(op):
+    arrays = {"X": (2, 16), "Residual": (2, 16)}
+    _bad(op, arrays, {"epsilon": -1.0}, message="epsilon")
+    _bad(op, arrays, {"cast_before_scale": 2}, message="cast_before_scale")
+    if op == "SkipRMSNorm":
+        _bad(op, arrays, {"alpha": float("inf")}, message="alpha")
+
+
+ISA_SCRIPT = r"""
+import numpy as np, sys
+sys.path.insert(0, "tests")
+import test_kernels as t
+rng = np.random.default_rng(7)
+for op in t.ops.OPS:
+    for types in t.TYPE_PAIRS:
+        for case, (present, attrs, with_sum, xs, ws) in t.CASES.items():
+            arrays = t._arrays(op, *types, present, xs, ws, rng)
+            t._check(op, arrays, t._attrs(op, attrs), with_sum=with_sum and t.ops.OPS[op].has_residual)
+        arrays = t._arrays(op, *types, t.WEIGHTS, (3, 1000), (1000,), rng)
+        t._check(op, arrays, t._attrs(op, {"cast_before_scale": 1}), threads=2)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2"])
+def test_every_instruction_set(isa):
+    """The best instruction set runs in this process; the lesser ones in a subprocess each
+    (ONNXNORM_CPU_ISA lowers the choice)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "ONNXNORM_CPU_ISA": isa}
+    result = subprocess.run([sys.executable, "-c", ISA_SCRIPT], cwd=root, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_bfloat16_helpers_agree_with_ml_dtypes():
+    assert BF16 == np.dtype(ml_dtypes.bfloat16)
