@@ -1,4 +1,5 @@
-"""onnxnorm.nn.RMSNorm and onnxnorm.export: one onnxnorm node per norm module."""
+"""onnxnorm.export: one node per norm module (or per residual add fused with a norm) in every
+mode, dynamic batch and sequence axes, external data, parity with eager, clear errors."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ import onnxruntime as ort
 import pytest
 import torch
 
+import collections
+
+import ml_dtypes
+
 import onnxnorm
-from onnxnorm import OnnxNormError, ops
-from onnxnorm.nn import RMSNorm
+from models import decoder
+from onnxnorm import OnnxNormError, ops, runtime
+from onnxnorm.nn import LayerNorm, RMSNorm, add_norm, sandwich_norm
+from onnxnorm.nn.export import count_norm_nodes
 from onnxnorm.ops import reference
+
+NP = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16}
 
 
 class TwoNorms(torch.nn.Module):
@@ -109,11 +118,175 @@ def test_fused_mode_needs_the_library(exported):
 
 
 def test_export_bad_arguments(tmp_path):
-    with pytest.raises(OnnxNormError, match="unknown export mode 'ort'"):
-        onnxnorm.export(TwoNorms(), (torch.randn(1, 2, 16),), mode="ort")
+    with pytest.raises(OnnxNormError, match="unknown export mode 'bogus'"):
+        onnxnorm.export(TwoNorms(), (torch.randn(1, 2, 16),), mode="bogus")
     with pytest.raises(OnnxNormError, match="must be a torch.nn.Module"):
         onnxnorm.export(lambda x: x, (torch.randn(1, 2, 16),))
     with pytest.raises(OnnxNormError, match="opset_version must be >= 15"):
         onnxnorm.export(TwoNorms(), (torch.randn(1, 2, 16),), opset_version=13)
     with pytest.raises(OnnxNormError, match="does not exist"):
         onnxnorm.export(TwoNorms(), (torch.randn(1, 2, 16),), tmp_path / "no" / "m.onnx")
+
+
+# --- the configurable decoder in every mode ---------------------------------------------------
+
+ORT_OPS = {"RMSNorm": "SimplifiedLayerNormalization", "SkipRMSNorm": "SkipSimplifiedLayerNormalization",
+           "LayerNorm": "LayerNormalization", "SkipLayerNorm": "SkipLayerNormalization"}
+MODES = [("function", 18), ("fused", 18), ("ort", 18), ("onnx", 23)]
+
+
+def _session(model: onnx.ModelProto, with_library: bool = False) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return runtime.session(model, options, with_library=with_library)
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    """A Pre-Norm RMSNorm decoder (Q/K norm, embedding norm) exported once per mode."""
+    config = decoder.DecoderConfig(norm="rms", position="pre", qk_norm=True, embedding_norm=True,
+                                   cast_before_scale=1)
+    model = decoder.build(config)
+    x = decoder.example_input(config, batch=2, seq=6)
+    folder = tmp_path_factory.mktemp("modes")
+    exported = {}
+    for mode, opset in MODES:
+        path = folder / f"{mode}.onnx"
+        onnxnorm.export(model, (x,), path, mode=mode, opset_version=opset)
+        exported[mode] = onnx.load(path)
+    return model, exported
+
+
+@pytest.mark.parametrize("mode", [m for m, _ in MODES])
+def test_decoder_one_node_per_norm_in_every_mode(decoders, mode):
+    model, exported = decoders
+    proto = exported[mode]
+    expected = model.expected_nodes()
+    assert expected == {"RMSNorm": 2 * 2 + 1 + 1, "SkipRMSNorm": 4}
+    ours = collections.Counter(n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN)
+    counts = count_norm_nodes(proto)
+    if mode in ("function", "fused"):
+        assert ours == expected
+        assert bool(proto.functions) == (mode == "function")
+    elif mode == "ort":
+        assert not ours and not proto.functions
+        assert counts == {ORT_OPS[op]: n for op, n in expected.items()}
+    else:  # standard ONNX at opset 23: one RMSNormalization per norm module, adds apart
+        assert not ours and not proto.functions
+        assert all(n.domain in ("", "ai.onnx") for n in proto.graph.node)
+        assert counts == {"RMSNormalization": model.count_norms()}
+    # dynamic batch and sequence axes
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and dims[1].dim_param and dims[2].dim_value == 64
+    if mode != "ort":  # ORT's SimplifiedLayerNormalization is no onnx schema
+        onnx.checker.check_model(proto, full_check=True)
+
+
+@pytest.mark.parametrize("mode", [m for m, _ in MODES])
+def test_decoder_parity_with_eager_at_other_shapes(decoders, mode):
+    model, exported = decoders
+    x = decoder.example_input(model.config, batch=3, seq=5, seed=7)
+    with torch.no_grad():
+        want = model(x).numpy()
+    sess = _session(exported[mode], with_library=(mode == "fused"))
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    rtol, atol = reference.tolerance(np.float32)
+    np.testing.assert_allclose(got, want, rtol=10 * rtol, atol=10 * atol)
+
+
+class NormChain(torch.nn.Module):
+    """Norms and fused residual norms only: parity in half precision is a pure norm check."""
+
+    def __init__(self, hidden=32):
+        super().__init__()
+        self.a = RMSNorm(hidden, eps=1e-6, cast_before_scale=1)
+        self.b, self.c = LayerNorm(hidden), LayerNorm(hidden)
+        self.d = RMSNorm(hidden, eps=1e-6, scale_offset=1.0)
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+
+    def forward(self, x, residual):
+        y, total = add_norm(self.a, x, residual, alpha=1.5)
+        y, total = sandwich_norm(self.b, self.c, y, total)
+        return self.d(y), total
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_half_precision_parity_within_reference_tolerance(dtype, tmp_path):
+    model = NormChain().to(dtype)
+    x, r = torch.randn(2, 4, 32).to(dtype), torch.randn(2, 4, 32).to(dtype)
+    proto = onnxnorm.export(model, (x, r))
+    assert [n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN] == [
+        "SkipRMSNorm", "SandwichLayerNorm", "RMSNorm"]
+    sess = _session(proto)
+    got = sess.run(None, {i.name: v.numpy() for i, v in zip(sess.get_inputs(), (x, r))})
+    with torch.no_grad():
+        want = model(x, r)
+    rtol, atol = reference.tolerance(NP[dtype])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.astype(np.float32), w.float().numpy(), rtol=rtol, atol=atol)
+
+
+def test_external_data(tmp_path):
+    model = NormChain(hidden=512)
+    x, r = torch.randn(2, 4, 512), torch.randn(2, 4, 512)
+    path = tmp_path / "chain.onnx"
+    onnxnorm.export(model, (x, r), path, external_data=True)
+    assert (tmp_path / "chain.onnx.data").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.onnx", "chain.onnx.data"]
+    loaded = onnx.load(path, load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in loaded.graph.initializer)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {i.name: v.numpy() for i, v in zip(sess.get_inputs(), (x, r))})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x, r)[0].numpy(), rtol=1e-5, atol=1e-5)
+
+
+class Plain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+class OddNorm(torch.nn.Module):
+    """A norm onnxnorm cannot express (max-abs scaling)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(16))
+
+    def forward(self, x):
+        return x / x.abs().amax(-1, keepdim=True) * self.weight
+
+
+def test_model_without_norms_is_a_clear_error():
+    with pytest.raises(OnnxNormError, match="the model has no norm modules"):
+        onnxnorm.export(Plain(), (torch.randn(2, 3, 16),))
+    proto = onnxnorm.export(Plain(), (torch.randn(2, 3, 16),), allow_no_norms=True)
+    assert not any(n.domain == ops.DOMAIN for n in proto.graph.node)
+
+
+def test_unsupported_norm_is_reported_and_left():
+    model = torch.nn.Sequential(torch.nn.LayerNorm(16), OddNorm())
+    proto = onnxnorm.export(model, (torch.randn(2, 3, 16),), convert=True)
+    assert [n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN] == ["LayerNorm"]
+    assert isinstance(model[0], torch.nn.LayerNorm), "convert=True must leave the model as it was"
+    with pytest.raises(OnnxNormError, match=r"not onnxnorm modules \(1 \(OddNorm\)\).*convert"):
+        onnxnorm.export(torch.nn.Sequential(Plain(), OddNorm()), (torch.randn(2, 3, 16),))
+
+
+def test_wrong_inputs_are_clear_errors():
+    with pytest.raises(OnnxNormError, match="args\\[0\\] must be a torch.Tensor, got numpy.ndarray "
+                                           "\\(convert it with torch.from_numpy\\)"):
+        onnxnorm.export(TwoNorms(), (np.zeros((2, 3, 16), np.float32),))
+    with pytest.raises(OnnxNormError, match="the model fails on the given inputs: ValueError: "
+                                           "RMSNorm over \\(16,\\) got an input of shape"):
+        onnxnorm.export(TwoNorms(), (torch.randn(2, 3, 8),))
+    with pytest.raises(OnnxNormError, match="the model fails on the given inputs: TypeError: "
+                                           "RMSNorm expects float32, float16 or bfloat16"):
+        onnxnorm.export(TwoNorms(), (torch.ones(2, 3, 16, dtype=torch.int64),))

@@ -1,7 +1,27 @@
-"""PyTorch side: norm modules, the catalogue ops as torch custom ops, export."""
+"""PyTorch side: norm modules, residual blocks fused with their norms, the catalogue ops as torch
+custom ops, conversion of existing models, export."""
 
 from onnxnorm.nn.functional import TRANSLATION_TABLE, call
-from onnxnorm.nn.export import export
-from onnxnorm.nn.modules import RMSNorm
+from onnxnorm.nn.modules import LayerNorm, RMSNorm
+from onnxnorm.nn.residual import (DeepNormBlock, DeepNormConstants, PostNormBlock, PreNormBlock,
+                                  ResidualStream, SandwichBlock, add_norm, deepnorm_constants,
+                                  deepnorm_init_, sandwich_norm)
 
-__all__ = ["RMSNorm", "TRANSLATION_TABLE", "call", "export"]
+
+def export(*args, **kwargs):
+    """:func:`onnxnorm.nn.export.export`."""
+    from onnxnorm.nn.export import export as _export
+
+    return _export(*args, **kwargs)
+
+
+def convert(*args, **kwargs):
+    """:func:`onnxnorm.nn.convert.convert`."""
+    from onnxnorm.nn.convert import convert as _convert
+
+    return _convert(*args, **kwargs)
+
+
+__all__ = ["DeepNormBlock", "DeepNormConstants", "LayerNorm", "PostNormBlock", "PreNormBlock",
+           "RMSNorm", "ResidualStream", "SandwichBlock", "TRANSLATION_TABLE", "add_norm", "call",
+           "convert", "deepnorm_constants", "deepnorm_init_", "export", "sandwich_norm"]

@@ -1,11 +1,15 @@
-"""``onnxnorm.export``: torch.onnx.export (dynamo) with one onnxnorm node per norm module."""
+"""``onnxnorm.export``: torch.onnx.export (dynamo) with one onnxnorm node per norm module (or per
+fused residual add + norm), then lowered to the chosen target (DESIGN.md section 4)."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,10 +19,14 @@ import torch
 
 from onnxnorm._io import OnnxNormError, save_model
 from onnxnorm.nn.functional import TRANSLATION_TABLE
-from onnxnorm.ops import functions
+from onnxnorm.ops import catalogue, functions
 
-#: the export targets implemented so far (DESIGN.md section 4)
-MODES = ("function", "fused")
+#: the export targets (DESIGN.md section 4): onnxnorm nodes with or without their function
+#: bodies, ONNX Runtime's own ops, standard ONNX only
+MODES = ("function", "fused", "ort", "onnx")
+
+#: Protobuf cannot serialize a message over 2 GiB: larger models must use external data.
+_PROTOBUF_LIMIT = 2**31 - 1
 
 
 @contextlib.contextmanager
@@ -40,37 +48,219 @@ def quiet_export(quiet: bool = True) -> Iterator[None]:
             logger.setLevel(level)
 
 
-def export(model: torch.nn.Module, args: tuple[Any, ...], path: str | os.PathLike | None = None,
-           *, mode: str = "function", opset_version: int = 18,
-           dynamic_shapes: Any = None, input_names: list[str] | None = None,
-           output_names: list[str] | None = None, verbose: bool = False) -> onnx.ModelProto:
-    """Exports ``model`` with ``torch.onnx.export(dynamo=True)``; every onnxnorm module becomes
-    one node of the ``onnxnorm`` domain.
+def _check_value(value: Any, where: str) -> None:
+    if value is None or isinstance(value, (torch.Tensor, bool, int, float)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_value(item, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_value(item, f"{where}[{key!r}]")
+        return
+    hint = " (convert it with torch.from_numpy)" if type(value).__module__ == "numpy" else ""
+    raise OnnxNormError(f"{where} must be a torch.Tensor, got {type(value).__module__}."
+                        f"{type(value).__name__}{hint}")
 
-    mode ``"function"`` (default) attaches each node's ONNX function body, so that the file runs
-    in any ONNX runtime (ORT with the onnxnorm library registered runs the fused kernel instead);
-    ``"fused"`` leaves the bodies out (the library is then required). The model is written to
-    ``path`` (atomically) when given, and returned.
+
+def default_dynamic_shapes(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+    """Dynamic batch (dim 0) and sequence (dim 1) axes for every tensor input of rank >= 2
+    (batch only for rank 1), in the structure torch.export expects."""
+
+    def dims(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.dim() >= 2:
+                return {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
+            if value.dim() == 1:
+                return {0: torch.export.Dim.DYNAMIC}
+        return None
+
+    if kwargs:
+        return {**{f"args_{i}": dims(a) for i, a in enumerate(args)},
+                **{k: dims(v) for k, v in kwargs.items()}}
+    return tuple(dims(a) for a in args)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    for line in text.splitlines():
+        if line.strip():
+            return f"{type(error).__name__}: {line.strip()}"
+    return type(error).__name__
+
+
+def _innermost(error: BaseException) -> BaseException:
+    """The original error under the exporter's wrappers (torch.onnx wraps what it catches)."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        cause = error.__cause__ or error.__context__
+        if cause is None:
+            break
+        error = cause
+    return error
+
+
+def norm_modules(model: torch.nn.Module) -> dict[str, list[str]]:
+    """The model's norm modules by kind: ``onnxnorm`` (exported as onnxnorm nodes) and
+    ``other`` (norms of other classes, which :func:`onnxnorm.convert` may replace)."""
+    from onnxnorm.nn.modules import NORM_TYPES
+
+    found: dict[str, list[str]] = {"onnxnorm": [], "other": []}
+    for name, module in model.named_modules():
+        if isinstance(module, NORM_TYPES):
+            found["onnxnorm"].append(name)
+        elif "norm" in type(module).__name__.lower() and not list(module.children()):
+            found["other"].append(f"{name} ({type(module).__name__})")
+    return found
+
+
+def _no_norms_message(model: torch.nn.Module) -> str:
+    found = norm_modules(model)
+    if found["other"]:
+        listed = ", ".join(found["other"][:4]) + (" ..." if len(found["other"]) > 4 else "")
+        return (f"the exported graph has no onnxnorm node: the model's norm modules are not "
+                f"onnxnorm modules ({listed}); pass convert=True or call onnxnorm.convert(model) "
+                "first")
+    return ("the model has no norm modules: the exported graph has no onnxnorm node (use "
+            "torch.onnx.export for models without norms, or pass allow_no_norms=True)")
+
+
+def save(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None) -> Path:
+    """Writes ``model`` to ``path`` atomically; with ``external_data`` (default: when the model
+    is over protobuf's 2 GB limit) the tensors go to ``<name>.data`` next to it."""
+    path = Path(path)
+    if external_data is None:
+        external_data = model.ByteSize() > _PROTOBUF_LIMIT
+    if not external_data:
+        return save_model(model, path)
+    folder = path.parent
+    if not folder.is_dir():
+        raise OnnxNormError(f"cannot write {path}: folder {folder} does not exist")
+    if path.is_dir():
+        raise OnnxNormError(f"cannot write {path}: it is a folder")
+    location = path.name + ".data"
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder))
+    except OSError as error:
+        raise OnnxNormError(f"cannot write {path}: {error.strerror}") from None
+    try:
+        # onnx.save_model moves the tensors out of ``model``: save a copy, keep the caller's
+        staged = staging / path.name
+        onnx.save_model(copy.deepcopy(model), staged, save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=location, size_threshold=1024)
+        if (staging / location).exists():
+            os.replace(staging / location, folder / location)
+        os.replace(staged, path)
+    except OSError as error:
+        raise OnnxNormError(f"cannot write {path}: {error.strerror or error}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def lower(model: onnx.ModelProto, mode: str) -> onnx.ModelProto:
+    """The exported model (onnxnorm nodes, no function bodies) in target ``mode``."""
+    if mode == "function":
+        return functions.attach_functions(model)
+    if mode == "fused":
+        return functions.strip_functions(model)
+    try:
+        from onnxnorm.fusion.lowering import lower as lower_to
+    except ImportError as error:
+        raise OnnxNormError(f"export mode {mode!r} needs onnxnorm.fusion.lowering, which this "
+                            f"installation lacks ({error})") from None
+    return lower_to(functions.strip_functions(model), mode)
+
+
+def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | None = None,
+           *, mode: str = "function", opset_version: int = 18, kwargs: dict[str, Any] | None = None,
+           dynamic: bool = True, dynamic_shapes: Any = None,
+           input_names: list[str] | None = None, output_names: list[str] | None = None,
+           convert: bool = False, external_data: bool | None = None,
+           allow_no_norms: bool = False, verbose: bool = False) -> onnx.ModelProto:
+    """Exports ``model`` with ``torch.onnx.export(dynamo=True)``; every onnxnorm norm module, and
+    every residual add fused with a norm (:mod:`onnxnorm.nn.residual`), becomes one node.
+
+    ``mode`` is the target (DESIGN.md section 4): ``"function"`` (default) onnxnorm nodes with
+    their ONNX function bodies, so that the file runs in any ONNX runtime (ORT with the onnxnorm
+    library registered runs the fused kernels instead); ``"fused"`` without the bodies (the
+    library is required); ``"ort"`` ONNX Runtime's own norm ops; ``"onnx"`` standard ONNX only.
+
+    ``dynamic`` (default) makes dims 0 and 1 (batch and sequence) of every tensor input
+    dynamic unless ``dynamic_shapes`` says otherwise. ``convert`` first replaces the norm
+    modules of a copy of ``model`` with onnxnorm modules (:func:`onnxnorm.convert`; the model
+    itself is left as it is). ``external_data`` writes the weights next to the model file
+    (default: only for models over 2 GB). The model is written to ``path`` (atomically) when
+    given, and returned. Bad input raises :class:`OnnxNormError` with a one-line message.
     """
     if mode not in MODES:
         raise OnnxNormError(f"unknown export mode {mode!r}; supported: {', '.join(MODES)}")
-    if opset_version < functions.MIN_OPSET:
+    if not isinstance(opset_version, int) or opset_version < functions.MIN_OPSET:
         raise OnnxNormError(f"opset_version must be >= {functions.MIN_OPSET}, got {opset_version}")
     if not isinstance(model, torch.nn.Module):
         raise OnnxNormError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(args, tuple):
         args = (args,)
-    with quiet_export(not verbose):
-        program = torch.onnx.export(
-            model, args, dynamo=True, opset_version=opset_version,
-            custom_translation_table=TRANSLATION_TABLE, dynamic_shapes=dynamic_shapes,
-            input_names=input_names, output_names=output_names, verbose=verbose,
-        )
-    proto = program.model_proto
-    if mode == "function":
-        functions.attach_functions(proto)
-    else:
-        functions.strip_functions(proto)
+    _check_value(args, "args")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise OnnxNormError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+        _check_value(kwargs, "kwargs")
     if path is not None:
-        save_model(proto, Path(path))
+        folder = Path(path).parent
+        if not folder.is_dir():
+            raise OnnxNormError(f"cannot write {path}: folder {folder} does not exist")
+    if convert:
+        from onnxnorm.nn.convert import convert as convert_model
+
+        model = copy.deepcopy(model)
+        convert_model(model)
+    if dynamic_shapes is None and dynamic:
+        dynamic_shapes = default_dynamic_shapes(args, kwargs)
+
+    was_training = model.training
+    model.eval()
+    try:
+        with quiet_export(not verbose):
+            program = torch.onnx.export(
+                model, args, kwargs=kwargs, dynamo=True, opset_version=opset_version,
+                custom_translation_table=TRANSLATION_TABLE, dynamic_shapes=dynamic_shapes,
+                input_names=input_names, output_names=output_names, verbose=verbose,
+                optimize=True,
+            )
+    except Exception as error:
+        raise OnnxNormError(_export_failure(model, args, kwargs, error)) from error
+    finally:
+        model.train(was_training)
+    proto = program.model_proto
+    if not allow_no_norms and not any(True for _ in functions.onnxnorm_nodes(proto)):
+        raise OnnxNormError(_no_norms_message(model))
+    proto = lower(proto, mode)
+    if path is not None:
+        save(proto, path, external_data)
     return proto
+
+
+def _export_failure(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                    error: Exception) -> str:
+    """One line saying why the export failed: the model itself on these inputs, or the exporter."""
+    try:
+        with torch.no_grad():
+            model(*args, **(kwargs or {}))
+    except Exception as eager_error:  # the model fails without the exporter: say that
+        return f"the model fails on the given inputs: {_first_line(eager_error)}"
+    return f"torch.onnx.export failed: {_first_line(_innermost(error))}"
+
+
+def count_norm_nodes(model: onnx.ModelProto) -> dict[str, int]:
+    """Norm nodes of the model by op type: onnxnorm ops and the ORT / ONNX norm ops."""
+    names = set(catalogue.OPS) | {"LayerNormalization", "SimplifiedLayerNormalization",
+                                   "RMSNormalization", "SkipLayerNormalization",
+                                   "SkipSimplifiedLayerNormalization"}
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in names:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts

@@ -91,7 +91,10 @@ def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
 
     def fake(*args: Any) -> Any:
         x = args[0]
-        return (torch.empty_like(x),) * len(spec.outputs) if spec.has_residual else torch.empty_like(x)
+        # distinct tensors: outputs that alias each other make the exporter confuse them
+        if spec.has_residual:
+            return tuple(torch.empty_like(x) for _ in spec.outputs)
+        return torch.empty_like(x)
 
     _LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{catalogue.DOMAIN}::{name}", fake, lib=_LIBRARY)

@@ -1,0 +1,351 @@
+"""``onnxnorm.convert(model)``: replace the norm modules of an existing model with onnxnorm's.
+
+torch.nn.LayerNorm and torch.nn.RMSNorm map directly. Any other module that looks like a norm
+(its class name says so, or it has only ``weight``/``bias`` parameters and an epsilon) is
+identified by probing its forward: a copy of it, with random weights, runs on random inputs and
+is compared with every candidate onnxnorm configuration (RMSNorm or LayerNorm, scale offset 0
+or 1 — Gemma's ``1 + weight`` —, statistics over all or only the last weight dims — Cohere's
+per-head Q/K norm —, epsilon). float32 settles the configuration; float16 and bfloat16 then
+settle the rounding order (``cast_before_scale``: order A rounds the normalized value before
+the scale, as Llama and T5 do; order B rounds once, as Gemma, Cohere and torch do), which only
+shows in half precision. A module that matches no candidate is left in place and reported.
+
+The replacement takes over the original's Parameter objects, so state_dict keys, tied weights
+and optimizers stay as they were.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any, Iterable
+
+import torch
+
+from onnxnorm._io import OnnxNormError
+from onnxnorm.nn.functional import call
+from onnxnorm.nn.modules import NORM_TYPES, LayerNorm, RMSNorm
+
+#: attributes that hold a norm's epsilon, in the order they are looked up
+EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "rms_norm_eps",
+                  "layer_norm_epsilon")
+#: epsilons tried when a module has none of those attributes
+EPS_CANDIDATES = (1e-5, 1e-6, 1e-12, 1e-8, 1e-3, 1e-4, 1e-7, 1e-10)
+#: attributes that hold a weightless norm's normalized shape
+SHAPE_ATTRIBUTES = ("normalized_shape", "hidden_size", "dim", "size")
+#: norms with no onnxnorm op: left in place with this reason
+UNSUPPORTED = {
+    torch.nn.modules.batchnorm._BatchNorm: "BatchNorm: exported as the standard "
+    "BatchNormalization (no onnxnorm op; the fusion pipeline folds it into a neighbouring layer)",
+    torch.nn.GroupNorm: "GroupNorm: no onnxnorm op (statistics over channel groups)",
+    torch.nn.modules.instancenorm._InstanceNorm: "InstanceNorm: no onnxnorm op (statistics "
+    "over spatial dims per channel)",
+    torch.nn.LocalResponseNorm: "LocalResponseNorm: no onnxnorm op",
+}
+#: layer types that are never norms (they have weight and bias too)
+NOT_NORMS = (torch.nn.Linear, torch.nn.Embedding, torch.nn.EmbeddingBag,
+             torch.nn.modules.conv._ConvNd, torch.nn.MultiheadAttention)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """An onnxnorm norm configuration that a module was found to compute."""
+
+    kind: str  # "rms" or "layer"
+    shape: tuple[int, ...]  # the parameters' shape (normalized_shape)
+    axis: int
+    eps: float | None
+    scale_offset: float = 0.0
+    cast_before_scale: int = 0
+    weight: bool = True
+    bias: bool = False
+
+    def attributes(self, dtype: torch.dtype) -> dict[str, Any]:
+        eps = self.eps if self.eps is not None else torch.finfo(dtype).eps
+        attrs = {"axis": self.axis, "epsilon": eps, "cast_before_scale": self.cast_before_scale}
+        if self.kind == "rms":
+            attrs["scale_offset"] = self.scale_offset
+        return attrs
+
+    def run(self, x: torch.Tensor, weight: torch.Tensor | None,
+            bias: torch.Tensor | None) -> torch.Tensor:
+        op = "RMSNorm" if self.kind == "rms" else "LayerNorm"
+        return call(op, x, weight, bias, **self.attributes(x.dtype))
+
+    def build(self) -> torch.nn.Module:
+        if self.kind == "rms":
+            return RMSNorm(self.shape, eps=self.eps, elementwise_affine=self.weight,
+                           scale_offset=self.scale_offset,
+                           cast_before_scale=self.cast_before_scale, axis=self.axis,
+                           device="meta")
+        return LayerNorm(self.shape, eps=self.eps if self.eps is not None else 1e-5,
+                         elementwise_affine=self.weight or self.bias, bias=self.bias,
+                         cast_before_scale=self.cast_before_scale, axis=self.axis, device="meta")
+
+    def describe(self) -> str:
+        name = "RMSNorm" if self.kind == "rms" else "LayerNorm"
+        parts = [f"{list(self.shape)}", f"eps={self.eps:g}" if self.eps is not None else "eps=None"]
+        if self.axis != -len(self.shape):
+            parts.append(f"axis={self.axis}")
+        if self.scale_offset:
+            parts.append(f"scale_offset={self.scale_offset:g}")
+        if not self.weight:
+            parts.append("no weight")
+        if self.kind == "layer" and not self.bias:
+            parts.append("no bias")
+        parts.append("order A" if self.cast_before_scale else "order B")
+        return f"{name}({', '.join(parts)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Replaced:
+    name: str
+    original: str
+    replacement: str
+    how: str  # "direct" (torch.nn class) or "probe"
+
+
+@dataclasses.dataclass(frozen=True)
+class Left:
+    name: str
+    original: str
+    reason: str
+
+
+@dataclasses.dataclass
+class ConversionReport:
+    """What :func:`convert` replaced, and what it left in place and why."""
+
+    replaced: list[Replaced] = dataclasses.field(default_factory=list)
+    left: list[Left] = dataclasses.field(default_factory=list)
+    already: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def found(self) -> int:
+        return len(self.replaced) + len(self.left) + len(self.already)
+
+    def __str__(self) -> str:
+        if not self.found:
+            return "no norm modules found: nothing to convert"
+        lines = [f"replaced {len(self.replaced)} norm module(s)"
+                 + (f", {len(self.already)} already onnxnorm" if self.already else "")
+                 + f", left {len(self.left)}"]
+        for r in self.replaced:
+            lines.append(f"  replaced {r.name or '<model>'}: {r.original} -> {r.replacement} "
+                         f"({r.how})")
+        for item in self.left:
+            lines.append(f"  left {item.name or '<model>'}: {item.original}: {item.reason}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replaced": [dataclasses.asdict(r) for r in self.replaced],
+                "left": [dataclasses.asdict(item) for item in self.left],
+                "already_onnxnorm": list(self.already)}
+
+
+def _direct(module: torch.nn.Module) -> Config | None:
+    """The configuration of torch's own norm modules (no probe needed)."""
+    if isinstance(module, torch.nn.LayerNorm):
+        shape = tuple(module.normalized_shape)
+        return Config("layer", shape, -len(shape), float(module.eps), weight=module.weight is not None,
+                      bias=module.bias is not None)
+    if type(module) is torch.nn.RMSNorm:
+        shape = tuple(module.normalized_shape)
+        return Config("rms", shape, -len(shape), module.eps, weight=module.weight is not None)
+    return None
+
+
+def _looks_like_norm(module: torch.nn.Module) -> bool:
+    if isinstance(module, NOT_NORMS) or list(module.children()):
+        return False
+    if "norm" in type(module).__name__.lower():
+        return True
+    names = {name for name, _ in module.named_parameters(recurse=False)}
+    return bool(names) and names <= {"weight", "bias"} and _eps_of(module) is not None
+
+
+def _eps_of(module: torch.nn.Module) -> float | None:
+    for name in EPS_ATTRIBUTES:
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _shape_of(module: torch.nn.Module) -> tuple[int, ...] | None:
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() >= 1:
+        return tuple(weight.shape)
+    for name in SHAPE_ATTRIBUTES:
+        value = getattr(module, name, None)
+        if isinstance(value, int) and value > 0:
+            return (value,)
+        if isinstance(value, (tuple, list, torch.Size)) and value and all(isinstance(d, int) for d in value):
+            return tuple(value)
+    return None
+
+
+def _candidates(module: torch.nn.Module, shape: tuple[int, ...]) -> Iterable[Config]:
+    weight = isinstance(getattr(module, "weight", None), torch.Tensor)
+    bias = isinstance(getattr(module, "bias", None), torch.Tensor)
+    eps = _eps_of(module)
+    name = type(module).__name__.lower()
+    kinds = ("layer", "rms") if "layer" in name and "rms" not in name else ("rms", "layer")
+    epsilons = (eps,) if eps is not None else EPS_CANDIDATES
+    for e in epsilons:
+        for kind in kinds:
+            for axis in range(-1, -len(shape) - 1, -1)[::-1]:
+                offsets = (0.0, 1.0) if kind == "rms" and weight else (0.0,)
+                for offset in offsets:
+                    if kind == "rms" and bias:
+                        continue  # an RMSNorm with a bias is not a norm any known model uses
+                    yield Config(kind, shape, axis, e, offset, 0, weight, bias)
+
+
+class _ProbeFailure(Exception):
+    pass
+
+
+def _run(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    try:
+        y = module(x)
+    except Exception as error:  # the module cannot be called as a norm: report why
+        raise _ProbeFailure(f"its forward fails on a tensor input ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0] if str(error) else ''})") from None
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        raise _ProbeFailure("its forward does not return a tensor of its input's shape")
+    return y
+
+
+def probe(module: torch.nn.Module, seed: int = 0) -> Config:
+    """The onnxnorm configuration that ``module`` computes, found by running a copy of it with
+    random weights; raises ``_ProbeFailure`` with the reason when none matches."""
+    shape = _shape_of(module)
+    if shape is None:
+        raise _ProbeFailure("cannot tell its normalized shape (no weight and no "
+                            "normalized_shape/hidden_size attribute)")
+    generator = torch.Generator().manual_seed(seed)
+    probe_module = copy.deepcopy(module).float()
+    params = dict(probe_module.named_parameters(recurse=False))
+    with torch.no_grad():
+        if "weight" in params:
+            params["weight"].copy_(1.0 + 0.5 * torch.randn(params["weight"].shape, generator=generator))
+        if "bias" in params:
+            params["bias"].copy_(torch.randn(params["bias"].shape, generator=generator))
+        weight, bias = params.get("weight"), params.get("bias")
+        x = 3.0 * torch.randn((2, 3) + shape, generator=generator) + 0.5
+        tiny = 1e-3 * torch.randn((2, 3) + shape, generator=generator)
+        want, want_tiny = _run(probe_module, x), _run(probe_module, tiny)
+        if want.dtype != torch.float32:
+            raise _ProbeFailure(f"its forward turns float32 into {want.dtype}")
+        matches = []
+        for config in _candidates(module, shape):
+            if (torch.allclose(config.run(x, weight, bias), want, rtol=1e-4, atol=1e-4)
+                    and torch.allclose(config.run(tiny, weight, bias), want_tiny, rtol=1e-3,
+                                       atol=1e-4)):
+                matches.append(config)
+                break
+        if not matches:
+            raise _ProbeFailure("its forward matches no onnxnorm configuration (RMSNorm or "
+                                "LayerNorm, scale offset 0 or 1, over the weight's dims)")
+        config = matches[0]
+        return dataclasses.replace(config, cast_before_scale=_rounding_order(
+            module, config, x, generator))
+
+
+def _rounding_order(module: torch.nn.Module, config: Config, x: torch.Tensor,
+                    generator: torch.Generator) -> int:
+    """0 (order B) or 1 (order A): which one reproduces the module bit for bit in bfloat16 and
+    float16 (the orders differ only there). Order B when neither half type runs or tells."""
+    mismatches = {0: 0, 1: 0}
+    for dtype in (torch.bfloat16, torch.float16):
+        half = copy.deepcopy(module).to(dtype)
+        params = dict(half.named_parameters(recurse=False))
+        if "weight" in params:  # weights far from 1, so that the order shows in the last bit
+            params["weight"].copy_(1.0 + 2.0 * torch.randn(params["weight"].shape,
+                                                           generator=generator))
+        xh = x.to(dtype)
+        try:
+            want = half(xh)
+        except Exception:
+            continue
+        if not isinstance(want, torch.Tensor) or want.dtype != dtype:
+            continue
+        for order in (0, 1):
+            got = dataclasses.replace(config, cast_before_scale=order).run(
+                xh, params.get("weight"), params.get("bias"))
+            mismatches[order] += int((got != want).sum())
+    return 1 if mismatches[1] < mismatches[0] else 0
+
+
+def _parents(model: torch.nn.Module) -> Iterable[torch.nn.Module]:
+    seen = set()
+    for module in model.modules():
+        if id(module) not in seen:
+            seen.add(id(module))
+            yield module
+
+
+def convert(model: torch.nn.Module, *, seed: int = 0) -> ConversionReport:
+    """Replaces, in place, every norm module of ``model`` that an onnxnorm module can compute
+    exactly (same outputs, same parameters and state_dict keys) and returns the report of what
+    was replaced and what was left and why. See the module docstring for how norms are found."""
+    if not isinstance(model, torch.nn.Module):
+        raise OnnxNormError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    report = ConversionReport()
+    replacements: dict[int, torch.nn.Module] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, NORM_TYPES):
+            report.already.append(name)
+            continue
+        unsupported = next((reason for cls, reason in UNSUPPORTED.items()
+                            if isinstance(module, cls)), None)
+        if unsupported:
+            report.left.append(Left(name, type(module).__name__, unsupported))
+            continue
+        config, how = _direct(module), "direct"
+        if config is None:
+            if not _looks_like_norm(module):
+                continue
+            how = "probe"
+            try:
+                config = probe(module, seed)
+            except _ProbeFailure as failure:
+                report.left.append(Left(name, type(module).__name__, str(failure)))
+                continue
+            if config.eps is not None and _eps_of(module) is None:
+                how = f"probe (epsilon {config.eps:g} guessed)"
+        replacements[id(module)] = _replacement(module, config)
+        report.replaced.append(Replaced(name, type(module).__name__, config.describe(), how))
+    if replacements:
+        for parent in list(_parents(model)):
+            for child_name, child in list(parent._modules.items()):
+                if child is not None and id(child) in replacements:
+                    setattr(parent, child_name, replacements[id(child)])
+        if id(model) in replacements:  # the model is itself a norm: it cannot replace itself
+            report.replaced = [r for r in report.replaced if r.name]
+            report.left.append(Left("", type(model).__name__, "the model itself is a norm "
+                                    "module: use the replacement onnxnorm module instead"))
+    return report
+
+
+def _replacement(module: torch.nn.Module, config: Config) -> torch.nn.Module:
+    new = config.build()
+    for name in ("weight", "bias"):
+        if getattr(new, name, None) is not None:
+            setattr(new, name, getattr(module, name))
+    new.train(module.training)
+    return new
+
+
+def replacement_for(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """The onnxnorm module that computes what ``module`` computes (sharing its parameters);
+    raises OnnxNormError when there is none."""
+    config = _direct(module)
+    if config is None:
+        try:
+            config = probe(module, seed)
+        except _ProbeFailure as failure:
+            raise OnnxNormError(f"{type(module).__name__}: {failure}") from None
+    return _replacement(module, config)
