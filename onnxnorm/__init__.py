@@ -1,6 +1,7 @@
 """onnxnorm: normalization layers of LLMs as first-class ONNX and ONNX Runtime ops.
 
     import onnxnorm
+    onnxnorm.convert(model)                           # its norm modules become onnxnorm's
     onnxnorm.export(model, (x,), "model.onnx")       # one onnxnorm node per norm module
     session = onnxnorm.runtime.session("model.onnx")  # ORT with the fused kernels
 """
@@ -17,6 +18,14 @@ def export(*args, **kwargs):
     return _export(*args, **kwargs)
 
 
+def convert(*args, **kwargs):
+    """:func:`onnxnorm.nn.convert.convert`: replace a model's norm modules with onnxnorm's
+    (imports torch on first use)."""
+    from onnxnorm.nn.convert import convert as _convert
+
+    return _convert(*args, **kwargs)
+
+
 def __getattr__(name: str):
     import importlib
 
@@ -25,4 +34,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'onnxnorm' has no attribute {name!r}")
 
 
-__all__ = ["OnnxNormError", "export", "__version__"]
+__all__ = ["OnnxNormError", "convert", "export", "__version__"]

@@ -1,0 +1,205 @@
+"""onnxnorm.convert: norm modules of existing models replaced by onnxnorm's, outputs unchanged.
+
+The Hugging Face models are tiny and random, built from configs in code: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+import onnxnorm
+from onnxnorm import OnnxNormError, ops
+from onnxnorm.nn import LayerNorm, RMSNorm
+from onnxnorm.nn.convert import convert
+
+transformers = pytest.importorskip("transformers")
+
+COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=128)
+
+
+def _hf(name: str):
+    t = transformers
+    if name == "llama":
+        return t.LlamaForCausalLM(t.LlamaConfig(**COMMON))
+    if name == "gemma":
+        return t.GemmaForCausalLM(t.GemmaConfig(**COMMON, head_dim=16))
+    if name == "gemma2":
+        return t.Gemma2ForCausalLM(t.Gemma2Config(**COMMON, head_dim=16))
+    if name == "qwen3":
+        return t.Qwen3ForCausalLM(t.Qwen3Config(**COMMON, head_dim=16))
+    if name == "cohere":
+        return t.CohereForCausalLM(t.CohereConfig(**COMMON, use_qk_norm=True, pad_token_id=0,
+                                                  bos_token_id=1, eos_token_id=2))
+    if name == "olmo":
+        return t.OlmoForCausalLM(t.OlmoConfig(**COMMON, pad_token_id=0, bos_token_id=1,
+                                              eos_token_id=2))
+    if name == "t5":
+        return t.T5ForConditionalGeneration(t.T5Config(d_model=64, d_ff=128, num_layers=2,
+                                                       num_heads=4, d_kv=16, vocab_size=128))
+    if name == "gpt2":
+        return t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128,
+                                              bos_token_id=1, eos_token_id=2))
+    raise KeyError(name)
+
+
+#: model -> (the norm classes it holds, what each becomes)
+EXPECTED = {
+    "llama": ("LlamaRMSNorm", "RMSNorm([64], eps=1e-06, order A)"),
+    "gemma": ("GemmaRMSNorm", "RMSNorm([64], eps=1e-06, scale_offset=1, order B)"),
+    "gemma2": ("Gemma2RMSNorm", "RMSNorm([64], eps=1e-06, scale_offset=1, order B)"),
+    "qwen3": ("Qwen3RMSNorm", "RMSNorm([64], eps=1e-06, order A)"),
+    "cohere": ("CohereLayerNorm", "LayerNorm([64], eps=1e-05, no bias, order B)"),
+    "olmo": ("OlmoLayerNorm", "LayerNorm([64], eps=1e-05, no weight, no bias, order B)"),
+    "t5": ("T5LayerNorm", "RMSNorm([64], eps=1e-06, order A)"),
+    "gpt2": ("LayerNorm", "LayerNorm([64], eps=1e-05, order B)"),
+}
+
+
+def _randomize_norms(model):
+    """Norm weights away from their init, so that a wrong offset or order cannot pass."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or ".ln_" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=g).to(p.dtype))
+
+
+def _inputs(name):
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    return ids, ({"decoder_input_ids": ids} if name == "t5" else {})
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_hf_model_outputs_unchanged(name, dtype):
+    torch.manual_seed(0)
+    model = _hf(name).eval().to(dtype)
+    _randomize_norms(model)
+    keys = list(model.state_dict())
+    ids, extra = _inputs(name)
+    with torch.no_grad():
+        before = model(ids, **extra).logits
+    report = convert(model)
+    with torch.no_grad():
+        after = model(ids, **extra).logits
+    assert not report.left, str(report)
+    cls, replacement = EXPECTED[name]
+    assert {r.original for r in report.replaced} == {cls}
+    main = [r for r in report.replaced if "q_norm" not in r.name and "k_norm" not in r.name]
+    assert {r.replacement for r in main} == {replacement}
+    assert list(model.state_dict()) == keys, "state_dict keys changed"
+    assert not [m for m in model.modules() if type(m).__name__ == cls and cls != "LayerNorm"]
+    # the same rounding in the same order: bfloat16 bit for bit; float32 within its tolerance
+    # (torch's fused layer_norm kernel sums in another order than the catalogue's math)
+    tol = 0 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(after, before, rtol=tol, atol=tol)
+
+
+def test_per_head_qk_norms_keep_their_weight_shape():
+    model = _hf("cohere")
+    report = convert(model)
+    q = [r for r in report.replaced if r.name.endswith("q_norm")]
+    assert q and q[0].replacement == "LayerNorm([4, 16], eps=1e-05, axis=-1, no bias, order B)"
+    assert isinstance(model.model.layers[0].self_attn.q_norm, LayerNorm)
+
+
+def test_converted_hf_model_exports_one_node_per_norm():
+    torch.manual_seed(0)
+    model = _hf("qwen3").eval()
+    _randomize_norms(model)
+    report = onnxnorm.convert(model)  # the package-level entry point
+    ids, _ = _inputs("qwen3")
+
+    class Logits(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids):
+            return self.inner(ids, use_cache=False).logits
+
+    proto = onnxnorm.export(Logits(model), (ids,), mode="fused")
+    norms = collections.Counter(n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN)
+    assert norms == {"RMSNorm": len(report.replaced)}
+    assert len(report.replaced) == 2 * 2 + 2 * 2 + 1  # 2 per layer, Q/K norms, final
+
+
+class FixedEpsRMSNorm(torch.nn.Module):
+    """An RMSNorm with its epsilon hard-coded: found by the probe, epsilon guessed."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(n))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class WeirdNorm(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(n))
+        self.eps = 1e-5
+
+    def forward(self, x):
+        return x / (x.abs().amax(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Mixed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared = torch.nn.RMSNorm(16, eps=1e-6)
+        self.ln = torch.nn.LayerNorm(16, bias=False)
+        self.no_eps = FixedEpsRMSNorm(16)
+        self.weird = WeirdNorm(16)
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.linear = torch.nn.Linear(16, 16)
+        self.again = self.shared
+
+    def forward(self, x):
+        x = self.ln(self.shared(x))
+        x = self.weird(self.no_eps(self.linear(x)))
+        return self.again(x)
+
+
+def test_mixed_model_report():
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    _randomize_norms(model)
+    with torch.no_grad():
+        for m in (model.ln, model.no_eps, model.weird):
+            m.weight.add_(0.3 * torch.randn(16))
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        before = model(x)
+    report = convert(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before)
+    replaced = {r.name: r for r in report.replaced}
+    assert set(replaced) == {"shared", "ln", "no_eps"}
+    assert replaced["shared"].how == "direct" and replaced["ln"].how == "direct"
+    assert replaced["no_eps"].how == "probe (epsilon 1e-06 guessed)"
+    assert model.shared is model.again and isinstance(model.again, RMSNorm)
+    left = {item.name: item.reason for item in report.left}
+    assert set(left) == {"weird", "bn"}
+    assert "matches no onnxnorm configuration" in left["weird"]
+    assert left["bn"].startswith("BatchNorm")
+    assert isinstance(model.weird, WeirdNorm) and isinstance(model.bn, torch.nn.BatchNorm1d)
+    text = str(report)
+    assert "replaced 3 norm module(s), left 2" in text and "left weird: WeirdNorm" in text
+    assert report.to_dict()["left"][0]["name"] in ("weird", "bn")
+
+
+def test_no_norms_and_bad_input():
+    report = convert(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    assert not report.found and str(report) == "no norm modules found: nothing to convert"
+    with pytest.raises(OnnxNormError, match="model must be a torch.nn.Module, got str"):
+        convert("model")
+    # already converted: nothing more to do
+    model = torch.nn.Sequential(RMSNorm(8))
+    report = convert(model)
+    assert report.already == ["0"] and not report.replaced
