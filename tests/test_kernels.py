@@ -97,6 +97,13 @@ def test_threaded_many_rows(op, types, rng):
     _check(op, arrays, _attrs(op, {"alpha": 0.7}), threads=2)
 
 
+@pytest.mark.parametrize("op, dtype", [("RMSNorm", F32), ("SkipLayerNorm", BF16), ("SandwichRMSNorm", F16)])
+def test_large_tensors_with_streamed_outputs(op, dtype, rng):
+    """Calls moving 24 MiB or more write their outputs with non-temporal stores."""
+    arrays = _arrays(op, dtype, F32, ("Scale", "Bias", "XBias", "InnerScale"), (1024, 4096), (4096,), rng)
+    _check(op, arrays, threads=2)
+
+
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("op", ["RMSNorm", "LayerNorm", "SkipRMSNorm"])
 def test_qk_norm_short_rows_per_head_scale(op, dtype, rng):

@@ -69,6 +69,12 @@ struct Isa {
     for (int k = 0; k < n; ++k) p[k] = buffer[k];
   }
 
+  static constexpr bool kHasStream = true;
+  static void Stream(F32, float* p, V a) { _mm256_stream_ps(p, a); }
+  static void Stream(F16, uint16_t* p, V a) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), ToHalf(a)); }
+  static void Stream(BF16, uint16_t* p, V a) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), ToBFloat16(a)); }
+  static void Fence() { _mm_sfence(); }
+
   static V Round(F32, V a) { return a; }
   static V Round(F16, V a) { return _mm256_cvtph_ps(ToHalf(a)); }
   static V Round(BF16, V a) {

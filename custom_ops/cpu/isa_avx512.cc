@@ -59,6 +59,12 @@ struct Isa {
   static void StoreN(F16, uint16_t* p, V a, int n) { _mm256_mask_storeu_epi16(p, Mask(n), ToHalf(a)); }
   static void StoreN(BF16, uint16_t* p, V a, int n) { _mm256_mask_storeu_epi16(p, Mask(n), ToBFloat16(a)); }
 
+  static constexpr bool kHasStream = true;
+  static void Stream(F32, float* p, V a) { _mm512_stream_ps(p, a); }
+  static void Stream(F16, uint16_t* p, V a) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ToHalf(a)); }
+  static void Stream(BF16, uint16_t* p, V a) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ToBFloat16(a)); }
+  static void Fence() { _mm_sfence(); }
+
   static V Round(F32, V a) { return a; }
   static V Round(F16, V a) { return FromHalf(ToHalf(a)); }
   static V Round(BF16, V a) {

@@ -61,6 +61,12 @@ struct Isa {
   static void StoreN(E e, typename E::St* p, V a, int n) {
     for (int k = 0; k < n; ++k) p[k] = FromFloat(e, a.v[k]);
   }
+  static constexpr bool kHasStream = false;
+  template <class E>
+  static void Stream(E e, typename E::St* p, V a) {
+    Store(e, p, a);
+  }
+  static void Fence() {}
   static V Round(F32, V a) { return a; }
   template <class E>
   static V Round(E, V a) {

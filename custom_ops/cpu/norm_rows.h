@@ -6,7 +6,8 @@
 //   W (lanes), V (a vector of W floats), Zero(), Set1(f), Add, Sub, Mul, Fma(a, b, c) = a*b + c,
 //   HSum(v), MaskN(v, n) (lanes >= n set to 0), and per element tag E (F32, F16, BF16):
 //   Load(E, p), LoadN(E, p, n) (lanes >= n read as 0, nothing past p + n touched), Store(E, p, v),
-//   StoreN(E, p, v, n) (rounding to E's type, nearest even), Round(E, v) (v rounded to E's type).
+//   StoreN(E, p, v, n) (rounding to E's type, nearest even), Round(E, v) (v rounded to E's type);
+//   kHasStream, Stream(E, p, v) (a non-temporal Store to a 64-byte aligned row) and Fence().
 // Everything here has internal linkage (see cpu_internal.h).
 //
 // Per row, the algorithm is:
@@ -16,8 +17,8 @@
 //              pair, so X - mean is exact to float precision), variance = E[D^2] - E[D]^2 (the
 //              second term only corrects the last bits of the mean); pass 3 writes Y. The row is
 //              read from memory once; passes 2 and 3 read it from cache.
-//   Skip:      Z = alpha * Residual + X (+ XBias) rounded to X's type is written to Sum (or, when
-//              Sum is not wanted, into Y itself), then normalized from there into Y in place.
+//   Skip:      Z = alpha * Residual + X (+ XBias) rounded to X's type is recomputed on every pass
+//              from the cached inputs (no buffer), and written to Sum by the last pass.
 //   Sandwich:  the inner norm of X is written to Sum (or Y), Residual is added in place (rounded),
 //              then the outer norm of that into Y.
 #pragma once
@@ -44,47 +45,90 @@ struct RowParams {
   bool order_a;  // cast_before_scale, for 16-bit X only
 };
 
-// Sum over the row of term(x) (a vector of W elements), with four independent accumulators.
-template <class E, class Term>
-inline float ReduceRow(const typename E::St* x, int64_t n, Term term) {
+// Outputs of a call larger than this (bytes read and written) are written with non-temporal
+// stores where the instruction set has them: they would not stay in the last-level cache anyway,
+// and streaming them saves the read-for-ownership of every output line.
+constexpr int64_t kStreamBytes = 24ll << 20;
+
+// Where a row's values Z come from: X itself, or Skip's alpha * Residual + X (+ XBias) rounded to
+// X's type, recomputed on every pass from the (cached) inputs instead of written and read back.
+template <class E>
+struct PlainSource {
+  const typename E::St* x;
+  V Load(int64_t i) const { return Isa::Load(E{}, x + i); }
+  V LoadN(int64_t i, int rem) const { return Isa::LoadN(E{}, x + i, rem); }
+};
+
+template <class E, class S, bool kXBias>
+struct SkipSource {
+  const typename E::St* x;
+  const typename E::St* residual;
+  const typename S::St* xbias;
+  V alpha;
+  V Load(int64_t i) const {
+    V v = Isa::Fma(alpha, Isa::Load(E{}, residual + i), Isa::Load(E{}, x + i));
+    if (kXBias) v = Isa::Add(v, Isa::Load(S{}, xbias + i));
+    return Isa::Round(E{}, v);
+  }
+  V LoadN(int64_t i, int rem) const {
+    V v = Isa::Fma(alpha, Isa::LoadN(E{}, residual + i, rem), Isa::LoadN(E{}, x + i, rem));
+    if (kXBias) v = Isa::Add(v, Isa::LoadN(S{}, xbias + i, rem));
+    return Isa::Round(E{}, v);
+  }
+};
+
+template <class E>
+inline void StoreOut(typename E::St* p, V v, bool stream) {
+  if constexpr (Isa::kHasStream) {
+    if (stream) {
+      Isa::Stream(E{}, p, v);
+      return;
+    }
+  }
+  Isa::Store(E{}, p, v);
+}
+
+// Sum over the row of term(z) (a vector of W elements), with four independent accumulators.
+template <class Src, class Term>
+inline float ReduceRow(const Src& src, int64_t n, Term term) {
   V a0 = Isa::Zero(), a1 = Isa::Zero(), a2 = Isa::Zero(), a3 = Isa::Zero();
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
-    a0 = Isa::Add(a0, term(Isa::Load(E{}, x + i)));
-    a1 = Isa::Add(a1, term(Isa::Load(E{}, x + i + W)));
-    a2 = Isa::Add(a2, term(Isa::Load(E{}, x + i + 2 * W)));
-    a3 = Isa::Add(a3, term(Isa::Load(E{}, x + i + 3 * W)));
+    a0 = Isa::Add(a0, term(src.Load(i)));
+    a1 = Isa::Add(a1, term(src.Load(i + W)));
+    a2 = Isa::Add(a2, term(src.Load(i + 2 * W)));
+    a3 = Isa::Add(a3, term(src.Load(i + 3 * W)));
   }
-  for (; i + W <= n; i += W) a0 = Isa::Add(a0, term(Isa::Load(E{}, x + i)));
+  for (; i + W <= n; i += W) a0 = Isa::Add(a0, term(src.Load(i)));
   if (i < n) {
     const int rem = static_cast<int>(n - i);
-    a1 = Isa::Add(a1, Isa::MaskN(term(Isa::LoadN(E{}, x + i, rem)), rem));
+    a1 = Isa::Add(a1, Isa::MaskN(term(src.LoadN(i, rem)), rem));
   }
   return Isa::HSum(Isa::Add(Isa::Add(a0, a1), Isa::Add(a2, a3)));
 }
 
-// Sums of D and D^2 over the row, D = (x - hi) - lo.
-template <class E>
-inline void CentredSums(const typename E::St* x, int64_t n, float hi, float lo, float* sum_d, float* sum_dd) {
+// Sums of D and D^2 over the row, D = (z - hi) - lo.
+template <class Src>
+inline void CentredSums(const Src& src, int64_t n, float hi, float lo, float* sum_d, float* sum_dd) {
   const V vh = Isa::Set1(hi), vl = Isa::Set1(lo);
   V d0 = Isa::Zero(), d1 = Isa::Zero(), q0 = Isa::Zero(), q1 = Isa::Zero();
   int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
-    const V a = Isa::Sub(Isa::Sub(Isa::Load(E{}, x + i), vh), vl);
-    const V b = Isa::Sub(Isa::Sub(Isa::Load(E{}, x + i + W), vh), vl);
+    const V a = Isa::Sub(Isa::Sub(src.Load(i), vh), vl);
+    const V b = Isa::Sub(Isa::Sub(src.Load(i + W), vh), vl);
     d0 = Isa::Add(d0, a);
     d1 = Isa::Add(d1, b);
     q0 = Isa::Fma(a, a, q0);
     q1 = Isa::Fma(b, b, q1);
   }
   for (; i + W <= n; i += W) {
-    const V a = Isa::Sub(Isa::Sub(Isa::Load(E{}, x + i), vh), vl);
+    const V a = Isa::Sub(Isa::Sub(src.Load(i), vh), vl);
     d0 = Isa::Add(d0, a);
     q0 = Isa::Fma(a, a, q0);
   }
   if (i < n) {
     const int rem = static_cast<int>(n - i);
-    const V a = Isa::MaskN(Isa::Sub(Isa::Sub(Isa::LoadN(E{}, x + i, rem), vh), vl), rem);
+    const V a = Isa::MaskN(Isa::Sub(Isa::Sub(src.LoadN(i, rem), vh), vl), rem);
     d1 = Isa::Add(d1, a);
     q1 = Isa::Fma(a, a, q1);
   }
@@ -92,18 +136,19 @@ inline void CentredSums(const typename E::St* x, int64_t n, float hi, float lo, 
   *sum_dd = Isa::HSum(Isa::Add(q0, q1));
 }
 
-// Row statistics: Y's normalized value is ((x - hi) - lo) * inv (LayerNorm) or x * inv (RMSNorm).
-template <NormKind NK, class E>
-inline void RowStats(const typename E::St* x, const RowParams& p, float* hi, float* lo, float* inv) {
+// Row statistics: the normalized value is ((z - hi) - lo) * inv (LayerNorm) or z * inv (RMSNorm).
+template <NormKind NK, class Src>
+inline void RowStats(const Src& src, const RowParams& p, float* hi, float* lo, float* inv) {
   if (NK == NormKind::kLayer) {
-    const float shift = ToFloat(E{}, x[0]);
+    // z[0]: the only non-zero lane of a one-element load, so the horizontal sum is exact.
+    const float shift = Isa::HSum(src.LoadN(0, 1));
     const V vs = Isa::Set1(shift);
-    const float shifted = ReduceRow<E>(x, p.n, [vs](V v) { return Isa::Sub(v, vs); });
+    const float shifted = ReduceRow(src, p.n, [vs](V v) { return Isa::Sub(v, vs); });
     double mean = static_cast<double>(shift) + static_cast<double>(shifted) * p.inv_n;
     float h = static_cast<float>(mean);
     float l = static_cast<float>(mean - static_cast<double>(h));
     float sum_d = 0.f, sum_dd = 0.f;
-    CentredSums<E>(x, p.n, h, l, &sum_d, &sum_dd);
+    CentredSums(src, p.n, h, l, &sum_d, &sum_dd);
     const double mean_d = static_cast<double>(sum_d) * p.inv_n;
     double var = static_cast<double>(sum_dd) * p.inv_n - mean_d * mean_d;
     if (var < 0.0) var = 0.0;  // (false for NaN, which propagates)
@@ -114,7 +159,7 @@ inline void RowStats(const typename E::St* x, const RowParams& p, float* hi, flo
     *lo = l;
     *inv = static_cast<float>(1.0 / sqrt(var + p.epsilon));
   } else {
-    const float squares = ReduceRow<E>(x, p.n, [](V v) { return Isa::Mul(v, v); });
+    const float squares = ReduceRow(src, p.n, [](V v) { return Isa::Mul(v, v); });
     *hi = 0.f;
     *lo = 0.f;
     *inv = static_cast<float>(1.0 / sqrt(static_cast<double>(squares) * p.inv_n + p.epsilon));
@@ -131,10 +176,11 @@ inline V RoundWeight(V w) {
   }
 }
 
-// Pass over the row writing Y from the statistics. y may equal x (in place).
-template <NormKind NK, class E, class S, bool kScale, bool kBias, bool kOrderA>
-void FinishRow(const typename E::St* x, typename E::St* y, const typename S::St* scale,
-               const typename S::St* bias, int64_t n, float hi, float lo, float inv, float offset) {
+// Pass over the row writing Y (and Z to sum, when not null) from the statistics. y may be the
+// source's own storage (in place).
+template <NormKind NK, class E, class S, bool kScale, bool kBias, bool kOrderA, class Src>
+void FinishRow(const Src& src, typename E::St* y, typename E::St* sum, const typename S::St* scale,
+               const typename S::St* bias, int64_t n, float hi, float lo, float inv, float offset, bool stream) {
   const V vh = Isa::Set1(hi), vl = Isa::Set1(lo), vinv = Isa::Set1(inv);
   V voff, vconst;
   if (kOrderA) {
@@ -145,8 +191,8 @@ void FinishRow(const typename E::St* x, typename E::St* y, const typename S::St*
     voff = Isa::Set1(offset);
     vconst = Isa::Set1(1.f + offset);
   }
-  auto compute = [&](V xv, V sv, V bv) -> V {
-    V h = NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(xv, vh), vl), vinv) : Isa::Mul(xv, vinv);
+  auto compute = [&](V zv, V sv, V bv) -> V {
+    V h = NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(zv, vh), vl), vinv) : Isa::Mul(zv, vinv);
     if (!kOrderA) {
       const V s = kScale ? Isa::Add(sv, voff) : vconst;
       return kBias ? Isa::Fma(h, s, bv) : Isa::Mul(h, s);
@@ -154,32 +200,37 @@ void FinishRow(const typename E::St* x, typename E::St* y, const typename S::St*
     h = Isa::Round(E{}, h);
     const V s = kScale ? Isa::Round(E{}, Isa::Add(RoundWeight<E, S>(sv), voff)) : vconst;
     const V out = Isa::Round(E{}, Isa::Mul(h, s));
-    return kBias ? Isa::Add(out, RoundWeight<E, S>(bv)) : out;  // Store rounds the sum
+    return kBias ? Isa::Add(out, RoundWeight<E, S>(bv)) : out;  // the store rounds the sum
   };
   const V zero = Isa::Zero();
   int64_t i = 0;
   for (; i + W <= n; i += W) {
+    const V zv = src.Load(i);
+    if (sum != nullptr) StoreOut<E>(sum + i, zv, stream);
     const V sv = kScale ? Isa::Load(S{}, scale + i) : zero;
     const V bv = kBias ? Isa::Load(S{}, bias + i) : zero;
-    Isa::Store(E{}, y + i, compute(Isa::Load(E{}, x + i), sv, bv));
+    StoreOut<E>(y + i, compute(zv, sv, bv), stream);
   }
   if (i < n) {
     const int rem = static_cast<int>(n - i);
+    const V zv = src.LoadN(i, rem);
+    if (sum != nullptr) Isa::StoreN(E{}, sum + i, zv, rem);
     const V sv = kScale ? Isa::LoadN(S{}, scale + i, rem) : zero;
     const V bv = kBias ? Isa::LoadN(S{}, bias + i, rem) : zero;
-    Isa::StoreN(E{}, y + i, compute(Isa::LoadN(E{}, x + i, rem), sv, bv), rem);
+    Isa::StoreN(E{}, y + i, compute(zv, sv, bv), rem);
   }
 }
 
-// One normalized row: Y = Norm(X) * (Scale + offset) + Bias in the requested rounding order.
-template <NormKind NK, class E, class S>
-inline void NormRow(const typename E::St* x, typename E::St* y, const typename S::St* scale,
-                    const typename S::St* bias, const RowParams& p) {
+// One normalized row: Y = Norm(Z) * (Scale + offset) + Bias in the requested rounding order.
+template <NormKind NK, class E, class S, class Src>
+inline void NormRow(const Src& src, typename E::St* y, typename E::St* sum, const typename S::St* scale,
+                    const typename S::St* bias, const RowParams& p, bool stream) {
   float hi, lo, inv;
-  RowStats<NK, E>(x, p, &hi, &lo, &inv);
+  RowStats<NK>(src, p, &hi, &lo, &inv);
   constexpr bool k16 = !std::is_same<E, F32>::value;
   const int variant = (scale != nullptr ? 1 : 0) | (bias != nullptr ? 2 : 0) | (k16 && p.order_a ? 4 : 0);
-#define ONNXNORM_FINISH(S_, B_, A_) FinishRow<NK, E, S, S_, B_, A_>(x, y, scale, bias, p.n, hi, lo, inv, p.offset)
+#define ONNXNORM_FINISH(S_, B_, A_) \
+  FinishRow<NK, E, S, S_, B_, A_>(src, y, sum, scale, bias, p.n, hi, lo, inv, p.offset, stream)
   switch (variant) {
     case 0: ONNXNORM_FINISH(false, false, false); break;
     case 1: ONNXNORM_FINISH(true, false, false); break;
@@ -197,25 +248,6 @@ inline void NormRow(const typename E::St* x, typename E::St* y, const typename S
       break;
   }
 #undef ONNXNORM_FINISH
-}
-
-// z = alpha * residual + x (+ xbias), rounded to X's type.
-template <class E, class S, bool kXBias>
-void SkipRow(const typename E::St* x, const typename E::St* residual, const typename S::St* xbias,
-             typename E::St* z, int64_t n, float alpha) {
-  const V va = Isa::Set1(alpha);
-  int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    V v = Isa::Fma(va, Isa::Load(E{}, residual + i), Isa::Load(E{}, x + i));
-    if (kXBias) v = Isa::Add(v, Isa::Load(S{}, xbias + i));
-    Isa::Store(E{}, z + i, v);
-  }
-  if (i < n) {
-    const int rem = static_cast<int>(n - i);
-    V v = Isa::Fma(va, Isa::LoadN(E{}, residual + i, rem), Isa::LoadN(E{}, x + i, rem));
-    if (kXBias) v = Isa::Add(v, Isa::LoadN(S{}, xbias + i, rem));
-    Isa::StoreN(E{}, z + i, v, rem);
-  }
 }
 
 // z += residual, rounded to X's type.
@@ -237,6 +269,12 @@ inline const T* WeightRow(const void* weight, int64_t weight_rows, int64_t r, in
   return weight_rows > 1 ? w + (r % weight_rows) * n : w;
 }
 
+// Whether every row of p (row length n elements of T) starts on a 64-byte boundary.
+template <class T>
+inline bool RowsAligned(const void* p, int64_t n) {
+  return p == nullptr || (reinterpret_cast<uintptr_t>(p) % 64 == 0 && (n * static_cast<int64_t>(sizeof(T))) % 64 == 0);
+}
+
 template <NormKind NK, ResidualKind RK, class E, class S>
 void Rows(const NormArgs& a, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || a.cols <= 0) return;
@@ -253,32 +291,39 @@ void Rows(const NormArgs& a, int64_t row_begin, int64_t row_end) {
   T* y = static_cast<T*>(a.y);
   const T* residual = static_cast<const T*>(a.residual);
   T* sum = static_cast<T*>(a.sum);
+
+  const int64_t tensors = RK == ResidualKind::kNone ? 2 : (sum != nullptr ? 4 : 3);
+  const bool stream = Isa::kHasStream && a.rows * n * static_cast<int64_t>(sizeof(T)) * tensors >= kStreamBytes &&
+                      RowsAligned<T>(y, n) && RowsAligned<T>(sum, n);
   for (int64_t r = row_begin; r < row_end; ++r) {
     const T* xr = x + r * n;
     T* yr = y + r * n;
     const WT* scale = WeightRow<WT>(a.scale, a.scale_rows, r, n);
     const WT* bias = WeightRow<WT>(a.bias, a.bias_rows, r, n);
     if constexpr (RK == ResidualKind::kNone) {
-      NormRow<NK, E, S>(xr, yr, scale, bias, p);
-    } else {
-      // Z goes to Sum when it is wanted, else into Y, which is then normalized in place.
-      T* z = sum != nullptr ? sum + r * n : yr;
-      if constexpr (RK == ResidualKind::kSkip) {
-        const WT* xbias = WeightRow<WT>(a.xbias, a.xbias_rows, r, n);
-        if (xbias != nullptr) {
-          SkipRow<E, S, true>(xr, residual + r * n, xbias, z, n, a.alpha);
-        } else {
-          SkipRow<E, S, false>(xr, residual + r * n, nullptr, z, n, a.alpha);
-        }
+      NormRow<NK, E, S>(PlainSource<E>{xr}, yr, nullptr, scale, bias, p, stream);
+    } else if constexpr (RK == ResidualKind::kSkip) {
+      T* sr = sum != nullptr ? sum + r * n : nullptr;
+      const WT* xbias = WeightRow<WT>(a.xbias, a.xbias_rows, r, n);
+      const V alpha = Isa::Set1(a.alpha);
+      if (xbias != nullptr) {
+        NormRow<NK, E, S>(SkipSource<E, S, true>{xr, residual + r * n, xbias, alpha}, yr, sr, scale, bias, p, stream);
       } else {
-        const WT* inner_scale = WeightRow<WT>(a.inner_scale, a.inner_scale_rows, r, n);
-        const WT* inner_bias = WeightRow<WT>(a.inner_bias, a.inner_bias_rows, r, n);
-        NormRow<NK, E, S>(xr, z, inner_scale, inner_bias, p);
-        AddRow<E>(z, residual + r * n, n);
+        NormRow<NK, E, S>(SkipSource<E, S, false>{xr, residual + r * n, nullptr, alpha}, yr, sr, scale, bias, p,
+                          stream);
       }
-      NormRow<NK, E, S>(z, yr, scale, bias, p);
+    } else {
+      // The inner norm goes to Sum when it is wanted, else into Y; the residual is added there
+      // and the outer norm reads it back from cache.
+      T* z = sum != nullptr ? sum + r * n : yr;
+      const WT* inner_scale = WeightRow<WT>(a.inner_scale, a.inner_scale_rows, r, n);
+      const WT* inner_bias = WeightRow<WT>(a.inner_bias, a.inner_bias_rows, r, n);
+      NormRow<NK, E, S>(PlainSource<E>{xr}, z, nullptr, inner_scale, inner_bias, p, false);
+      AddRow<E>(z, residual + r * n, n);
+      NormRow<NK, E, S>(PlainSource<E>{z}, yr, nullptr, scale, bias, p, stream);
     }
   }
+  if (stream) Isa::Fence();  // the streamed stores are visible before the pool reports done
 }
 
 template <NormKind NK, ResidualKind RK>

@@ -1,0 +1,66 @@
+"""``onnxnorm bench``: benchmarks (``onnxnorm bench kernels``: the CPU kernels)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+#: modules under ``bench`` that provide ``register_bench(subparsers)`` when present (optional ones
+#: are skipped when they are missing or do not provide it)
+BENCHES = ("onnxnorm.bench.cuda",)
+
+
+def _csv(choices):
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}; choose from {', '.join(choices)}")
+        return values
+    return parse
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    from onnxnorm.ops import catalogue
+
+    shapes = ("1x1x4096", "1x128x4096", "4x512x4096", "1x2048x8192", "qk-1x512x32x128")
+    dtypes = ("float32", "float16", "bfloat16")
+    bench = commands.add_parser("bench", help="benchmarks: onnxnorm against ORT, torch and a memory copy",
+                                description="Benchmarks that print markdown tables of medians and ratios.")
+    which = bench.add_subparsers(dest="bench", required=True)
+    kernels = which.add_parser(
+        "kernels", help="CPU kernels vs ORT's built-in ops, the decomposed graph, torch and a copy",
+        description="Times every onnxnorm op on the CPU against ONNX Runtime's built-in ops for the same "
+                    "math, the graph torch.onnx.export writes, torch eager and a memory copy of the same "
+                    "bytes, in one run with interleaved repetitions; prints medians and ratios.")
+    kernels.add_argument("--ops", type=_csv(tuple(catalogue.OPS)), default=list(catalogue.OPS),
+                         help="comma-separated ops (default: all)")
+    kernels.add_argument("--shapes", type=_csv(shapes), default=list(shapes),
+                         help=f"comma-separated shapes from {', '.join(shapes)} (default: all)")
+    kernels.add_argument("--dtypes", type=_csv(dtypes), default=list(dtypes),
+                         help="comma-separated dtypes (default: float32,float16,bfloat16)")
+    kernels.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    kernels.add_argument("--repeats", type=int, default=9, help="interleaved repetitions (default 9)")
+    kernels.add_argument("--min-sample", type=float, default=0.002,
+                         help="each timed sample loops until it lasts this many seconds (default 0.002)")
+    kernels.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    kernels.add_argument("--plot", metavar="PATH", help="draw a PNG plot of the ratios")
+    kernels.set_defaults(run=_run_kernels)
+    for module in BENCHES:
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(found, "register_bench"):
+            found.register_bench(which)
+
+
+def _run_kernels(args: argparse.Namespace) -> int:
+    from onnxnorm._io import OnnxNormError
+    from onnxnorm.bench import kernels
+
+    if args.threads < 1 or args.repeats < 1:
+        raise OnnxNormError("--threads and --repeats must be at least 1")
+    kernels.run(args.ops, args.shapes, args.dtypes, threads=args.threads, repeats=args.repeats,
+                min_sample=args.min_sample, json_path=args.json, plot_path=args.plot)
+    return 0

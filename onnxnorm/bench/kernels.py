@@ -1,0 +1,548 @@
+"""``onnxnorm bench kernels``: the CPU kernels against everything else that computes the same math.
+
+For each op, shape and dtype, in one process and with interleaved repetitions (each repetition
+times every contender once, in a rotating order, so that a noisy neighbour hurts all of them
+alike), the median time per call of:
+
+- ``onnxnorm``: the onnxnorm node in ONNX Runtime with the library (weights of X's type; the
+  residual ops also write Sum, as a Pre-Norm block needs);
+- ``ort:<op>``: ONNX Runtime's built-in op(s) for the same math: LayerNormalization (opset 17),
+  RMSNormalization (opset 23), SimplifiedLayerNormalization, com.microsoft SkipLayerNormalization
+  and SkipSimplifiedLayerNormalization (the Sandwich ops: a norm followed by a Skip norm);
+- ``decomposed``: the graph torch.onnx.export (dynamo) writes for the norm written out in torch
+  ops, Hugging Face style (upcast to float32, pow/mean/rsqrt), run by ONNX Runtime with its
+  default graph optimizations (which may fuse parts of it back);
+- ``torch``: torch eager (F.layer_norm / F.rms_norm, plus the residual add);
+- ``copy``: a memory copy of the same bytes (X [and Residual] read, Y [and Sum] written into
+  preallocated memory): the faster of ``numpy.copyto`` (one thread, glibc memcpy) and
+  ``torch.Tensor.copy_`` (torch intra-op threads = ``--threads``): the memory-bandwidth bound.
+
+ONNX Runtime sessions use ``--threads`` intra-op threads and IO binding with preallocated inputs
+and outputs, so no call allocates or copies. The Q/K-norm shape (1, 512, 32, 128) normalized over
+128 is run as (1, 16384, 128) for every contender (the same bytes and math; ORT's Skip ops want
+rank 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import platform
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from onnxnorm.ops import catalogue
+
+SHAPES: dict[str, tuple[int, ...]] = {
+    "1x1x4096": (1, 1, 4096),
+    "1x128x4096": (1, 128, 4096),
+    "4x512x4096": (4, 512, 4096),
+    "1x2048x8192": (1, 2048, 8192),
+    "qk-1x512x32x128": (1, 512, 32, 128),
+}
+#: shapes where the Skip ops must be 2x faster than ORT's and plain norms reach 85% of copy
+LARGER_SHAPES = ("1x128x4096", "4x512x4096", "1x2048x8192")
+BANDWIDTH_SHAPES = ("4x512x4096", "1x2048x8192")
+DTYPES = ("float32", "float16", "bfloat16")
+EPSILON = 1e-5
+
+# op -> [(label, builder)] of ORT's own ops for the same math
+_ORT_BUILTINS = {
+    "LayerNorm": ["LayerNormalization-17"],
+    "RMSNorm": ["RMSNormalization-23", "SimplifiedLayerNormalization"],
+    "SkipLayerNorm": ["SkipLayerNormalization"],
+    "SkipRMSNorm": ["SkipSimplifiedLayerNormalization"],
+    "SandwichLayerNorm": ["LayerNormalization+SkipLayerNormalization"],
+    "SandwichRMSNorm": ["SimplifiedLayerNormalization+SkipSimplifiedLayerNormalization"],
+}
+
+
+@dataclasses.dataclass
+class Result:
+    op: str
+    shape: str
+    dtype: str
+    #: contender -> median seconds per call (None: not supported for this dtype)
+    times: dict[str, float | None]
+    notes: dict[str, str]
+
+    @property
+    def onnxnorm(self) -> float | None:
+        return self.times.get("onnxnorm")
+
+    def best_ort(self) -> tuple[str | None, float | None]:
+        found = [(t, k) for k, t in self.times.items() if k.startswith("ort:") and t is not None]
+        if not found:
+            return None, None
+        t, k = min(found)
+        return k, t
+
+    def targets(self) -> list[str]:
+        """Misses of the issue's targets (empty: all met)."""
+        misses = []
+        mine = self.onnxnorm
+        if mine is None:
+            return ["no onnxnorm time"]
+        name, best = self.best_ort()
+        if best is not None and mine > best:
+            misses.append(f"slower than {name[4:]} ({mine / best:.2f}x)")
+        spec = catalogue.get(self.op)
+        if spec.residual == "skip" and self.shape in LARGER_SHAPES and best is not None:
+            if best / mine < 2.0:
+                misses.append(f"Skip speed-up {best / mine:.2f}x < 2x")
+        copy = self.times.get("copy")
+        if spec.residual == "none" and self.shape in BANDWIDTH_SHAPES and copy is not None:
+            if copy / mine < 0.85:
+                misses.append(f"{100 * copy / mine:.0f}% of copy bandwidth < 85%")
+        return misses
+
+    def to_dict(self) -> dict[str, Any]:
+        name, best = self.best_ort()
+        mine = self.onnxnorm
+        copy = self.times.get("copy")
+        return {
+            "op": self.op, "shape": self.shape, "dtype": self.dtype,
+            "median_seconds": self.times, "notes": self.notes,
+            "best_ort": name, "ratio_to_best_ort": (mine / best) if mine and best else None,
+            "fraction_of_copy_bandwidth": (copy / mine) if mine and copy else None,
+            "target_misses": self.targets(),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# models
+
+
+def _onnx_type(dtype: str) -> int:
+    import onnx
+
+    return {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
+            "bfloat16": onnx.TensorProto.BFLOAT16}[dtype]
+
+
+def _np_dtype(dtype: str) -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype({"float32": np.float32, "float16": np.float16,
+                     "bfloat16": ml_dtypes.bfloat16}[dtype])
+
+
+def _model(nodes, inputs: dict[str, tuple], outputs: list[str], dtype: str, opsets: dict[str, int]):
+    import onnx
+    from onnx import helper
+
+    t = _onnx_type(dtype)
+    graph = helper.make_graph(
+        nodes, "bench",
+        [helper.make_tensor_value_info(name, t, shape) for name, shape in inputs.items()],
+        [helper.make_tensor_value_info(name, t, None) for name in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+    model.ir_version = min(model.ir_version, 10)
+    return model
+
+
+def _weights(op: str) -> dict[str, str]:
+    """The onnxnorm inputs the benchmark feeds, mapped to array names."""
+    spec = catalogue.get(op)
+    names = {"X": "x"}
+    if spec.has_residual:
+        names["Residual"] = "r"
+    names["Scale"] = "s"
+    if spec.norm == "layer":
+        names["Bias"] = "b"
+    if spec.residual == "sandwich":
+        names["InnerScale"] = "si"
+        if spec.norm == "layer":
+            names["InnerBias"] = "bi"
+    return names
+
+
+def _onnxnorm_model(op: str, dtype: str, x_shape, d: int):
+    from onnx import helper
+
+    spec = catalogue.get(op)
+    names = _weights(op)
+    inputs = [names.get(p.name, "") for p in spec.inputs]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    outputs = ["y", "sum"] if spec.has_residual else ["y"]
+    node = helper.make_node(op, inputs, outputs, domain=catalogue.DOMAIN, epsilon=EPSILON)
+    shapes = {n: (x_shape if n in ("x", "r") else (d,)) for n in names.values()}
+    return _model([node], shapes, outputs, dtype, {"": 18, catalogue.DOMAIN: catalogue.VERSION})
+
+
+def _ort_builtin_model(label: str, dtype: str, x_shape, d: int):
+    from onnx import helper
+
+    ms = "com.microsoft"
+    xs = {"x": x_shape}
+    w = {"s": (d,)}
+    wb = {"s": (d,), "b": (d,)}
+    if label == "LayerNormalization-17":
+        node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1, epsilon=EPSILON)
+        return _model([node], {**xs, **wb}, ["y"], dtype, {"": 17})
+    if label == "RMSNormalization-23":
+        node = helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=-1, epsilon=EPSILON)
+        return _model([node], {**xs, **w}, ["y"], dtype, {"": 23})
+    if label == "SimplifiedLayerNormalization":
+        node = helper.make_node("SimplifiedLayerNormalization", ["x", "s"], ["y"], axis=-1, epsilon=EPSILON)
+        return _model([node], {**xs, **w}, ["y"], dtype, {"": 17})
+    rs = {"r": x_shape}
+    if label == "SkipLayerNormalization":
+        node = helper.make_node("SkipLayerNormalization", ["x", "r", "s", "b"], ["y", "", "", "sum"],
+                                domain=ms, epsilon=EPSILON)
+        return _model([node], {**xs, **rs, **wb}, ["y", "sum"], dtype, {"": 17, ms: 1})
+    if label == "SkipSimplifiedLayerNormalization":
+        node = helper.make_node("SkipSimplifiedLayerNormalization", ["x", "r", "s"], ["y", "", "", "sum"],
+                                domain=ms, epsilon=EPSILON)
+        return _model([node], {**xs, **rs, **w}, ["y", "sum"], dtype, {"": 17, ms: 1})
+    if label == "LayerNormalization+SkipLayerNormalization":
+        nodes = [helper.make_node("LayerNormalization", ["x", "si", "bi"], ["inner"], axis=-1, epsilon=EPSILON),
+                 helper.make_node("SkipLayerNormalization", ["inner", "r", "s", "b"], ["y", "", "", "sum"],
+                                  domain=ms, epsilon=EPSILON)]
+        return _model(nodes, {**xs, **rs, **wb, "si": (d,), "bi": (d,)}, ["y", "sum"], dtype, {"": 17, ms: 1})
+    if label == "SimplifiedLayerNormalization+SkipSimplifiedLayerNormalization":
+        nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "si"], ["inner"], axis=-1,
+                                  epsilon=EPSILON),
+                 helper.make_node("SkipSimplifiedLayerNormalization", ["inner", "r", "s"], ["y", "", "", "sum"],
+                                  domain=ms, epsilon=EPSILON)]
+        return _model(nodes, {**xs, **rs, **w, "si": (d,)}, ["y", "sum"], dtype, {"": 17, ms: 1})
+    raise KeyError(label)
+
+
+def _torch_norm(norm: str, decomposed: bool):
+    import torch
+    import torch.nn.functional as F
+
+    def layer(x, s, b):
+        if not decomposed:
+            return F.layer_norm(x, (x.shape[-1],), s, b, EPSILON)
+        h = x.to(torch.float32)
+        centred = h - h.mean(-1, keepdim=True)
+        h = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + EPSILON)
+        return h.to(x.dtype) * s + b
+
+    def rms(x, s, b=None):
+        if not decomposed:
+            return F.rms_norm(x, (x.shape[-1],), s, EPSILON)
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPSILON)
+        return s * h.to(x.dtype)
+
+    return layer if norm == "layer" else rms
+
+
+def _torch_fn(op: str, decomposed: bool) -> Callable:
+    """The op in torch ops over the arrays named by _weights(op), returning (Y[, Sum])."""
+    spec = catalogue.get(op)
+    norm = _torch_norm(spec.norm, decomposed)
+    layer = spec.norm == "layer"
+    if spec.residual == "none":
+        return (lambda x, s, b: norm(x, s, b)) if layer else (lambda x, s: norm(x, s))
+    if spec.residual == "skip":
+        def skip(x, r, s, b=None):
+            total = x + r
+            return norm(total, s, b), total
+        return skip
+    if layer:
+        def sandwich_layer(x, r, s, b, si, bi):
+            total = r + norm(x, si, bi)
+            return norm(total, s, b), total
+        return sandwich_layer
+
+    def sandwich_rms(x, r, s, si):
+        total = r + norm(x, si)
+        return norm(total, s), total
+    return sandwich_rms
+
+
+class _TorchModule:
+    """A torch.nn.Module calling _torch_fn (built lazily: torch is imported only when used)."""
+
+    def __new__(cls, fn):
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def forward(self, *args):
+                return fn(*args)
+        return Wrapped()
+
+
+_EXPORTS: dict[tuple[str, str], Any] = {}
+
+
+def _decomposed_model(op: str, dtype: str, arrays: dict[str, np.ndarray]):
+    """torch.onnx.export (dynamo) of the op written out in torch ops, dynamic in every dim."""
+    import torch
+
+    key = (op, dtype)
+    if key not in _EXPORTS:
+        names = list(arrays)
+        example = {n: torch.from_numpy(np.ones([2, 3, 8] if arrays[n].ndim == 3 else [8], np.float32))
+                   .to(getattr(torch, dtype)) for n in names}
+        dims = [torch.export.Dim("b"), torch.export.Dim("s"), torch.export.Dim("d")]
+        dynamic = tuple({0: dims[0], 1: dims[1], 2: dims[2]} if arrays[n].ndim == 3 else {0: dims[2]}
+                        for n in names)
+        module = _TorchModule(_torch_fn(op, decomposed=True))
+        program = torch.onnx.export(module, tuple(example[n] for n in names), dynamo=True,
+                                    dynamic_shapes=(dynamic,), input_names=names, verbose=False)
+        _EXPORTS[key] = program.model_proto
+    return _EXPORTS[key]
+
+
+# --------------------------------------------------------------------------------------------
+# runners
+
+
+def _ortvalue(array: np.ndarray):
+    import onnx
+    import onnxruntime as ort
+
+    if array.dtype == _np_dtype("bfloat16"):
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), onnx.TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def _ort_runner(model, arrays: dict[str, np.ndarray], threads: int, with_library: bool,
+                keep: list) -> Callable[[], None]:
+    import onnxruntime as ort
+
+    from onnxnorm import runtime
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    sess = runtime.session(model, options, with_library=with_library)
+    binding = sess.io_binding()
+    input_names = {i.name for i in sess.get_inputs()}
+    x = next(iter(arrays.values()))
+    for name, array in arrays.items():
+        if name in input_names:
+            value = _ortvalue(array)
+            keep.append(value)
+            binding.bind_ortvalue_input(name, value)
+    for out in sess.get_outputs():
+        value = _ortvalue(np.empty(x.shape, x.dtype))
+        keep.append(value)
+        binding.bind_ortvalue_output(out.name, value)
+    keep.append(sess)
+
+    def call():
+        sess.run_with_iobinding(binding)
+    call()
+    return call
+
+
+def _time_interleaved(fns: dict[str, Callable[[], None]], repeats: int, min_sample: float) -> dict[str, float]:
+    numbers = {}
+    for name, fn in fns.items():
+        start = time.perf_counter()
+        fn()
+        once = time.perf_counter() - start
+        numbers[name] = max(1, min(10000, int(math.ceil(min_sample / max(once, 1e-7)))))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for rep in range(repeats):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn, number = fns[name], numbers[name]
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            samples[name].append((time.perf_counter() - start) / number)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int, min_sample: float,
+               rng: np.random.Generator, log: Callable[[str], None] = lambda s: None) -> Result:
+    import torch
+
+    shape = SHAPES[shape_name]
+    if len(shape) == 4:  # Q/K-norm: [batch, seq, heads, head_dim] -> [batch, seq * heads, head_dim]
+        shape = (shape[0], shape[1] * shape[2], shape[3])
+    d = shape[-1]
+    np_type = _np_dtype(dtype)
+    arrays = {}
+    for name in _weights(op).values():
+        if name in ("x", "r"):
+            arrays[name] = rng.standard_normal(shape, np.float32).astype(np_type)
+        else:
+            base = 1.0 if name.startswith("s") else 0.0
+            arrays[name] = (base + 0.1 * rng.standard_normal(d, np.float32)).astype(np_type)
+
+    keep: list = []
+    fns: dict[str, Callable[[], None]] = {}
+    times: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
+
+    def add(name, make):
+        try:
+            fns[name] = make()
+        except Exception as error:  # the competitor lacks this dtype (or op): say so
+            times[name] = None
+            notes[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+            log(f"  {name}: n/a ({notes[name]})")
+
+    add("onnxnorm", lambda: _ort_runner(_onnxnorm_model(op, dtype, shape, d), arrays, threads, True, keep))
+    for label in _ORT_BUILTINS[op]:
+        add("ort:" + label, lambda label=label: _ort_runner(_ort_builtin_model(label, dtype, shape, d), arrays,
+                                                            threads, False, keep))
+    add("decomposed", lambda: _ort_runner(_decomposed_model(op, dtype, arrays), arrays, threads, False, keep))
+
+    torch.set_num_threads(threads)
+    tensors = [torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16) if a.dtype == _np_dtype("bfloat16")
+               else torch.from_numpy(a) for a in arrays.values()]
+    eager = _torch_fn(op, decomposed=False)
+
+    def make_torch():
+        with torch.inference_mode():
+            eager(*tensors)
+
+        def call():
+            with torch.inference_mode():
+                eager(*tensors)
+        return call
+    add("torch", make_torch)
+
+    copies = 2 if catalogue.get(op).has_residual else 1
+    nbytes = copies * arrays["x"].nbytes
+    source = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
+    target = np.empty_like(source)
+    np.copyto(target, source)
+    fns["copy:numpy"] = lambda: np.copyto(target, source)
+    source_t, target_t = torch.from_numpy(source), torch.from_numpy(target)
+    fns["copy:torch"] = lambda: target_t.copy_(source_t)
+
+    times.update(_time_interleaved(fns, repeats, min_sample))
+    times["copy"] = min(times["copy:numpy"], times["copy:torch"])
+    del keep
+    return Result(op, shape_name, dtype, times, notes)
+
+
+# --------------------------------------------------------------------------------------------
+# report
+
+
+def _us(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e6:,.1f}"
+
+
+def markdown_table(results: list[Result]) -> str:
+    head = ("| op | shape | dtype | onnxnorm µs | fastest ORT built-in | ORT µs | onnxnorm / ORT | "
+            "decomposed µs | torch µs | copy µs | % of copy bandwidth | targets |")
+    lines = [head, "|" + "|".join(["---"] * 12) + "|"]
+    for r in results:
+        name, best = r.best_ort()
+        mine = r.onnxnorm
+        copy = r.times.get("copy")
+        ratio = f"{mine / best:.2f}x" if mine and best else "n/a"
+        bw = f"{100 * copy / mine:.0f}%" if mine and copy else "n/a"
+        misses = r.targets()
+        lines.append(f"| {r.op} | {r.shape} | {r.dtype} | {_us(mine)} | {name[4:] if name else 'none'} | "
+                     f"{_us(best)} | {ratio} | {_us(r.times.get('decomposed'))} | {_us(r.times.get('torch'))} | "
+                     f"{_us(copy)} | {bw} | {'met' if not misses else 'MISSED: ' + '; '.join(misses)} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = [op for op in catalogue.OPS if any(r.op == op for r in results)]
+    contenders = ["best ORT built-in", "decomposed", "torch", "copy"]
+    colors = {"best ORT built-in": "#d62728", "decomposed": "#9467bd", "torch": "#ff7f0e", "copy": "#7f7f7f"}
+    fig, axes = plt.subplots(len(ops), 1, figsize=(14, 3.2 * len(ops)), squeeze=False)
+    for ax, op in zip(axes[:, 0], ops):
+        rows = [r for r in results if r.op == op]
+        labels = [f"{r.shape}\n{r.dtype}" for r in rows]
+        x = np.arange(len(rows))
+        width = 0.8 / len(contenders)
+        for k, c in enumerate(contenders):
+            values = []
+            for r in rows:
+                t = r.best_ort()[1] if c == "best ORT built-in" else r.times.get(c)
+                values.append(t / r.onnxnorm if t and r.onnxnorm else np.nan)
+            ax.bar(x + (k - (len(contenders) - 1) / 2) * width, values, width, label=c, color=colors[c])
+        ax.axhline(1.0, color="black", lw=1)
+        ax.set_yscale("log")
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("time / onnxnorm time")
+        ax.set_title(f"onnxnorm::{op}: above 1 = slower than onnxnorm (copy: below 1 = the bandwidth bound)",
+                     fontsize=9)
+        ax.grid(axis="y", which="both", alpha=0.3)
+    axes[0, 0].legend(loc="upper right", fontsize=8, ncol=len(contenders))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def environment(threads: int) -> dict[str, Any]:
+    import onnxruntime as ort
+    import torch
+
+    from onnxnorm import runtime
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import ctypes
+    import os
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu, "cores": os.cpu_count(), "threads": threads,
+        "onnxruntime": ort.__version__, "torch": torch.__version__, "numpy": np.__version__,
+        "python": platform.python_version(),
+        "library": str(runtime.library_path()),
+        "isa": os.environ.get("ONNXNORM_CPU_ISA", "best available (cpuid)"),
+    }
+
+
+def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, repeats: int = 9,
+        min_sample: float = 0.002, json_path: str | None = None, plot_path: str | None = None,
+        verbose: bool = True) -> list[Result]:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    log = print if verbose else (lambda s: None)
+    rng = np.random.default_rng(0)
+    env = environment(threads)
+    log(f"# onnxnorm bench kernels — {env['date']}, {env['cpu']}, {env['cores']} cores, "
+        f"{threads} threads, onnxruntime {env['onnxruntime']}, torch {env['torch']}")
+    results = []
+    for op in ops:
+        for dtype in dtypes:
+            for shape in shapes:
+                start = time.perf_counter()
+                result = bench_case(op, shape, dtype, threads, repeats, min_sample, rng, log)
+                results.append(result)
+                name, best = result.best_ort()
+                log(f"{op} {shape} {dtype}: onnxnorm {_us(result.onnxnorm)} µs, {name} {_us(best)} µs "
+                    f"({time.perf_counter() - start:.1f} s)")
+    table = markdown_table(results)
+    print(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"environment": env, "results": [r.to_dict() for r in results]}, f, indent=1)
+            f.write("\n")
+    if plot_path:
+        plot(results, plot_path)
+    return results
