@@ -16,7 +16,7 @@ from typing import Sequence
 from onnxnorm._io import OnnxNormError
 
 #: modules that register a subcommand, in the order ``--help`` lists them
-COMMANDS = ("onnxnorm.fusion.cli",)
+COMMANDS = ("onnxnorm.nn.cli", "onnxnorm.fusion.cli", "onnxnorm.bench.cli")
 
 
 def parser() -> argparse.ArgumentParser:
