@@ -189,7 +189,8 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
     library is required); ``"ort"`` ONNX Runtime's own norm ops; ``"onnx"`` standard ONNX only.
 
     ``dynamic`` (default) makes dims 0 and 1 (batch and sequence) of every tensor input
-    dynamic unless ``dynamic_shapes`` says otherwise. ``convert`` first replaces the norm
+    dynamic unless ``dynamic_shapes`` says otherwise (give example sizes of 2 or more there:
+    torch.export may specialize a size-1 example, so that other sizes fail at run time). ``convert`` first replaces the norm
     modules of a copy of ``model`` with onnxnorm modules (:func:`onnxnorm.convert`; the model
     itself is left as it is). ``external_data`` writes the weights next to the model file
     (default: only for models over 2 GB). The model is written to ``path`` (atomically) when

@@ -1,0 +1,216 @@
+"""``onnxnorm export``: a models/ configuration or a local Hugging Face model to ONNX, with one
+node per norm (or per residual add fused with a norm) in the chosen target."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from onnxnorm._io import OnnxNormError
+
+MODES = ("function", "fused", "ort", "onnx")
+DTYPES = ("float32", "float16", "bfloat16")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                "pytorch_model.bin.index.json")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="export a model with one onnxnorm node per norm",
+        description="Export a model with torch.onnx.export (dynamo), every norm (and every "
+                    "residual add fused with a norm) as one node of the chosen target. MODEL is "
+                    "a family of models/families.py (llama, gemma2, qwen3, ...: a small random "
+                    "decoder normalized like that family), 'decoder' (the configurable decoder), "
+                    "or a Hugging Face model given as a local directory (config.json, with or "
+                    "without weights) or a config .json file. Nothing is downloaded: without "
+                    "weights the model gets random ones.")
+    export.add_argument("model", help="family name, 'decoder', or a local directory / config.json")
+    export.add_argument("-o", "--output", required=True, help="where to write the ONNX model")
+    export.add_argument("--mode", choices=MODES, default="function",
+                        help="function: onnxnorm nodes with their ONNX function bodies (default); "
+                             "fused: without bodies (needs the library); ort: ONNX Runtime's "
+                             "own norm ops; onnx: standard ONNX only")
+    export.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18; 23 gives "
+                                                              "RMSNormalization in --mode onnx)")
+    export.add_argument("--batch", type=int, default=2, help="batch size of the example input")
+    export.add_argument("--seq", type=int, default=8, help="sequence length of the example input")
+    export.add_argument("--static", action="store_true",
+                        help="fixed batch and sequence sizes (default: dynamic axes)")
+    export.add_argument("--dtype", choices=DTYPES, default="float32")
+    export.add_argument("--external-data", action="store_true",
+                        help="write the weights to OUTPUT.data (automatic above 2 GB)")
+    group = export.add_argument_group("models/ configurations")
+    group.add_argument("--hidden", type=int, default=64)
+    group.add_argument("--heads", type=int, default=4)
+    group.add_argument("--intermediate", type=int, default=None, help="default: 2 x hidden")
+    group.add_argument("--layers", type=int, default=2)
+    group.add_argument("--vocab", type=int, default=None,
+                       help="vocabulary size: the model takes token ids (default: hidden states)")
+    group.add_argument("--norm", choices=("rms", "layer"), help="'decoder': the norm kind")
+    group.add_argument("--position", help="'decoder': pre, post, sandwich, deepnorm or reordered")
+    export.add_argument("--json", metavar="PATH",
+                        help="also write what was converted and exported as JSON ('-' for stdout)")
+    export.set_defaults(run=run)
+
+
+def _models_package() -> Any:
+    """models/ lives next to the onnxnorm package in the source tree."""
+    try:
+        import models.decoder  # noqa: F401
+        import models.families  # noqa: F401
+    except ImportError:
+        root = Path(__file__).resolve().parents[2]
+        if not (root / "models" / "decoder.py").is_file():
+            raise OnnxNormError("models/ configurations need the onnxnorm source tree (models/ "
+                                "is not installed with the package)") from None
+        sys.path.insert(0, str(root))
+        import models.decoder  # noqa: F401
+        import models.families  # noqa: F401
+    import models
+
+    return models
+
+
+def _reference_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
+    models = _models_package()
+    decoder, families = models.decoder, models.families
+    sizes = dict(hidden=args.hidden, heads=args.heads, layers=args.layers, vocab=args.vocab,
+                 intermediate=args.intermediate or 2 * args.hidden)
+    try:
+        if args.model == "decoder":
+            extra = {k: v for k, v in (("norm", args.norm), ("position", args.position)) if v}
+            config = decoder.DecoderConfig(**sizes, **extra)
+            label = "configurable decoder"
+        else:
+            if args.norm or args.position:
+                raise OnnxNormError("--norm and --position are for MODEL 'decoder'; a family "
+                                    "fixes them")
+            family = families.get(args.model)
+            config = families.decoder_config(family, **sizes)
+            label = f"{family.name}-style decoder"
+    except KeyError as error:
+        raise OnnxNormError(f"{args.model}: not a directory or .json file, and {error.args[0]}") from None
+    except ValueError as error:
+        raise OnnxNormError(f"bad decoder configuration: {error}") from None
+    model = decoder.build(config)
+    x = decoder.example_input(config, args.batch, args.seq)
+    return model, (x,), f"{label}: {config}"
+
+
+class _Logits:
+    """Builds a wrapper module that calls a Hugging Face model without cache and returns its
+    logits (or last hidden state), so that the export has tensors in and one tensor out."""
+
+    @staticmethod
+    def wrap(model: Any, seq2seq: bool) -> Any:
+        import torch
+
+        class Logits(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids, decoder_input_ids=None):
+                kwargs = {"use_cache": False}
+                if decoder_input_ids is not None:
+                    kwargs["decoder_input_ids"] = decoder_input_ids
+                out = self.inner(input_ids=input_ids, **kwargs)
+                return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+        return Logits(model)
+
+
+def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
+    path = Path(args.model)
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise OnnxNormError(f"{path}: no config.json in this directory")
+    if path.is_file() and path.suffix != ".json":
+        raise OnnxNormError(f"{path}: expected a Hugging Face model directory or a config .json")
+    try:
+        import transformers
+    except ImportError:
+        raise OnnxNormError("exporting a Hugging Face model needs transformers "
+                            "(pip install transformers)") from None
+    import torch
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as error:  # a config transformers cannot read: say why in one line
+        raise OnnxNormError(f"{path}: not a readable Hugging Face config "
+                            f"({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    classes = ([transformers.AutoModelForSeq2SeqLM] if seq2seq else
+               [transformers.AutoModelForCausalLM]) + [transformers.AutoModel]
+    has_weights = path.is_dir() and any((path / name).is_file() for name in WEIGHT_FILES)
+    model, problems = None, []
+    for cls in classes:
+        try:
+            # eager attention: some models' SDPA paths do not trace (T5 in transformers 5.24)
+            if has_weights:
+                model = cls.from_pretrained(str(path), local_files_only=True,
+                                            attn_implementation="eager")
+            else:
+                torch.manual_seed(0)
+                model = cls.from_config(config, attn_implementation="eager")
+            break
+        except (ValueError, KeyError, OSError) as error:
+            problems.append(str(error).splitlines()[0] if str(error) else type(error).__name__)
+    if model is None:
+        raise OnnxNormError(f"{path}: transformers cannot build a model of type "
+                            f"{getattr(config, 'model_type', '?')!r} ({problems[-1]})")
+    model.eval()
+    vocab = int(getattr(config, "vocab_size", 0) or 100)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=generator)
+    inputs = (ids, ids.clone()) if seq2seq else (ids,)
+    weights = "its weights" if has_weights else "random weights"
+    return _Logits.wrap(model, seq2seq), inputs, f"Hugging Face {type(model).__name__} ({weights})"
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from onnxnorm.nn.convert import convert
+    from onnxnorm.nn.export import count_norm_nodes, export
+
+    for name in ("batch", "seq", "hidden", "heads", "layers"):
+        if getattr(args, name) < 1:
+            raise OnnxNormError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not args.static and (args.batch < 2 or args.seq < 2):
+        raise OnnxNormError("with dynamic axes --batch and --seq must be >= 2 (torch.export "
+                            "specializes example sizes of 1); use --static for fixed sizes")
+    folder = Path(args.output).parent
+    if not folder.is_dir():
+        raise OnnxNormError(f"cannot write {args.output}: folder {folder} does not exist")
+    path = Path(args.model)
+    if path.exists():
+        model, inputs, label = _hf_model(args)
+    elif args.model.endswith(".json") or "/" in args.model:
+        raise OnnxNormError(f"{args.model}: no such file or directory")
+    else:
+        model, inputs, label = _reference_model(args)
+    dtype = getattr(torch, args.dtype)
+    model = model.to(dtype)
+    inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
+    print(f"model: {label}")
+
+    report = convert(model)
+    print("convert: " + str(report).replace("\n", "\n  "))
+    proto = export(model, inputs, args.output, mode=args.mode, opset_version=args.opset,
+                   dynamic=not args.static, external_data=args.external_data or None)
+    counts = count_norm_nodes(proto)
+    print(f"export: mode {args.mode}, opset {args.opset}, norm nodes: "
+          + ", ".join(f"{n} {op}" for op, n in sorted(counts.items())))
+    print(f"wrote {args.output}")
+    if args.json:
+        text = json.dumps({"model": label, "mode": args.mode, "opset": args.opset,
+                           "convert": report.to_dict(), "norm_nodes": counts,
+                           "output": str(args.output)}, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    return 0

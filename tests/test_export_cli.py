@@ -1,0 +1,118 @@
+"""`onnxnorm export` on the command line: models/ configurations, local Hugging Face models
+(a directory or a config file, nothing downloaded), every kind of bad input."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from onnxnorm import cli, ops
+
+transformers = pytest.importorskip("transformers")
+
+LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128)
+
+
+def _norm_ops(path):
+    model = onnx.load(path)
+    return collections.Counter(n.op_type for n in model.graph.node
+                               if n.domain == ops.DOMAIN or "Normalization" in n.op_type)
+
+
+def test_family_decoder(tmp_path, capsys):
+    out = tmp_path / "gemma2.onnx"
+    assert cli.main(["export", "gemma2", "-o", str(out), "--mode", "fused"]) == 0
+    text = capsys.readouterr().out
+    assert "Gemma 2-style decoder" in text and f"wrote {out}" in text
+    assert _norm_ops(out) == {"RMSNorm": 1, "SandwichRMSNorm": 4}
+
+
+def test_configurable_decoder_with_tokens(tmp_path, capsys):
+    out = tmp_path / "deep.onnx"
+    assert cli.main(["export", "decoder", "--norm", "layer", "--position", "deepnorm",
+                     "--vocab", "50", "--layers", "3", "-o", str(out), "--mode", "ort"]) == 0
+    assert _norm_ops(out) == {"SkipLayerNormalization": 6}
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(0).integers(0, 50, (3, 5), dtype=np.int64)
+    assert sess.run(None, {sess.get_inputs()[0].name: ids})[0].shape == (3, 5, 50)
+
+
+def test_hf_directory_matches_transformers(tmp_path, capsys):
+    folder = tmp_path / "llama"
+    transformers.LlamaConfig(**LLAMA).save_pretrained(folder)
+    out, report = tmp_path / "llama.onnx", tmp_path / "report.json"
+    assert cli.main(["export", str(folder), "-o", str(out), "--json", str(report),
+                     "--batch", "3", "--seq", "4"]) == 0
+    assert _norm_ops(out) == {"RMSNorm": 5}
+    data = json.loads(report.read_text())
+    assert {r["original"] for r in data["convert"]["replaced"]} == {"LlamaRMSNorm"}
+    assert data["norm_nodes"] == {"RMSNorm": 5}
+    # random weights from seed 0, as the command makes them; dynamic axes: other sizes run
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(
+        transformers.AutoConfig.from_pretrained(folder), attn_implementation="eager").eval()
+    ids = torch.randint(0, 128, (2, 6))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits.numpy()
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: ids.numpy()})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_hf_config_file_encoder_decoder(tmp_path, capsys):
+    config = tmp_path / "t5.json"
+    transformers.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
+                          vocab_size=128).to_json_file(config)
+    out = tmp_path / "t5.onnx"
+    assert cli.main(["export", str(config), "-o", str(out), "--mode", "onnx", "--opset", "23"]) == 0
+    assert _norm_ops(out) == {"RMSNormalization": 12}
+    assert "T5LayerNorm -> RMSNorm([64], eps=1e-06, order A)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["nosuch"], "nosuch: not a directory or .json file, and unknown family 'nosuch'; known: llama"),
+    (["missing/config.json"], "missing/config.json: no such file or directory"),
+    (["llama", "--norm", "layer"], "--norm and --position are for MODEL 'decoder'"),
+    (["decoder", "--position", "middle"], "bad decoder configuration: position must be one of"),
+    (["llama", "--seq", "0"], "--seq must be >= 1, got 0"),
+    (["llama", "--batch", "1"], "with dynamic axes --batch and --seq must be >= 2"),
+])
+def test_bad_arguments(argv, message, tmp_path, capsys):
+    assert cli.main(["export", *argv, "-o", str(tmp_path / "m.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("onnxnorm: error: ") and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_bad_files(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.json").write_text('{"a": 1}')
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    cases = [(tmp_path / "empty", "no config.json in this directory"),
+             (tmp_path / "bad.json", "not a readable Hugging Face config"),
+             (tmp_path / "weights.bin", "expected a Hugging Face model directory or a config")]
+    for model, message in cases:
+        assert cli.main(["export", str(model), "-o", str(tmp_path / "m.onnx")]) == 1
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1, err
+    assert cli.main(["export", "llama", "-o", str(tmp_path / "no" / "m.onnx")]) == 1
+    assert "folder" in capsys.readouterr().err
+
+
+def test_console_error_is_one_line_without_traceback(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "onnxnorm", "export", "nosuch", "-o",
+                             str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    help_text = subprocess.run([sys.executable, "-m", "onnxnorm", "export", "--help"],
+                               capture_output=True, text=True, timeout=300).stdout
+    assert "--mode" in help_text and "--opset" in help_text
