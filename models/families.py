@@ -1,0 +1,117 @@
+"""The norm configurations of LLM families, as data.
+
+Each row says which norm a family uses and how: kind, placement, epsilon, scale offset, bias,
+Q/K norm, embedding norm and the rounding order of its Hugging Face implementation in
+float16/bfloat16. docs/norms.md renders this table (``python -m models.docs``) and
+:func:`decoder_config` turns a row into a :class:`models.decoder.DecoderConfig`, so that the
+tests, the benchmarks and ``onnxnorm export <family>`` can build a small decoder normalized the
+way the family is.
+
+Epsilons are those of the families' published configs (the usual sizes; a few checkpoints
+differ). "order A" rounds the normalized value to the input type before the scale (Llama, T5);
+"order B" scales in float32 and rounds once (Gemma, Cohere, OLMo 2, and torch's own LayerNorm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from models.decoder import DecoderConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    examples: str
+    norm: str  # "rms" or "layer"
+    position: str  # "pre", "post", "sandwich", "deepnorm", "reordered", "parallel"
+    eps: float
+    scale_offset: float = 0.0
+    weight: bool = True
+    bias: bool = False
+    qk_norm: str = ""  # "" (none), "head" (over head_dim), "full" (over the whole projection)
+    embedding_norm: bool = False
+    order: str = "A"  # rounding order in float16/bfloat16
+    hf_norm_class: str = ""
+    note: str = ""
+
+    @property
+    def key(self) -> str:
+        """The name used on the command line: lower case, no spaces or dots."""
+        return self.name.lower().replace(" ", "").replace(".", "").replace("-", "")
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("Llama", "Llama 2, Llama 3", "rms", "pre", 1e-5, order="A",
+           hf_norm_class="LlamaRMSNorm", note="Llama 1 used eps 1e-6"),
+    Family("Mistral", "Mistral 7B, Mixtral", "rms", "pre", 1e-5, order="A",
+           hf_norm_class="MistralRMSNorm"),
+    Family("Qwen2", "Qwen2, Qwen2.5", "rms", "pre", 1e-6, order="A",
+           hf_norm_class="Qwen2RMSNorm"),
+    Family("Qwen3", "Qwen3", "rms", "pre", 1e-6, qk_norm="head", order="A",
+           hf_norm_class="Qwen3RMSNorm", note="RMSNorm of queries and keys over head_dim"),
+    Family("Gemma", "Gemma 1", "rms", "pre", 1e-6, scale_offset=1.0, order="B",
+           hf_norm_class="GemmaRMSNorm", note="scale is (1 + weight), weight starts at 0"),
+    Family("Gemma 2", "Gemma 2", "rms", "sandwich", 1e-6, scale_offset=1.0, order="B",
+           hf_norm_class="Gemma2RMSNorm",
+           note="norms before and after each sublayer; logit soft-capping"),
+    Family("Gemma 3", "Gemma 3", "rms", "sandwich", 1e-6, scale_offset=1.0, qk_norm="head",
+           order="B", hf_norm_class="Gemma3RMSNorm"),
+    Family("Phi-3", "Phi-3, Phi-3.5", "rms", "pre", 1e-5, order="A",
+           hf_norm_class="Phi3RMSNorm"),
+    Family("GPT-2", "GPT-2", "layer", "pre", 1e-5, bias=True, order="B",
+           hf_norm_class="torch.nn.LayerNorm"),
+    Family("GPT-NeoX", "GPT-NeoX-20B, Pythia", "layer", "parallel", 1e-5, bias=True, order="B",
+           hf_norm_class="torch.nn.LayerNorm",
+           note="parallel residual: x + Attn(LN1(x)) + MLP(LN2(x))"),
+    Family("BERT", "BERT, RoBERTa", "layer", "post", 1e-12, bias=True, embedding_norm=True,
+           order="B", hf_norm_class="torch.nn.LayerNorm",
+           note="encoder; the original Transformer's placement"),
+    Family("T5", "T5, Flan-T5", "rms", "pre", 1e-6, order="A", hf_norm_class="T5LayerNorm",
+           note="called LayerNorm, computes RMSNorm"),
+    Family("BLOOM", "BLOOM", "layer", "pre", 1e-5, bias=True, embedding_norm=True, order="B",
+           hf_norm_class="torch.nn.LayerNorm", note="LayerNorm right after the word embedding"),
+    Family("OPT", "OPT", "layer", "pre", 1e-5, bias=True, order="B",
+           hf_norm_class="torch.nn.LayerNorm", note="OPT-350m is Post-Norm"),
+    Family("Falcon", "Falcon 7B/40B", "layer", "parallel", 1e-5, bias=True, order="B",
+           hf_norm_class="torch.nn.LayerNorm",
+           note="parallel attention and MLP; one LN (7B) or two (40B)"),
+    Family("OLMo", "OLMo 1", "layer", "pre", 1e-5, weight=False, order="B",
+           hf_norm_class="OlmoLayerNorm", note="non-parametric LayerNorm: no weight, no bias"),
+    Family("OLMo 2", "OLMo 2", "rms", "reordered", 1e-6, qk_norm="full", order="B",
+           hf_norm_class="Olmo2RMSNorm",
+           note="norm of each sublayer's output before the residual add; Q/K norm over the "
+                "whole projection"),
+    Family("Cohere", "Command R, Command R+", "layer", "parallel", 1e-5, qk_norm="head",
+           order="B", hf_norm_class="CohereLayerNorm",
+           note="LayerNorm without bias; parallel attention and MLP; per-head Q/K LayerNorm "
+                "(weight [heads, head_dim]) in Command R+"),
+    Family("DeepNet", "DeepNet (research)", "layer", "deepnorm", 1e-5, bias=True, order="B",
+           hf_norm_class="torch.nn.LayerNorm",
+           note="LN(alpha * x + F(x)), beta-scaled init; arXiv:2203.00555"),
+)
+
+BY_KEY = {family.key: family for family in FAMILIES}
+
+
+def get(name: str) -> Family:
+    key = name.lower().replace(" ", "").replace(".", "").replace("-", "").replace("_", "")
+    try:
+        return BY_KEY[key]
+    except KeyError:
+        raise KeyError(f"unknown family {name!r}; known: {', '.join(BY_KEY)}") from None
+
+
+def decoder_config(family: Family | str, **overrides) -> DecoderConfig:
+    """A :class:`DecoderConfig` normalized the way ``family`` is. Placements the decoder does
+    not build (``parallel``) become ``pre`` with the same norms."""
+    if isinstance(family, str):
+        family = get(family)
+    position = "pre" if family.position == "parallel" else family.position
+    fields = dict(norm=family.norm, position=position, eps=family.eps,
+                  scale_offset=family.scale_offset, weight=family.weight,
+                  bias=family.bias and family.weight, qk_norm=bool(family.qk_norm),
+                  embedding_norm=family.embedding_norm,
+                  cast_before_scale=1 if family.order == "A" else 0)
+    fields.update(overrides)
+    return DecoderConfig(**fields)

@@ -1,0 +1,114 @@
+"""models/: the configurable decoder, the families table (checked against transformers' own
+norm classes) and docs/norms.md generated from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import decoder, docs, families, llama
+from onnxnorm.nn.convert import probe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_norms_page_is_current():
+    committed = (ROOT / "docs" / "norms.md").read_text()
+    assert committed == docs.render(), "docs/norms.md is stale: run python -m models.docs docs/norms.md"
+
+
+def test_norms_page_covers_every_family_and_placement():
+    text = docs.render()
+    for family in families.FAMILIES:
+        assert f"| {family.name} | {family.examples} |" in text
+    for name in ("LayerNorm", "RMSNorm", "BatchNorm", "Pre-Norm", "Post-Norm", "Sandwich-Norm",
+                 "DeepNorm", "order A", "order B"):
+        assert name in text
+
+
+@pytest.mark.parametrize("position", decoder.POSITIONS)
+@pytest.mark.parametrize("norm", decoder.NORMS)
+def test_both_impls_compute_the_same_function(position, norm):
+    config = decoder.DecoderConfig(norm=norm, position=position, qk_norm=True,
+                                   embedding_norm=True, bias=norm == "layer", kv_heads=2,
+                                   scale_offset=1.0 if norm == "rms" else 0.0,
+                                   cast_before_scale=int(position == "pre"))
+    ours = decoder.build(config)
+    plain = decoder.build(dataclasses.replace(config, impl="decomposed"))
+    assert ours.state_dict().keys() == plain.state_dict().keys()
+    assert ours.count_norms() == plain.count_norms()
+    x = decoder.example_input(config)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), plain(x), rtol=0, atol=0)
+        ours, plain, xb = ours.bfloat16(), plain.bfloat16(), x.bfloat16()
+        torch.testing.assert_close(ours(xb), plain(xb), rtol=0, atol=0)
+
+
+def test_deepnorm_decoder_uses_the_paper_constants():
+    config = decoder.DecoderConfig(norm="layer", position="deepnorm", layers=6, bias=True)
+    model = decoder.build(config)
+    assert model.layers[0].alpha == pytest.approx(12 ** 0.25)
+    assert config.deepnorm.beta == pytest.approx(48 ** -0.25)
+
+
+def test_expected_nodes_count_every_norm_once():
+    for position in decoder.POSITIONS:
+        config = decoder.DecoderConfig(position=position, qk_norm=True)
+        model = decoder.build(config)
+        nodes = model.expected_nodes()
+        # every norm module is in exactly one node; a Sandwich node holds two
+        held = sum(n * (2 if op.startswith("Sandwich") else 1) for op, n in nodes.items())
+        assert held == model.count_norms(), position
+
+
+def test_token_model_and_config_errors():
+    config = decoder.DecoderConfig(vocab=32, embedding_norm=True)
+    model = decoder.build(config)
+    ids = decoder.example_input(config, batch=2, seq=3)
+    assert ids.dtype == torch.int64 and model(ids).shape == (2, 3, 32)
+    assert decoder.size_in_parameters(config) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ValueError, match="position must be one of"):
+        decoder.DecoderConfig(position="middle")
+    with pytest.raises(ValueError, match="scale_offset is for RMSNorm only"):
+        decoder.DecoderConfig(norm="layer", scale_offset=1.0)
+
+
+def test_llama_api_still_works():
+    model = llama.build(llama.LlamaConfig(hidden=32, heads=2, intermediate=64, layers=2))
+    assert model.count_norms() == 5
+    assert model(torch.randn(1, 3, 32)).shape == (1, 3, 32)
+
+
+@pytest.mark.parametrize("family", families.FAMILIES, ids=lambda f: f.key)
+def test_every_family_builds_a_decoder(family):
+    config = families.decoder_config(family, hidden=32, heads=2, intermediate=64, layers=1)
+    model = decoder.build(config)
+    assert model(decoder.example_input(config, seq=3)).shape == (2, 3, 32)
+    assert families.get(family.name) is family
+
+
+#: Hugging Face norm class -> its modeling module
+HF_CLASSES = {"LlamaRMSNorm": "llama", "MistralRMSNorm": "mistral", "Qwen2RMSNorm": "qwen2",
+              "Qwen3RMSNorm": "qwen3", "GemmaRMSNorm": "gemma", "Gemma2RMSNorm": "gemma2",
+              "Gemma3RMSNorm": "gemma3", "Phi3RMSNorm": "phi3", "T5LayerNorm": "t5",
+              "OlmoLayerNorm": "olmo", "Olmo2RMSNorm": "olmo2", "CohereLayerNorm": "cohere"}
+
+
+@pytest.mark.parametrize("family", [f for f in families.FAMILIES if f.hf_norm_class in HF_CLASSES],
+                         ids=lambda f: f.key)
+def test_table_agrees_with_transformers(family):
+    """The table's norm kind, scale offset, parameters and rounding order are what probing the
+    family's own Hugging Face norm class finds."""
+    pytest.importorskip("transformers")
+    module = importlib.import_module(f"transformers.models.{HF_CLASSES[family.hf_norm_class]}."
+                                     f"modeling_{HF_CLASSES[family.hf_norm_class]}")
+    norm = getattr(module, family.hf_norm_class)(16)
+    found = probe(norm)
+    assert found.kind == family.norm
+    assert found.scale_offset == family.scale_offset
+    assert found.weight == family.weight and found.bias == family.bias
+    assert ("A" if found.cast_before_scale else "B") == family.order
