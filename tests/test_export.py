@@ -290,3 +290,14 @@ def test_wrong_inputs_are_clear_errors():
     with pytest.raises(OnnxNormError, match="the model fails on the given inputs: TypeError: "
                                            "RMSNorm expects float32, float16 or bfloat16"):
         onnxnorm.export(TwoNorms(), (torch.ones(2, 3, 16, dtype=torch.int64),))
+
+
+def test_keyword_inputs_and_named_dynamic_axes():
+    x, r = torch.randn(2, 4, 32), torch.randn(2, 4, 32)
+    proto = onnxnorm.export(NormChain(), (x,), kwargs={"residual": r})
+    shapes = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+              for i in proto.graph.input]
+    assert shapes == [["batch", "sequence", 32]] * 2
+    with pytest.raises(OnnxNormError, match="forward does not take these inputs: missing a "
+                                            "required argument: 'residual'"):
+        onnxnorm.export(NormChain(), (x,))

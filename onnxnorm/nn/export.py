@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import io
 import logging
 import os
@@ -64,22 +65,39 @@ def _check_value(value: Any, where: str) -> None:
                         f"{type(value).__name__}{hint}")
 
 
-def default_dynamic_shapes(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+def default_dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...],
+                           kwargs: dict[str, Any] | None = None) -> Any:
     """Dynamic batch (dim 0) and sequence (dim 1) axes for every tensor input of rank >= 2
-    (batch only for rank 1), in the structure torch.export expects."""
+    (batch only for rank 1), keyed by the names of ``model.forward``'s parameters as
+    torch.export expects; None when no input has a dimension to make dynamic."""
 
-    def dims(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            if value.dim() >= 2:
-                return {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
+    sequences: list[str] = []
+
+    def dims(value: Any, name: str) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
             if value.dim() == 1:
-                return {0: torch.export.Dim.DYNAMIC}
+                return {0: "batch"}
+            # inputs may have sequences of different lengths (encoder and decoder ids)
+            sequences.append("sequence" if not sequences else f"sequence_{name}")
+            return {0: "batch", 1: sequences[-1]}
         return None
 
-    if kwargs:
-        return {**{f"args_{i}": dims(a) for i, a in enumerate(args)},
-                **{k: dims(v) for k, v in kwargs.items()}}
-    return tuple(dims(a) for a in args)
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **(kwargs or {}))
+    except TypeError as error:
+        raise OnnxNormError(f"the model's forward does not take these inputs: {error}") from None
+    shapes: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            shapes[name] = tuple(dims(v, f"{name}_{i}") for i, v in enumerate(value))
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            shapes[name] = {k: dims(v, k) for k, v in value.items()}
+        else:
+            shapes[name] = dims(value, name)
+    if not any(v for v in shapes.values()):
+        return None
+    return shapes
 
 
 def _first_line(error: BaseException) -> str:
@@ -131,8 +149,9 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | 
     """Writes ``model`` to ``path`` atomically; with ``external_data`` (default: when the model
     is over protobuf's 2 GB limit) the tensors go to ``<name>.data`` next to it."""
     path = Path(path)
+    big = _approx_size(model) > _PROTOBUF_LIMIT
     if external_data is None:
-        external_data = model.ByteSize() > _PROTOBUF_LIMIT
+        external_data = big
     if not external_data:
         return save_model(model, path)
     folder = path.parent
@@ -146,9 +165,11 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | 
     except OSError as error:
         raise OnnxNormError(f"cannot write {path}: {error.strerror}") from None
     try:
-        # onnx.save_model moves the tensors out of ``model``: save a copy, keep the caller's
+        # onnx.save_model moves the tensors out of the model it saves: a small model is copied
+        # first so that the caller's keeps its weights; a big one is not copied (never two
+        # copies of the weights in memory) and refers to the data file afterwards
         staged = staging / path.name
-        onnx.save_model(copy.deepcopy(model), staged, save_as_external_data=True,
+        onnx.save_model(model if big else copy.deepcopy(model), staged, save_as_external_data=True,
                         all_tensors_to_one_file=True, location=location, size_threshold=1024)
         if (staging / location).exists():
             os.replace(staging / location, folder / location)
@@ -158,6 +179,16 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+def _approx_size(model: onnx.ModelProto) -> int:
+    """The model's size in bytes, counted from its initializers (cheap; ByteSize is not, and
+    fails above 2 GB with some protobuf builds)."""
+    total = 0
+    for tensor in model.graph.initializer:
+        total += len(tensor.raw_data) + 4 * (len(tensor.float_data) + len(tensor.int32_data)) + \
+            8 * (len(tensor.int64_data) + len(tensor.double_data))
+    return total
 
 
 def lower(model: onnx.ModelProto, mode: str) -> onnx.ModelProto:
@@ -193,7 +224,8 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
     torch.export may specialize a size-1 example, so that other sizes fail at run time). ``convert`` first replaces the norm
     modules of a copy of ``model`` with onnxnorm modules (:func:`onnxnorm.convert`; the model
     itself is left as it is). ``external_data`` writes the weights next to the model file
-    (default: only for models over 2 GB). The model is written to ``path`` (atomically) when
+    (default: only for models over 2 GB; the returned model of such a size then refers to that
+    file instead of holding a second copy of the weights). The model is written to ``path`` (atomically) when
     given, and returned. Bad input raises :class:`OnnxNormError` with a one-line message.
     """
     if mode not in MODES:
@@ -219,7 +251,7 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
         model = copy.deepcopy(model)
         convert_model(model)
     if dynamic_shapes is None and dynamic:
-        dynamic_shapes = default_dynamic_shapes(args, kwargs)
+        dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
 
     was_training = model.training
     model.eval()
