@@ -203,3 +203,13 @@ def test_no_norms_and_bad_input():
     model = torch.nn.Sequential(RMSNorm(8))
     report = convert(model)
     assert report.already == ["0"] and not report.replaced
+
+
+def test_meta_device_model_converts_before_its_weights_exist():
+    """Big models: convert the skeleton on the meta device, then load the weights."""
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON))
+    report = convert(model)
+    assert len(report.replaced) == 5 and not report.left
+    assert isinstance(model.model.norm, RMSNorm) and model.model.norm.weight.is_meta
+    assert model.model.norm.cast_before_scale == 1

@@ -218,6 +218,14 @@ def _run(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def _cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module`` on the CPU to probe; its weights are overwritten by the probe, so a
+    module on the meta device (weights not loaded yet) gets uninitialized storage."""
+    if any(t.is_meta for t in module.parameters(recurse=False)):
+        return copy.deepcopy(module).to_empty(device="cpu")
+    return copy.deepcopy(module).to("cpu")
+
+
 def probe(module: torch.nn.Module, seed: int = 0) -> Config:
     """The onnxnorm configuration that ``module`` computes, found by running a copy of it with
     random weights; raises ``_ProbeFailure`` with the reason when none matches."""
@@ -226,7 +234,7 @@ def probe(module: torch.nn.Module, seed: int = 0) -> Config:
         raise _ProbeFailure("cannot tell its normalized shape (no weight and no "
                             "normalized_shape/hidden_size attribute)")
     generator = torch.Generator().manual_seed(seed)
-    probe_module = copy.deepcopy(module).float()
+    probe_module = _cpu_copy(module).float()
     params = dict(probe_module.named_parameters(recurse=False))
     with torch.no_grad():
         if "weight" in params:
@@ -260,7 +268,7 @@ def _rounding_order(module: torch.nn.Module, config: Config, x: torch.Tensor,
     float16 (the orders differ only there). Order B when neither half type runs or tells."""
     mismatches = {0: 0, 1: 0}
     for dtype in (torch.bfloat16, torch.float16):
-        half = copy.deepcopy(module).to(dtype)
+        half = _cpu_copy(module).to(dtype)
         params = dict(half.named_parameters(recurse=False))
         if "weight" in params:  # weights far from 1, so that the order shows in the last bit
             params["weight"].copy_(1.0 + 2.0 * torch.randn(params["weight"].shape,
