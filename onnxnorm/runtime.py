@@ -142,3 +142,83 @@ def executed_ops(model: str | os.PathLike | bytes | onnx.ModelProto, feeds: dict
     return collections.Counter(
         event["args"]["op_name"] for event in events
         if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"))
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: libonnxnorm_cuda_ops.so, built next to the CPU library when nvcc was found. It holds the
+# CUDA kernels and, at registration, also registers the CPU library's kernels into the same
+# "onnxnorm" domain (one session can hold only one domain of that name), so register it INSTEAD
+# of the CPU library: sessions then run onnxnorm nodes on the CUDA execution provider and on the
+# CPU. Nothing here loads a CUDA library until register_cuda is called.
+# ---------------------------------------------------------------------------------------------
+_CUDA_LIBRARY_NAMES = {"linux": "libonnxnorm_cuda_ops.so", "darwin": "libonnxnorm_cuda_ops.dylib",
+                       "win32": "onnxnorm_cuda_ops.dll"}
+#: names the CUDA library file explicitly
+ENV_CUDA_LIBRARY = "ONNXNORM_CUDA_LIBRARY"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+
+
+def cuda_library_path() -> Path:
+    """The path of the built onnxnorm CUDA library (not loaded)."""
+    override = os.environ.get(ENV_CUDA_LIBRARY)
+    if override:
+        if not Path(override).is_file():
+            raise OnnxNormError(f"{ENV_CUDA_LIBRARY}={override}: no such file")
+        return Path(override)
+    name = _CUDA_LIBRARY_NAMES.get(sys.platform, "libonnxnorm_cuda_ops.so")
+    candidates = [c.parent / name for c in _candidates()]
+    override_cpu = os.environ.get(ENV_LIBRARY)
+    if override_cpu:
+        candidates.insert(0, Path(override_cpu).parent / name)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise OnnxNormError("the onnxnorm CUDA library is not built (looked for "
+                        f"{', '.join(str(c) for c in candidates)}); it is built when nvcc is found "
+                        f"(ONNXNORM_CUDA=AUTO|ON), or set {ENV_CUDA_LIBRARY}")
+
+
+def cuda_available() -> bool:
+    """True when the CUDA library is built and onnxruntime offers the CUDA execution provider."""
+    try:
+        cuda_library_path()
+    except OnnxNormError:
+        return False
+    import onnxruntime
+
+    return CUDA_PROVIDER in onnxruntime.get_available_providers()
+
+
+def register_cuda(options: Any = None) -> Any:
+    """Registers the onnxnorm CUDA library (CUDA and CPU kernels) into an
+    ``onnxruntime.SessionOptions`` (a new one when none is given) and returns it. Do not also
+    call :func:`register` on the same options."""
+    import onnxruntime
+
+    check_compatible()
+    if options is None:
+        options = onnxruntime.SessionOptions()
+    path = cuda_library_path()
+    # the CUDA library loads the CPU library from its own folder, else from $ONNXNORM_LIBRARY
+    if not (path.parent / _library_name()).is_file() and not os.environ.get(ENV_LIBRARY):
+        os.environ[ENV_LIBRARY] = str(library_path())
+    options.register_custom_ops_library(str(path))
+    return options
+
+
+def cuda_session(model: str | os.PathLike | bytes | onnx.ModelProto, options: Any = None,
+                 providers: Sequence[Any] | None = None, **kwargs: Any) -> Any:
+    """Like :func:`session`, with the CUDA library registered and the providers defaulting to
+    CUDA then CPU."""
+    import onnxruntime
+
+    if options is None:
+        options = onnxruntime.SessionOptions()
+    register_cuda(options)
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    elif not isinstance(model, bytes):
+        model = os.fspath(model)
+    return onnxruntime.InferenceSession(
+        model, options, providers=list(providers or [CUDA_PROVIDER, "CPUExecutionProvider"]),
+        **kwargs)

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# GPU check of the onnxnorm CUDA kernels, for a fresh GPU machine with python3 + torch (CUDA),
+# nvcc and CMake but no internet and nothing of this project installed:
+#   1. builds the CPU and CUDA libraries into a build folder (cmake, ONNXNORM_CUDA=ON; for the
+#      GPU present only, unless ONNXNORM_CUDA_ARCHITECTURES says otherwise);
+#   2. runs tests/test_cuda.py: every op x dtype x rounding order x optional input against the
+#      numpy reference through the C launchers, bad arguments, streams, and, where onnxruntime
+#      offers the CUDA execution provider, the ORT custom ops on it;
+#   3. prints the bandwidth table (python -m onnxnorm.bench.cuda --bench) and writes it, with
+#      its JSON, into the build folder.
+# Usage: tools/gpu_check.sh [BUILD_DIR]        (default build/gpu-check)
+# Environment: PYTHON (default python3), ONNXNORM_CUDA_ARCHITECTURES, ONNXRUNTIME_INCLUDE_DIR
+# (else third_party/onnxruntime/include, which tools/get_ort_headers.sh fills where there is
+# internet: carry it along to machines without), GPU_CHECK_REPS (default 30).
+# Exit status: non-zero when the build or a test fails. Takes about 2-4 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+start=$SECONDS
+build="${1:-build/gpu-check}"
+python="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
+
+step() { printf '\n=== %s (%ds)\n' "$*" $((SECONDS - start)); }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+nvcc --version | tail -1
+"$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)'
+
+if [[ -z "${ONNXNORM_CUDA_ARCHITECTURES:-}" ]]; then
+  cc="$("$python" -c 'import torch; m, n = torch.cuda.get_device_capability(0); print(f"{m}{n}")' 2>/dev/null || true)"
+  export ONNXNORM_CUDA_ARCHITECTURES="${cc:+${cc}-real}"
+  export ONNXNORM_CUDA_ARCHITECTURES="${ONNXNORM_CUDA_ARCHITECTURES:-80-real;90-real;90-virtual}"
+fi
+if [[ -z "${ONNXRUNTIME_INCLUDE_DIR:-}" && ! -f /usr/include/onnxruntime/onnxruntime_c_api.h && \
+      ! -f third_party/onnxruntime/include/onnxruntime_c_api.h ]]; then
+  echo "gpu_check: no ONNX Runtime headers: run tools/get_ort_headers.sh where there is internet and" \
+       "bring third_party/onnxruntime/include along, or set ONNXRUNTIME_INCLUDE_DIR" >&2
+  exit 2
+fi
+
+step "build (CUDA architectures ${ONNXNORM_CUDA_ARCHITECTURES})"
+mkdir -p "$build"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DONNXNORM_CUDA=ON \
+  -DONNXNORM_CUDA_ARCHITECTURES="$ONNXNORM_CUDA_ARCHITECTURES" >"$build/configure.log" 2>&1 \
+  || { cat "$build/configure.log"; exit 1; }
+grep -E "onnxnorm:" "$build/configure.log" || true
+cmake --build "$build" -j "$(nproc)"
+lib="$root/$build/onnxnorm/lib"
+ls -l "$lib"
+
+# the package from the source tree, the libraries from the build folder
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+export ONNXNORM_LIBRARY="$lib/libonnxnorm_ops.so"
+export ONNXNORM_CUDA_LIBRARY="$lib/libonnxnorm_cuda_ops.so"
+
+step "tests (tests/test_cuda.py)"
+status=0
+"$python" -c 'import onnxruntime as o; print("onnxruntime", o.__version__, o.get_available_providers())' || true
+"$python" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py || status=$?
+
+step "bandwidth"
+"$python" -m onnxnorm.bench.cuda --bench --reps "${GPU_CHECK_REPS:-30}" --json "$build/cuda_bench.json" \
+  | tee "$build/cuda_bench.md" || status=$?
+
+step "done: status $status"
+exit "$status"
