@@ -16,7 +16,8 @@ import ml_dtypes
 import onnxnorm
 from models import decoder
 from onnxnorm import OnnxNormError, ops, runtime
-from onnxnorm.nn import LayerNorm, RMSNorm, add_norm, sandwich_norm
+from onnxnorm.nn import (DeepNormBlock, LayerNorm, PostNormBlock, PreNormBlock, ResidualStream,
+                         RMSNorm, SandwichBlock, add_norm, sandwich_norm)
 from onnxnorm.nn.export import count_norm_nodes
 from onnxnorm.ops import reference
 
@@ -301,3 +302,47 @@ def test_keyword_inputs_and_named_dynamic_axes():
     with pytest.raises(OnnxNormError, match="forward does not take these inputs: missing a "
                                             "required argument: 'residual'"):
         onnxnorm.export(NormChain(), (x,))
+
+
+class BlockStack(torch.nn.Module):
+    """The four block helpers in one stack, with a final norm."""
+
+    def __init__(self, hidden=16):
+        super().__init__()
+        torch.manual_seed(0)
+        norms = [RMSNorm(hidden, eps=1e-6) for _ in range(6)]
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for n in norms:
+                n.weight.copy_(1 + 0.3 * torch.randn(hidden, generator=g))
+        subs = [torch.nn.Linear(hidden, hidden) for _ in range(5)]
+        self.blocks = torch.nn.ModuleList([
+            PreNormBlock(norms[0], subs[0]), SandwichBlock(norms[1], subs[1], norms[2]),
+            PreNormBlock(norms[3], subs[2]), PostNormBlock(subs[3], norms[4]),
+            DeepNormBlock(subs[4], norms[5], alpha=2.0)])
+        self.final = LayerNorm(hidden)
+
+    def forward(self, x):
+        stream = ResidualStream(x)
+        for block in self.blocks:
+            stream = block(stream)
+        return stream.finish(self.final)
+
+
+def test_block_helpers_export_one_node_per_add_and_norm():
+    model = BlockStack().eval()
+    x = torch.randn(2, 5, 16)
+    proto = onnxnorm.export(model, (x,))
+    ours = [n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN]
+    # first norm; add + norm; post-norm + add + pre-norm; Post-Norm after a pending Pre-Norm add
+    # (the add is done apart); DeepNorm with alpha; the final LayerNorm
+    assert ours == ["RMSNorm", "SkipRMSNorm", "SandwichRMSNorm", "SkipRMSNorm", "SkipRMSNorm",
+                    "LayerNorm"]
+    deep = [n for n in proto.graph.node if n.op_type == "SkipRMSNorm"][-1]
+    assert onnx.helper.get_attribute_value(
+        next(a for a in deep.attribute if a.name == "alpha")) == pytest.approx(2.0)
+    sess = _session(proto)
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0], want,
+                               rtol=1e-5, atol=1e-5)

@@ -3,23 +3,12 @@ custom ops, conversion of existing models, export."""
 
 from onnxnorm.nn.functional import TRANSLATION_TABLE, call
 from onnxnorm.nn.modules import LayerNorm, RMSNorm
+# the functions shadow their submodules' names: import them here, after the submodules load
+from onnxnorm.nn.convert import convert
+from onnxnorm.nn.export import export
 from onnxnorm.nn.residual import (DeepNormBlock, DeepNormConstants, PostNormBlock, PreNormBlock,
                                   ResidualStream, SandwichBlock, add_norm, deepnorm_constants,
                                   deepnorm_init_, sandwich_norm)
-
-
-def export(*args, **kwargs):
-    """:func:`onnxnorm.nn.export.export`."""
-    from onnxnorm.nn.export import export as _export
-
-    return _export(*args, **kwargs)
-
-
-def convert(*args, **kwargs):
-    """:func:`onnxnorm.nn.convert.convert`."""
-    from onnxnorm.nn.convert import convert as _convert
-
-    return _convert(*args, **kwargs)
 
 
 __all__ = ["DeepNormBlock", "DeepNormConstants", "LayerNorm", "PostNormBlock", "PreNormBlock",
