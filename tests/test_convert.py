@@ -213,3 +213,27 @@ def test_meta_device_model_converts_before_its_weights_exist():
     assert len(report.replaced) == 5 and not report.left
     assert isinstance(model.model.norm, RMSNorm) and model.model.norm.weight.is_meta
     assert model.model.norm.cast_before_scale == 1
+
+
+class Fp32LayerNorm(torch.nn.LayerNorm):
+    """A torch LayerNorm subclass that normalizes in float32 and scales after rounding: its
+    forward is not torch's, so it is probed (and found to round in order A)."""
+
+    def forward(self, x):
+        y = torch.nn.functional.layer_norm(x.float(), self.normalized_shape, eps=self.eps)
+        return y.to(x.dtype) * self.weight + self.bias
+
+
+def test_subclass_with_its_own_forward_is_probed():
+    model = torch.nn.Sequential(Fp32LayerNorm(16)).to(torch.bfloat16)
+    _randomize_norms(model)
+    with torch.no_grad():
+        model[0].weight.add_(torch.randn(16).to(torch.bfloat16))
+    x = torch.randn(3, 16).to(torch.bfloat16)
+    with torch.no_grad():
+        before = model(x)
+    report = convert(model)
+    assert report.replaced[0].how == "probe"
+    assert report.replaced[0].replacement == "LayerNorm([16], eps=1e-05, order A)"
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before, rtol=0, atol=0)

@@ -145,12 +145,13 @@ class ConversionReport:
 
 
 def _direct(module: torch.nn.Module) -> Config | None:
-    """The configuration of torch's own norm modules (no probe needed)."""
-    if isinstance(module, torch.nn.LayerNorm):
+    """The configuration of torch's own norm modules (no probe needed); subclasses that
+    override forward (float32 wrappers and the like) are probed instead."""
+    if isinstance(module, torch.nn.LayerNorm) and type(module).forward is torch.nn.LayerNorm.forward:
         shape = tuple(module.normalized_shape)
         return Config("layer", shape, -len(shape), float(module.eps), weight=module.weight is not None,
                       bias=module.bias is not None)
-    if type(module) is torch.nn.RMSNorm:
+    if isinstance(module, torch.nn.RMSNorm) and type(module).forward is torch.nn.RMSNorm.forward:
         shape = tuple(module.normalized_shape)
         return Config("rms", shape, -len(shape), module.eps, weight=module.weight is not None)
     return None
