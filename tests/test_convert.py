@@ -182,7 +182,9 @@ def test_mixed_model_report():
     replaced = {r.name: r for r in report.replaced}
     assert set(replaced) == {"shared", "ln", "no_eps"}
     assert replaced["shared"].how == "direct" and replaced["ln"].how == "direct"
-    assert replaced["no_eps"].how == "probe (epsilon 1e-06 guessed)"
+    # it takes its statistics in the input's type: half precision cannot match bit for bit
+    assert replaced["no_eps"].how.startswith("probe (epsilon 1e-06 guessed; not bit-exact in "
+                                             "bfloat16/float16: ")
     assert model.shared is model.again and isinstance(model.again, RMSNorm)
     left = {item.name: item.reason for item in report.left}
     assert set(left) == {"weird", "bn"}
@@ -237,3 +239,26 @@ def test_subclass_with_its_own_forward_is_probed():
     assert report.replaced[0].replacement == "LayerNorm([16], eps=1e-05, order A)"
     with torch.no_grad():
         torch.testing.assert_close(model(x), before, rtol=0, atol=0)
+
+
+class Float64RMSNorm(torch.nn.Module):
+    """Statistics in float64: matches RMSNorm in float32, not bit for bit in half precision
+    on every element, and the report says so."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(n))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        xd = x.double()
+        y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.double()
+        return y.to(x.dtype)
+
+
+def test_inexact_rounding_is_reported():
+    model = torch.nn.Sequential(Float64RMSNorm(512))
+    report = convert(model)
+    assert isinstance(model[0], RMSNorm)
+    assert report.replaced[0].how == ("probe (not bit-exact in bfloat16/float16: 1 of 6144 "
+                                      "elements differ)")

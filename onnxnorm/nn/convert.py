@@ -60,6 +60,8 @@ class Config:
     cast_before_scale: int = 0
     weight: bool = True
     bias: bool = False
+    #: what the probe could not settle exactly (empty when it reproduced the module bit for bit)
+    note: str = dataclasses.field(default="", compare=False)
 
     def attributes(self, dtype: torch.dtype) -> dict[str, Any]:
         eps = self.eps if self.eps is not None else torch.finfo(dtype).eps
@@ -259,15 +261,16 @@ def probe(module: torch.nn.Module, seed: int = 0) -> Config:
             raise _ProbeFailure("its forward matches no onnxnorm configuration (RMSNorm or "
                                 "LayerNorm, scale offset 0 or 1, over the weight's dims)")
         config = matches[0]
-        return dataclasses.replace(config, cast_before_scale=_rounding_order(
-            module, config, x, generator))
+        order, note = _rounding_order(module, config, x, generator)
+        return dataclasses.replace(config, cast_before_scale=order, note=note)
 
 
 def _rounding_order(module: torch.nn.Module, config: Config, x: torch.Tensor,
-                    generator: torch.Generator) -> int:
+                    generator: torch.Generator) -> tuple[int, str]:
     """0 (order B) or 1 (order A): which one reproduces the module bit for bit in bfloat16 and
-    float16 (the orders differ only there). Order B when neither half type runs or tells."""
-    mismatches = {0: 0, 1: 0}
+    float16 (the orders differ only there; order B when neither half type runs or tells), and a
+    note when neither does exactly."""
+    mismatches, total, tried = {0: 0, 1: 0}, 0, []
     for dtype in (torch.bfloat16, torch.float16):
         half = _cpu_copy(module).to(dtype)
         params = dict(half.named_parameters(recurse=False))
@@ -285,7 +288,15 @@ def _rounding_order(module: torch.nn.Module, config: Config, x: torch.Tensor,
             got = dataclasses.replace(config, cast_before_scale=order).run(
                 xh, params.get("weight"), params.get("bias"))
             mismatches[order] += int((got != want).sum())
-    return 1 if mismatches[1] < mismatches[0] else 0
+        total += want.numel()
+        tried.append(str(dtype).removeprefix("torch."))
+    order = 1 if mismatches[1] < mismatches[0] else 0
+    if not tried:
+        return order, "rounding order not determined: the module does not run in half precision"
+    if mismatches[order]:
+        return order, (f"not bit-exact in {'/'.join(tried)}: {mismatches[order]} of {total} "
+                       "elements differ")
+    return order, ""
 
 
 def _parents(model: torch.nn.Module) -> Iterable[torch.nn.Module]:
@@ -323,8 +334,10 @@ def convert(model: torch.nn.Module, *, seed: int = 0) -> ConversionReport:
             except _ProbeFailure as failure:
                 report.left.append(Left(name, type(module).__name__, str(failure)))
                 continue
-            if config.eps is not None and _eps_of(module) is None:
-                how = f"probe (epsilon {config.eps:g} guessed)"
+            notes = [f"epsilon {config.eps:g} guessed"] if _eps_of(module) is None else []
+            notes += [config.note] if config.note else []
+            if notes:
+                how = f"probe ({'; '.join(notes)})"
         replacements[id(module)] = _replacement(module, config)
         report.replaced.append(Replaced(name, type(module).__name__, config.describe(), how))
     if replacements:
