@@ -1,13 +1,19 @@
-"""Fusion: rewrite decomposed norms in exported ONNX models into onnxnorm ops.
+"""Fusion: rewrite norms in exported ONNX models into onnxnorm ops, and lower them to a target.
 
 ``fuse(model, target)`` is the pipeline; ``rules()`` gives its rewrite rules as an onnxscript
-``RewriteRuleSet`` for other pipelines.
+``RewriteRuleSet`` for other pipelines; ``lower(model, target)`` writes onnxnorm nodes for a
+target (function, fused, ort, onnx).
 """
 
 import onnxnorm.ops  # noqa: F401  (registers the onnxnorm schemas with onnx)
-from onnxnorm.fusion.pipeline import TARGETS, fuse, rules
+from onnxnorm.fusion.lowering import lower
+from onnxnorm.fusion.norms import (CastAbsorb, LayerCore, MsSkipNorm, RMSCore, ScaleAbsorb,
+                                   SimplifiedLayerNorm, StandardLayerNorm, StandardRMSNorm)
+from onnxnorm.fusion.pipeline import TARGETS, fuse, fuse_ir, rules
 from onnxnorm.fusion.report import FusionReport, RuleReport, Skip, Tracker
-from onnxnorm.fusion.rms_norm import DecomposedRMSNorm, StandardRMSNorm
+from onnxnorm.fusion.residual import SandwichFusion, SkipFusion, XBiasAbsorb
 
-__all__ = ["TARGETS", "DecomposedRMSNorm", "FusionReport", "RuleReport", "Skip",
-           "StandardRMSNorm", "Tracker", "fuse", "rules"]
+__all__ = ["TARGETS", "CastAbsorb", "FusionReport", "LayerCore", "MsSkipNorm", "RMSCore",
+           "RuleReport", "SandwichFusion", "ScaleAbsorb", "SimplifiedLayerNorm", "Skip",
+           "SkipFusion", "StandardLayerNorm", "StandardRMSNorm", "Tracker", "XBiasAbsorb",
+           "fuse", "fuse_ir", "lower", "rules"]

@@ -20,6 +20,11 @@ class Rejected(Exception):
     """Raised by a rule's ``inspect`` when a match is not semantically the fused op."""
 
 
+class NotThisPattern(Rejected):
+    """Raised by ``inspect`` when the structure matched but is plainly another computation
+    (an activation where a weight belongs): not a near miss, so not reported as a skip."""
+
+
 class FusionRule(pattern.RewriteRuleClassBase):
     """A rule whose every structural match is recorded in a :class:`Tracker`.
 
@@ -32,6 +37,8 @@ class FusionRule(pattern.RewriteRuleClassBase):
 
     title: str
     fused_op: str
+    #: bindings whose values may be used outside the match (the rewrite keeps their producer)
+    shared: tuple[str, ...] = ()
 
     def __init__(self, tracker: Tracker, name: str) -> None:
         super().__init__(name, remove_nodes=False)
@@ -49,8 +56,10 @@ class FusionRule(pattern.RewriteRuleClassBase):
                 # attach_functions gives bodies to the nodes of the main graph only
                 raise Rejected(f"inside model-local function {context.graph_or_function.domain}::"
                                f"{context.graph_or_function.name}; inline it first")
-            _only_used_inside(context)
             attributes = self.inspect(context, **bindings)
+            _only_used_inside(context, {bindings[n] for n in self.shared if n in bindings})
+        except NotThisPattern as e:
+            return pattern.MatchResult().fail(str(e), root)
         except Rejected as e:
             self.tracker.checked(self.title, root, str(e))
             return pattern.MatchResult().fail(str(e), root)
@@ -69,12 +78,13 @@ class FusionRule(pattern.RewriteRuleClassBase):
                      _name=f"{root.name}/{self.fused_op}" if root.name else None, **attributes)
 
 
-def _only_used_inside(context) -> None:
-    """Every value the match computes, but its output, must be used by the match alone."""
+def _only_used_inside(context, shared=frozenset()) -> None:
+    """Every value the match computes, but its outputs and ``shared``, must be used by the match
+    alone."""
     nodes = set(context.nodes)
     for node in context.nodes:
         for value in node.outputs:
-            if value in context.output_values:
+            if value in context.output_values or value in shared:
                 continue
             if value.is_graph_output():
                 raise Rejected(f"intermediate value {value.name!r} is a graph output")

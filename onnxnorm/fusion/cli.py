@@ -4,39 +4,108 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    from onnxnorm.fusion.pipeline import TARGETS
+    from onnxnorm.fusion.lowering import TARGETS
 
     fuse = commands.add_parser(
-        "fuse", help="replace decomposed norm patterns with fused onnxnorm ops",
-        description="Find decomposed norm patterns in an exported ONNX model and replace each "
-                    "with one onnxnorm node. The input file is never modified.")
+        "fuse", help="replace norm patterns with fused onnxnorm ops",
+        description="Find the norms of an exported ONNX model (decomposed, or single ops of "
+                    "ONNX or ONNX Runtime), fuse each with its residual add where exact, and "
+                    "write them for a target. The input file is never modified; the output is "
+                    "written atomically (with external data when the input has it or is over "
+                    "2 GB).")
     fuse.add_argument("input", help="the ONNX model to read")
     fuse.add_argument("-o", "--output", required=True, help="where to write the fused model")
     fuse.add_argument("--target", choices=TARGETS, default="function",
                       help="function: onnxnorm nodes with their ONNX function bodies (runs "
-                           "anywhere; default); fused: without bodies (needs the library); ort: ORT's own ops; onnx: standard ONNX ops only")
+                           "anywhere; default); fused: without bodies (needs the library); "
+                           "ort: ONNX Runtime's own ops; onnx: standard ONNX ops only")
+    fuse.add_argument("--verify", action="store_true",
+                      help="run the original and the fused model in onnxruntime on generated "
+                           "inputs, print the max abs/rel error per output; exit 3 when over "
+                           "tolerance")
     fuse.add_argument("--json", metavar="PATH", help="also write the fusion report as JSON "
                                                      "('-' for standard output)")
     fuse.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from onnxnorm._io import load_model, save_model
-    from onnxnorm.fusion.pipeline import fuse
+def _problems(model) -> list[str]:
+    """What is wrong with the input, for the report (fusion goes on regardless)."""
+    import onnx
 
-    model = load_model(args.input)
-    fused, report = fuse(model, target=args.target)
+    from onnxnorm.ops import catalogue
+    from onnxnorm.ops.functions import _all_graphs
+
+    notes = []
+    try:
+        onnx.checker.check_model(model)
+    except Exception as error:  # noqa: BLE001 - any checker failure is reported, not raised
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        notes.append(f"the input fails onnx.checker: {first}")
+    known = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", catalogue.DOMAIN}
+    local = {(f.domain, f.name) for f in model.functions}
+    unknown = sorted({f"{n.domain}::{n.op_type}" for g in _all_graphs(model.graph) for n in g.node
+                      if n.domain not in known and (n.domain, n.op_type) not in local})
+    if unknown:
+        notes.append(f"ops of unknown domains, left as they are: {', '.join(unknown)}")
+    return notes
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from onnxnorm._io import OnnxNormError, load_model, save_model
+    from onnxnorm.fusion.pipeline import fuse_detached
+
+    source = Path(args.input)
+    model = load_model(source, load_weights=False)
+    notes = _problems(model)
+    for note in notes:
+        print(f"note: {note}")
+    fused, weights, report = fuse_detached(model, target=args.target,
+                                           base_dir=str(source.resolve().parent))
     print(report)
+    result = report.to_dict()
+    result["input_notes"] = notes
+    save_model(fused, args.output, source=source, extra=weights)
+    del model, weights
+    status = 0
+    if args.verify:
+        from onnxnorm.fusion.verify import verify
+
+        try:
+            checks = verify(source, args.output, with_library=args.target == "fused")
+        except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            _remove(args.output)
+            raise OnnxNormError(f"--verify could not run the models in onnxruntime: {first}; "
+                                f"{args.output} not kept") from None
+        for check in checks:
+            print(f"verify: {check}")
+        result["verify"] = [vars(c) for c in checks]
+        if not all(c.ok for c in checks):
+            print("onnxnorm: verify failed: the fused model's outputs differ beyond tolerance; "
+                  f"{args.output} not kept", file=sys.stderr)
+            _remove(args.output)
+            status = 3
     if args.json:
-        text = json.dumps(report.to_dict(), indent=2)
+        text = json.dumps(result, indent=2)
         if args.json == "-":
             print(text)
         else:
             with open(args.json, "w") as f:
                 f.write(text + "\n")
-    save_model(fused, args.output)
-    print(f"wrote {args.output}")
-    return 0
+    if status == 0:
+        print(f"wrote {args.output}")
+    return status
+
+
+def _remove(path) -> None:
+    import os
+
+    for name in (str(path), str(path) + ".data"):
+        if os.path.exists(name):
+            os.unlink(name)

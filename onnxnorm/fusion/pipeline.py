@@ -1,53 +1,227 @@
-"""The fuse pipeline: ONNX model in, model with onnxnorm nodes and a report out."""
+"""The fuse pipeline: ONNX model in, model with onnxnorm nodes and a report out.
+
+Stages, each applied until nothing changes:
+
+1. norms: every norm (decomposed, or a single op of ONNX or ONNX Runtime) becomes an onnxnorm
+   LayerNorm/RMSNorm node with its Scale, Bias, scale offset and rounding order (``norms.py``);
+2. sandwich: norm -> residual add -> norm becomes a Sandwich op (``residual.py``);
+3. skip: the residual add (DeepNorm: with its alpha Mul) before a norm becomes a Skip op;
+4. xbias: the sublayer's bias Add before a Skip op becomes its XBias;
+5. BatchNormalization folded into the Conv/Gemm before it (``batch_norm.py``);
+
+then the nodes the rewrites left unused are removed, unused Sum outputs dropped, and the
+onnxnorm nodes lowered to the target (``lowering.py``).
+"""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
-from onnxnorm.ops import catalogue
-from onnxnorm.fusion import rms_norm
-from onnxnorm.fusion.lowering import TARGETS, lower
+from onnxnorm.fusion import batch_norm, norms, residual
+from onnxnorm.fusion.lowering import TARGETS, lower_with_notes
 from onnxnorm.fusion.report import FusionReport, Tracker
+from onnxnorm.ops import catalogue
+
+__all__ = ["TARGETS", "fuse", "fuse_ir", "rules", "stages"]
+
+
+def stages(tracker: Tracker) -> list[tuple[str, pattern.RewriteRuleSet]]:
+    """The rule sets of the pipeline, in order (each is applied until nothing changes)."""
+    return [
+        ("norms", pattern.RewriteRuleSet(norms.norm_rules(tracker), commute=True)),
+        ("sandwich", pattern.RewriteRuleSet(residual.sandwich_rules(tracker), commute=True)),
+        ("skip", pattern.RewriteRuleSet(residual.skip_rules(tracker), commute=True)),
+        ("xbias", pattern.RewriteRuleSet(residual.xbias_rules(tracker), commute=True)),
+    ]
 
 
 def rules(tracker: Tracker | None = None) -> pattern.RewriteRuleSet:
-    """Every onnxnorm fusion rule as one onnxscript rule set (commuted variants included).
+    """Every onnxnorm fusion rule as one onnxscript rule set (commuted variants included), for
+    other pipelines (Olive, Optimum, torch.onnx's optimizer). Apply it repeatedly until it
+    returns 0 (norms grow one absorbed Mul/Add/Cast per application), with
+    ``RemoveUnusedNodesPass`` in between; :func:`fuse_ir` does exactly that, stage by stage.
 
     Pass a :class:`Tracker` to learn what the rules found, fused and skipped
-    (``tracker.report()``); its counts hold for a run without a ``MatchingTracer``.
+    (``tracker.report()``).
     """
-    return pattern.RewriteRuleSet(rms_norm.rule_families(tracker or Tracker()), commute=True)
+    tracker = tracker or Tracker()
+    return pattern.RewriteRuleSet(
+        norms.norm_rules(tracker) + residual.sandwich_rules(tracker)
+        + residual.skip_rules(tracker) + residual.xbias_rules(tracker), commute=True)
 
 
-def _count_fused_ops(model: ir.Model) -> int:
-    return sum(1 for node in ir.traversal.RecursiveGraphIterator(model.graph)
-               if node.domain == catalogue.DOMAIN)
+def _fixpoint(model: ir.Model, rule_set: pattern.RewriteRuleSet, limit: int = 20) -> None:
+    remove = common_passes.RemoveUnusedNodesPass()
+    for _ in range(limit):
+        if not rule_set.apply_to_model(model):
+            return
+        remove(model)
 
 
-def fuse(model: onnx.ModelProto, target: str = "function") -> tuple[onnx.ModelProto, FusionReport]:
-    """Rewrites the decomposed norms of ``model`` into onnxnorm ops; ``model`` is left as is.
+def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
+    """(norm instances, residual adds absorbed) in onnxnorm nodes: a Sandwich op holds two
+    norms and one add, a Skip op one norm and one add."""
+    if isinstance(model, onnx.ModelProto):
+        from onnxnorm.ops.functions import onnxnorm_nodes
+        op_types = [n.op_type for n in onnxnorm_nodes(model)]
+    else:
+        op_types = [n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph)
+                    if n.domain == catalogue.DOMAIN]
+    norm_count = sum(2 if t.startswith("Sandwich") else 1 for t in op_types)
+    adds = sum(1 for t in op_types if t.startswith(("Sandwich", "Skip")))
+    return norm_count, adds
 
-    ``target`` "function" gives every onnxnorm node its model-local function body (any runtime
-    runs it), "fused" leaves the bodies out (the onnxnorm library is needed to run it).
-    """
-    if target not in TARGETS:
-        raise ValueError(f"unknown fusion target {target!r}; supported: {', '.join(TARGETS)}")
-    graph = ir.serde.deserialize_model(model)
+
+def remove_noop_casts(model: ir.Model) -> int:
+    """Casts to the type their input already has (TorchScript writes them around norms) are
+    bypassed, so that the value they copy is seen as one."""
+    count = 0
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        if node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        source, out = node.inputs[0], node.outputs[0]
+        to = node.attributes.get("to")
+        if (source is None or source.dtype is None or to is None or to.is_ref()
+                or ir.DataType(to.value) != source.dtype or out.is_graph_output()):
+            continue
+        out.replace_all_uses_with(source)
+        count += 1
+    return count
+
+
+def symbolic_shapes(model: ir.Model) -> bool:
+    """ONNX Runtime's symbolic shape inference, which proves dims equal where onnx's own
+    inference leaves them unknown (TorchScript exports), merged into ``model``; weights are
+    left out of the copy it works on. Best effort: False when it fails."""
+    try:
+        from onnx_ir.passes.common import _c_api_utils
+        from onnx_ir.passes.common.shape_inference import _merge_func
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred = _c_api_utils.call_onnx_api(
+            lambda proto: SymbolicShapeInference.infer_shapes(proto, auto_merge=True), model)
+        _merge_func(model, inferred)
+        return True
+    except Exception:  # noqa: BLE001 - unknown ops, odd graphs: keep onnx's shapes
+        return False
+
+
+def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
+            progress: Callable[[str], None] | None = None) -> Tracker:
+    """Runs every stage on ``model`` in place; returns the tracker."""
+    tracker = tracker or Tracker()
     # the checks need element types and shapes, which exporters do not always write out
-    common_passes.ShapeInferencePass(strict_mode=False)(graph)
-    before = _count_fused_ops(graph)
-    tracker = Tracker()
-    rules(tracker).apply_to_model(graph)
+    common_passes.ShapeInferencePass(strict_mode=False)(model)
+    symbolic_shapes(model)
+    # exporters cast one value to float32 twice; the rules want one value per computation
+    remove_noop_casts(model)
+    common_passes.CommonSubexpressionEliminationPass()(model)
+    for name, rule_set in stages(tracker):
+        if progress:
+            progress(name)
+        _fixpoint(model, rule_set)
+    batch_norm.fold(model, tracker)
     ir.passes.PassManager([
         common_passes.RemoveUnusedNodesPass(),
         common_passes.RemoveUnusedFunctionsPass(),
         common_passes.RemoveUnusedOpsetsPass(),
-    ])(graph)
+        common_passes.TopologicalSortPass(),
+    ])(model)
+    return tracker
+
+
+def drop_unused_sums(model: onnx.ModelProto) -> None:
+    """Removes the Sum output of Skip/Sandwich nodes where nothing reads it (Post-Norm)."""
+    from onnxnorm.ops.functions import _all_graphs
+
+    used: set[str] = set()
+    for graph in _all_graphs(model.graph):
+        used.update(o.name for o in graph.output)
+        for node in graph.node:
+            used.update(node.input)
+            for attr in node.attribute:  # subgraphs read outer values by name
+                for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    for inner in _all_graphs(g):
+                        for n in inner.node:
+                            used.update(n.input)
+    for graph in _all_graphs(model.graph):
+        for node in graph.node:
+            if (node.domain == catalogue.DOMAIN and catalogue.get(node.op_type).has_residual
+                    and len(node.output) > 1 and node.output[1] not in used):
+                del node.output[1]
+
+
+def _set_base_dir(model: ir.Model, base_dir: str) -> None:
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor):
+            tensor.base_dir = base_dir
+
+
+def _serialize_detached(model: ir.Model) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+    """Serializes ``model`` without copying its weights: initializers that still hold the input
+    model's own TensorProto (unchanged weights over 1 KiB) are left out of the proto and
+    returned, by reference, beside it."""
+    detached: list[onnx.TensorProto] = []
+    removed = []
+    for name, value in list(model.graph.initializers.items()):
+        tensor = value.const_value
+        if (isinstance(tensor, ir.serde.TensorProtoTensor) and tensor.nbytes >= 1024
+                and tensor.raw.name == name):
+            detached.append(tensor.raw)
+            removed.append(value)
+            model.graph.initializers.pop(name)
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value in removed:
+            model.graph.register_initializer(value)
+    return proto, detached
+
+
+def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None
+                  ) -> tuple[onnx.ModelProto, list[onnx.TensorProto], FusionReport]:
+    """:func:`fuse` for large models: returns the fused model without the input's unchanged
+    weights, and those weights (the input's own TensorProtos, not copies) to be written beside
+    it (``onnxnorm._io.save_model(..., extra=weights)``). Tensors stored as external data stay
+    references into ``base_dir`` and are read only where a rule needs their values."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown fusion target {target!r}; supported: {', '.join(TARGETS)}")
+    graph = ir.serde.deserialize_model(model)
+    if base_dir is not None:
+        _set_base_dir(graph, base_dir)
+    before = count_norms(graph)
+    tracker = fuse_ir(graph)
+    after = count_norms(graph)
+    fused, weights = _serialize_detached(graph)
+    del graph
+    if target != "function":
+        # ORT cannot infer the types of a function call that leaves out an optional output,
+        # so the function target keeps Sum, used or not
+        drop_unused_sums(fused)
+    lowered, notes = lower_with_notes(fused, target)
     report = tracker.report()
-    if _count_fused_ops(graph) - before != report.fused_total:
-        raise RuntimeError("internal error: the fusion report disagrees with the rewritten graph")
-    fused = ir.serde.serialize_model(graph)
-    return lower(fused, target), report
+    report.norms = after[0] - before[0]
+    report.residual_adds = after[1] - before[1]
+    report.target = target
+    report.lowering = [str(n) for n in notes if n.reason]
+    return lowered, weights, report
+
+
+def fuse(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None
+         ) -> tuple[onnx.ModelProto, FusionReport]:
+    """Rewrites the norms of ``model`` into onnxnorm ops; ``model`` is left as is.
+
+    ``target``: "function" gives every onnxnorm node its model-local function body (any runtime
+    runs it), "fused" leaves the bodies out (the onnxnorm library is needed), "ort" writes ONNX
+    Runtime's own ops and "onnx" standard ONNX ops (see ``lowering.py``). ``base_dir``: where
+    the model's external data lies, if it has any.
+    """
+    fused, weights, report = fuse_detached(model, target, base_dir)
+    fused.graph.initializer.extend(weights)
+    return fused, report

@@ -35,6 +35,13 @@ class FusionReport:
     """Per rule family: found / fused / skipped counts and the reasons for every skip."""
 
     rules: list[RuleReport] = dataclasses.field(default_factory=list)
+    #: norm instances and residual adds the fused model holds in onnxnorm nodes (a Sandwich
+    #: op: two norms and one add; a Skip op: one norm and one add), counted before lowering
+    norms: int = 0
+    residual_adds: int = 0
+    target: str = "function"
+    #: onnxnorm nodes the target could not take as one op of its own, and what they became
+    lowering: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def fused_total(self) -> int:
@@ -48,6 +55,10 @@ class FusionReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "norms": self.norms,
+            "residual_adds": self.residual_adds,
+            "target": self.target,
+            "lowering": self.lowering,
             "fused_total": self.fused_total,
             "rules": [{"rule": r.rule, "found": r.found, "fused": r.fused, "skipped": r.skipped,
                        "skips": [dataclasses.asdict(s) for s in r.skips]} for r in self.rules],
@@ -56,9 +67,16 @@ class FusionReport:
     def __str__(self) -> str:
         lines = []
         for r in self.rules:
-            lines.append(f"{r.rule}: found {r.found}, fused {r.fused}, skipped {r.skipped}")
-            lines.extend(f"  skipped {s.node}: {s.reason}" for s in r.skips)
-        lines.append(f"total fused: {self.fused_total}")
+            if r.found or r.skips:
+                lines.append(f"{r.rule}: found {r.found}, fused {r.fused}, skipped {r.skipped}")
+                lines.extend(f"  skipped {s.node}: {s.reason}" for s in r.skips)
+        if not self.fused_total:
+            lines.append("nothing to fuse: no norm pattern in the model"
+                         + (" fuses (see the skips above)" if lines else ""))
+        else:
+            lines.append(f"total fused: {self.fused_total} rewrites; {self.norms} norm(s) and "
+                         f"{self.residual_adds} residual add(s) now in onnxnorm ops")
+        lines.extend(f"lowered to {self.target}: {note}" for note in self.lowering)
         return "\n".join(lines)
 
 

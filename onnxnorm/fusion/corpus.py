@@ -1,0 +1,168 @@
+"""The fusion corpus: tiny random-weight transformers models built from configs in code
+(nothing is downloaded), exported with both PyTorch exporters, with the number of norm calls
+counted from the torch model itself.
+
+Used by the corpus tests and by ``python -m onnxnorm.fusion.compare``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import warnings
+from typing import Any, Callable
+
+import onnx
+
+VOCAB = 96
+SEQ = 7
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    name: str
+    build: Callable[[], Any]  # () -> (torch module, example inputs tuple, input names)
+
+
+def _hf(config_name: str, model_name: str, **overrides) -> Callable[[], Any]:
+    def build():
+        import torch
+        import transformers
+
+        common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+        config = getattr(transformers, config_name)(**{**common, **overrides})
+        config.use_cache = False
+        config._attn_implementation = "eager"
+        torch.manual_seed(0)
+        model = getattr(transformers, model_name)(config).eval()
+        _randomize_norms(model)
+        ids = torch.randint(0, VOCAB, (1, SEQ))
+        if model_name == "T5Model":
+            names = ["input_ids", "decoder_input_ids"]
+            return _Outputs(model, names), (ids, ids[:, :5]), names
+        if model_name in ("BertModel", "T5EncoderModel"):
+            return _Outputs(model, ["input_ids"]), (ids,), ["input_ids"]
+        # an explicit mask, as LLM exports have: without it transformers looks for packed
+        # sequences with torch.diff, which the TorchScript exporter cannot export
+        names = ["input_ids", "attention_mask"]
+        return _Outputs(model, names), (ids, torch.ones_like(ids)), names
+
+    return build
+
+
+def _outputs_class():
+    import torch
+
+    class Outputs(torch.nn.Module):
+        """Calls a transformers model with keyword inputs and returns its last hidden state."""
+
+        def __init__(self, model, names):
+            super().__init__()
+            self.model, self.names = model, names
+
+        def forward(self, *inputs):
+            return self.model(**dict(zip(self.names, inputs))).last_hidden_state
+
+    return Outputs
+
+
+def _Outputs(model, names):
+    return _outputs_class()(model, names)
+
+
+def _randomize_norms(model) -> None:
+    """Norm weights start at 1 (or 0 with Gemma's 1 + w): random ones make parity meaningful."""
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("Norm"):
+                for name, p in module.named_parameters(recurse=False):
+                    p.copy_(torch.rand_like(p) * 0.8 + (0.6 if "weight" in name else -0.4))
+
+
+def _block(kind: str) -> Callable[[], Any]:
+    def build():
+        import torch
+        from models import llama
+
+        torch.manual_seed(0)
+        model = llama.build(llama.LlamaConfig(hidden=32, heads=2, intermediate=64, layers=2)).eval()
+        _randomize_norms(model)
+        return model, (torch.randn(1, SEQ, 32),), ["x"]
+
+    return build
+
+
+ENTRIES: dict[str, Entry] = {e.name: e for e in [
+    Entry("llama", _hf("LlamaConfig", "LlamaModel", num_key_value_heads=1)),
+    Entry("mistral", _hf("MistralConfig", "MistralModel", num_key_value_heads=1)),
+    Entry("qwen2", _hf("Qwen2Config", "Qwen2Model", num_key_value_heads=1)),
+    Entry("qwen3", _hf("Qwen3Config", "Qwen3Model", num_key_value_heads=1, head_dim=16)),
+    Entry("gemma", _hf("GemmaConfig", "GemmaModel", num_key_value_heads=1, head_dim=16)),
+    Entry("gemma2", _hf("Gemma2Config", "Gemma2Model", num_key_value_heads=1, head_dim=16)),
+    Entry("gemma3", _hf("Gemma3TextConfig", "Gemma3TextModel", num_key_value_heads=1,
+                        head_dim=16)),
+    Entry("phi3", _hf("Phi3Config", "Phi3Model", num_key_value_heads=2, pad_token_id=0)),
+    Entry("gpt2", _hf("GPT2Config", "GPT2Model", n_embd=32, n_layer=2, n_head=2,
+                      n_positions=64)),
+    Entry("gpt_neox", _hf("GPTNeoXConfig", "GPTNeoXModel")),
+    Entry("bert", _hf("BertConfig", "BertModel")),
+    Entry("t5", _hf("T5Config", "T5Model", d_model=32, d_kv=16, d_ff=64, num_layers=2,
+                    num_heads=2)),
+    Entry("bloom", _hf("BloomConfig", "BloomModel", n_layer=2, n_head=2)),
+    Entry("opt", _hf("OPTConfig", "OPTModel", ffn_dim=64, word_embed_proj_dim=32)),
+    Entry("falcon", _hf("FalconConfig", "FalconModel", new_decoder_architecture=False)),
+    Entry("olmo", _hf("OlmoConfig", "OlmoModel", num_key_value_heads=2)),
+    Entry("cohere", _hf("CohereConfig", "CohereModel", num_key_value_heads=2, use_qk_norm=True)),
+    Entry("block_llama", _block("llama")),
+]}
+
+
+def count_norm_calls(model, inputs) -> int:
+    """How many times a norm module runs in one forward pass."""
+    import torch
+
+    calls = [0]
+
+    def hook(*_):
+        calls[0] += 1
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if type(m).__name__.endswith("Norm") or isinstance(m, torch.nn.LayerNorm)]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls[0]
+
+
+def export(name: str, exporter: str, dtype: str = "float32", opset: int | None = None
+           ) -> tuple[onnx.ModelProto, int]:
+    """The model ``name`` exported with ``exporter`` ("dynamo" or "torchscript"), and the number
+    of norm calls in its forward pass."""
+    import torch
+
+    from onnxnorm.nn.export import quiet_export
+
+    model, inputs, names = ENTRIES[name].build()
+    if dtype != "float32":
+        model = model.to(getattr(torch, dtype))
+        inputs = tuple(i.to(getattr(torch, dtype)) if i.is_floating_point() else i for i in inputs)
+    count = count_norm_calls(model, inputs)
+    buffer = io.BytesIO()
+    opset = opset or (18 if exporter == "dynamo" else 17)
+    with quiet_export(), warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if exporter == "dynamo":
+            program = torch.onnx.export(model, inputs, input_names=names, dynamo=True,
+                                        opset_version=opset, optimize=True)
+            proto = program.model_proto
+        else:
+            torch.onnx.export(model, inputs, buffer, input_names=names, dynamo=False,
+                              opset_version=opset)
+            proto = onnx.load_from_string(buffer.getvalue())
+    return proto, count

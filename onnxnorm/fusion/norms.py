@@ -1,0 +1,489 @@
+"""Rules that turn a norm, decomposed or as a single op of another domain, into one onnxnorm
+``LayerNorm`` or ``RMSNorm`` node.
+
+Decomposed norms are found in two steps, which together cover the spellings PyTorch's
+exporters write for every model family (Llama, Gemma, T5, Cohere, ...):
+
+1. a *core* rule finds the statistics and the normalization, computed in float32
+   (``x / sqrt(mean(x^2) + eps)``; ``(x - mean) / sqrt(mean((x - mean)^2) + eps)``), and
+   writes an onnxnorm node without Scale or Bias;
+2. *absorb* rules grow that node: a following ``Mul`` by a weight becomes Scale (``Mul`` by
+   ``w + c`` becomes Scale with ``scale_offset = c``: Gemma's ``1 + w``), a following ``Add``
+   becomes Bias, and ``Cast(norm(Cast(x, float32)), x's type)`` becomes the norm of x in x's
+   type. Each absorb fixes the rounding order it proves: a Mul or Add done in float16/bfloat16
+   after the normalized value was rounded is order A (``cast_before_scale = 1``: Llama, T5);
+   arithmetic done in float32 and rounded once by the final Cast is order B (Gemma, Cohere).
+
+The pipeline applies these rules until nothing changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from onnxnorm.fusion._base import (DATA_TYPES, FLOAT, FusionRule, NotThisPattern, Rejected,
+                                   attribute,
+                                   check_scale, constant, dtype, epsilon, scalar)
+from onnxnorm.fusion.report import Tracker
+from onnxnorm.ops import catalogue
+
+MS_DOMAIN = "com.microsoft"
+
+
+def check_type(x_type: ir.DataType, **values: ir.Value) -> None:
+    if x_type not in DATA_TYPES:
+        raise Rejected(f"X is {x_type.name}; onnxnorm takes {sorted(t.name for t in DATA_TYPES)}")
+    for what, value in values.items():
+        if dtype(value, what) != x_type:
+            raise Rejected(f"{what} is {dtype(value, what).name}, X is {x_type.name}")
+
+
+def check_last_axis_mean(node: ir.Node, x: ir.Value) -> None:
+    """The ReduceMean must keep its dims and reduce over X's last axis alone."""
+    if attribute(node, "keepdims", 1) != 1:
+        raise Rejected(f"ReduceMean {node.name!r} has keepdims=0")
+    axes_input = node.inputs[1] if len(node.inputs) > 1 else None
+    if axes_input is not None:
+        axes = [int(a) for a in constant(axes_input, "the ReduceMean axes").reshape(-1)]
+    else:
+        axes = list(attribute(node, "axes", None) or [])
+    rank = x.shape.rank() if x.shape is not None else None
+    if not axes:
+        if attribute(node, "noop_with_empty_axes", 0):
+            raise Rejected(f"ReduceMean {node.name!r} has no axes and noop_with_empty_axes=1")
+        if rank is None:
+            raise Rejected(f"ReduceMean {node.name!r} reduces over all axes of X of unknown rank")
+        axes = list(range(rank))
+    if rank is None:
+        last = axes == [-1]
+    else:
+        last = len(axes) == 1 and -rank <= axes[0] < rank and axes[0] % rank == rank - 1
+    if not last:
+        raise Rejected(f"ReduceMean {node.name!r} reduces over axes {axes}, "
+                       "not over the last axis only")
+
+
+def node_attributes(node: ir.Node) -> dict[str, Any]:
+    """An onnxnorm node's attributes merged over the op's defaults."""
+    spec = catalogue.get(node.op_type)
+    values = dict(spec.defaults)
+    for name in values:
+        values[name] = attribute(node, name, values[name])
+    return values
+
+
+def node_inputs(node: ir.Node) -> dict[str, ir.Value | None]:
+    spec = catalogue.get(node.op_type)
+    return {p.name: (node.inputs[i] if i < len(node.inputs) else None)
+            for i, p in enumerate(spec.inputs)}
+
+
+def check_weight(value: ir.Value, x: ir.Value, what: str) -> None:
+    """A Scale/Bias must be a weight: a constant, or a value of lower rank than X (a residual
+    stream or any other activation of X's full shape is never taken for one)."""
+    if ir.convenience.get_const_tensor(value) is not None:
+        return
+    x_rank = x.shape.rank() if x.shape is not None else None
+    rank = value.shape.rank() if value.shape is not None else None
+    if x_rank is None or rank is None or rank >= x_rank:
+        raise NotThisPattern(f"{what} ({value.name!r}) is neither a constant nor of lower rank than X")
+
+
+class _NormRule(FusionRule):
+    """A rule that writes an onnxnorm norm node computed from ``self._accepted``."""
+
+    def rewrite(self, op, y, **bindings):
+        root = y.producer()
+        new_op, inputs, attributes = self._accepted.pop(root)
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        self.tracker.fused(self.title, root)
+        return op.op(new_op, *inputs, _domain=catalogue.DOMAIN,
+                     _name=f"{root.name}/{new_op}" if root.name else None, **attributes)
+
+
+# ---------------------------------------------------------------------------------------------
+# core rules
+
+
+def _square(op, v, two):
+    return pattern.OrValue([op.Pow(v, two), op.Mul(v, v)])
+
+
+class RMSCore(_NormRule):
+    """``x / sqrt(mean(x^2, -1) + eps)`` in float32: ``Pow(x, 2)`` or ``Mul(x, x)``;
+    ``Div(x, rms)``, ``Mul(x, Reciprocal(rms))`` or ``Mul(x, Div(1, rms))``."""
+
+    title = "RMSNorm (decomposed)"
+    fused_op = "RMSNorm"
+
+    def __init__(self, tracker: Tracker, form: str) -> None:
+        super().__init__(tracker, f"RMSNormCore{form.capitalize()}")
+        self.form = form
+
+    def pattern(self, op, x, eps, two, one):
+        mean = op.ReduceMean(_square(op, x, two), _allow_other_inputs=True, _outputs=["mean"])
+        rms = op.Sqrt(op.Add(mean, eps))
+        if self.form == "div":
+            return op.Div(x, rms, _outputs=["y"])
+        inverse = pattern.OrValue([op.Reciprocal(rms), op.Div(one, rms)])
+        return op.Mul(x, inverse, _outputs=["y"])
+
+    def inspect(self, context, x, eps, mean, y, two=None, one=None, **_):
+        _core_checks(x, mean.producer(), two, one)
+        return ("RMSNorm", [x], {"axis": -1, "epsilon": epsilon(scalar(eps, "epsilon")),
+                                 "cast_before_scale": 0})
+
+
+class LayerCore(_NormRule):
+    """``(x - mean) / sqrt(mean((x - mean)^2, -1) + eps)`` in float32, with the same spellings
+    of the square and the division as :class:`RMSCore`."""
+
+    title = "LayerNorm (decomposed)"
+    fused_op = "LayerNorm"
+
+    def __init__(self, tracker: Tracker, form: str) -> None:
+        super().__init__(tracker, f"LayerNormCore{form.capitalize()}")
+        self.form = form
+
+    def pattern(self, op, x, eps, two, one):
+        mu = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mu"])
+        centred = op.Sub(x, mu)
+        var = op.ReduceMean(_square(op, centred, two), _allow_other_inputs=True,
+                            _outputs=["mean"])
+        std = op.Sqrt(op.Add(var, eps))
+        if self.form == "div":
+            return op.Div(centred, std, _outputs=["y"])
+        inverse = pattern.OrValue([op.Reciprocal(std), op.Div(one, std)])
+        return op.Mul(centred, inverse, _outputs=["y"])
+
+    def inspect(self, context, x, eps, mean, mu, y, two=None, one=None, **_):
+        _core_checks(x, mean.producer(), two, one)
+        check_last_axis_mean(mu.producer(), x)
+        return ("LayerNorm", [x], {"axis": -1, "epsilon": epsilon(scalar(eps, "epsilon")),
+                                   "cast_before_scale": 0})
+
+
+def _core_checks(x, mean_node, two, one) -> None:
+    x_type = dtype(x, "X")
+    if x_type != FLOAT:
+        raise Rejected(f"the statistics are computed in {x_type.name}; "
+                       "onnxnorm computes them in FLOAT")
+    if two is not None and scalar(two, "the Pow exponent") != 2:
+        raise Rejected(f"the Pow exponent is {scalar(two, 'the Pow exponent')}, not 2")
+    if one is not None and scalar(one, "the reciprocal's numerator") != 1:
+        raise Rejected(f"the reciprocal's numerator is {scalar(one, 'the numerator')}, not 1")
+    check_last_axis_mean(mean_node, x)
+
+
+# ---------------------------------------------------------------------------------------------
+# absorb rules
+
+
+class ScaleAbsorb(_NormRule):
+    """``Mul(norm, w)`` (``Mul(norm, w + c)`` with ``offset``) becomes the norm's Scale
+    (and ``scale_offset = c``). In float16/bfloat16 the Mul runs after the rounding: order A."""
+
+    def __init__(self, tracker: Tracker, op_name: str, offset: bool) -> None:
+        self.title = f"{op_name} scale{' + offset' if offset else ''} absorbed"
+        self.fused_op = op_name
+        super().__init__(tracker, f"{op_name}Scale{'Offset' if offset else ''}")
+        self.op_name, self.offset = op_name, offset
+
+    def pattern(self, op, x, scale, c):
+        norm = getattr(op, self.op_name)(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
+                     _outputs=["norm"])
+        factor = op.Add(scale, c) if self.offset else scale
+        return op.Mul(norm, factor, _outputs=["y"])
+
+    def inspect(self, context, x, scale, norm, y, c=None, **_):
+        check_weight(scale, x, "Scale")
+        node = norm.producer()
+        attrs = node_attributes(node)
+        inputs = node_inputs(node)
+        if any(v is not None for k, v in inputs.items() if k != "X"):
+            raise NotThisPattern("the norm already has a Scale or Bias")
+        if attrs.get("scale_offset"):
+            raise Rejected("the norm already has a scale offset")
+        x_type = dtype(x, "X")
+        check_type(x_type, Scale=scale, Y=y)
+        check_weight(scale, x, "Scale")
+        check_scale(scale, x, attrs["axis"])
+        if self.offset:
+            value = scalar(c, "the scale offset")
+            attrs["scale_offset"] = value
+            if dtype(c, "the scale offset") != x_type:
+                raise Rejected("the scale offset is not of X's type")
+        attrs["cast_before_scale"] = int(x_type != FLOAT)
+        return (self.op_name, [x, scale], attrs)
+
+
+class BiasAbsorb(_NormRule):
+    """``Add(norm, b)`` becomes the norm's Bias where the rounding allows it: float32, or a
+    norm that already rounds before its scale (order A) or has no Scale."""
+
+    def __init__(self, tracker: Tracker, op_name: str) -> None:
+        self.title = f"{op_name} bias absorbed"
+        self.fused_op = op_name
+        super().__init__(tracker, f"{op_name}Bias")
+        self.op_name = op_name
+
+    def pattern(self, op, x, bias):
+        norm = getattr(op, self.op_name)(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
+                     _outputs=["norm"])
+        return op.Add(norm, bias, _outputs=["y"])
+
+    def inspect(self, context, x, bias, norm, y, **_):
+        check_weight(bias, x, "Bias")
+        node = norm.producer()
+        attrs = node_attributes(node)
+        inputs = node_inputs(node)
+        if inputs.get("Bias") is not None:
+            raise NotThisPattern("the norm already has a Bias")
+        x_type = dtype(x, "X")
+        check_type(x_type, Bias=bias, Y=y)
+        check_weight(bias, x, "Bias")
+        check_scale(bias, x, attrs["axis"])
+        if x_type != FLOAT:
+            if inputs.get("Scale") is None and not attrs.get("scale_offset"):
+                attrs["cast_before_scale"] = 1
+            elif not attrs["cast_before_scale"]:
+                raise Rejected("the norm rounds once after its scale (order B) but the bias is "
+                               f"added in {x_type.name} after that rounding")
+        return (self.op_name, [inputs["X"], inputs.get("Scale"), bias], attrs)
+
+
+class CastAbsorb(_NormRule):
+    """``Cast(norm(Cast(x, FLOAT)), x's type)`` becomes the norm of x: the statistics, scale and
+    bias in float32 and one rounding at the end (order B). The inner Cast may have other users:
+    it stays for them."""
+
+    shared = ("xf",)
+
+    def __init__(self, tracker: Tracker, op_name: str) -> None:
+        self.title = f"{op_name} input/output casts absorbed"
+        self.fused_op = op_name
+        super().__init__(tracker, f"{op_name}Casts")
+        self.op_name = op_name
+
+    def pattern(self, op, x):
+        xf = op.Cast(x, _outputs=["xf"])
+        norm = getattr(op, self.op_name)(xf, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
+                     _outputs=["norm"])
+        return op.Cast(norm, _outputs=["y"])
+
+    def inspect(self, context, x, xf, norm, y, **_):
+        node = norm.producer()
+        attrs = node_attributes(node)
+        inputs = node_inputs(node)
+        x_type = dtype(x, "X")
+        if dtype(xf, "the cast X") != FLOAT:
+            raise Rejected("the inner Cast is not to FLOAT")
+        check_type(x_type, Y=y)
+        for what in ("Scale", "Bias"):
+            if inputs.get(what) is not None and dtype(inputs[what], what) not in (FLOAT, x_type):
+                raise Rejected(f"{what} is neither FLOAT nor X's type")
+        attrs["cast_before_scale"] = 0
+        return (self.op_name, [x] + [v for k, v in inputs.items() if k != "X"], attrs)
+
+
+# ---------------------------------------------------------------------------------------------
+# single ops of other domains
+
+
+class StandardLayerNorm(_NormRule):
+    """ONNX ``LayerNormalization`` (opset 17). PyTorch's layer_norm, which the exporters turn
+    into it, and ONNX Runtime's kernels round once at the end: order B."""
+
+    title = "LayerNorm (ONNX LayerNormalization)"
+    fused_op = "LayerNorm"
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(tracker, "LayerNormalization")
+
+    def pattern(self, op, x, scale):
+        return op.LayerNormalization(x, scale, _allow_other_inputs=True, _outputs=["y"])
+
+    def inspect(self, context, x, scale, y, **_):
+        node = y.producer()
+        _extra_outputs_unused(node)
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        _stash(node)
+        x_type = dtype(x, "X")
+        check_type(x_type, Y=y)
+        axis = _axis(node, x)
+        args = [x]
+        for what, value in (("Scale", scale), ("Bias", bias)):
+            if value is not None:
+                check_type(x_type, **{what: value})
+                check_scale(value, x, axis)
+            args.append(value)
+        if _is_ones(scale):
+            args[1] = None
+        if bias is not None and _is_zeros(bias):
+            args[2] = None
+        return ("LayerNorm", args, {"axis": axis, "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
+                                    "cast_before_scale": 0})
+
+
+class StandardRMSNorm(_NormRule):
+    """ONNX ``RMSNormalization`` (opset 23), as PyTorch's rms_norm computes it: the normalized
+    value rounded, then the scale in X's type (order A)."""
+
+    title = "RMSNorm (ONNX RMSNormalization)"
+    fused_op = "RMSNorm"
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(tracker, "RMSNormalization")
+
+    def pattern(self, op, x, scale):
+        return op.RMSNormalization(x, scale, _outputs=["y"])
+
+    def inspect(self, context, x, scale, y, **_):
+        node = y.producer()
+        _stash(node)
+        x_type = dtype(x, "X")
+        check_type(x_type, Scale=scale, Y=y)
+        axis = _axis(node, x)
+        check_scale(scale, x, axis)
+        return ("RMSNorm", [x, scale], {"axis": axis,
+                                        "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
+                                        "cast_before_scale": int(x_type != FLOAT)})
+
+
+class SimplifiedLayerNorm(_NormRule):
+    """ONNX Runtime's ``SimplifiedLayerNormalization`` (RMSNorm; its kernels round once: B)."""
+
+    title = "RMSNorm (ORT SimplifiedLayerNormalization)"
+    fused_op = "RMSNorm"
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(tracker, "SimplifiedLayerNormalization")
+
+    def pattern(self, op, x, scale):
+        return op.SimplifiedLayerNormalization(x, scale, _outputs=["y"])
+
+    def inspect(self, context, x, scale, y, **_):
+        node = y.producer()
+        _extra_outputs_unused(node)
+        _stash(node)
+        x_type = dtype(x, "X")
+        check_type(x_type, Scale=scale, Y=y)
+        axis = _axis(node, x)
+        check_scale(scale, x, axis)
+        return ("RMSNorm", [x, scale], {"axis": axis,
+                                        "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
+                                        "cast_before_scale": 0})
+
+
+class MsSkipNorm(_NormRule):
+    """com.microsoft ``SkipLayerNormalization(input, skip, gamma, beta?, bias?)`` and
+    ``SkipSimplifiedLayerNormalization(input, skip, gamma, bias?)``: Sum is output 3.
+    (ONNX Runtime normalizes the float32 sum before rounding it; the catalogue op normalizes the
+    rounded Sum: the same definition, at most one unit in the last place apart for float16.)"""
+
+    def __init__(self, tracker: Tracker, layer: bool, n_out: int) -> None:
+        self.layer, self.n_out = layer, n_out
+        self.ms_op = "SkipLayerNormalization" if layer else "SkipSimplifiedLayerNormalization"
+        self.fused_op = "SkipLayerNorm" if layer else "SkipRMSNorm"
+        self.title = f"{self.fused_op} (ORT {self.ms_op})"
+        super().__init__(tracker, f"{self.ms_op}{n_out}")
+
+    def pattern(self, op, x, residual, scale):
+        names = ["y", "mean", "inv", "total"][:self.n_out]
+        outs = getattr(op, self.ms_op)(x, residual, scale, _domain=MS_DOMAIN,
+                                       _allow_other_inputs=True, _outputs=names)
+        return (outs[0], outs[3]) if self.n_out == 4 else outs
+
+    def rewrite(self, op, y, total=None, **bindings):
+        root = y.producer()
+        new_op, inputs, attributes = self._accepted.pop(root)
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        self.tracker.fused(self.title, root)
+        out, new_sum = op.op(new_op, *inputs, _domain=catalogue.DOMAIN, _outputs=2,
+                             _name=f"{root.name}/{new_op}" if root.name else None, **attributes)
+        return (out, new_sum) if self.n_out == 4 else out
+
+    def inspect(self, context, x, residual, scale, y, **_):
+        node = y.producer()
+        for value in node.outputs[1:3]:
+            if value is not None and (value.uses() or value.is_graph_output()):
+                raise Rejected("the mean or inverse standard deviation output is used")
+        x_type = dtype(x, "X")
+        check_type(x_type, Residual=residual, Scale=scale, Y=y)
+        if x.shape is None or residual.shape is None or x.shape != residual.shape:
+            raise Rejected("cannot prove that input and skip have the same shape")
+        check_scale(scale, x, -1)
+        rest = list(node.inputs[3:])
+        bias = rest.pop(0) if self.layer and rest else None
+        xbias = rest.pop(0) if rest else None
+        for what, value in (("Bias", bias), ("XBias", xbias)):
+            if value is not None:
+                check_type(x_type, **{what: value})
+                check_scale(value, x, -1)
+        inputs = [x, residual, scale, bias, xbias]
+        return (self.fused_op, inputs, {"axis": -1, "epsilon": epsilon(attribute(node, "epsilon", 1e-12)),
+                                        "cast_before_scale": 0})
+
+
+def _extra_outputs_unused(node: ir.Node) -> None:
+    for value in node.outputs[1:]:
+        if value is not None and (value.uses() or value.is_graph_output()):
+            raise Rejected(f"output {value.name!r} (the mean or inverse standard deviation) is used")
+
+
+def _stash(node: ir.Node) -> None:
+    stash = attribute(node, "stash_type", 1)
+    if stash != FLOAT:
+        raise Rejected(f"stash_type is {ir.DataType(stash).name}; "
+                       "onnxnorm computes the statistics in FLOAT")
+
+
+def _axis(node: ir.Node, x: ir.Value) -> int:
+    axis = attribute(node, "axis", -1)
+    rank = x.shape.rank() if x.shape is not None else None
+    if rank is not None and not -rank <= axis < rank:
+        raise Rejected(f"axis {axis} is out of range for X of rank {rank}")
+    if axis >= 0 and rank is not None:
+        axis -= rank  # negative: independent of X's rank
+    elif axis >= 0:
+        raise Rejected(f"axis {axis} with X of unknown rank")
+    return axis
+
+
+def _all_equal(value: ir.Value, number: float) -> bool:
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        return False
+    try:
+        return bool((tensor.numpy() == number).all())
+    except (OSError, ValueError):  # external data that cannot be read here: keep the input
+        return False
+
+
+def _is_ones(value: ir.Value) -> bool:
+    return _all_equal(value, 1)
+
+
+def _is_zeros(value: ir.Value) -> bool:
+    return _all_equal(value, 0)
+
+
+def norm_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
+    """Stage 1: every norm becomes an onnxnorm LayerNorm/RMSNorm (apply to a fixpoint)."""
+    rules = [StandardLayerNorm.rule(tracker), StandardRMSNorm.rule(tracker),
+             SimplifiedLayerNorm.rule(tracker),
+             *(MsSkipNorm.rule(tracker, layer=layer, n_out=n) for layer in (True, False)
+               for n in (4, 1))]
+    for form in ("div", "mul"):
+        # LayerNorm first: RMSNorm's pattern also matches the centred half of a LayerNorm
+        rules += [LayerCore.rule(tracker, form=form), RMSCore.rule(tracker, form=form)]
+    for name in ("RMSNorm", "LayerNorm"):
+        rules += [ScaleAbsorb.rule(tracker, op_name=name, offset=True),
+                  ScaleAbsorb.rule(tracker, op_name=name, offset=False),
+                  BiasAbsorb.rule(tracker, op_name=name), CastAbsorb.rule(tracker, op_name=name)]
+    return rules

@@ -1,0 +1,190 @@
+"""Residual fusion: the Add before a norm becomes a Skip op, a norm -> add -> norm becomes a
+Sandwich op, and a sublayer's bias Add before a Skip op becomes its XBias.
+
+These rules match onnxnorm nodes written by the norm rules (``norms.py``), so they see every
+norm spelling at once. A Skip or Sandwich op always gets its Sum output; the pipeline drops it
+afterwards where nothing uses it (Post-Norm).
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from onnxnorm.fusion._base import (FLOAT, FusionRule, NotThisPattern, Rejected, check_scale, dtype,
+                                   scalar)
+from onnxnorm.fusion.norms import check_type, check_weight, node_attributes, node_inputs
+from onnxnorm.fusion.report import Tracker
+from onnxnorm.ops import catalogue
+
+_KIND = {"LayerNorm": "Layer", "RMSNorm": "RMS"}
+
+
+def _plain(node: ir.Node) -> dict:
+    inputs = node_inputs(node)
+    return inputs
+
+
+def _same_shape(a: ir.Value, b: ir.Value, what: str) -> None:
+    if a.shape is None or b.shape is None:
+        raise Rejected(f"the shapes of {what} are unknown")
+    dims_a, dims_b = list(a.shape.dims), list(b.shape.dims)
+    if len(dims_a) != len(dims_b):
+        raise Rejected(f"{what} differ in rank: the Add broadcasts")
+    for da, db in zip(dims_a, dims_b):
+        if isinstance(da, int) and isinstance(db, int):
+            if da != db:
+                raise Rejected(f"{what} differ in shape: the Add broadcasts")
+        elif not (isinstance(da, ir.SymbolicDim) and da.value is not None and da == db):
+            raise Rejected(f"cannot prove that {what} have the same shape")
+
+
+class _TwoOutputRule(FusionRule):
+    def rewrite(self, op, y, total, **bindings):
+        root = y.producer()
+        new_op, inputs, attributes = self._accepted.pop(root)
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        self.tracker.fused(self.title, root)
+        return op.op(new_op, *inputs, _domain=catalogue.DOMAIN, _outputs=2,
+                     _name=f"{root.name}/{new_op}" if root.name else None, **attributes)
+
+
+class SkipFusion(_TwoOutputRule):
+    """``Norm(a + b)`` -> ``SkipNorm(X, Residual)`` (Pre-Norm keeps the sum as Sum, Post-Norm
+    drops it); with ``deep``, ``Norm(alpha * r + f)`` -> ``SkipNorm(f, r, alpha)`` (DeepNorm).
+    An Add in X's type is rounded once, as the catalogue's Sum is, so this is exact; DeepNorm's
+    Mul rounds alpha * r first, so it is fused in float32 only, where the catalogue's function
+    body computes the same two float32 operations."""
+
+    def __init__(self, tracker: Tracker, op_name: str, deep: bool) -> None:
+        self.op_name, self.deep = op_name, deep
+        self.fused_op = f"Skip{op_name}"
+        self.title = f"{self.fused_op} ({'DeepNorm: alpha * residual + x' if deep else 'residual add'})"
+        super().__init__(tracker, f"Skip{op_name}{'Deep' if deep else ''}")
+
+    def pattern(self, op, a, b, alpha):
+        first = op.Mul(a, alpha, _outputs=["scaled"]) if self.deep else a
+        total = op.Add(first, b, _outputs=["total"])
+        y = getattr(op, self.op_name)(total, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
+                                      _outputs=["y"])
+        return y, total
+
+    def inspect(self, context, a, b, total, y, alpha=None, scaled=None, **_):
+        node = y.producer()
+        attrs = node_attributes(node)
+        inputs = node_inputs(node)
+        t = dtype(total, "the sum")
+        check_type(t, a=a, b=b)
+        _same_shape(a, b, "the residual add's operands")
+        if self.deep:
+            value = scalar(alpha, "alpha")
+            check_type(t, alpha=alpha)
+            if t != FLOAT:
+                raise Rejected(f"DeepNorm in {t.name}: the original rounds alpha * residual "
+                               "before the add")
+            attrs["alpha"] = value
+            x, residual = b, a
+        elif len(a.uses()) > 1 and len(b.uses()) == 1:
+            x, residual = b, a  # a is the residual stream, b the sublayer's output
+        else:
+            x, residual = a, b
+        return (self.fused_op, [x, residual, inputs.get("Scale"), inputs.get("Bias")], attrs)
+
+
+def _matters(attrs: dict, inputs: dict, t: ir.DataType) -> bool:
+    """Whether a norm's rounding order changes its result."""
+    return t != FLOAT and (inputs.get("Scale") is not None or inputs.get("Bias") is not None
+                           or bool(attrs.get("scale_offset")))
+
+
+class SandwichFusion(_TwoOutputRule):
+    """``Norm_b(r + Norm_a(x))`` -> ``SandwichNorm(x, r, ...)`` (Gemma 2/3, Sandwich-LN); both
+    norms must share axis, epsilon, scale offset and rounding order."""
+
+    def __init__(self, tracker: Tracker, op_name: str) -> None:
+        self.op_name = op_name
+        self.fused_op = f"Sandwich{op_name}"
+        self.title = f"{self.fused_op} (norm -> residual add -> norm)"
+        super().__init__(tracker, f"Sandwich{op_name}")
+
+    def pattern(self, op, x, r):
+        inner = getattr(op, self.op_name)(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
+                                          _outputs=["inner"])
+        total = op.Add(r, inner, _outputs=["total"])
+        y = getattr(op, self.op_name)(total, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
+                                      _outputs=["y"])
+        return y, total
+
+    def inspect(self, context, x, r, inner, total, y, **_):
+        outer_node, inner_node = y.producer(), inner.producer()
+        if len(inner.uses()) > 1 or inner.is_graph_output():
+            raise NotThisPattern("the inner norm's output is used elsewhere: Post-Norm, no sandwich")
+        a, b = node_attributes(inner_node), node_attributes(outer_node)
+        ia, ib = node_inputs(inner_node), node_inputs(outer_node)
+        t = dtype(x, "X")
+        check_type(t, Residual=r, Sum=total)
+        _same_shape(x, r, "the sublayer output and the residual")
+        for name in ("axis", "scale_offset"):
+            if name in a and a[name] != b[name]:
+                raise Rejected(f"the two norms differ in {name}: {a[name]} and {b[name]}")
+        if abs(a["epsilon"] - b["epsilon"]) > 1e-6 * max(a["epsilon"], b["epsilon"]):
+            raise Rejected(f"the two norms differ in epsilon: {a['epsilon']} and {b['epsilon']}")
+        order = b["cast_before_scale"]
+        if _matters(a, ia, t) and _matters(b, ib, t) and a["cast_before_scale"] != order:
+            raise Rejected("the two norms round in different orders")
+        if _matters(a, ia, t) and not _matters(b, ib, t):
+            order = a["cast_before_scale"]
+        attrs = dict(b, cast_before_scale=order)
+        return (self.fused_op, [x, r, ia.get("Scale"), ia.get("Bias"), ib.get("Scale"),
+                                ib.get("Bias")], attrs)
+
+
+class XBiasAbsorb(_TwoOutputRule):
+    """``SkipNorm(m + bias, r)`` -> ``SkipNorm(m, r, XBias=bias)``: the sublayer's bias joins
+    the sum (float32 only: in float16 the original rounds m + bias before the residual add)."""
+
+    def __init__(self, tracker: Tracker, op_name: str, on_residual: bool) -> None:
+        self.op_name, self.on_residual = op_name, on_residual
+        self.fused_op = op_name
+        self.title = f"{op_name} sublayer bias absorbed (XBias)"
+        super().__init__(tracker, f"{op_name}XBias{'R' if on_residual else ''}")
+
+    def pattern(self, op, m, bias, other):
+        biased = op.Add(m, bias, _outputs=["biased"])
+        args = (other, biased) if self.on_residual else (biased, other)
+        y, total = getattr(op, self.op_name)(*args, _domain=catalogue.DOMAIN,
+                                             _allow_other_inputs=True, _outputs=["y", "total"])
+        return y, total
+
+    def inspect(self, context, m, bias, other, biased, y, total, **_):
+        check_weight(bias, m, "the sublayer bias")
+        node = y.producer()
+        attrs = node_attributes(node)
+        inputs = node_inputs(node)
+        if inputs.get("XBias") is not None:
+            raise Rejected("the Skip op already has an XBias")
+        if self.on_residual and attrs["alpha"] != 1:
+            raise Rejected("the bias is on the residual scaled by alpha")
+        t = dtype(m, "X")
+        if t != FLOAT:
+            raise Rejected(f"{t.name}: the original rounds X + bias before the residual add")
+        check_type(t, bias=bias, Residual=other)
+        check_weight(bias, m, "the sublayer bias")
+        check_scale(bias, m, -1)
+        _same_shape(m, other, "X and the residual")
+        return (self.op_name, [m, other, inputs.get("Scale"), inputs.get("Bias"), bias], attrs)
+
+
+def sandwich_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
+    return [SandwichFusion.rule(tracker, op_name=name) for name in ("RMSNorm", "LayerNorm")]
+
+
+def skip_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
+    return [SkipFusion.rule(tracker, op_name=name, deep=deep)
+            for deep in (True, False) for name in ("RMSNorm", "LayerNorm")]
+
+
+def xbias_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
+    return [XBiasAbsorb.rule(tracker, op_name=name, on_residual=side)
+            for name in ("SkipRMSNorm", "SkipLayerNorm") for side in (False, True)]

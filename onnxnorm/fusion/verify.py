@@ -1,0 +1,179 @@
+"""Running an original and a fused model side by side in ONNX Runtime on generated inputs.
+
+Inputs follow the graph's declared types. Symbolic dimensions get small sizes (the same name,
+the same size). Integer inputs stay in range: an input used as the indices of a Gather on a
+constant table (token ids, position ids, token type ids) is drawn below that table's first
+dimension; an attention mask is all ones; other integers are 0 or 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxnorm.ops.functions import _all_graphs
+
+#: (rtol, atol) for whole models: a few norm-op tolerances, since errors add up through layers
+TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2), "bfloat16": (6e-2, 6e-2)}
+
+
+@dataclasses.dataclass
+class OutputCheck:
+    name: str
+    dtype: str
+    max_abs: float
+    max_rel: float
+    ok: bool
+
+    def __str__(self) -> str:
+        return (f"{self.name} ({self.dtype}): max abs error {self.max_abs:.3g}, "
+                f"max rel error {self.max_rel:.3g} {'ok' if self.ok else 'OVER TOLERANCE'}")
+
+
+def _dim_size(dim, sizes: dict[str, int]) -> int:
+    if dim.HasField("dim_value"):
+        return dim.dim_value
+    name = dim.dim_param or f"_anon{len(sizes)}"
+    if name not in sizes:
+        lowered = name.lower()
+        sizes[name] = 2 if "batch" in lowered else 5 if ("seq" in lowered or "len" in lowered) else 3
+    return sizes[name]
+
+
+def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """For graph inputs used as Gather indices into a constant table: the table's size."""
+    tables = {}
+    for graph in _all_graphs(model.graph):
+        for init in graph.initializer:
+            if init.dims:
+                tables[init.name] = init.dims[0]
+        for node in graph.node:
+            if node.op_type == "Constant":
+                for attr in node.attribute:
+                    if attr.name == "value" and attr.t.dims:
+                        tables[node.output[0]] = attr.t.dims[0]
+    inputs = {i.name for i in model.graph.input}
+    producers = {o: n for g in _all_graphs(model.graph) for n in g.node for o in n.output}
+    bounds: dict[str, int] = {}
+    for graph in _all_graphs(model.graph):
+        for node in graph.node:
+            if node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in tables:
+                index = node.input[1]
+                # follow casts and reshapes back to a graph input
+                for _ in range(4):
+                    if index in inputs or index not in producers:
+                        break
+                    p = producers[index]
+                    if p.op_type not in ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten"):
+                        break
+                    index = p.input[0]
+                if index in inputs:
+                    size = tables[node.input[0]]
+                    bounds[index] = min(bounds.get(index, size), size)
+    return bounds
+
+
+def generate_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    initializers = {i.name for i in model.graph.initializer}
+    bounds = _index_bounds(model)
+    sizes: dict[str, int] = {}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        t = value.type.tensor_type
+        shape = [_dim_size(d, sizes) for d in t.shape.dim]
+        np_type = helper.tensor_dtype_to_np_dtype(t.elem_type)
+        name = value.name.lower()
+        if np.issubdtype(np_type, np.floating) or t.elem_type == onnx.TensorProto.BFLOAT16:
+            data = rng.standard_normal(shape).astype(np.float32)
+            feeds[value.name] = data.astype(np_type)
+        elif np_type == np.bool_:
+            feeds[value.name] = np.ones(shape, np.bool_)
+        elif "mask" in name:
+            feeds[value.name] = np.ones(shape, np_type)
+        elif "position" in name and shape:
+            feeds[value.name] = np.broadcast_to(np.arange(shape[-1]), shape).astype(np_type)
+        else:
+            high = bounds.get(value.name, 2)
+            feeds[value.name] = rng.integers(0, high, shape).astype(np_type)
+    return feeds
+
+
+def _session(model, with_library: bool):
+    """A CPU session for a ModelProto or a model file (files keep their external data)."""
+    import os
+
+    import onnxruntime as ort
+
+    from onnxnorm import runtime
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if with_library:
+        return runtime.session(model, options, with_library=True)
+    data = os.fspath(model) if isinstance(model, (str, os.PathLike)) else model.SerializeToString()
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+def _run(session, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import ml_dtypes
+    import onnxruntime as ort
+
+    values = {}
+    for name, array in feeds.items():
+        if array.dtype == ml_dtypes.bfloat16:
+            values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                array.view(np.uint16), onnx.TensorProto.BFLOAT16)
+        else:
+            values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+    outputs = []
+    for value in session.run_with_ort_values(None, values):
+        if value.data_type() == "tensor(bfloat16)":
+            raise RuntimeError("bfloat16 graph outputs cannot be read back through ORT's Python API")
+        outputs.append(value.numpy())
+    return outputs
+
+
+def verify(original, fused, *, with_library: bool = False, seed: int = 0,
+           tolerance: dict | None = None) -> list[OutputCheck]:
+    """Runs both models (ModelProtos or files) on the same generated inputs; one check per
+    graph output."""
+    import os
+
+    tolerance = {**TOLERANCE, **(tolerance or {})}
+    graph = original
+    if isinstance(original, (str, os.PathLike)):
+        graph = onnx.load(os.fspath(original), load_external_data=False)
+        for tensor in graph.graph.initializer:  # only the shapes are read: drop big payloads
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                tensor.dims[:] = tensor.dims
+    feeds = generate_inputs(graph, seed)
+    expected = _run(_session(original, False), feeds)
+    got = _run(_session(fused, with_library), feeds)
+    checks = []
+    for info, want, have in zip(graph.graph.output, expected, got):
+        elem = info.type.tensor_type.elem_type
+        kind = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}.get(
+            elem, "float32")
+        if not np.issubdtype(np.asarray(want).dtype, np.floating):
+            same = np.array_equal(want, have)
+            checks.append(OutputCheck(info.name, str(np.asarray(want).dtype), 0.0 if same else np.inf,
+                                      0.0 if same else np.inf, same))
+            continue
+        w, h = np.asarray(want, np.float64), np.asarray(have, np.float64)
+        if w.shape != h.shape:
+            checks.append(OutputCheck(info.name, kind, np.inf, np.inf, False))
+            continue
+        diff = np.abs(w - h)
+        max_abs = float(diff.max()) if diff.size else 0.0
+        max_rel = float((diff / np.maximum(np.abs(w), 1e-6)).max()) if diff.size else 0.0
+        rtol, atol = tolerance[kind]
+        ok = bool(np.all(diff <= atol + rtol * np.abs(w))) and bool(np.isfinite(h).all() ==
+                                                                    np.isfinite(w).all())
+        checks.append(OutputCheck(info.name, kind, max_abs, max_rel, ok))
+    return checks
