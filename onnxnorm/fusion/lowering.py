@@ -76,8 +76,7 @@ def lower_with_notes(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelPro
         raise ValueError(f"lowering to {target!r} needs an ONNX opset >= {functions.MIN_OPSET}, "
                          f"the model has {opset}")
     lowerer = _Lowerer(out, target, opset)
-    for graph in list(functions._all_graphs(out.graph)):
-        lowerer.graph(graph)
+    lowerer.graph(out.graph)
     keep = [f for f in out.functions if f.domain != catalogue.DOMAIN]
     del out.functions[:]
     out.functions.extend(keep)
@@ -153,6 +152,12 @@ class _Lowerer:
         result: list[onnx.NodeProto] = []
         for node in nodes:
             if node.domain != catalogue.DOMAIN:
+                for attr in node.attribute:  # subgraphs first, in place
+                    if attr.type == onnx.AttributeProto.GRAPH:
+                        self.graph(attr.g)
+                    elif attr.type == onnx.AttributeProto.GRAPHS:
+                        for sub in attr.graphs:
+                            self.graph(sub)
                 result.append(node)
                 continue
             self.new_nodes = []
