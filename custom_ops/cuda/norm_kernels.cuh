@@ -3,7 +3,7 @@
 // Two kernels per (op, X type, weight type):
 //
 // * RegsKernel<..., kVecs, kBlockMode>: the fast path. A group of tpr threads owns a row
-//   (tpr = 8/16/32: a sub-warp or warp per row for Q/K-norm and short rows, several rows per
+//   (tpr = 4/8/16/32: a sub-warp or warp per row for Q/K-norm and short rows, several rows per
 //   block; block mode: a block of 128..512 threads per row for hidden sizes). Each thread loads kVecs
 //   128-bit vectors of the row (X, Residual) into registers once, so global memory is read once
 //   and written once; statistics are float32, reduced with warp shuffles (and shared memory
@@ -178,7 +178,7 @@ __device__ __forceinline__ const W* WeightRow(const void* base, int64_t weight_r
 // The register-resident kernel
 // ---------------------------------------------------------------------------------------------
 // kBlockMode: a block (blockDim.x <= kMaxBlock threads) per row; else groups of tpr lanes
-// (8, 16 or 32) per row, blockDim.x / tpr rows per block.
+// (4, 8, 16 or 32) per row, blockDim.x / tpr rows per block.
 template <typename T, typename W, int kNorm, int kResidual, int kVecs, bool kBlockMode, int kMaxBlock>
 __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const Params p, const int tpr) {
   constexpr int kVE = 16 / sizeof(T);  // elements of T per 128-bit vector
@@ -433,14 +433,16 @@ __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const Params p) {
 // ---------------------------------------------------------------------------------------------
 // The register-path configurations, in increasing row capacity (threads per row x vectors per
 // thread x elements per vector). The launcher takes the first that holds the row. Configs with
-// the same (vecs, block mode) share one kernel: 5 register kernels per op and type pair.
+// the same (vecs, block mode) share one kernel: 4 register kernels per op and type pair.
 struct RegsConfig {
   int tpr;    // threads per row
   int vecs;   // 128-bit vectors per thread
   int block;  // threads per block
 };
+// Short rows take few lanes with two vectors each rather than more lanes with one: twice the
+// bytes in flight per thread at about the same registers, and one shuffle step less.
 constexpr RegsConfig kRegsConfigs[] = {
-    {8, 1, 128}, {16, 1, 128}, {32, 1, 128}, {32, 2, 128}, {32, 4, 128},
+    {4, 2, 128}, {8, 2, 128}, {16, 2, 128}, {32, 2, 128}, {32, 4, 128},
     {128, 4, 128}, {256, 4, 256}, {512, 4, 512}, {512, 8, 512},
 };
 constexpr int kNumRegsConfigs = sizeof(kRegsConfigs) / sizeof(kRegsConfigs[0]);
@@ -472,8 +474,6 @@ cudaError_t LaunchTyped(const Params& p, int config, cudaStream_t stream) {
     } else {
       RegsKernel<T, W, kNorm, kResidual, 4, true, 512><<<grid, c.block, 0, stream>>>(p, c.tpr);
     }
-  } else if (c.vecs == 1) {
-    RegsKernel<T, W, kNorm, kResidual, 1, false, 128><<<grid, c.block, 0, stream>>>(p, c.tpr);
   } else if (c.vecs == 2) {
     RegsKernel<T, W, kNorm, kResidual, 2, false, 128><<<grid, c.block, 0, stream>>>(p, c.tpr);
   } else {
