@@ -109,3 +109,139 @@ def test_failed_write_leaves_nothing_half_written(decomposed, tmp_path, monkeypa
 def test_unknown_target_is_refused(decomposed, tmp_path):
     result = _run("fuse", decomposed[1], "-o", tmp_path / "o.onnx", "--target", "tensorrt")
     assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+# --- verify, reports, bad input, external data -------------------------------------------------
+
+def _layer_norm_model(hidden=16, weights=None, checker_ok=True, unknown_op=False):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "w", "b"], ["y"], epsilon=1e-5)]
+    inits = {"w": rng.random(hidden).astype(np.float32) + 0.5,
+             "b": rng.random(hidden).astype(np.float32)}
+    if weights:  # a big weight matrix after the norm, to give the file its size
+        inits["big"] = rng.standard_normal((hidden, weights // (4 * hidden))).astype(np.float32)
+        nodes.append(helper.make_node("MatMul", ["y", "big"], ["z"]))
+        out = helper.make_tensor_value_info("z", TensorProto.FLOAT, None)
+    else:
+        out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, hidden])
+    if unknown_op:
+        nodes.append(helper.make_node("Frobnicate", ["x"], ["f"], domain="example.com"))
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, hidden]) for n in "xr"]
+    graph = helper.make_graph(nodes, "ln", inputs, [out],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    imports = [helper.make_opsetid("", 18)] + ([helper.make_opsetid("example.com", 1)]
+                                               if unknown_op else [])
+    model = helper.make_model(graph, opset_imports=imports, ir_version=10 if checker_ok else 3)
+    return model
+
+
+def test_verify_prints_errors_per_output(tmp_path):
+    source = tmp_path / "ln.onnx"
+    onnx.save(_layer_norm_model(), source)
+    for target in ("function", "ort", "onnx"):
+        result = _run("fuse", source, "-o", tmp_path / f"{target}.onnx", "--target", target,
+                      "--verify", "--json", tmp_path / "r.json")
+        assert result.returncode == 0, result.stderr
+        assert "verify: y (float32): max abs error" in result.stdout and " ok" in result.stdout
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert report["verify"][0]["ok"] and report["norms"] == 1 and report["residual_adds"] == 1
+
+
+def test_verify_fails_over_tolerance(tmp_path, monkeypatch, capsys):
+    """A fused model that computes something else is caught, and not kept."""
+    from onnxnorm.fusion import pipeline
+
+    source = tmp_path / "ln.onnx"
+    onnx.save(_layer_norm_model(), source)
+    real = pipeline.fuse_detached
+
+    def wrong(*args, **kwargs):
+        fused, weights, report = real(*args, **kwargs)
+        for node in fused.graph.node:
+            for attr in node.attribute:
+                if attr.name == "epsilon":
+                    attr.f = 10.0
+        return fused, weights, report
+
+    monkeypatch.setattr(pipeline, "fuse_detached", wrong)
+    out = tmp_path / "out.onnx"
+    assert cli.main(["fuse", str(source), "-o", str(out), "--verify"]) == 3
+    captured = capsys.readouterr()
+    assert "OVER TOLERANCE" in captured.out and "verify failed" in captured.err
+    assert not out.exists()
+
+
+def test_model_without_norms_says_nothing_to_fuse(tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    source = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph), source)
+    result = _run("fuse", source, "-o", tmp_path / "o.onnx", "--verify")
+    assert result.returncode == 0 and "nothing to fuse" in result.stdout
+
+
+def test_checker_failure_and_unknown_ops_are_reported(tmp_path):
+    source = tmp_path / "odd.onnx"
+    onnx.save(_layer_norm_model(unknown_op=True), source)
+    result = _run("fuse", source, "-o", tmp_path / "o.onnx")
+    assert result.returncode == 0, result.stderr
+    assert "ops of unknown domains, left as they are: example.com::Frobnicate" in result.stdout
+    assert "SkipLayerNorm" in result.stdout
+    source = tmp_path / "old.onnx"
+    onnx.save(_layer_norm_model(checker_ok=False), source)
+    result = _run("fuse", source, "-o", tmp_path / "o2.onnx")
+    assert result.returncode == 0 and "fails onnx.checker" in result.stdout
+
+
+def test_external_data_stays_external(tmp_path):
+    model = _layer_norm_model(weights=1 << 20)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    source = folder / "m.onnx"
+    onnx.save_model(model, source, save_as_external_data=True, location="m.weights",
+                    size_threshold=0)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    out = tmp_path / "out" / "fused.onnx"
+    out.parent.mkdir()
+    result = _run("fuse", source, "-o", out, "--verify", "--target", "ort")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == ["fused.onnx", "fused.onnx.data"]
+    fused = onnx.load(out, load_external_data=False)
+    big = [t for t in fused.graph.initializer if t.name == "big"][0]
+    assert big.data_location == onnx.TensorProto.EXTERNAL
+    assert out.stat().st_size < 10_000  # the weights are in the data file, not the model
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # input untouched
+
+
+def _peak_rss_mib(source, out) -> float:
+    code = ("import resource, sys; from onnxnorm import cli; "
+            f"rc = cli.main(['fuse', {str(source)!r}, '-o', {str(out)!r}]); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("external", [True, False])
+def test_weights_are_not_held_twice(tmp_path, external):
+    """Peak memory of `onnxnorm fuse` grows with the weights at most once (inline weights:
+    read once; external data: never loaded, copied through in chunks)."""
+    weights = 96 << 20
+    small, big = tmp_path / "small.onnx", tmp_path / "big.onnx"
+    kwargs = dict(save_as_external_data=True, size_threshold=0) if external else {}
+    onnx.save_model(_layer_norm_model(), small, **kwargs)
+    onnx.save_model(_layer_norm_model(weights=weights), big, **kwargs)
+    base = _peak_rss_mib(small, tmp_path / "o1.onnx")
+    peak = _peak_rss_mib(big, tmp_path / "o2.onnx")
+    grown = peak - base
+    limit = 0.25 * weights / 2**20 if external else 1.5 * weights / 2**20
+    assert grown < limit, f"peak RSS grew by {grown:.0f} MiB for {weights >> 20} MiB of weights"
