@@ -135,6 +135,19 @@ def test_layer_norm_large_mean_small_spread(op, cols, rng):
     np.testing.assert_allclose(got, want, *ops.reference.tolerance(np.float32))
 
 
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+def test_layer_norm_rows_whose_first_values_are_outliers(dtype, rng):
+    """The one-pass statistics shift by the first vector's mean; when that is far from the row's
+    mean the kernel takes a second pass around the mean."""
+    x = rng.standard_normal((6, 300)).astype(np.float32)
+    x[:, :20] = 1000.0
+    x[1, :] += 5e3
+    arrays = {"X": x.astype(dtype), "Scale": np.ones(300, dtype)}
+    _check("LayerNorm", arrays)
+    arrays["Residual"] = np.zeros((6, 300), dtype)
+    _check("SkipLayerNorm", arrays)
+
+
 def test_nan_and_inf_propagate_as_in_reference(rng):
     for op in ops.OPS:
         for dtype in (F32, F16, BF16):

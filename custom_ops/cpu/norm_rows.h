@@ -12,11 +12,12 @@
 //
 // Per row, the algorithm is:
 //   RMSNorm:   pass 1 sum of squares; pass 2 Y = X * inv_rms * (Scale + offset) + Bias.
-//   LayerNorm: pass 1 sum of (X - X[0]) (a shifted sum, so the mean of a row with a large mean is
-//              accurate); pass 2 sums of D and D^2 with D = X - mean (the mean split into a float
-//              pair, so X - mean is exact to float precision), variance = E[D^2] - E[D]^2 (the
-//              second term only corrects the last bits of the mean); pass 3 writes Y. The row is
-//              read from memory once; passes 2 and 3 read it from cache.
+//   LayerNorm: pass 1 sums of D and D^2 with D = X - shift, the shift being the mean of the first
+//              vector of the row (near the row's mean, so D is exact for rows with a large mean and
+//              E[D^2] - E[D]^2 does not cancel); only when the shift was far from the mean
+//              (E[D^2] > 4 var), a second such pass around the mean found (split into a float pair,
+//              so X - mean is exact to float precision); last pass writes Y. The row is read from
+//              memory once; later passes read it from cache.
 //   Skip:      Z = alpha * Residual + X (+ XBias) rounded to X's type is recomputed on every pass
 //              from the cached inputs (no buffer), and written to Sum by the last pass.
 //   Sandwich:  the inner norm of X is written to Sum (or Y), Residual is added in place (rounded),
@@ -140,21 +141,29 @@ inline void CentredSums(const Src& src, int64_t n, float hi, float lo, float* su
 template <NormKind NK, class Src>
 inline void RowStats(const Src& src, const RowParams& p, float* hi, float* lo, float* inv) {
   if (NK == NormKind::kLayer) {
-    // z[0]: the only non-zero lane of a one-element load, so the horizontal sum is exact.
-    const float shift = Isa::HSum(src.LoadN(0, 1));
-    const V vs = Isa::Set1(shift);
-    const float shifted = ReduceRow(src, p.n, [vs](V v) { return Isa::Sub(v, vs); });
-    double mean = static_cast<double>(shift) + static_cast<double>(shifted) * p.inv_n;
+    // One pass of shifted sums around the mean of the first vector (close to the row's mean, so
+    // z - shift is exact for rows with a large mean and the sums do not cancel), and a second
+    // pass around the mean it gives only when the shift turned out far from the mean
+    // (E[d^2] > 4 var: at most two of the row's digits lost to cancellation), or for NaN/Inf.
+    const int first = p.n < W ? static_cast<int>(p.n) : W;
+    const float shift = Isa::HSum(src.LoadN(0, first)) / static_cast<float>(first);
+    float sum_d = 0.f, sum_dd = 0.f;
+    CentredSums(src, p.n, shift, 0.f, &sum_d, &sum_dd);
+    double mean_d = static_cast<double>(sum_d) * p.inv_n;
+    double mean_dd = static_cast<double>(sum_dd) * p.inv_n;
+    double var = mean_dd - mean_d * mean_d;
+    double mean = static_cast<double>(shift) + mean_d;
     float h = static_cast<float>(mean);
     float l = static_cast<float>(mean - static_cast<double>(h));
-    float sum_d = 0.f, sum_dd = 0.f;
-    CentredSums(src, p.n, h, l, &sum_d, &sum_dd);
-    const double mean_d = static_cast<double>(sum_d) * p.inv_n;
-    double var = static_cast<double>(sum_dd) * p.inv_n - mean_d * mean_d;
+    if (!(mean_dd <= 4.0 * var)) {
+      CentredSums(src, p.n, h, l, &sum_d, &sum_dd);
+      mean_d = static_cast<double>(sum_d) * p.inv_n;
+      var = static_cast<double>(sum_dd) * p.inv_n - mean_d * mean_d;
+      mean += mean_d;
+      h = static_cast<float>(mean);
+      l = static_cast<float>(mean - static_cast<double>(h));
+    }
     if (var < 0.0) var = 0.0;  // (false for NaN, which propagates)
-    mean += mean_d;
-    h = static_cast<float>(mean);
-    l = static_cast<float>(mean - static_cast<double>(h));
     *hi = h;
     *lo = l;
     *inv = static_cast<float>(1.0 / sqrt(var + p.epsilon));

@@ -115,7 +115,7 @@ OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferCon
   if (rank == 0) return nullptr;  // unknown rank (or a scalar X, which Compute rejects)
   for (size_t i = 0; i < e.spec->outputs.size(); ++i) {
     const ParamSpec& p = e.spec->outputs[i];
-    if (p.type != TypeVar::kT || p.optional) continue;
+    if (p.type != TypeVar::kT) continue;  // Y and (when the node has it) Sum: X's type and shape
     if (OrtStatus* s = api->ShapeInferContext_SetOutputTypeShape(context, i, x_info)) api->ReleaseStatus(s);
   }
   return nullptr;
