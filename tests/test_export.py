@@ -234,7 +234,9 @@ def test_external_data(tmp_path):
     model = NormChain(hidden=512)
     x, r = torch.randn(2, 4, 512), torch.randn(2, 4, 512)
     path = tmp_path / "chain.onnx"
-    onnxnorm.export(model, (x, r), path, external_data=True)
+    proto = onnxnorm.export(model, (x, r), path, external_data=True)
+    assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer), \
+        "the returned model must keep its weights"
     assert (tmp_path / "chain.onnx.data").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.onnx", "chain.onnx.data"]
     loaded = onnx.load(path, load_external_data=False)

@@ -9,8 +9,6 @@ import inspect
 import io
 import logging
 import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,9 +23,6 @@ from onnxnorm.ops import catalogue, functions
 #: the export targets (DESIGN.md section 4): onnxnorm nodes with or without their function
 #: bodies, ONNX Runtime's own ops, standard ONNX only
 MODES = ("function", "fused", "ort", "onnx")
-
-#: Protobuf cannot serialize a message over 2 GiB: larger models must use external data.
-_PROTOBUF_LIMIT = 2**31 - 1
 
 
 @contextlib.contextmanager
@@ -146,49 +141,10 @@ def _no_norms_message(model: torch.nn.Module) -> str:
 
 
 def save(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None) -> Path:
-    """Writes ``model`` to ``path`` atomically; with ``external_data`` (default: when the model
-    is over protobuf's 2 GB limit) the tensors go to ``<name>.data`` next to it."""
-    path = Path(path)
-    big = _approx_size(model) > _PROTOBUF_LIMIT
-    if external_data is None:
-        external_data = big
-    if not external_data:
-        return save_model(model, path)
-    folder = path.parent
-    if not folder.is_dir():
-        raise OnnxNormError(f"cannot write {path}: folder {folder} does not exist")
-    if path.is_dir():
-        raise OnnxNormError(f"cannot write {path}: it is a folder")
-    location = path.name + ".data"
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder))
-    except OSError as error:
-        raise OnnxNormError(f"cannot write {path}: {error.strerror}") from None
-    try:
-        # onnx.save_model moves the tensors out of the model it saves: a small model is copied
-        # first so that the caller's keeps its weights; a big one is not copied (never two
-        # copies of the weights in memory) and refers to the data file afterwards
-        staged = staging / path.name
-        onnx.save_model(model if big else copy.deepcopy(model), staged, save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=location, size_threshold=1024)
-        if (staging / location).exists():
-            os.replace(staging / location, folder / location)
-        os.replace(staged, path)
-    except OSError as error:
-        raise OnnxNormError(f"cannot write {path}: {error.strerror or error}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
-
-
-def _approx_size(model: onnx.ModelProto) -> int:
-    """The model's size in bytes, counted from its initializers (cheap; ByteSize is not, and
-    fails above 2 GB with some protobuf builds)."""
-    total = 0
-    for tensor in model.graph.initializer:
-        total += len(tensor.raw_data) + 4 * (len(tensor.float_data) + len(tensor.int32_data)) + \
-            8 * (len(tensor.int64_data) + len(tensor.double_data))
-    return total
+    """Writes ``model`` to ``path`` atomically (:func:`onnxnorm._io.save_model`); with
+    ``external_data`` (default: when the model is over protobuf's 2 GB limit) the tensors go
+    to ``<name>.data`` next to it, one at a time, and ``model`` keeps its own."""
+    return save_model(model, path, external=external_data)
 
 
 def lower(model: onnx.ModelProto, mode: str) -> onnx.ModelProto:
@@ -224,8 +180,7 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
     torch.export may specialize a size-1 example, so that other sizes fail at run time). ``convert`` first replaces the norm
     modules of a copy of ``model`` with onnxnorm modules (:func:`onnxnorm.convert`; the model
     itself is left as it is). ``external_data`` writes the weights next to the model file
-    (default: only for models over 2 GB; the returned model of such a size then refers to that
-    file instead of holding a second copy of the weights). The model is written to ``path`` (atomically) when
+    (default: only for models over 2 GB). The model is written to ``path`` (atomically) when
     given, and returned. Bad input raises :class:`OnnxNormError` with a one-line message.
     """
     if mode not in MODES:
