@@ -272,6 +272,10 @@ def test_model_without_norms_is_a_clear_error():
         onnxnorm.export(Plain(), (torch.randn(2, 3, 16),))
     proto = onnxnorm.export(Plain(), (torch.randn(2, 3, 16),), allow_no_norms=True)
     assert not any(n.domain == ops.DOMAIN for n in proto.graph.node)
+    batch_norm = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16)).eval()
+    with pytest.raises(OnnxNormError, match=r"no norm that onnxnorm exports: 1 \(BatchNorm1d\) "
+                                            "have no onnxnorm op"):
+        onnxnorm.export(batch_norm, (torch.randn(4, 16),), convert=True)
 
 
 def test_unsupported_norm_is_reported_and_left():

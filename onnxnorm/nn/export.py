@@ -95,6 +95,17 @@ def default_dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...],
     return shapes
 
 
+def _auto(shapes: Any) -> Any:
+    """``shapes`` with every named dim replaced by ``Dim.AUTO`` (dynamic where the model allows)."""
+    if isinstance(shapes, dict) and all(isinstance(k, int) for k in shapes):
+        return {k: torch.export.Dim.AUTO for k in shapes}
+    if isinstance(shapes, dict):
+        return {k: _auto(v) for k, v in shapes.items()}
+    if isinstance(shapes, (tuple, list)):
+        return type(shapes)(_auto(v) for v in shapes)
+    return shapes
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     for line in text.splitlines():
@@ -116,26 +127,38 @@ def _innermost(error: BaseException) -> BaseException:
 
 
 def norm_modules(model: torch.nn.Module) -> dict[str, list[str]]:
-    """The model's norm modules by kind: ``onnxnorm`` (exported as onnxnorm nodes) and
-    ``other`` (norms of other classes, which :func:`onnxnorm.convert` may replace)."""
+    """The model's norm modules by kind: ``onnxnorm`` (exported as onnxnorm nodes), ``other``
+    (norms of other classes, which :func:`onnxnorm.convert` may replace) and ``no_op`` (norms
+    that have no onnxnorm op: BatchNorm, GroupNorm, InstanceNorm, LocalResponseNorm)."""
+    from onnxnorm.nn.convert import UNSUPPORTED
     from onnxnorm.nn.modules import NORM_TYPES
 
-    found: dict[str, list[str]] = {"onnxnorm": [], "other": []}
+    found: dict[str, list[str]] = {"onnxnorm": [], "other": [], "no_op": []}
     for name, module in model.named_modules():
+        label = f"{name or '<model>'} ({type(module).__name__})"
         if isinstance(module, NORM_TYPES):
             found["onnxnorm"].append(name)
+        elif isinstance(module, tuple(UNSUPPORTED)):
+            found["no_op"].append(label)
         elif "norm" in type(module).__name__.lower() and not list(module.children()):
-            found["other"].append(f"{name} ({type(module).__name__})")
+            found["other"].append(label)
     return found
+
+
+def _listed(items: list[str]) -> str:
+    return ", ".join(items[:4]) + (" ..." if len(items) > 4 else "")
 
 
 def _no_norms_message(model: torch.nn.Module) -> str:
     found = norm_modules(model)
     if found["other"]:
-        listed = ", ".join(found["other"][:4]) + (" ..." if len(found["other"]) > 4 else "")
         return (f"the exported graph has no onnxnorm node: the model's norm modules are not "
-                f"onnxnorm modules ({listed}); pass convert=True or call onnxnorm.convert(model) "
-                "first")
+                f"onnxnorm modules ({_listed(found['other'])}); pass convert=True or call "
+                "onnxnorm.convert(model) first (its report says what it cannot replace)")
+    if found["no_op"]:
+        return (f"the model has no norm that onnxnorm exports: {_listed(found['no_op'])} "
+                "have no onnxnorm op and export as standard ONNX ops (pass allow_no_norms=True "
+                "to export anyway)")
     return ("the model has no norm modules: the exported graph has no onnxnorm node (use "
             "torch.onnx.export for models without norms, or pass allow_no_norms=True)")
 
@@ -205,21 +228,36 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
 
         model = copy.deepcopy(model)
         convert_model(model)
-    if dynamic_shapes is None and dynamic:
+    guessed = dynamic_shapes is None and dynamic
+    if guessed:
         dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
+
+    def run(shapes: Any) -> Any:
+        with quiet_export(not verbose):
+            return torch.onnx.export(
+                model, args, kwargs=kwargs, dynamo=True, opset_version=opset_version,
+                custom_translation_table=TRANSLATION_TABLE, dynamic_shapes=shapes,
+                input_names=input_names, output_names=output_names, verbose=verbose,
+                optimize=True,
+            )
 
     was_training = model.training
     model.eval()
     try:
-        with quiet_export(not verbose):
-            program = torch.onnx.export(
-                model, args, kwargs=kwargs, dynamo=True, opset_version=opset_version,
-                custom_translation_table=TRANSLATION_TABLE, dynamic_shapes=dynamic_shapes,
-                input_names=input_names, output_names=output_names, verbose=verbose,
-                optimize=True,
-            )
-    except Exception as error:
-        raise OnnxNormError(_export_failure(model, args, kwargs, error)) from error
+        try:
+            program = run(dynamic_shapes)
+        except Exception as error:
+            problem = _eager_failure(model, args, kwargs)
+            if problem:
+                raise OnnxNormError(problem) from error
+            if not guessed or dynamic_shapes is None:
+                raise OnnxNormError(_exporter_failure(error)) from error
+            # dim 1 is not a sequence in this model (channels, features): let torch.export
+            # decide which of the guessed dims are really dynamic
+            try:
+                program = run(_auto(dynamic_shapes))
+            except Exception as second:
+                raise OnnxNormError(_exporter_failure(second)) from second
     finally:
         model.train(was_training)
     proto = program.model_proto
@@ -231,14 +269,18 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
     return proto
 
 
-def _export_failure(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-                    error: Exception) -> str:
-    """One line saying why the export failed: the model itself on these inputs, or the exporter."""
+def _eager_failure(model: torch.nn.Module, args: tuple[Any, ...],
+                   kwargs: dict[str, Any] | None) -> str | None:
+    """Why the model itself fails on these inputs, without the exporter (None if it runs)."""
     try:
         with torch.no_grad():
             model(*args, **(kwargs or {}))
-    except Exception as eager_error:  # the model fails without the exporter: say that
-        return f"the model fails on the given inputs: {_first_line(eager_error)}"
+    except Exception as error:  # the model fails on its own: that is what to report
+        return f"the model fails on the given inputs: {_first_line(error)}"
+    return None
+
+
+def _exporter_failure(error: Exception) -> str:
     return f"torch.onnx.export failed: {_first_line(_innermost(error))}"
 
 
