@@ -1,8 +1,9 @@
 """The CUDA kernels.
 
 On any machine: the CUDA library is built when nvcc is (without a runtime dependency on
-libcudart), the CUDA sources compile with nvcc, and importing onnxnorm and running CPU ops
-loads no CUDA library. On a GPU machine (torch.cuda available and the library built): every op,
+libcudart), the CUDA sources compile with nvcc, importing onnxnorm and running CPU ops loads no
+CUDA library, and the kernels' logic passes the correctness matrix in a host emulation
+(custom_ops/cuda/emulation). On a GPU machine (torch.cuda available and the library built): every op,
 dtype, rounding order and optional input against the reference through the C launchers
 (onnxnorm.bench.cuda), bad arguments refused before launch, launches on the given stream, and,
 where onnxruntime offers the CUDA execution provider, the ORT custom ops on it. The CUDA library
@@ -119,6 +120,57 @@ def test_runtime_cuda_helpers_without_loading():
     else:
         assert path.name.startswith("libonnxnorm_cuda_ops")
     assert isinstance(runtime.cuda_available(), bool)
+
+
+_EMULATION_RUN = r"""
+import sys, types
+import torch
+from onnxnorm.bench import cuda
+# the harness on host memory: CPU tensors, no streams
+torch.Tensor.cuda = lambda self, *a, **k: self
+torch.cuda.synchronize = lambda *a, **k: None
+torch.cuda.current_stream = lambda *a, **k: types.SimpleNamespace(cuda_stream=0)
+def _no_device(f):
+    def g(*a, **k):
+        k.pop("device", None)
+        return f(*a, **k)
+    return g
+torch.empty = _no_device(torch.empty)
+torch.zeros = _no_device(torch.zeros)
+kernels = cuda.Kernels(sys.argv[1])
+failures = cuda.check(kernels, quick=True)
+problems = cuda.check_bad_arguments(kernels)
+print("\n".join(failures[:30] + problems))
+sys.exit(1 if failures or problems else 0)
+"""
+
+
+@pytest.mark.slow
+def test_cuda_kernel_logic_in_host_emulation():
+    """Without a GPU: the kernels of norm_kernels.cuh and the real launcher (launch.cu), compiled
+    by the host compiler with stand-ins for the CUDA headers (custom_ops/cuda/emulation: threads
+    of a block are std::threads, shuffles and __syncthreads barriers), run the harness's quick
+    correctness matrix against the reference: every op, dtype, weight dtype, rounding order,
+    kernel configuration and the general kernel. GPU-specific behaviour (memory model, speed) is
+    left to the GPU tests."""
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    emulation = CUDA_DIR / "emulation"
+    with tempfile.TemporaryDirectory() as tmp:
+        library = os.path.join(tmp, "libonnxnorm_cuda_emulation.so")
+        build = subprocess.run(
+            [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{emulation}", f"-I{CUDA_DIR}",
+             "-DONNXNORM_CUDA_HOST_EMULATION=1", "-DONNXNORM_CUDA_ARCHS=host-emulation",
+             str(emulation / "host_emulation.cc"), "-x", "c++", str(CUDA_DIR / "launch.cu"), "-o", library],
+            capture_output=True, text=True, timeout=600)
+        if build.returncode != 0 and "barrier" in build.stderr:
+            pytest.skip("the host compiler lacks C++20 <barrier>")
+        assert build.returncode == 0, build.stderr[-4000:]
+        run = subprocess.run([sys.executable, "-c", _EMULATION_RUN, library], capture_output=True, text=True,
+                             timeout=1200, cwd=ROOT)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+        assert "CUDA kernel cases passed" in run.stdout
 
 
 # ---------------------------------------------------------------------------------------------

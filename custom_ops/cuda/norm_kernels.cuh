@@ -459,6 +459,9 @@ inline unsigned GridFor(int64_t units) {
   return static_cast<unsigned>(units < kMaxGrid ? units : kMaxGrid);
 }
 
+// (A host emulation of the kernels, for testing their logic without a GPU, defines LaunchTyped
+// itself.)
+#ifndef ONNXNORM_CUDA_HOST_EMULATION
 template <typename T, typename W, int kNorm, int kResidual>
 cudaError_t LaunchTyped(const Params& p, int config, cudaStream_t stream) {
   if (config < 0 || config >= kNumRegsConfigs) {
@@ -481,6 +484,7 @@ cudaError_t LaunchTyped(const Params& p, int config, cudaStream_t stream) {
   }
   return cudaGetLastError();
 }
+#endif  // ONNXNORM_CUDA_HOST_EMULATION
 
 // Launches op (kNorm, kResidual) for element types x_type / w_type (ONNXNORM_CUDA_FLOAT32, ...):
 // one explicit instantiation per op, each in its own translation unit (ops_*.cu).
