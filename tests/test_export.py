@@ -21,6 +21,12 @@ from onnxnorm.nn import (DeepNormBlock, LayerNorm, PostNormBlock, PreNormBlock, 
 from onnxnorm.nn.export import count_norm_nodes
 from onnxnorm.ops import reference
 
+@pytest.fixture(autouse=True)
+def _seed():
+    """Every test draws the same inputs, whatever ran before it."""
+    torch.manual_seed(0)
+
+
 NP = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16}
 
 
