@@ -42,6 +42,7 @@ fi
 
 step "build (CUDA architectures ${ONNXNORM_CUDA_ARCHITECTURES})"
 mkdir -p "$build"
+build="$(cd "$build" && pwd)"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DONNXNORM_CUDA=ON \
@@ -49,7 +50,7 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DONNXNORM_C
   || { cat "$build/configure.log"; exit 1; }
 grep -E "onnxnorm:" "$build/configure.log" || true
 cmake --build "$build" -j "$(nproc)"
-lib="$root/$build/onnxnorm/lib"
+lib="$build/onnxnorm/lib"
 ls -l "$lib"
 
 # the package from the source tree, the libraries from the build folder
