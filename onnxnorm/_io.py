@@ -51,16 +51,98 @@ def _nbytes(tensor: TensorProto) -> int:
     return 1 << 62
 
 
+def _varint(buf, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf, start: int, end: int):
+    """(field number, wire type, field start, payload start, payload end) of each field of the
+    protobuf message in ``buf[start:end]``."""
+    pos = start
+    while pos < end:
+        field_start = pos
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, payload_end = _varint(buf, pos)
+        elif wire == 1:
+            payload_end = pos + 8
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            payload_end = pos + length
+        elif wire == 5:
+            payload_end = pos + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        if payload_end > end:
+            raise ValueError("truncated protobuf message")
+        yield number, wire, field_start, pos, payload_end
+        pos = payload_end
+
+
+# field numbers of onnx.proto3
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+
+
+def _load_weights_as_references(path: Path) -> onnx.ModelProto:
+    """Parses ``path`` without copying the raw data of its initializers: each initializer's
+    raw data of 1 KiB or more becomes an external-data reference into ``path`` itself (its
+    offset in the file), so that the weights are read from disk only when written out."""
+    import mmap
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        rest, graph_rest = bytearray(), bytearray()
+        tensors = []
+        for number, wire, field_start, start, end in _fields(buf, 0, len(buf)):
+            if number != _MODEL_GRAPH or wire != 2:
+                rest += buf[field_start:end]
+                continue
+            for g_number, g_wire, g_field, g_start, g_end in _fields(buf, start, end):
+                if g_number != _GRAPH_INITIALIZER or g_wire != 2:
+                    graph_rest += buf[g_field:g_end]
+                    continue
+                meta, reference = bytearray(), None
+                for t_number, t_wire, t_field, t_start, t_end in _fields(buf, g_start, g_end):
+                    if (t_number == _TENSOR_RAW_DATA and t_wire == 2
+                            and t_end - t_start >= SMALL_TENSOR):
+                        reference = (t_start, t_end - t_start)
+                    else:
+                        meta += buf[t_field:t_end]
+                tensor = TensorProto.FromString(bytes(meta))
+                if reference is not None:
+                    tensor.data_location = TensorProto.EXTERNAL
+                    for key, value in (("location", path.name), ("offset", str(reference[0])),
+                                       ("length", str(reference[1]))):
+                        entry = tensor.external_data.add()
+                        entry.key, entry.value = key, value
+                tensors.append(tensor)
+    model = onnx.ModelProto.FromString(bytes(rest))
+    model.graph.ParseFromString(bytes(graph_rest))
+    model.graph.initializer.extend(tensors)
+    return model
+
+
 def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.ModelProto:
-    """Reads a model. With ``load_weights=False`` its external data stays on disk (the returned
-    model's external tensors are resolved against ``path``'s folder when written by
-    :func:`save_model` with ``source=path``)."""
+    """Reads a model. With ``load_weights=False`` no weight is read into memory: tensors in
+    external data stay there, and the raw data of initializers inside the file becomes an
+    external-data reference into the file itself (see :func:`has_external_data` and
+    :func:`save_model` with ``source=path``, which resolves them)."""
     path = Path(path)
     if not path.is_file():
         raise OnnxNormError(f"{path}: no such file")
     try:
-        model = onnx.load(path, load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError, OSError) as error:
+        if load_weights or path.stat().st_size == 0:
+            model = onnx.load(path, load_external_data=False)
+        else:
+            model = _load_weights_as_references(path)
+    except (DecodeError, RuntimeError, ValueError, OSError, IndexError) as error:
         raise OnnxNormError(f"{path}: not a readable ONNX model ({_first_line(error)})") from None
     if not model.ir_version or not model.HasField("graph"):
         raise OnnxNormError(f"{path}: not an ONNX model (no IR version or graph)")
@@ -75,8 +157,11 @@ def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.Model
     return model
 
 
-def has_external_data(model: onnx.ModelProto) -> bool:
-    return any(True for _ in _external_tensors(model))
+def has_external_data(model: onnx.ModelProto, source: str | os.PathLike | None = None) -> bool:
+    """Whether ``model`` has tensors in external data files (references into ``source`` itself,
+    which :func:`load_model` makes for inline weights, do not count)."""
+    own = Path(source).name if source else None
+    return any(_location(t)[0] != own for t in _external_tensors(model))
 
 
 def _location(tensor: TensorProto) -> tuple[str, int, int | None]:
@@ -106,9 +191,9 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
     source = source or like
     source_dir = Path(source).resolve().parent if source else folder.resolve()
     if external is None:
-        external = (has_external_data(model) or any(external_data_helper.uses_external_data(t)
-                                                     for t in extra)
-                    or model.ByteSize() + sum(t.ByteSize() + 8 for t in extra) > _PROTOBUF_LIMIT)
+        external = (has_external_data(model, source)
+                    or any(external_data_helper.uses_external_data(t) for t in extra)
+                    or _size(model, extra) > _PROTOBUF_LIMIT)
     temps: list[str] = []
 
     def temp(suffix: str) -> tuple[int, str]:
@@ -121,18 +206,31 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
 
     try:
         if not external:
-            if model.ByteSize() + sum(t.ByteSize() + 8 for t in extra) > _PROTOBUF_LIMIT:
+            if _size(model, extra) > _PROTOBUF_LIMIT:
                 raise OnnxNormError(f"cannot write {path}: over 2 GB without external data")
             fd, tmp = temp(".tmp")
+            referenced = [t for t in model.graph.initializer
+                          if external_data_helper.uses_external_data(t)]
             with os.fdopen(fd, "wb") as f:
-                f.write(model.SerializeToString())
+                if referenced:
+                    main = _shell(model)
+                    main.graph.initializer.extend(
+                        t for t in model.graph.initializer
+                        if not external_data_helper.uses_external_data(t))
+                    f.write(main.SerializeToString())
+                    del main
+                else:
+                    f.write(model.SerializeToString())
                 # protobuf merges repeated occurrences of the graph field: each patch below
-                # appends one initializer to the graph
-                for tensor in extra:
-                    patch = onnx.ModelProto()
-                    patch.graph.initializer.add().CopyFrom(tensor)
-                    f.write(patch.SerializeToString())
-                    del patch
+                # appends one initializer to the graph, so one tensor at a time is in memory
+                for tensor in itertools.chain(referenced, extra):
+                    if external_data_helper.uses_external_data(tensor):
+                        _write_referenced(f, tensor, source_dir)
+                    else:
+                        patch = onnx.ModelProto()
+                        patch.graph.initializer.add().CopyFrom(tensor)
+                        f.write(patch.SerializeToString())
+                        del patch
             os.replace(tmp, path)
             return path
         data_name = path.name + ".data"
@@ -180,6 +278,49 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
                 os.unlink(name)
 
 
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _write_referenced(f, tensor: TensorProto, source_dir: Path) -> None:
+    """Appends ``tensor`` to the model being written to ``f`` as one more graph initializer
+    with its raw data streamed from its external-data reference: a ModelProto holding a
+    GraphProto holding the TensorProto, length prefixes computed, the data copied in chunks."""
+    location, start, length = _location(tensor)
+    if length is None:
+        length = os.path.getsize(source_dir / location) - start
+    meta = TensorProto()
+    meta.name, meta.data_type = tensor.name, tensor.data_type
+    meta.dims.extend(tensor.dims)
+    if tensor.doc_string:
+        meta.doc_string = tensor.doc_string
+    raw_header = bytes([_TENSOR_RAW_DATA << 3 | 2]) + _encode_varint(length)
+    tensor_head = meta.SerializeToString() + raw_header
+    tensor_len = len(tensor_head) + length
+    tensor_field = bytes([_GRAPH_INITIALIZER << 3 | 2]) + _encode_varint(tensor_len)
+    graph_len = len(tensor_field) + tensor_len
+    f.write(bytes([_MODEL_GRAPH << 3 | 2]) + _encode_varint(graph_len) + tensor_field + tensor_head)
+    if _copy_range(source_dir / location, start, length, f) != length:
+        raise OSError(f"{location} ends before the tensor data it should hold")
+
+
+def _size(model: onnx.ModelProto, extra: list[TensorProto]) -> int:
+    """The size of the model written inline: referenced tensors counted at their length."""
+    total = model.ByteSize() + sum(t.ByteSize() + 8 for t in extra)
+    for tensor in itertools.chain(_external_tensors(model),
+                                  (t for t in extra if external_data_helper.uses_external_data(t))):
+        total += _nbytes(tensor)
+    return total
+
+
 def _shell(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` without its main graph's initializers (and so without its weights)."""
     out = onnx.ModelProto()
@@ -204,11 +345,27 @@ def _shell(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _copy_range(file: Path, start: int, length: int | None, out) -> int:
-    """Copies ``length`` bytes at ``start`` of ``file`` into ``out`` in chunks."""
+    """Copies ``length`` bytes at ``start`` of ``file`` to the end of ``out``: in the kernel
+    (copy_file_range) where the system can, else in chunks through this process."""
     with open(file, "rb") as f:
-        f.seek(start)
         remaining = length if length is not None else os.path.getsize(file) - start
         total = 0
+        if hasattr(os, "copy_file_range"):
+            out.flush()
+            try:
+                while remaining > 0:
+                    done = os.copy_file_range(f.fileno(), out.fileno(), min(remaining, 1 << 30),
+                                              start + total)
+                    if done == 0:
+                        raise OSError(f"{file} ends before the tensor data it should hold")
+                    remaining -= done
+                    total += done
+                out.seek(0, os.SEEK_END)
+                return total
+            except OSError as error:
+                if total or error.errno not in (18, 22, 38, 95, 1):  # EXDEV EINVAL ENOSYS ...
+                    raise
+        f.seek(start)
         while remaining > 0:
             chunk = f.read(min(_CHUNK, remaining))
             if not chunk:

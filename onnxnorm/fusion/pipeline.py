@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pathlib import Path
+
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
@@ -40,6 +42,17 @@ def stages(tracker: Tracker) -> list[tuple[str, pattern.RewriteRuleSet]]:
     ]
 
 
+def stages_by_name(tracker: Tracker) -> dict[str, pattern.RewriteRuleSet]:
+    return dict(stages(tracker))
+
+
+SHAPE_REASONS = ("cannot prove that", "shapes of", "are unknown")
+
+
+def _unproven_shapes(tracker: Tracker) -> bool:
+    return tracker.has_skip_with(SHAPE_REASONS)
+
+
 def rules(tracker: Tracker | None = None) -> pattern.RewriteRuleSet:
     """Every onnxnorm fusion rule as one onnxscript rule set (commuted variants included), for
     other pipelines (Olive, Optimum, torch.onnx's optimizer). Apply it repeatedly until it
@@ -55,12 +68,74 @@ def rules(tracker: Tracker | None = None) -> pattern.RewriteRuleSet:
         + residual.skip_rules(tracker) + residual.xbias_rules(tracker), commute=True)
 
 
-def _fixpoint(model: ir.Model, rule_set: pattern.RewriteRuleSet, limit: int = 20) -> None:
-    remove = common_passes.RemoveUnusedNodesPass()
+def _root_op(rule) -> tuple[str, str] | None:
+    """(domain, op type) of the node a rule's pattern is rooted at, None when not fixed."""
+    root = rule._target_pattern.output_nodes[0]
+    ident = root.op_identifier()
+    if ident is not None:
+        return ident[0], ident[1]
+    domain, op = getattr(root, "domain", None), getattr(root, "op", None)
+    if hasattr(domain, "value") and hasattr(op, "value"):
+        return domain.value(), op.value()
+    return None
+
+
+class _Driver:
+    """Applies a rule set like ``RewriteRuleSet.apply_to_model``, but tries at each node only
+    the rules whose pattern is rooted at that node's op type (most nodes of a model root no
+    pattern), which makes the pass several times faster on large models."""
+
+    def __init__(self, rule_set: pattern.RewriteRuleSet):
+        self.rules = [(rule, _root_op(rule)) for rule in rule_set.rules]
+        self._for_op: dict[tuple[str, str], list] = {}
+
+    def candidates(self, domain: str, op_type: str) -> list:
+        """The rules that may be rooted at a node of this op, in the rule set's order."""
+        key = (domain, op_type)
+        if key not in self._for_op:
+            self._for_op[key] = [rule for rule, ident in self.rules
+                                 if ident is None or ident == key]
+        return self._for_op[key]
+
+    def _graph(self, model: ir.Model, graph) -> int:
+        count = 0
+        for node in graph:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            for rule in self.candidates(domain, node.op_type):
+                delta = rule.try_rewrite(model, graph, node)
+                if delta is None:
+                    continue
+                ir.convenience.replace_nodes_and_values(
+                    graph, node, [], delta.new_nodes, delta.match.outputs, delta.new_outputs)
+                count += 1
+                break
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    count += self._graph(model, attr.value)
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for sub in attr.value:
+                        count += self._graph(model, sub)
+        return count
+
+    def apply(self, model: ir.Model) -> int:
+        count = self._graph(model, model.graph)
+        for function in list(model.functions.values()):
+            count += self._graph(model, function)
+        if count:
+            # the matched nodes are dead now; gone first, they leave their names to the new
+            common_passes.RemoveUnusedNodesPass()(model)
+            common_passes.NameFixPass()(model)
+        return count
+
+
+def _fixpoint(model: ir.Model, rule_set: pattern.RewriteRuleSet, limit: int = 20,
+              once: bool = False) -> None:
+    driver = _Driver(rule_set)
     for _ in range(limit):
-        if not rule_set.apply_to_model(model):
+        if not driver.apply(model):
             return
-        remove(model)
+        if once:
+            return
 
 
 def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
@@ -94,6 +169,24 @@ def remove_noop_casts(model: ir.Model) -> int:
     return count
 
 
+def _symbolic_shape_inference():
+    """ORT's SymbolicShapeInference, loaded from its file: importing the onnxruntime.tools
+    package imports torch, which takes seconds."""
+    import importlib.util
+    import sys
+
+    import onnxruntime
+
+    name = "_onnxnorm_symbolic_shape_infer"
+    if name not in sys.modules:
+        path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].SymbolicShapeInference
+
+
 def symbolic_shapes(model: ir.Model) -> bool:
     """ONNX Runtime's symbolic shape inference, which proves dims equal where onnx's own
     inference leaves them unknown (TorchScript exports), merged into ``model``; weights are
@@ -101,7 +194,8 @@ def symbolic_shapes(model: ir.Model) -> bool:
     try:
         from onnx_ir.passes.common import _c_api_utils
         from onnx_ir.passes.common.shape_inference import _merge_func
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        SymbolicShapeInference = _symbolic_shape_inference()
 
         inferred = _c_api_utils.call_onnx_api(
             lambda proto: SymbolicShapeInference.infer_shapes(proto, auto_merge=True), model)
@@ -163,16 +257,46 @@ def _set_base_dir(model: ir.Model, base_dir: str) -> None:
             tensor.base_dir = base_dir
 
 
-def _serialize_detached(model: ir.Model) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
-    """Serializes ``model`` without copying its weights: initializers that still hold the input
-    model's own TensorProto (unchanged weights over 1 KiB) are left out of the proto and
+def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None
+                       ) -> tuple[ir.Model, dict[str, onnx.TensorProto]]:
+    """The IR of ``model`` built from a copy of everything but its weights (onnx_ir would
+    otherwise write into the protos it wraps, e.g. naming a Constant's tensor); the weights,
+    initializers of 1 KiB or more and external-data references, are wrapped where they are,
+    read only where a rule needs their values."""
+    from onnx import external_data_helper
+
+    from onnxnorm._io import _shell
+
+    shell = _shell(model)
+    originals: dict[str, onnx.TensorProto] = {}
+    for tensor in model.graph.initializer:
+        if tensor.ByteSize() >= 1024 or external_data_helper.uses_external_data(tensor):
+            stand_in = shell.graph.initializer.add()
+            stand_in.name, stand_in.data_type = tensor.name, tensor.data_type
+            stand_in.dims.extend(tensor.dims)
+            stand_in.data_location = onnx.TensorProto.EXTERNAL
+            entry = stand_in.external_data.add()
+            entry.key, entry.value = "location", "onnxnorm-stand-in"
+            originals[tensor.name] = tensor
+        else:
+            shell.graph.initializer.add().CopyFrom(tensor)
+    graph = ir.serde.deserialize_model(shell)
+    for name, tensor in originals.items():
+        graph.graph.initializers[name].const_value = ir.serde.deserialize_tensor(
+            tensor, base_dir or "")
+    return graph, originals
+
+
+def _serialize_detached(model: ir.Model, originals: dict[str, onnx.TensorProto]
+                        ) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+    """Serializes ``model`` without copying its weights: initializers that still hold one of
+    the input's ``originals`` (unchanged weights held inline) are left out of the proto and
     returned, by reference, beside it."""
     detached: list[onnx.TensorProto] = []
     removed = []
     for name, value in list(model.graph.initializers.items()):
         tensor = value.const_value
-        if (isinstance(tensor, ir.serde.TensorProtoTensor) and tensor.nbytes >= 1024
-                and tensor.raw.name == name):
+        if (isinstance(tensor, ir.serde.TensorProtoTensor) and originals.get(name) is tensor.raw):
             detached.append(tensor.raw)
             removed.append(value)
             model.graph.initializers.pop(name)
@@ -192,13 +316,11 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
     references into ``base_dir`` and are read only where a rule needs their values."""
     if target not in TARGETS:
         raise ValueError(f"unknown fusion target {target!r}; supported: {', '.join(TARGETS)}")
-    graph = ir.serde.deserialize_model(model)
-    if base_dir is not None:
-        _set_base_dir(graph, base_dir)
+    graph, originals = _deserialize_apart(model, base_dir)
     before = count_norms(graph)
     tracker = fuse_ir(graph)
     after = count_norms(graph)
-    fused, weights = _serialize_detached(graph)
+    fused, weights = _serialize_detached(graph, originals)
     del graph
     if target != "function":
         # ORT cannot infer the types of a function call that leaves out an optional output,

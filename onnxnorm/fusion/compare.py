@@ -1,0 +1,384 @@
+"""``python -m onnxnorm.fusion.compare``: onnxnorm's fusion against ONNX Runtime's transformers
+optimizer and onnxscript's ort_fusions on the corpus, and the speed and peak memory of the three
+on a decoder of a few hundred MB; writes docs/fusion.md.
+
+For every corpus model and exporter: the norm calls of the torch model, and per tool the norms
+it fused (a Skip op counts one norm and one residual add, a Sandwich op two norms and one add),
+the residual adds absorbed, whether it failed, and parity (max abs error of the optimized model
+against the original in onnxruntime on generated inputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+from onnxnorm.fusion import corpus
+
+#: ORT's optimizer needs a model type; these are its closest ones for each family
+ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "gpt_neox": "gpt_neox",
+                  "qwen3": "qwen3", "phi3": "phi"}
+#: the norm ops each tool writes: op type -> (norms, residual adds)
+NORM_OPS = {
+    ("", "LayerNormalization"): (1, 0), ("", "SimplifiedLayerNormalization"): (1, 0),
+    ("", "RMSNormalization"): (1, 0),
+    ("com.microsoft", "SkipLayerNormalization"): (1, 1),
+    ("com.microsoft", "SkipSimplifiedLayerNormalization"): (1, 1),
+    ("com.microsoft", "SimplifiedLayerNormalization"): (1, 0),
+    ("com.microsoft", "LayerNormalization"): (1, 0),
+    ("onnxnorm", "LayerNorm"): (1, 0), ("onnxnorm", "RMSNorm"): (1, 0),
+    ("onnxnorm", "SkipLayerNorm"): (1, 1), ("onnxnorm", "SkipRMSNorm"): (1, 1),
+    ("onnxnorm", "SandwichLayerNorm"): (2, 1), ("onnxnorm", "SandwichRMSNorm"): (2, 1),
+}
+
+
+def count(model: onnx.ModelProto, standard_counts: bool = True) -> tuple[int, int]:
+    """(norms, residual adds) held in single norm ops of the model's main graph.
+
+    A LayerNormalization the exporter wrote is already one op: it counts as fused for every
+    tool (the question is whether each norm ends as one op), so the columns compare like with
+    like."""
+    norms = adds = 0
+    for node in model.graph.node:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        n, a = NORM_OPS.get((domain, node.op_type), (0, 0))
+        norms += n
+        adds += a
+    return norms, adds
+
+
+def _run_onnxnorm(model, path):
+    from onnxnorm.fusion import fuse
+
+    fused, _ = fuse(model, "function")
+    return fused
+
+
+def _run_ort(model, path, name):
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    optimized = optimize_model(str(path), model_type=ORT_MODEL_TYPE.get(name, "gpt2"),
+                               num_heads=0, hidden_size=0, opt_level=0)
+    return optimized.model
+
+
+def _run_onnxscript(model, path):
+    import onnx_ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    ir_model = ir.serde.deserialize_model(model)
+    optimized, _ = optimize_for_ort(ir_model)
+    return ir.serde.serialize_model(optimized)
+
+
+def _parity(original, optimized) -> str:
+    from onnxnorm.fusion.verify import verify
+
+    try:
+        checks = verify(original, optimized)
+    except Exception as error:  # noqa: BLE001 - reported in the table
+        return f"does not run ({str(error).strip().splitlines()[0][:110]})"
+    worst = max(c.max_abs for c in checks)
+    return f"{'ok' if all(c.ok for c in checks) else 'MISMATCH'} ({worst:.1e})"
+
+
+def corpus_rows(names, exporters, folder: Path, log=print) -> list[dict]:
+    rows = []
+    for name in names:
+        for exporter in exporters:
+            row = {"model": name, "exporter": exporter}
+            try:
+                model, calls = corpus.export(name, exporter)
+            except Exception as error:  # noqa: BLE001
+                row["export_error"] = str(error).strip().splitlines()[0][:80]
+                rows.append(row)
+                continue
+            path = folder / f"{name}_{exporter}.onnx"
+            onnx.save(model, path)
+            row["norm_calls"] = calls
+            row["exported_ops"] = count(model)[0]
+            for tool, run in (("onnxnorm", lambda: _run_onnxnorm(model, path)),
+                              ("ort", lambda: _run_ort(model, path, name)),
+                              ("onnxscript", lambda: _run_onnxscript(model, path))):
+                try:
+                    started = time.perf_counter()
+                    optimized = run()
+                    row[f"{tool}_s"] = time.perf_counter() - started
+                    row[f"{tool}_norms"], row[f"{tool}_adds"] = count(optimized)
+                    row[f"{tool}_parity"] = _parity(model, optimized)
+                except Exception as error:  # noqa: BLE001 - a tool's failure is a result
+                    row[f"{tool}_error"] = f"{type(error).__name__}: {str(error).strip()[:70]}"
+            log(json.dumps(row))
+            rows.append(row)
+    return rows
+
+
+# --- speed and memory of the pass ----------------------------------------------------------------
+
+_TIMED = {
+    # the fuse command itself (onnxnorm's top-level parser also imports the torch-side
+    # commands, which a console start pays but the pass does not)
+    "onnxnorm fuse": (
+        "import argparse; from onnxnorm.fusion import cli; "
+        "rc = cli.run(argparse.Namespace(input=SRC, output=DST, target='function', "
+        "verify=False, json=None))"),
+    "ORT transformers optimizer": (
+        "from onnxruntime.transformers.optimizer import optimize_model; "
+        "m = optimize_model(SRC, model_type='gpt2', num_heads=0, hidden_size=0, opt_level=0); "
+        "m.save_model_to_file(DST); rc = 0"),
+    "onnxscript optimize_for_ort": (
+        "import onnx_ir as ir; from onnxscript.rewriter.ort_fusions import optimize_for_ort; "
+        "m = ir.load(SRC); m, _ = optimize_for_ort(m); ir.save(m, DST); rc = 0"),
+}
+
+
+#: the peak resident set of this process (VmHWM): unlike ru_maxrss, not inherited from the
+#: parent that forked it
+_PEAK = ("def _peak():\n"
+         "    for line in open('/proc/self/status'):\n"
+         "        if line.startswith('VmHWM:'):\n"
+         "            return int(line.split()[1]) / 1024\n")
+
+
+def _timed(code: str, src: Path, dst: Path) -> tuple[float, float]:
+    """(seconds, peak RSS MiB) of ``code`` in a fresh interpreter, imports excluded from the
+    time (they are the same for every run of a tool and small against the pass)."""
+    script = (_PEAK + "import sys, time, logging, warnings; warnings.simplefilter('ignore'); "
+              "logging.disable(logging.WARNING); "
+              "import onnx, onnx_ir, onnxscript, onnxruntime, numpy; "
+              f"SRC, DST = {str(src)!r}, {str(dst)!r}; t = time.perf_counter(); "
+              f"{code}; t = time.perf_counter() - t; "
+              "print('RESULT', t, _peak()); "
+              "sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=3600)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip()
+                           else f"exit {result.returncode}")
+    line = [x for x in result.stdout.splitlines() if x.startswith("RESULT")][-1]
+    _, seconds, peak = line.split()
+    return float(seconds), float(peak)
+
+
+def _import_baseline() -> float:
+    script = (_PEAK + "import onnx, onnx_ir, onnxscript, onnxruntime, numpy; "
+              "import onnxnorm.fusion, onnxruntime.transformers.optimizer; print(_peak())")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def decoder_export(folder: Path, layers: int = 8, hidden: int = 1024) -> Path:
+    import torch
+
+    from models import llama
+    from onnxnorm.nn.export import quiet_export
+
+    model = llama.build(llama.LlamaConfig(hidden=hidden, heads=hidden // 64,
+                                          intermediate=hidden * 11 // 4, layers=layers)).eval()
+    path = folder / f"decoder_{layers}x{hidden}.onnx"
+    with quiet_export(), torch.no_grad():
+        torch.onnx.export(model, (torch.randn(1, 16, hidden),), str(path), dynamo=True,
+                          external_data=False)
+    return path
+
+
+def timing_rows(folder: Path, log=print) -> tuple[list[dict], float, float]:
+    path = decoder_export(folder)
+    size = path.stat().st_size / 2**20
+    baseline = _import_baseline()
+    rows = []
+    for tool, code in _TIMED.items():
+        row = {"tool": tool}
+        try:
+            row["seconds"], row["peak_mib"] = _timed(code, path, folder / "out.onnx")
+        except Exception as error:  # noqa: BLE001
+            row["error"] = str(error)[:100]
+        for leftover in folder.glob("out.onnx*"):
+            leftover.unlink()
+        log(json.dumps(row))
+        rows.append(row)
+    return rows, size, baseline
+
+
+# --- docs/fusion.md -------------------------------------------------------------------------------
+
+def _versions() -> str:
+    import onnxruntime
+    import onnxscript
+    import torch
+    import transformers
+
+    return (f"onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}, onnxscript "
+            f"{onnxscript.__version__}, torch {torch.__version__}, transformers "
+            f"{transformers.__version__}, Python {sys.version.split()[0]}")
+
+
+def _cell(row: dict, tool: str) -> tuple[str, str, str]:
+    if f"{tool}_error" in row:
+        return "fails", "", row[f"{tool}_error"].replace("|", "/")
+    return str(row[f"{tool}_norms"]), str(row[f"{tool}_adds"]), row[f"{tool}_parity"]
+
+
+def markdown(rows, timing, size, baseline) -> str:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = [
+        "# Fusion: onnxnorm against ORT's transformers optimizer and onnxscript's ort_fusions",
+        "",
+        f"Generated by `python -m onnxnorm.fusion.compare` on {now}; {_versions()}; "
+        f"{os.cpu_count()} CPU cores.",
+        "",
+        "## How the pass works",
+        "",
+        "`onnxnorm fuse model.onnx -o fused.onnx [--target function|fused|ort|onnx] [--verify] "
+        "[--json report.json]`; in Python `onnxnorm.fusion.fuse(model, target)`, and "
+        "`onnxnorm.fusion.rules()` as an onnxscript `RewriteRuleSet` for other pipelines.",
+        "",
+        "1. **norms** (`norms.py`): a *core* rule finds the float32 statistics and "
+        "normalization (`x / sqrt(mean(x^2) + eps)`, `(x - mean) / sqrt(mean((x - mean)^2) + "
+        "eps)`; `Pow` or `Mul`, `Div` or `Reciprocal`/`Div(1, .)`, axes as attribute or input) "
+        "and writes an onnxnorm node without Scale; *absorb* rules then take the following "
+        "`Mul` by a weight (Scale), `Mul` by `w + c` (Scale with `scale_offset = c`: Gemma), "
+        "`Add` of a weight (Bias) and the `Cast` pair around a float32 computation. Each absorb "
+        "fixes the rounding order it proves: arithmetic in float16/bfloat16 after the rounding "
+        "is order A (Llama, T5), float32 arithmetic rounded once by the final Cast is order B "
+        "(Gemma, Cohere). Single ops become catalogue ops too: LayerNormalization (order B, as "
+        "PyTorch and ORT compute it), RMSNormalization (order A, as PyTorch's rms_norm), ORT's "
+        "SimplifiedLayerNormalization and com.microsoft SkipLayerNormalization / "
+        "SkipSimplifiedLayerNormalization.",
+        "2. **sandwich**, **skip**, **xbias** (`residual.py`): norm -> add -> norm becomes a "
+        "Sandwich op; the Add before a norm a Skip op (with Sum when the sum is used again: "
+        "Pre-Norm; without: Post-Norm); `alpha * r + f` a Skip op with `alpha` (DeepNorm, float32 "
+        "only: in half precision the original rounds `alpha * r` first); a sublayer's bias Add "
+        "before a Skip op its XBias (float32 only, for the same reason).",
+        "3. **BatchNormalization** folded into the Conv/ConvTranspose/Gemm before it "
+        "(onnxscript's rules); one after a MatMul is reported, not folded.",
+        "4. **lowering** (`lowering.py`) to the target. `ort`: LayerNormalization / "
+        "SimplifiedLayerNormalization with Scale and Bias where that is bit-exact (float32; "
+        "ORT's kernels round once, order B, which measured bit for bit), Skip ops for float32, "
+        "otherwise the unit-scale op in float32 followed by the catalogue's own arithmetic; "
+        "`onnx`: the same with LayerNormalization (opset 17) and RMSNormalization (opset 23), "
+        "the catalogue's function body inlined below those opsets.",
+        "",
+        "A rule fires only when it can prove the semantics: float32 statistics, the mean over "
+        "the last axis with keepdims, scalar constant epsilon and exponent, Scale/Bias a suffix "
+        "of X's shape, residual operands of provably equal shape (ORT's symbolic shape inference "
+        "helps where onnx's leaves dims unknown), intermediate values used by the match alone. "
+        "Every rule reports what it found, fused and skipped with the reason (`--json`).",
+        "",
+        "Large models: the CLI reads the model without its external data (tensors under 1 KiB "
+        "excepted), the fused graph is serialized without the input's unchanged weights, and "
+        "the output is written with those weights streamed from the input (external data copied "
+        "in 16 MiB chunks into `<output>.data`), through temporary files renamed into place.",
+        "",
+        "## Corpus",
+        "",
+        "Tiny random-weight transformers models built from configs in code (2 layers, hidden "
+        "32, random norm weights) and the `models/llama.py` block, exported with both PyTorch "
+        "exporters (dynamo: opset 18 with its optimizer; TorchScript: opset 17). *Norm calls* "
+        "are counted from the torch model with forward hooks. Per tool: the norms that end as "
+        "one op (a Skip op holds one norm and one residual add, a Sandwich op two norms and one "
+        "add; LayerNormalization ops the exporter already wrote count for every tool), the "
+        "residual adds absorbed, and parity: the optimized model against the original in "
+        "onnxruntime (CPU) on generated inputs, max abs error, `ok` within 1e-4.",
+        "",
+        "ORT's optimizer runs with `opt_level=0` and the model type nearest to each family "
+        "(bert, gpt2, t5, gpt_neox, qwen3, phi; gpt2 for the other decoders). onnxscript runs "
+        "`optimize_for_ort` with its defaults. onnxnorm runs `fuse(model, 'function')`.",
+        "",
+        "| model | exporter | norm calls | exported as ops | onnxnorm norms | adds | parity "
+        "| ORT opt. norms | adds | parity | onnxscript norms | adds | parity |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---|",
+    ]
+    totals = {t: [0, 0] for t in ("onnxnorm", "ort", "onnxscript")}
+    calls = 0
+    for row in rows:
+        if "export_error" in row:
+            out.append(f"| {row['model']} | {row['exporter']} | export fails: "
+                       f"{row['export_error']} | | | | | | | | | | |")
+            continue
+        calls += row["norm_calls"]
+        cells = []
+        for tool in totals:
+            n, a, p = _cell(row, tool)
+            cells += [n, a, p]
+            if n.isdigit():
+                totals[tool][0] += int(n)
+                totals[tool][1] += int(a)
+        out.append(f"| {row['model']} | {row['exporter']} | {row['norm_calls']} | "
+                   f"{row['exported_ops']} | " + " | ".join(cells) + " |")
+    out.append(f"| **total** | | **{calls}** | | **{totals['onnxnorm'][0]}** | "
+               f"**{totals['onnxnorm'][1]}** | | **{totals['ort'][0]}** | **{totals['ort'][1]}** "
+               f"| | **{totals['onnxscript'][0]}** | **{totals['onnxscript'][1]}** | |")
+    out += [
+        "",
+        "Where onnxnorm absorbs fewer adds than there are norms, no Skip op can take the add: "
+        "the first norm reads the embeddings; parallel blocks (GPT-NeoX, Falcon, Cohere) feed "
+        "two norms from one sum; OPT reshapes the sum to 2-D before its norms; BLOOM's first "
+        "layer normalizes the embedding norm's output.",
+        "",
+    ]
+    if timing:
+        out += [
+            "## Speed and memory of the pass",
+            "",
+            f"A Llama-style decoder from `models/llama.py` (8 layers, hidden 1024, weights "
+            f"inside the file: {size:.0f} MiB), exported with the dynamo exporter. Each tool "
+            "runs in a fresh interpreter; time is the pass (load, optimize, save), imports "
+            f"excluded; peak RSS is the process's VmHWM (imports alone: {baseline:.0f} MiB)."
+            " The target: onnxnorm at least 5x faster than the faster other tool, and its peak "
+            "memory above the imports at most 1.5x the file.",
+            "",
+            "| tool | time (s) | peak RSS (MiB) | peak above imports / file size |",
+            "|---|---:|---:|---:|",
+        ]
+        for row in timing:
+            if "error" in row:
+                out.append(f"| {row['tool']} | fails: {row['error']} | | |")
+            else:
+                out.append(f"| {row['tool']} | {row['seconds']:.2f} | {row['peak_mib']:.0f} | "
+                           f"{(row['peak_mib'] - baseline) / size:.2f} |")
+        ok = [r for r in timing if "error" not in r]
+        mine = [r for r in ok if r["tool"] == "onnxnorm fuse"]
+        others = [r["seconds"] for r in ok if r["tool"] != "onnxnorm fuse"]
+        if mine and others:
+            out += ["", f"onnxnorm is {min(others) / mine[0]['seconds']:.1f}x faster than the "
+                        "faster of the other two."]
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m onnxnorm.fusion.compare",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(corpus.ENTRIES))
+    parser.add_argument("--exporters", default="dynamo,torchscript")
+    parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("-o", "--output", default="docs/fusion.md")
+    parser.add_argument("--json", help="also write the raw rows as JSON")
+    args = parser.parse_args(argv)
+    root = Path(__file__).resolve().parents[2]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # models/
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        rows = corpus_rows(args.models.split(","), args.exporters.split(","), folder)
+        timing, size, baseline = ([], 0.0, 0.0) if args.no_timing else timing_rows(folder)
+    Path(args.output).write_text(markdown(rows, timing, size, baseline))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"corpus": rows, "timing": timing, "size_mib": size,
+                                               "import_mib": baseline}, indent=2))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
