@@ -140,9 +140,45 @@ torch.zeros = _no_device(torch.zeros)
 kernels = cuda.Kernels(sys.argv[1])
 failures = cuda.check(kernels, quick=True)
 problems = cuda.check_bad_arguments(kernels)
+
+# the ORT glue: its op table says what the catalogue says, and RegisterCustomOps joins the CPU
+# library's domain (the CPU kernels run; the CUDA ones would on the CUDA provider), twice
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+from onnxnorm import ops, runtime
+for entry in kernels.manifest()["ops"]:
+    spec = ops.OPS[entry["name"]]
+    if (entry["inputs"], entry["optional_inputs"], entry["outputs"], sorted(entry["attributes"])) != (
+            [p.name for p in spec.inputs], list(spec.optional_inputs), [p.name for p in spec.outputs],
+            sorted(a.name for a in spec.attributes)):
+        problems.append(f"glue op table differs from the catalogue for {entry['name']}: {entry}")
+if sorted(e["name"] for e in kernels.manifest()["ops"]) != sorted(ops.OPS):
+    problems.append("glue op table does not hold every catalogue op")
+node = helper.make_node("SkipRMSNorm", ["x", "r"], ["y", "s"], domain="onnxnorm")
+vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 16])
+model = helper.make_model(helper.make_graph([node], "g", [vi("x"), vi("r")], [vi("y"), vi("s")]),
+                          opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnxnorm", 1)])
+x, r = np.random.default_rng(0).standard_normal((2, 2, 16)).astype(np.float32)
+want = ops.reference.run("SkipRMSNorm", x, r)
+for attempt in range(2):
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(sys.argv[1])
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": x, "r": r})
+    if not all(np.allclose(g, w, 1e-5, 1e-5) for g, w in zip(got, want)):
+        problems.append(f"registration {attempt}: CPU kernels through the CUDA glue's domain differ")
 print("\n".join(failures[:30] + problems))
 sys.exit(1 if failures or problems else 0)
 """
+
+
+def _ort_headers() -> Path | None:
+    for folder in (os.environ.get("ONNXRUNTIME_INCLUDE_DIR"), "/usr/include/onnxruntime",
+                   str(ROOT / "third_party" / "onnxruntime" / "include")):
+        if folder and (Path(folder) / "onnxruntime_c_api.h").is_file():
+            return Path(folder)
+    return None
 
 
 @pytest.mark.slow
@@ -151,24 +187,30 @@ def test_cuda_kernel_logic_in_host_emulation():
     by the host compiler with stand-ins for the CUDA headers (custom_ops/cuda/emulation: threads
     of a block are std::threads, shuffles and __syncthreads barriers), run the harness's quick
     correctness matrix against the reference: every op, dtype, weight dtype, rounding order,
-    kernel configuration and the general kernel. GPU-specific behaviour (memory model, speed) is
-    left to the GPU tests."""
+    kernel configuration and the general kernel; and the ORT glue compiled with it registers into
+    a CPU onnxruntime session by joining the CPU library's domain. GPU-specific behaviour (memory
+    model, speed, the CUDA provider) is left to the GPU tests."""
     cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
+    headers = _ort_headers()
+    if headers is None:
+        pytest.skip("no ONNX Runtime headers")
     emulation = CUDA_DIR / "emulation"
     with tempfile.TemporaryDirectory() as tmp:
         library = os.path.join(tmp, "libonnxnorm_cuda_emulation.so")
         build = subprocess.run(
             [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{emulation}", f"-I{CUDA_DIR}",
-             "-DONNXNORM_CUDA_HOST_EMULATION=1", "-DONNXNORM_CUDA_ARCHS=host-emulation",
-             str(emulation / "host_emulation.cc"), "-x", "c++", str(CUDA_DIR / "launch.cu"), "-o", library],
+             f"-I{headers}", "-DONNXNORM_CUDA_HOST_EMULATION=1", "-DONNXNORM_CUDA_ARCHS=host-emulation",
+             str(emulation / "host_emulation.cc"), str(CUDA_DIR / "ort_cuda_ops.cc"), "-x", "c++",
+             str(CUDA_DIR / "launch.cu"), "-o", library, "-ldl"],
             capture_output=True, text=True, timeout=600)
         if build.returncode != 0 and "barrier" in build.stderr:
             pytest.skip("the host compiler lacks C++20 <barrier>")
         assert build.returncode == 0, build.stderr[-4000:]
+        env = dict(os.environ, ONNXNORM_LIBRARY=str(runtime.library_path()))
         run = subprocess.run([sys.executable, "-c", _EMULATION_RUN, library], capture_output=True, text=True,
-                             timeout=1200, cwd=ROOT)
+                             timeout=1200, cwd=ROOT, env=env)
         assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
         assert "CUDA kernel cases passed" in run.stdout
 

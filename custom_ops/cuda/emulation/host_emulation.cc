@@ -3,8 +3,9 @@
 // this folder's stand-ins for the CUDA headers. Each block's threads are std::threads, blocks
 // run one after another; warp shuffles and __syncthreads are barriers (a lane that skipped one
 // would hang the test). Not built into any library. Build:
-//   c++ -std=c++20 -shared -fPIC -pthread -I. -I.. -DONNXNORM_CUDA_HOST_EMULATION=1 \
-//       host_emulation.cc -x c++ ../launch.cu -o libonnxnorm_cuda_emulation.so
+//   c++ -std=c++20 -shared -fPIC -pthread -I. -I.. -I<ORT headers> -DONNXNORM_CUDA_HOST_EMULATION=1 \
+//       host_emulation.cc ../ort_cuda_ops.cc -x c++ ../launch.cu -o libonnxnorm_cuda_emulation.so
+// The ORT glue in it registers like the real library (its CUDA ops never run on the CPU).
 #include <memory>
 #include <thread>
 #include <vector>
@@ -81,4 +82,4 @@ ONNXNORM_CUDA_INSTANTIATE_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSkip)
 ONNXNORM_CUDA_INSTANTIATE_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kSandwich)
 ONNXNORM_CUDA_INSTANTIATE_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSandwich)
 
-extern "C" __attribute__((visibility("default"))) const char* onnxnorm_cuda_op_manifest(void) { return "{}"; }
+// Built with ../ort_cuda_ops.cc (RegisterCustomOps, onnxnorm_cuda_op_manifest) and ../launch.cu.
