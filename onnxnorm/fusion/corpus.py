@@ -95,6 +95,50 @@ def _block(kind: str) -> Callable[[], Any]:
     return build
 
 
+#: models/decoder.py blocks with decomposed norms, in every norm position: (norm, position,
+#: DecoderConfig overrides)
+BLOCKS = {
+    "block_rms_pre": ("rms", "pre", {"cast_before_scale": 1, "qk_norm": True}),
+    "block_rms_post": ("rms", "post", {}),
+    "block_rms_sandwich": ("rms", "sandwich", {"scale_offset": 1.0}),
+    "block_rms_deepnorm": ("rms", "deepnorm", {}),
+    "block_rms_reordered": ("rms", "reordered", {}),
+    "block_layer_pre": ("layer", "pre", {"bias": True, "embedding_norm": True}),
+    "block_layer_post": ("layer", "post", {"bias": True}),
+    "block_layer_sandwich": ("layer", "sandwich", {"weight": False}),
+    "block_layer_deepnorm": ("layer", "deepnorm", {"bias": True}),
+}
+
+
+def block_config(name: str):
+    from models import decoder
+
+    norm, position, overrides = BLOCKS[name]
+    return decoder.DecoderConfig(hidden=32, heads=2, intermediate=64, layers=2, norm=norm,
+                                 position=position, impl="decomposed", **overrides)
+
+
+def _decoder_block(name: str) -> Callable[[], Any]:
+    def build():
+        from models import decoder
+
+        config = block_config(name)
+        model = decoder.build(config)
+        return model, (decoder.example_input(config, batch=1, seq=SEQ),), ["x"]
+
+    return build
+
+
+def expected_adds(name: str) -> int | None:
+    """The residual adds a models/decoder.py block's onnxnorm export fuses (None: not a block)."""
+    if name not in BLOCKS:
+        return None
+    from models import decoder
+
+    nodes = decoder.Decoder(block_config(name)).expected_nodes()
+    return sum(n for op, n in nodes.items() if op.startswith(("Skip", "Sandwich")))
+
+
 ENTRIES: dict[str, Entry] = {e.name: e for e in [
     Entry("llama", _hf("LlamaConfig", "LlamaModel", num_key_value_heads=1)),
     Entry("mistral", _hf("MistralConfig", "MistralModel", num_key_value_heads=1)),
@@ -117,6 +161,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in [
     Entry("olmo", _hf("OlmoConfig", "OlmoModel", num_key_value_heads=2)),
     Entry("cohere", _hf("CohereConfig", "CohereModel", num_key_value_heads=2, use_qk_norm=True)),
     Entry("block_llama", _block("llama")),
+    *(Entry(name, _decoder_block(name)) for name in BLOCKS),
 ]}
 
 
