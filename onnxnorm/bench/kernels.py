@@ -480,7 +480,9 @@ def plot(results: list[Result], path: str) -> None:
     fig, axes = plt.subplots(len(ops), 1, figsize=(14, 3.2 * len(ops)), squeeze=False)
     for ax, op in zip(axes[:, 0], ops):
         rows = [r for r in results if r.op == op]
-        labels = [f"{r.shape}\n{r.dtype}" for r in rows]
+        short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+        labels = [f"{'Q/K-norm' if r.shape.startswith('qk') else r.shape}\n{short.get(r.dtype, r.dtype)}"
+                  for r in rows]
         x = np.arange(len(rows))
         width = 0.8 / len(contenders)
         for k, c in enumerate(contenders):
@@ -502,6 +504,14 @@ def plot(results: list[Result], path: str) -> None:
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (3.2 * len(ops))))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def load_results(path: str) -> list[Result]:
+    """The results of a run from its JSON file (to redraw the plot or the table)."""
+    with open(path) as f:
+        data = json.load(f)
+    return [Result(r["op"], r["shape"], r["dtype"], r["median_seconds"], r.get("notes", {}),
+                   r.get("best_seconds") or {}) for r in data["results"]]
 
 
 def environment(threads: int) -> dict[str, Any]:

@@ -89,9 +89,11 @@ namespace cpu {
 // one), or nullptr when the combination is not implemented. Every weight present in NormArgs
 // (scale, bias, xbias, inner_scale, inner_bias) must be of weight_type, which is x_type or
 // kFloat32. The kernel reads X, Residual and the weights, writes Y and (when not null) Sum; Y may
-// not overlap the inputs. Statistics are float32 (per-row scalars in float64); LayerNorm is
-// two-pass over the row (shifted sum for the mean, then centred squares), so rows with a large
-// mean and a small spread stay accurate. No heap allocation.
+// not overlap the inputs. Statistics are float32 (per-row scalars in float64); LayerNorm sums
+// D and D^2 with D = X - shift, the shift being near the row's mean (the mean of its first
+// vector), and takes a second pass around the mean when that shift proves far from it, so rows
+// with a large mean and a small spread stay accurate (never E[x^2] - E[x]^2 on raw values).
+// Row-wise parallel calls are the caller's business; no heap allocation.
 NormRowsFn GetNormRows(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type);
 
 // The instruction set GetNormRows chooses on this CPU: "avx512", "avx2" or "portable".
