@@ -86,3 +86,14 @@ def test_half_precision_exports(name, dtype):
     if dtype == "float16":
         checks = verify(model, fused)
         assert all(c.ok for c in checks), [str(c) for c in checks]
+
+
+def test_compare_report(tmp_path):
+    """The report command runs all three tools and writes the markdown table."""
+    from onnxnorm.fusion import compare
+
+    out = tmp_path / "fusion.md"
+    assert compare.main(["--models", "gpt2", "--exporters", "dynamo", "--no-timing",
+                         "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "| gpt2 | dynamo | 5 | 5 | 5 | 5 | ok" in text and "onnxruntime 1." in text

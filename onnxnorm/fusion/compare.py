@@ -75,7 +75,7 @@ def _run_onnxscript(model, path):
     import onnx_ir as ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-    ir_model = ir.serde.deserialize_model(model)
+    ir_model = ir.load(str(path))  # as its users call it
     optimized, _ = optimize_for_ort(ir_model)
     return ir.serde.serialize_model(optimized)
 

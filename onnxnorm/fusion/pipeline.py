@@ -250,13 +250,6 @@ def drop_unused_sums(model: onnx.ModelProto) -> None:
                 del node.output[1]
 
 
-def _set_base_dir(model: ir.Model, base_dir: str) -> None:
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if isinstance(tensor, ir.ExternalTensor):
-            tensor.base_dir = base_dir
-
-
 def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None
                        ) -> tuple[ir.Model, dict[str, onnx.TensorProto]]:
     """The IR of ``model`` built from a copy of everything but its weights (onnx_ir would
