@@ -258,3 +258,23 @@ def test_every_instruction_set(isa):
 
 def test_bfloat16_helpers_agree_with_ml_dtypes():
     assert BF16 == np.dtype(ml_dtypes.bfloat16)
+
+
+def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
+    import json
+
+    from onnxnorm.bench import cli, kernels
+
+    parser = __import__("argparse").ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", "kernels", "--ops", "SkipRMSNorm", "--shapes", "1x1x4096",
+                              "--dtypes", "float16", "--repeats", "2", "--min-sample", "0.0005",
+                              "--json", str(tmp_path / "run.json"), "--plot", str(tmp_path / "run.png")])
+    assert args.run(args) == 0
+    out = capsys.readouterr().out
+    assert "| SkipRMSNorm | 1x1x4096 | float16 |" in out
+    data = json.loads((tmp_path / "run.json").read_text())
+    (row,) = data["results"]
+    assert row["median_seconds"]["onnxnorm"] > 0 and row["best_ort"] == "ort:SkipSimplifiedLayerNormalization"
+    assert (tmp_path / "run.png").stat().st_size > 10000
+    assert kernels.load_results(str(tmp_path / "run.json"))[0].op == "SkipRMSNorm"
