@@ -97,3 +97,12 @@ def test_compare_report(tmp_path):
                          "-o", str(out)]) == 0
     text = out.read_text()
     assert "| gpt2 | dynamo | 5 | 5 | 5 | 5 | ok" in text and "onnxruntime 1." in text
+
+
+@pytest.mark.parametrize("exporter,opset", [("dynamo", 23), ("torchscript", 18)])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "gemma2"])
+def test_other_opsets(name, exporter, opset):
+    model, norm_calls = corpus.export(name, exporter, opset=opset)
+    fused, report = fuse(model, "function")
+    assert report.norms == norm_calls and report.residual_adds == ADDS[name], str(report)
+    assert all(c.ok for c in verify(model, fused))
