@@ -188,21 +188,26 @@ def test_norm_output_used_as_mean_is_left_alone():
     assert "is used" in str(report)
 
 
-def test_batch_norm_folded_into_conv_and_reported_after_matmul():
-    c = 4
+def test_batch_norm_folded_into_conv_and_matmul_and_reported_elsewhere():
+    c = 3
     bn = {"s": _w(5, (c,)), "bb": _w(6, (c,), -0.5), "m": _w(7, (c,), -0.5), "v": _w(8, (c,))}
     original = _model(
         [helper.make_node("Conv", ["x", "k"], ["cv"]),
          helper.make_node("BatchNormalization", ["cv", "s", "bb", "m", "v"], ["y"]),
          helper.make_node("MatMul", ["x2", "wm"], ["mm"]),
-         helper.make_node("BatchNormalization", ["mm", "s", "bb", "m", "v"], ["y2"])],
-        [("x", F, [1, 3, 8, 8]), ("x2", F, [2, c, 3])], [("y", F, [1, c, 6, 6]),
-                                                         ("y2", F, [2, c, 3])],
-        {"k": _w(9, (c, 3, 3, 3), -0.5), "wm": _w(10, (3, 3), -0.5), **bn})
+         helper.make_node("BatchNormalization", ["mm", "s", "bb", "m", "v"], ["y2"]),
+         helper.make_node("MatMul", ["x3", "wm3"], ["mm3"]),
+         helper.make_node("BatchNormalization", ["mm3", "s", "bb", "m", "v"], ["y3"])],
+        [("x", F, [1, 3, 8, 8]), ("x2", F, [5, 6]), ("x3", F, [2, c, 6])],
+        [("y", F, [1, c, 6, 6]), ("y2", F, [5, c]), ("y3", F, [2, c, c])],
+        {"k": _w(9, (c, 3, 3, 3), -0.5), "wm": _w(10, (6, c), -0.5), "wm3": _w(11, (6, c), -0.5),
+         **bn})
     fused, report = fuse(original)
-    assert [t for _, t in _ops(fused)] == ["Conv", "MatMul", "BatchNormalization"]
-    row = report["BatchNormalization folded into Conv/ConvTranspose/Gemm (onnxscript rule)"]
-    assert (row.found, row.fused, row.skipped) == (2, 1, 1)
+    assert [t for _, t in _ops(fused)] == ["Conv", "MatMul", "Add", "MatMul",
+                                           "BatchNormalization"]
+    row = report["BatchNormalization folded into Conv/ConvTranspose/Gemm (onnxscript rule) "
+                 "or MatMul"]
+    assert (row.found, row.fused, row.skipped) == (3, 2, 1)
     assert "after MatMul" in row.skips[0].reason
     _check(original, fused)
 

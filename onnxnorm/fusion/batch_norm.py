@@ -1,6 +1,7 @@
 """Inference BatchNormalization folded into the Conv, ConvTranspose or Gemm before it, with
 onnxscript's own rules (their checks: constant weights and statistics, the BatchNormalization
-the only user of the layer's output, inference mode)."""
+the only user of the layer's output, inference mode), and into a MatMul with a 2-D output
+(features on axis 1, as BatchNorm1d after a Linear exports) with :class:`FoldIntoMatMul`."""
 
 from __future__ import annotations
 
@@ -13,13 +14,58 @@ from onnxscript.rewriter.rules.common import (fuse_batchnorm_into_conv_rule,
 
 from onnxnorm.fusion.report import Tracker
 
-TITLE = "BatchNormalization folded into Conv/ConvTranspose/Gemm (onnxscript rule)"
+TITLE = "BatchNormalization folded into Conv/ConvTranspose/Gemm (onnxscript rule) or MatMul"
+
+
+class FoldIntoMatMul(pattern.RewriteRuleClassBase):
+    """``BatchNormalization(MatMul(x, W))`` with a 2-D output [N, C] (BatchNorm1d after a
+    Linear): the per-feature factor s = gamma / sqrt(var + eps) scales W's columns and the
+    shift becomes an Add: ``MatMul(x, W * s) + (beta - mean * s)`` (float32 arithmetic, as the
+    Conv folding)."""
+
+    def pattern(self, op, x, w, gamma, beta, mean, var):
+        return op.BatchNormalization(op.MatMul(x, w, _outputs=["product"]), gamma, beta, mean,
+                                     var, _outputs=["y"])
+
+    def check(self, context, x, w, gamma, beta, mean, var, product, y, **_):
+        result = pattern.MatchResult()
+        node = y.producer()
+        if node.attributes.get("training_mode") is not None and node.attributes["training_mode"].value:
+            return result.fail("training mode")
+        if len(node.outputs) > 1 and any(v.uses() for v in node.outputs[1:]):
+            return result.fail("running statistics are used")
+        for value in (w, gamma, beta, mean, var):
+            if value.is_graph_input() or ir.convenience.get_const_tensor(value) is None:
+                return result.fail(f"{value.name} is not a constant")
+        if len(product.uses()) != 1 or any(u is not product.producer() for u, _ in w.uses()):
+            return result.fail("the MatMul's output or weight is used elsewhere")
+        shape = product.shape
+        weight = ir.convenience.get_const_tensor(w)
+        if shape is None or shape.rank() != 2 or len(weight.shape) != 2:
+            return result.fail("BatchNormalization's channel axis 1 is the MatMul's feature "
+                               "axis only for a 2-D product of a 2-D weight")
+        return result
+
+    def rewrite(self, op, x, w, gamma, beta, mean, var, y, **_):
+        import numpy as np
+
+        node = y.producer()
+        eps = node.attributes["epsilon"].value if "epsilon" in node.attributes else 1e-5
+        values = [ir.convenience.get_const_tensor(v).numpy().astype(np.float64)
+                  for v in (w, gamma, beta, mean, var)]
+        weight, g, b, m, v = values
+        factor = g / np.sqrt(v + eps)
+        dtype = ir.convenience.get_const_tensor(w).numpy().dtype
+        new_w = ir.tensor((weight * factor[None, :]).astype(dtype))
+        new_b = ir.tensor((b - m * factor).astype(dtype))
+        product = op.MatMul(x, op.initializer(new_w, name=f"{w.name}_bn"))
+        return op.Add(product, op.initializer(new_b, name=f"{w.name}_bn_shift"))
 
 
 def rule_set() -> pattern.RewriteRuleSet:
     return pattern.RewriteRuleSet([fuse_batchnorm_into_conv_rule,
                                    fuse_batchnorm_into_conv_transpose_rule,
-                                   fuse_batchnorm_into_gemm_rule])
+                                   fuse_batchnorm_into_gemm_rule, FoldIntoMatMul().rule()])
 
 
 def _batch_norms(model: ir.Model) -> list[ir.Node]:
@@ -43,9 +89,9 @@ def fold(model: ir.Model, tracker: Tracker) -> None:
         if node in remaining:
             producer = node.inputs[0].producer() if node.inputs[0] is not None else None
             before_op = producer.op_type if producer is not None else "a graph input"
-            tracker.checked(TITLE, node, f"after {before_op}: no Conv/ConvTranspose/Gemm with "
-                                         "constant weights and statistics to fold it into, or "
-                                         "training outputs in use")
+            tracker.checked(TITLE, node, f"after {before_op}: no Conv/ConvTranspose/Gemm, or "
+                                         "MatMul with a 2-D product, with constant weights and "
+                                         "statistics to fold it into, or training outputs in use")
         else:
             tracker.checked(TITLE, node, None)
             tracker.fused(TITLE, node)
