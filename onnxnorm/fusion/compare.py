@@ -260,7 +260,8 @@ def markdown(rows, timing, size, baseline) -> str:
         "only: in half precision the original rounds `alpha * r` first); a sublayer's bias Add "
         "before a Skip op its XBias (float32 only, for the same reason).",
         "3. **BatchNormalization** folded into the Conv/ConvTranspose/Gemm before it "
-        "(onnxscript's rules); one after a MatMul is reported, not folded.",
+        "(onnxscript's rules) or into a MatMul with a 2-D product (BatchNorm1d after a Linear); "
+        "any other is reported with the reason.",
         "4. **lowering** (`lowering.py`) to the target. `ort`: LayerNormalization / "
         "SimplifiedLayerNormalization with Scale and Bias where that is bit-exact (float32; "
         "ORT's kernels round once, order B, which measured bit for bit), Skip ops for float32, "
