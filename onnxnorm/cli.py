@@ -15,22 +15,39 @@ from typing import Sequence
 
 from onnxnorm._io import OnnxNormError
 
-#: modules that register a subcommand, in the order ``--help`` lists them
-COMMANDS = ("onnxnorm.nn.cli", "onnxnorm.fusion.cli", "onnxnorm.bench.cli")
+#: command -> (module that registers it, one-line help), in the order ``--help`` lists them
+COMMANDS = {
+    "export": ("onnxnorm.nn.cli", "export a model with one onnxnorm node per norm"),
+    "fuse": ("onnxnorm.fusion.cli", "replace norm patterns with fused onnxnorm ops"),
+    "bench": ("onnxnorm.bench.cli", "benchmarks: onnxnorm against ORT, torch and a memory copy"),
+}
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the full arguments of ``command`` only: the other commands are listed
+    by name and help, so that ``onnxnorm fuse`` never imports torch."""
     top = argparse.ArgumentParser(
         prog="onnxnorm", description="Normalization layers of LLMs as fused ONNX / ONNX Runtime ops.")
     top.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     commands = top.add_subparsers(dest="command", required=True)
-    for module in COMMANDS:
-        importlib.import_module(module).register(commands)
+    for name, (module, text) in COMMANDS.items():
+        if name == command:
+            importlib.import_module(module).register(commands)
+        else:
+            commands.add_parser(name, help=text)
     return top
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser(_command(argv)).parse_args(argv)
     try:
         return args.run(args)
     except OnnxNormError as error:

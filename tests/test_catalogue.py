@@ -195,6 +195,19 @@ def test_overload_names_variant():
     spec = ops.OPS["SkipRMSNorm"]
     assert functions.overload(spec, ["Scale", "XBias"], 1) == "scale_xbias_a"
     assert functions.overload(spec, [], 0) == "none"
+    assert functions.overload(spec, [], 0, 1.0, with_sum=False) == "none_offset_nosum"
+
+
+@pytest.mark.parametrize("op", [name for name, spec in ops.OPS.items() if spec.has_residual])
+def test_function_body_without_sum_output(op, rng):
+    """A Skip or Sandwich node that leaves out Sum gets an overload without it, which ORT runs."""
+    arrays = _arrays(op, ("Scale",), rng)
+    model = single_node_model(op, arrays, optional_outputs=False)
+    assert [len(f.output) for f in model.functions] == [1]
+    assert model.functions[0].overload.endswith("nosum")
+    got = run(model, arrays)
+    assert len(got) == 1
+    assert_close(got[0], reference_outputs(op, arrays)[0])
 
 
 def test_schemas_registered_for_every_op():

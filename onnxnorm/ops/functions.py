@@ -64,12 +64,17 @@ class _Body:
 
 
 def overload(spec: catalogue.OpSpec, present: Iterable[str], cast_before_scale: int,
-             scale_offset: float = 0.0) -> str:
+             scale_offset: float = 0.0, with_sum: bool = True) -> str:
     """The function overload naming a node's variant: its optional inputs, whether it has a
-    scale offset, and its rounding order (``a`` for order A)."""
+    scale offset, its rounding order (``a`` for order A) and, for ops with a Residual, whether
+    the node leaves out its Sum output (``nosum``: ORT cannot type a call to a function that
+    has more outputs than the call)."""
     present = set(present)
     parts = [name.lower() for name in spec.optional_inputs if name in present] or ["none"]
-    return "_".join(parts + (["offset"] if scale_offset else []) + (["a"] if cast_before_scale else []))
+    parts += ["offset"] if scale_offset else []
+    parts += ["a"] if cast_before_scale else []
+    parts += ["nosum"] if spec.has_residual and not with_sum else []
+    return "_".join(parts)
 
 
 def _normalize(b: _Body, spec: catalogue.OpSpec, z: str) -> str:
@@ -153,7 +158,8 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     defaults = [helper.make_attribute(a.name, float(a.default) if a.kind == "float" else a.default)
                 for a in spec.attributes]
     return helper.make_function(
-        catalogue.DOMAIN, op, inputs, [p.name for p in spec.outputs], b.nodes,
+        catalogue.DOMAIN, op, inputs,
+        [p.name for p in spec.outputs if not (p.name == "Sum" and "nosum" in parts)], b.nodes,
         [helper.make_opsetid("", opset)], attribute_protos=defaults,
         doc_string=f"{spec.summary} {spec.formula}", overload=variant,
     )
@@ -190,7 +196,9 @@ def node_variant(node: onnx.NodeProto) -> str:
     names = [p.name for p in spec.inputs]
     present = [names[i] for i, value in enumerate(node.input) if value and i < len(names)]
     attrs = {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
-    return overload(spec, present, attrs.get("cast_before_scale", 0), attrs.get("scale_offset", 0.0))
+    with_sum = len(node.output) > 1 and bool(node.output[1])
+    return overload(spec, present, attrs.get("cast_before_scale", 0), attrs.get("scale_offset", 0.0),
+                    with_sum)
 
 
 def _set_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
