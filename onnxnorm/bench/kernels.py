@@ -29,12 +29,17 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import time
 from typing import Any, Callable
 
 import numpy as np
+
+# torch's OpenMP threads spin after each call by default and would take the cores from the ORT
+# contenders timed next; this must be set before torch starts its thread pool.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from onnxnorm.ops import catalogue
 
@@ -322,6 +327,9 @@ def _ort_runner(model, arrays: dict[str, np.ndarray], threads: int, with_library
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # Contenders run interleaved: a pool left spinning after its call would steal a core from
+    # the next contender on a small machine, so no session spins (all alike).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     sess = runtime.session(model, options, with_library=with_library)
     binding = sess.io_binding()
