@@ -7,7 +7,6 @@ A test fails when the committed page differs from what this renders.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from models.families import FAMILIES, Family
 
@@ -166,12 +165,9 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if argv:
-        Path(argv[0]).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    from onnxnorm.ops import docs
+
+    return docs.main(argv, render)
 
 
 if __name__ == "__main__":

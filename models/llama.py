@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.decoder import MLP  # the same SwiGLU MLP (it reads config.hidden, config.intermediate)
+
 
 @dataclasses.dataclass
 class LlamaConfig:
@@ -64,17 +66,6 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              v.transpose(1, 2), is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, hidden))
-
-
-class MLP(nn.Module):
-    def __init__(self, config: LlamaConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden, config.intermediate, bias=False)
-        self.up_proj = nn.Linear(config.hidden, config.intermediate, bias=False)
-        self.down_proj = nn.Linear(config.intermediate, config.hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):

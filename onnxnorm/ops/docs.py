@@ -46,7 +46,8 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], render=render) -> int:
+    """Writes ``render()`` to the path in ``argv``, or to standard output."""
     text = render()
     if argv:
         Path(argv[0]).write_text(text)
