@@ -335,36 +335,16 @@ class StandardRMSNorm(_NormRule):
 
     title = "RMSNorm (ONNX RMSNormalization)"
     fused_op = "RMSNorm"
+    source_op = "RMSNormalization"
 
     def __init__(self, tracker: Tracker) -> None:
-        super().__init__(tracker, "RMSNormalization")
+        super().__init__(tracker, self.source_op)
 
     def pattern(self, op, x, scale):
-        return op.RMSNormalization(x, scale, _outputs=["y"])
+        return getattr(op, self.source_op)(x, scale, _outputs=["y"])
 
-    def inspect(self, context, x, scale, y, **_):
-        node = y.producer()
-        _stash(node)
-        x_type = dtype(x, "X")
-        check_type(x_type, Scale=scale, Y=y)
-        axis = _axis(node, x)
-        check_scale(scale, x, axis)
-        return ("RMSNorm", [x, scale], {"axis": axis,
-                                        "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
-                                        "cast_before_scale": int(x_type != FLOAT)})
-
-
-class SimplifiedLayerNorm(_NormRule):
-    """ONNX Runtime's ``SimplifiedLayerNormalization`` (RMSNorm; its kernels round once: B)."""
-
-    title = "RMSNorm (ORT SimplifiedLayerNormalization)"
-    fused_op = "RMSNorm"
-
-    def __init__(self, tracker: Tracker) -> None:
-        super().__init__(tracker, "SimplifiedLayerNormalization")
-
-    def pattern(self, op, x, scale):
-        return op.SimplifiedLayerNormalization(x, scale, _outputs=["y"])
+    def cast_before_scale(self, x_type: ir.DataType) -> int:
+        return int(x_type != FLOAT)
 
     def inspect(self, context, x, scale, y, **_):
         node = y.producer()
@@ -376,7 +356,17 @@ class SimplifiedLayerNorm(_NormRule):
         check_scale(scale, x, axis)
         return ("RMSNorm", [x, scale], {"axis": axis,
                                         "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
-                                        "cast_before_scale": 0})
+                                        "cast_before_scale": self.cast_before_scale(x_type)})
+
+
+class SimplifiedLayerNorm(StandardRMSNorm):
+    """ONNX Runtime's ``SimplifiedLayerNormalization`` (RMSNorm; its kernels round once: B)."""
+
+    title = "RMSNorm (ORT SimplifiedLayerNormalization)"
+    source_op = "SimplifiedLayerNormalization"
+
+    def cast_before_scale(self, x_type: ir.DataType) -> int:
+        return 0
 
 
 class MsSkipNorm(_NormRule):
