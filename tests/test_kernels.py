@@ -278,3 +278,22 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     assert row["median_seconds"]["onnxnorm"] > 0 and row["best_ort"] == "ort:SkipSimplifiedLayerNormalization"
     assert (tmp_path / "run.png").stat().st_size > 10000
     assert kernels.load_results(str(tmp_path / "run.json"))[0].op == "SkipRMSNorm"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ops", "Foo"], "argument --ops: unknown Foo"),
+    (["--shapes", "3x3"], "argument --shapes: unknown 3x3"),
+    (["--dtypes", "int8"], "argument --dtypes: unknown int8"),
+    (["--threads", "0"], "--threads and --repeats must be at least 1"),
+    (["--repeats", "-1"], "--threads and --repeats must be at least 1"),
+])
+def test_bench_bad_arguments_are_one_line_errors(argv, message, capsys):
+    from onnxnorm import cli
+
+    try:
+        status = cli.main(["bench", "kernels", *argv])
+    except SystemExit as exit_:  # argparse's own errors
+        status = exit_.code
+    assert status != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
