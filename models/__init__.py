@@ -1,9 +1,12 @@
 """Reference transformer blocks used by the tests, the demo and the benchmarks.
 
-- ``models.decoder``: a small configurable decoder (RMSNorm or LayerNorm; Pre-, Post-,
-  Sandwich-Norm, DeepNorm, OLMo 2's reordered norms; Gemma's scale offset; Q/K and embedding
-  norms), as onnxnorm modules with fused residual adds or as decomposed torch math;
-- ``models.families``: the norm configurations of LLM families, as data;
+They import onnxnorm like any user; nothing in the onnxnorm package imports them. The
+configurable decoder and the LLM families' norm table that ``onnxnorm export FAMILY`` builds live
+in the package (``onnxnorm.nn.decoder``, ``onnxnorm.nn.families``).
+
 - ``models.llama``: a Llama-style decoder written the way Hugging Face writes Llama;
+- ``models.corpus``: the fusion corpus (tiny random-weight transformers models and decomposed
+  decoder blocks) for the corpus tests; ``models.compare``: onnxnorm's fusion against other
+  tools on that corpus, which writes docs/fusion.md;
 - ``models.docs``: renders docs/norms.md; ``models.demo``: the demo.
 """

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.decoder import MLP  # the same SwiGLU MLP (it reads config.hidden, config.intermediate)
+from onnxnorm.nn.decoder import MLP  # the same SwiGLU MLP (it reads config.hidden, config.intermediate)
 
 
 @dataclasses.dataclass

@@ -4,34 +4,39 @@
     onnxnorm.convert(model)                           # its norm modules become onnxnorm's
     onnxnorm.export(model, (x,), "model.onnx")       # one onnxnorm node per norm module
     session = onnxnorm.runtime.session("model.onnx")  # ORT with the fused kernels
+
+ONNX Runtime is required (``pip install 'onnxnorm[cpu]'`` or ``'onnxnorm[gpu]'``); torch only
+for :func:`export`, :func:`convert` and :mod:`onnxnorm.nn` (``pip install 'onnxnorm[torch]'``).
 """
 
-from onnxnorm._io import OnnxNormError
+from onnxnorm._deps import require_runtime as _require_runtime
+
+_require_runtime()
+
+from onnxnorm._io import OnnxNormError  # noqa: E402
 
 __version__ = "0.1.0"
 
-
-def export(*args, **kwargs):
-    """:func:`onnxnorm.nn.export.export` (imports torch on first use)."""
-    from onnxnorm.nn.export import export as _export
-
-    return _export(*args, **kwargs)
-
-
-def convert(*args, **kwargs):
-    """:func:`onnxnorm.nn.convert.convert`: replace a model's norm modules with onnxnorm's
-    (imports torch on first use)."""
-    from onnxnorm.nn.convert import convert as _convert
-
-    return _convert(*args, **kwargs)
+#: loaded on first use, so that ``import onnxnorm`` needs neither torch nor the fusion passes
+_LAZY = ("export", "convert")
+_SUBMODULES = ("fusion", "nn", "ops", "runtime")
 
 
 def __getattr__(name: str):
     import importlib
 
-    if name in ("fusion", "nn", "ops", "runtime"):
-        return importlib.import_module(f"onnxnorm.{name}")
-    raise AttributeError(f"module 'onnxnorm' has no attribute {name!r}")
+    if name in _LAZY:
+        value = getattr(importlib.import_module("onnxnorm.nn"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"onnxnorm.{name}")
+    else:
+        raise AttributeError(f"module 'onnxnorm' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
 
 __all__ = ["OnnxNormError", "convert", "export", "__version__"]

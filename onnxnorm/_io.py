@@ -129,14 +129,53 @@ def _load_weights_as_references(path: Path) -> onnx.ModelProto:
     return model
 
 
+def check_input(path: str | os.PathLike) -> Path:
+    """Refuses, in one line, an input path that is not a readable regular file."""
+    path = Path(path)
+    if path.is_dir():
+        raise OnnxNormError(f"{path}: is a directory, not an ONNX model file")
+    if not path.exists():
+        raise OnnxNormError(f"{path}: no such file")
+    if not path.is_file():
+        raise OnnxNormError(f"{path}: not a regular file")
+    if not os.access(path, os.R_OK):
+        raise OnnxNormError(f"{path}: not readable (permission denied)")
+    return path
+
+
+def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Refuses, in one line and before any work, an output path that cannot be written: a
+    missing or unwritable folder, a directory, or one of ``inputs`` (or, for a model written with
+    external data, its data file)."""
+    path = Path(path)
+    folder = path.parent
+    if str(path) in ("", ".") or path.name in ("", ".", ".."):
+        raise OnnxNormError(f"{path}: not a file name")
+    if path.is_dir():
+        raise OnnxNormError(f"cannot write {path}: it is a directory")
+    if not folder.exists():
+        raise OnnxNormError(f"cannot write {path}: folder {folder} does not exist")
+    if not folder.is_dir():
+        raise OnnxNormError(f"cannot write {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OnnxNormError(f"cannot write {path}: folder {folder} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OnnxNormError(f"cannot write {path}: the file exists and is not writable")
+    target = path.resolve()
+    for source in inputs:
+        source = Path(source).resolve()
+        if target in (source, Path(str(source) + ".data")):
+            raise OnnxNormError(f"cannot write {path}: it is the input {source}; the input is "
+                                "never modified, choose another output")
+    return path
+
+
 def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.ModelProto:
     """Reads a model. With ``load_weights=False`` no weight is read into memory: tensors in
     external data stay there, and the raw data of initializers inside the file becomes an
     external-data reference into the file itself (see :func:`has_external_data` and
     :func:`save_model` with ``source=path``, which resolves them)."""
-    path = Path(path)
-    if not path.is_file():
-        raise OnnxNormError(f"{path}: no such file")
+    path = check_input(path)
     try:
         if load_weights or path.stat().st_size == 0:
             model = onnx.load(path, load_external_data=False)
@@ -182,12 +221,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
     tensors or would pass 2 GB). ``model`` itself is not changed.
     """
     extra = list(extra)
-    path = Path(path)
+    path = check_output(path)
     folder = path.parent
-    if not folder.is_dir():
-        raise OnnxNormError(f"cannot write {path}: folder {folder} does not exist")
-    if path.is_dir():
-        raise OnnxNormError(f"cannot write {path}: it is a folder")
     source = source or like
     source_dir = Path(source).resolve().parent if source else folder.resolve()
     if external is None:

@@ -1,9 +1,11 @@
 """The ``onnxnorm`` command line (also ``python -m onnxnorm``).
 
 Each subcommand lives with its concern (``onnxnorm/<concern>/cli.py``) and provides
-``register(subparsers)``; registering must stay cheap (no torch import), the command's ``run``
-imports what it needs. Errors meant for the user are :class:`OnnxNormError`: one line on
-stderr and exit status 1, never a traceback.
+``register(subparsers)``; registering must stay cheap and work without the optional
+dependencies (no torch import), the command's ``run`` imports what it needs. Errors meant for the
+user are :class:`OnnxNormError` and, for a missing optional dependency,
+:class:`onnxnorm._deps.MissingDependency`: one line on stderr and exit status 1, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import importlib
 import sys
 from typing import Sequence
 
+from onnxnorm._deps import MissingDependency
 from onnxnorm._io import OnnxNormError
 
 #: command -> (module that registers it, one-line help), in the order ``--help`` lists them
@@ -50,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser(_command(argv)).parse_args(argv)
     try:
         return args.run(args)
-    except OnnxNormError as error:
+    except (OnnxNormError, MissingDependency) as error:
         print(f"onnxnorm: error: {error}", file=sys.stderr)
         return 1
     except Exception as error:  # a bug, not bad input: say so in one line unless --debug

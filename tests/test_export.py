@@ -14,7 +14,7 @@ import collections
 import ml_dtypes
 
 import onnxnorm
-from models import decoder
+from onnxnorm.nn import decoder
 from onnxnorm import OnnxNormError, ops, runtime
 from onnxnorm.nn import (DeepNormBlock, LayerNorm, PostNormBlock, PreNormBlock, ResidualStream,
                          RMSNorm, SandwichBlock, add_norm, sandwich_norm)

@@ -1,5 +1,5 @@
 """Corpus: tiny random-weight transformers models (configs in code, nothing downloaded) and the
-models/ blocks (models/llama.py, and models/decoder.py with decomposed norms in every norm
+models/ blocks (models/llama.py, and onnxnorm/nn/decoder.py with decomposed norms in every norm
 position: Pre, Post, Sandwich, DeepNorm, reordered; RMS and Layer; offsets, bias, no weight,
 Q/K norms, embedding norm), exported with both PyTorch exporters. Every norm call of the torch model must
 end in an onnxnorm op, every residual add that can be absorbed must be, and the fused model
@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from onnxnorm.fusion import corpus, fuse  # noqa: E402
+from models import corpus  # noqa: E402
+from onnxnorm.fusion import fuse  # noqa: E402
 from onnxnorm.fusion.verify import verify  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,7 @@ def test_every_norm_fused_with_parity(exported, name, exporter):
     model, norm_calls = exported(name, exporter)
     fused, report = fuse(model, "function")
     assert report.norms == norm_calls, str(report)
-    expected_adds = corpus.expected_adds(name)  # models/decoder.py: from the block itself
+    expected_adds = corpus.expected_adds(name)  # onnxnorm.nn.decoder: from the block itself
     if expected_adds is None:
         expected_adds = ADDS[name]
     if exporter == "torchscript":
@@ -90,7 +91,7 @@ def test_half_precision_exports(name, dtype):
 
 def test_compare_report(tmp_path):
     """The report command runs all three tools and writes the markdown table."""
-    from onnxnorm.fusion import compare
+    from models import compare
 
     out = tmp_path / "fusion.md"
     assert compare.main(["--models", "gpt2", "--exporters", "dynamo", "--no-timing",

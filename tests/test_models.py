@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import decoder, docs, families, llama
+from models import docs, llama
+from onnxnorm.nn import decoder, families
 from onnxnorm.nn.convert import probe
 
 ROOT = Path(__file__).resolve().parents[1]

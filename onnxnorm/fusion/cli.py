@@ -32,8 +32,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     fuse.set_defaults(run=run)
 
 
-def _problems(model) -> list[str]:
-    """What is wrong with the input, for the report (fusion goes on regardless)."""
+def _problems(model, folder) -> list[str]:
+    """What is wrong with the input, for the report (fusion goes on regardless). The checker
+    runs in the model's ``folder``, where its external data files are."""
+    import contextlib
+
     import onnx
 
     from onnxnorm.ops import catalogue
@@ -41,7 +44,8 @@ def _problems(model) -> list[str]:
 
     notes = []
     try:
-        onnx.checker.check_model(model)
+        with contextlib.chdir(folder):
+            onnx.checker.check_model(model)
     except Exception as error:  # noqa: BLE001 - any checker failure is reported, not raised
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         notes.append(f"the input fails onnx.checker: {first}")
@@ -57,12 +61,15 @@ def _problems(model) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from onnxnorm._io import OnnxNormError, load_model, save_model
+    from onnxnorm._io import OnnxNormError, check_input, check_output, load_model, save_model
     from onnxnorm.fusion.pipeline import fuse_detached
 
-    source = Path(args.input)
+    source = check_input(args.input)
+    check_output(args.output, inputs=[source])
+    if args.json and args.json != "-":
+        check_output(args.json, inputs=[source, args.output])
     model = load_model(source, load_weights=False)
-    notes = _problems(model)
+    notes = _problems(model, source.resolve().parent)
     for note in notes:
         print(f"note: {note}")
     fused, weights, report = fuse_detached(model, target=args.target,
@@ -77,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         from onnxnorm.fusion.verify import verify
 
         try:
-            checks = verify(source, args.output, with_library=args.target == "fused")
+            checks = verify(source, args.output)
         except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             _remove(args.output)

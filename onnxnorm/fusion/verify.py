@@ -139,21 +139,35 @@ def _run(session, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return outputs
 
 
-def verify(original, fused, *, with_library: bool = False, seed: int = 0,
-           tolerance: dict | None = None) -> list[OutputCheck]:
-    """Runs both models (ModelProtos or files) on the same generated inputs; one check per
-    graph output."""
+def uses_onnxnorm(model: onnx.ModelProto) -> bool:
+    """Whether any graph of ``model`` (subgraphs included) has a node of the onnxnorm domain."""
+    from onnxnorm.ops import catalogue
+
+    return any(node.domain == catalogue.DOMAIN
+               for graph in _all_graphs(model.graph) for node in graph.node)
+
+
+def _structure(model) -> onnx.ModelProto:
+    """The model itself, or the graph of a model file without its external data."""
     import os
 
+    if isinstance(model, (str, os.PathLike)):
+        return onnx.load(os.fspath(model), load_external_data=False)
+    return model
+
+
+def verify(original, fused, *, with_library: bool | None = None, seed: int = 0,
+           tolerance: dict | None = None) -> list[OutputCheck]:
+    """Runs both models (ModelProtos or files) on the same generated inputs; one check per
+    graph output. Both run with the onnxnorm library registered when either holds onnxnorm
+    nodes (``with_library=None``, the default), else both without it; ``True`` / ``False``
+    decide for both."""
     tolerance = {**TOLERANCE, **(tolerance or {})}
-    graph = original
-    if isinstance(original, (str, os.PathLike)):
-        graph = onnx.load(os.fspath(original), load_external_data=False)
-        for tensor in graph.graph.initializer:  # only the shapes are read: drop big payloads
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                tensor.dims[:] = tensor.dims
+    graph = _structure(original)
+    if with_library is None:
+        with_library = uses_onnxnorm(graph) or uses_onnxnorm(_structure(fused))
     feeds = generate_inputs(graph, seed)
-    expected = _run(_session(original, False), feeds)
+    expected = _run(_session(original, with_library), feeds)
     got = _run(_session(fused, with_library), feeds)
     checks = []
     for info, want, have in zip(graph.graph.output, expected, got):

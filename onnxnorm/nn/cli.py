@@ -1,15 +1,18 @@
-"""``onnxnorm export``: a models/ configuration or a local Hugging Face model to ONNX, with one
-node per norm (or per residual add fused with a norm) in the chosen target."""
+"""``onnxnorm export``: a model family's reference decoder or a local Hugging Face model to ONNX,
+with one node per norm (or per residual add fused with a norm) in the chosen target. Registering
+the command imports neither torch nor transformers; running it says in one line when they are
+missing."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from onnxnorm._io import OnnxNormError
+from onnxnorm._deps import require
+from onnxnorm._io import OnnxNormError, check_output
+from onnxnorm.nn import families
 
 MODES = ("function", "fused", "ort", "onnx")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -22,8 +25,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "export", help="export a model with one onnxnorm node per norm",
         description="Export a model with torch.onnx.export (dynamo), every norm (and every "
                     "residual add fused with a norm) as one node of the chosen target. MODEL is "
-                    "a family of models/families.py (llama, gemma2, qwen3, ...: a small random "
-                    "decoder normalized like that family), 'decoder' (the configurable decoder), "
+                    f"a model family ({', '.join(families.BY_KEY)}: a small random decoder "
+                    "normalized like that family), 'decoder' (the configurable decoder), "
                     "or a Hugging Face model given as a local directory (config.json, with or "
                     "without weights) or a config .json file. Nothing is downloaded: without "
                     "weights the model gets random ones.")
@@ -42,7 +45,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--dtype", choices=DTYPES, default="float32")
     export.add_argument("--external-data", action="store_true",
                         help="write the weights to OUTPUT.data (automatic above 2 GB)")
-    group = export.add_argument_group("models/ configurations")
+    group = export.add_argument_group("family and 'decoder' sizes")
     group.add_argument("--hidden", type=int, default=64)
     group.add_argument("--heads", type=int, default=4)
     group.add_argument("--intermediate", type=int, default=None, help="default: 2 x hidden")
@@ -56,27 +59,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     export.set_defaults(run=run)
 
 
-def _models_package() -> Any:
-    """models/ lives next to the onnxnorm package in the source tree."""
-    try:
-        import models.decoder  # noqa: F401
-        import models.families  # noqa: F401
-    except ImportError:
-        root = Path(__file__).resolve().parents[2]
-        if not (root / "models" / "decoder.py").is_file():
-            raise OnnxNormError("models/ configurations need the onnxnorm source tree (models/ "
-                                "is not installed with the package)") from None
-        sys.path.insert(0, str(root))
-        import models.decoder  # noqa: F401
-        import models.families  # noqa: F401
-    import models
-
-    return models
-
-
 def _reference_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
-    models = _models_package()
-    decoder, families = models.decoder, models.families
+    from onnxnorm.nn import decoder
+
     sizes = dict(hidden=args.hidden, heads=args.heads, layers=args.layers, vocab=args.vocab,
                  intermediate=args.intermediate or 2 * args.hidden)
     try:
@@ -129,11 +114,7 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
         raise OnnxNormError(f"{path}: no config.json in this directory")
     if path.is_file() and path.suffix != ".json":
         raise OnnxNormError(f"{path}: expected a Hugging Face model directory or a config .json")
-    try:
-        import transformers
-    except ImportError:
-        raise OnnxNormError("exporting a Hugging Face model needs transformers "
-                            "(pip install transformers)") from None
+    transformers = require("transformers", "exporting a Hugging Face model")
     import torch
 
     try:
@@ -171,7 +152,7 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    torch = require("torch", "onnxnorm export")
 
     from onnxnorm.nn.convert import convert
     from onnxnorm.nn.export import count_norm_nodes, export
@@ -182,9 +163,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.static and (args.batch < 2 or args.seq < 2):
         raise OnnxNormError("with dynamic axes --batch and --seq must be >= 2 (torch.export "
                             "specializes example sizes of 1); use --static for fixed sizes")
-    folder = Path(args.output).parent
-    if not folder.is_dir():
-        raise OnnxNormError(f"cannot write {args.output}: folder {folder} does not exist")
+    check_output(args.output)
+    if args.json and args.json != "-":
+        check_output(args.json, inputs=[args.output])
     path = Path(args.model)
     if path.exists():
         model, inputs, label = _hf_model(args)

@@ -3,7 +3,7 @@
 Each row says which norm a family uses and how: kind, placement, epsilon, scale offset, bias,
 Q/K norm, embedding norm and the rounding order of its Hugging Face implementation in
 float16/bfloat16. docs/norms.md renders this table (``python -m models.docs``) and
-:func:`decoder_config` turns a row into a :class:`models.decoder.DecoderConfig`, so that the
+:func:`decoder_config` turns a row into a :class:`onnxnorm.nn.decoder.DecoderConfig`, so that the
 tests, the benchmarks and ``onnxnorm export <family>`` can build a small decoder normalized the
 way the family is.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.decoder import DecoderConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +101,12 @@ def get(name: str) -> Family:
         raise KeyError(f"unknown family {name!r}; known: {', '.join(BY_KEY)}") from None
 
 
-def decoder_config(family: Family | str, **overrides) -> DecoderConfig:
-    """A :class:`DecoderConfig` normalized the way ``family`` is. Placements the decoder does
-    not build (``parallel``) become ``pre`` with the same norms."""
+def decoder_config(family: Family | str, **overrides) -> "DecoderConfig":
+    """A :class:`onnxnorm.nn.decoder.DecoderConfig` normalized the way ``family`` is (needs
+    torch). Placements the decoder does not build (``parallel``) become ``pre`` with the same
+    norms."""
+    from onnxnorm.nn.decoder import DecoderConfig
+
     if isinstance(family, str):
         family = get(family)
     position = "pre" if family.position == "parallel" else family.position

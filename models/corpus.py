@@ -2,7 +2,7 @@
 (nothing is downloaded), exported with both PyTorch exporters, with the number of norm calls
 counted from the torch model itself.
 
-Used by the corpus tests and by ``python -m onnxnorm.fusion.compare``.
+Used by the corpus tests and by ``python -m models.compare``.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _block(kind: str) -> Callable[[], Any]:
     return build
 
 
-#: models/decoder.py blocks with decomposed norms, in every norm position: (norm, position,
+#: onnxnorm.nn.decoder blocks with decomposed norms, in every norm position: (norm, position,
 #: DecoderConfig overrides)
 BLOCKS = {
     "block_rms_pre": ("rms", "pre", {"cast_before_scale": 1, "qk_norm": True}),
@@ -111,7 +111,7 @@ BLOCKS = {
 
 
 def block_config(name: str):
-    from models import decoder
+    from onnxnorm.nn import decoder
 
     norm, position, overrides = BLOCKS[name]
     return decoder.DecoderConfig(hidden=32, heads=2, intermediate=64, layers=2, norm=norm,
@@ -120,7 +120,7 @@ def block_config(name: str):
 
 def _decoder_block(name: str) -> Callable[[], Any]:
     def build():
-        from models import decoder
+        from onnxnorm.nn import decoder
 
         config = block_config(name)
         model = decoder.build(config)
@@ -130,10 +130,10 @@ def _decoder_block(name: str) -> Callable[[], Any]:
 
 
 def expected_adds(name: str) -> int | None:
-    """The residual adds a models/decoder.py block's onnxnorm export fuses (None: not a block)."""
+    """The residual adds an onnxnorm.nn.decoder block's onnxnorm export fuses (None: not a block)."""
     if name not in BLOCKS:
         return None
-    from models import decoder
+    from onnxnorm.nn import decoder
 
     nodes = decoder.Decoder(block_config(name)).expected_nodes()
     return sum(n for op, n in nodes.items() if op.startswith(("Skip", "Sandwich")))

@@ -1,0 +1,62 @@
+"""Optional dependencies: one place that says which extra provides what, and the one-line error
+a user sees when it is missing.
+
+onnxnorm needs one ONNX Runtime distribution, chosen with an extra (``onnxnorm[cpu]``:
+onnxruntime, ``onnxnorm[gpu]``: onnxruntime-gpu; both provide the module ``onnxruntime``);
+torch and transformers come with ``onnxnorm[torch]``, matplotlib with ``onnxnorm[bench]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from types import ModuleType
+
+#: module -> (pip extra, what installing it means)
+EXTRAS = {
+    "onnxruntime": ("cpu", "pip install 'onnxnorm[cpu]' (onnxruntime) or "
+                           "'onnxnorm[gpu]' (onnxruntime-gpu)"),
+    "torch": ("torch", "pip install 'onnxnorm[torch]'"),
+    "transformers": ("torch", "pip install 'onnxnorm[torch]'"),
+    "matplotlib": ("bench", "pip install 'onnxnorm[bench]'"),
+}
+
+
+class MissingDependency(ImportError):
+    """An optional dependency is not installed; the message says what needs it and how to
+    install it, in one line."""
+
+
+def message(module: str, purpose: str) -> str:
+    return f"{purpose} needs {module}, which is not installed: {EXTRAS[module][1]}"
+
+
+def available(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def require(module: str, purpose: str) -> ModuleType:
+    """Imports ``module`` or raises :class:`MissingDependency` naming ``purpose`` and the extra
+    that provides it."""
+    if not available(module):
+        raise MissingDependency(message(module, purpose), name=module)
+    return importlib.import_module(module)
+
+
+def _print_missing(kind, error, traceback) -> None:
+    if issubclass(kind, MissingDependency):
+        print(f"onnxnorm: error: {error}", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, error, traceback)
+
+
+def require_runtime() -> None:
+    """Called by ``import onnxnorm``: without ONNX Runtime it raises MissingDependency, and a
+    program that does not catch it (``onnxnorm ...`` on the command line, a script) prints that
+    one line instead of a traceback (only where the default exception hook is in place)."""
+    if available("onnxruntime"):
+        return
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _print_missing
+    raise MissingDependency(message("onnxruntime", "onnxnorm"), name="onnxruntime")
