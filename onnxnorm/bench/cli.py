@@ -56,7 +56,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_kernels(args: argparse.Namespace) -> int:
+    from onnxnorm._deps import require
     from onnxnorm._io import OnnxNormError
+
+    require("torch", "onnxnorm bench kernels")  # the torch eager contender
     from onnxnorm.bench import kernels
 
     if args.threads < 1 or args.repeats < 1:
