@@ -42,17 +42,6 @@ def stages(tracker: Tracker) -> list[tuple[str, pattern.RewriteRuleSet]]:
     ]
 
 
-def stages_by_name(tracker: Tracker) -> dict[str, pattern.RewriteRuleSet]:
-    return dict(stages(tracker))
-
-
-SHAPE_REASONS = ("cannot prove that", "shapes of", "are unknown")
-
-
-def _unproven_shapes(tracker: Tracker) -> bool:
-    return tracker.has_skip_with(SHAPE_REASONS)
-
-
 def rules(tracker: Tracker | None = None) -> pattern.RewriteRuleSet:
     """Every onnxnorm fusion rule as one onnxscript rule set (commuted variants included), for
     other pipelines (Olive, Optimum, torch.onnx's optimizer). Apply it repeatedly until it

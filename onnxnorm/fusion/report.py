@@ -102,20 +102,6 @@ class Tracker:
         if reason and reason not in reasons:
             reasons.append(reason)
 
-    def has_skip_with(self, fragments: tuple[str, ...]) -> bool:
-        """Whether a rejection reason not yet overtaken by a rewrite holds one of ``fragments``."""
-        return any(any(f in reason for f in fragments for reason in reasons)
-                   for title, seen in self._seen.items() for node, reasons in seen.items()
-                   if node not in self._fused[title])
-
-    def forget_shape_skips(self, fragments: tuple[str, ...] = ("cannot prove that", "shapes of",
-                                                                "are unknown")) -> None:
-        """Drops the rejections for unknown shapes (before the rules look again with better
-        shapes)."""
-        for seen in self._seen.values():
-            for node in list(seen):
-                seen[node] = [r for r in seen[node] if not any(f in r for f in fragments)]
-
     def fused(self, title: str, root: ir.Node) -> None:
         self._fused[title].add(root)
 
