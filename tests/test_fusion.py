@@ -320,3 +320,14 @@ def test_rules_are_an_onnxscript_rule_set():
         RemoveUnusedNodesPass()(model)
     assert total == 2  # the core, then its scale
     assert [(n.domain, n.op_type) for n in model.graph] == [(catalogue.DOMAIN, "RMSNorm")]
+
+
+def test_replacement_orders_inputs_and_refuses_unknown_names():
+    from onnxnorm.fusion._base import Replacement
+
+    x, residual, scale = ir.Value(name="x"), ir.Value(name="r"), ir.Value(name="s")
+    new = Replacement("SkipRMSNorm", {"Scale": scale, "X": x, "Residual": residual,
+                                      "XBias": None}, {})
+    assert new.arguments() == [x, residual, scale]  # catalogue order, absent tail dropped
+    with pytest.raises(ValueError, match="RMSNorm has no input Weight"):
+        Replacement("RMSNorm", {"X": x, "Weight": scale}, {}).arguments()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -25,18 +26,58 @@ class NotThisPattern(Rejected):
     (an activation where a weight belongs): not a near miss, so not reported as a skip."""
 
 
-class FusionRule(pattern.RewriteRuleClassBase):
-    """A rule whose every structural match is recorded in a :class:`Tracker`.
+@dataclasses.dataclass(frozen=True)
+class Replacement:
+    """The onnxnorm node that replaces a match: its op, its inputs by catalogue name (an input
+    left out, or None, is absent) and its attributes."""
 
-    Subclasses define ``title`` (the report line), ``fused_op`` (the onnxnorm op emitted),
-    ``pattern`` (root output named ``y``; inputs named as the op's, lower-case) and ``inspect``,
-    which raises :class:`Rejected` with a reason or returns the new node's attributes. Matched
-    nodes are left to the final dead-code pass (``remove_nodes=False``) so that a match whose
-    intermediate values are used elsewhere reaches ``check`` and is reported, not dropped.
+    op: str
+    inputs: dict[str, ir.Value | None]
+    attributes: dict[str, Any]
+
+    @classmethod
+    def of(cls, node: ir.Node) -> Replacement:
+        """An onnxnorm node read back, its attributes merged over the op's defaults: what
+        the rules that grow a node start from."""
+        spec = catalogue.get(node.op_type)
+        inputs = {p.name: (node.inputs[i] if i < len(node.inputs) else None)
+                  for i, p in enumerate(spec.inputs)}
+        return cls(node.op_type, inputs, {name: attribute(node, name, default)
+                                          for name, default in spec.defaults.items()})
+
+    def arguments(self) -> list[ir.Value | None]:
+        """The inputs in the op's order, without the absent ones at the end."""
+        names = [p.name for p in catalogue.get(self.op).inputs]
+        unknown = set(self.inputs) - set(names)
+        if unknown:
+            raise ValueError(f"{self.op} has no input {', '.join(sorted(unknown))}")
+        values = [self.inputs.get(name) for name in names]
+        while values[-1] is None:
+            values.pop()
+        return values
+
+
+class FusionRule(pattern.RewriteRuleClassBase):
+    """A rule that replaces each match it accepts with one onnxnorm node, and records every
+    match in a :class:`Tracker`.
+
+    Subclasses define ``title`` (the report line), ``pattern`` and ``inspect``. The pattern
+    names its output ``y``; a rule that fuses a residual add returns ``(y, total)``, the norm
+    and the sum, and the new node's Y and Sum take their places. ``inspect(context,
+    **bindings)`` returns the :class:`Replacement`, or raises :class:`Rejected` with the
+    reason (a near miss: reported as a skip) or :class:`NotThisPattern` (another computation:
+    not reported). An op with a Residual always gets its Sum output, used or not (the pipeline
+    drops it where nothing reads it). Matched nodes are left to the final dead-code pass
+    (``remove_nodes=False``) so that a match whose intermediate values are used elsewhere
+    reaches ``check`` and is reported, not dropped.
+
+    onnxscript calls ``rewrite`` right after a ``check`` that succeeded, with the same
+    bindings but without the match context; ``check`` leaves the accepted root node and its
+    replacement in ``self._accepted`` for it, as onnxscript's own rules leave what their check
+    computed on ``self``.
     """
 
     title: str
-    fused_op: str
     #: bindings whose values may be used outside the match (the rewrite keeps their producer)
     shared: tuple[str, ...] = ()
 
@@ -44,9 +85,9 @@ class FusionRule(pattern.RewriteRuleClassBase):
         super().__init__(name, remove_nodes=False)
         self.tracker = tracker
         tracker.register(self.title)
-        self._accepted: dict[ir.Node, dict[str, Any]] = {}
+        self._accepted: tuple[ir.Node, Replacement] | None = None
 
-    def inspect(self, context, **bindings) -> dict[str, Any]:
+    def inspect(self, context, **bindings) -> Replacement:
         raise NotImplementedError
 
     def check(self, context, **bindings):
@@ -56,7 +97,7 @@ class FusionRule(pattern.RewriteRuleClassBase):
                 # attach_functions gives bodies to the nodes of the main graph only
                 raise Rejected(f"inside model-local function {context.graph_or_function.domain}::"
                                f"{context.graph_or_function.name}; inline it first")
-            attributes = self.inspect(context, **bindings)
+            replacement = self.inspect(context, **bindings)
             _only_used_inside(context, {bindings[n] for n in self.shared if n in bindings})
         except NotThisPattern as e:
             return pattern.MatchResult().fail(str(e), root)
@@ -64,18 +105,16 @@ class FusionRule(pattern.RewriteRuleClassBase):
             self.tracker.checked(self.title, root, str(e))
             return pattern.MatchResult().fail(str(e), root)
         self.tracker.checked(self.title, root, None)
-        self._accepted[root] = attributes
+        self._accepted = (root, replacement)
         return True
 
-    def rewrite(self, op, y, **bindings):
-        root = y.producer()
-        attributes = self._accepted.pop(root)
-        inputs = [bindings.get(p.name.lower()) for p in catalogue.get(self.fused_op).inputs]
-        while inputs[-1] is None:
-            inputs.pop()
+    def rewrite(self, op, y, total=None, **_):
+        (root, new), self._accepted = self._accepted, None
         self.tracker.fused(self.title, root)
-        return op.op(self.fused_op, *inputs, _domain=catalogue.DOMAIN,
-                     _name=f"{root.name}/{self.fused_op}" if root.name else None, **attributes)
+        outputs = op.op(new.op, *new.arguments(), _domain=catalogue.DOMAIN,
+                        _outputs=len(catalogue.get(new.op).outputs),
+                        _name=f"{root.name}/{new.op}" if root.name else None, **new.attributes)
+        return outputs[0] if total is None and catalogue.get(new.op).has_residual else outputs
 
 
 def _only_used_inside(context, shared=frozenset()) -> None:

@@ -25,8 +25,8 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion._base import (DATA_TYPES, FLOAT, FusionRule, NotThisPattern, Rejected,
-                                   attribute,
-                                   check_scale, constant, dtype, epsilon, scalar)
+                                   Replacement, attribute, check_scale, constant, dtype, epsilon,
+                                   scalar)
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
 
@@ -66,21 +66,6 @@ def check_last_axis_mean(node: ir.Node, x: ir.Value) -> None:
                        "not over the last axis only")
 
 
-def node_attributes(node: ir.Node) -> dict[str, Any]:
-    """An onnxnorm node's attributes merged over the op's defaults."""
-    spec = catalogue.get(node.op_type)
-    values = dict(spec.defaults)
-    for name in values:
-        values[name] = attribute(node, name, values[name])
-    return values
-
-
-def node_inputs(node: ir.Node) -> dict[str, ir.Value | None]:
-    spec = catalogue.get(node.op_type)
-    return {p.name: (node.inputs[i] if i < len(node.inputs) else None)
-            for i, p in enumerate(spec.inputs)}
-
-
 def check_weight(value: ir.Value, x: ir.Value, what: str) -> None:
     """A Scale/Bias must be a weight: a constant, or a value of lower rank than X (a residual
     stream or any other activation of X's full shape is never taken for one)."""
@@ -92,19 +77,6 @@ def check_weight(value: ir.Value, x: ir.Value, what: str) -> None:
         raise NotThisPattern(f"{what} ({value.name!r}) is neither a constant nor of lower rank than X")
 
 
-class _NormRule(FusionRule):
-    """A rule that writes an onnxnorm norm node computed from ``self._accepted``."""
-
-    def rewrite(self, op, y, **bindings):
-        root = y.producer()
-        new_op, inputs, attributes = self._accepted.pop(root)
-        while inputs and inputs[-1] is None:
-            inputs.pop()
-        self.tracker.fused(self.title, root)
-        return op.op(new_op, *inputs, _domain=catalogue.DOMAIN,
-                     _name=f"{root.name}/{new_op}" if root.name else None, **attributes)
-
-
 # ---------------------------------------------------------------------------------------------
 # core rules
 
@@ -113,58 +85,59 @@ def _square(op, v, two):
     return pattern.OrValue([op.Pow(v, two), op.Mul(v, v)])
 
 
-class RMSCore(_NormRule):
-    """``x / sqrt(mean(x^2, -1) + eps)`` in float32: ``Pow(x, 2)`` or ``Mul(x, x)``;
-    ``Div(x, rms)``, ``Mul(x, Reciprocal(rms))`` or ``Mul(x, Div(1, rms))``."""
+class _Core(FusionRule):
+    """The statistics and the normalization of a decomposed ``op_name``, in float32, divided as
+    ``form`` says: ``Div(x, d)`` ("div"), or ``Mul(x, Reciprocal(d))`` or ``Mul(x, Div(1, d))``
+    ("mul")."""
 
-    title = "RMSNorm (decomposed)"
-    fused_op = "RMSNorm"
+    op_name: str
 
     def __init__(self, tracker: Tracker, form: str) -> None:
-        super().__init__(tracker, f"RMSNormCore{form.capitalize()}")
+        self.title = f"{self.op_name} (decomposed)"
+        super().__init__(tracker, f"{self.op_name}Core{form.capitalize()}")
         self.form = form
+
+    def divide(self, op, x, d, one):
+        if self.form == "div":
+            return op.Div(x, d, _outputs=["y"])
+        return op.Mul(x, pattern.OrValue([op.Reciprocal(d), op.Div(one, d)]), _outputs=["y"])
+
+    def replacement(self, x: ir.Value, eps: ir.Value) -> Replacement:
+        return Replacement(self.op_name, {"X": x}, {
+            "axis": -1, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0})
+
+
+class RMSCore(_Core):
+    """``x / sqrt(mean(x^2, -1) + eps)``: ``Pow(x, 2)`` or ``Mul(x, x)``."""
+
+    op_name = "RMSNorm"
 
     def pattern(self, op, x, eps, two, one):
         mean = op.ReduceMean(_square(op, x, two), _allow_other_inputs=True, _outputs=["mean"])
-        rms = op.Sqrt(op.Add(mean, eps))
-        if self.form == "div":
-            return op.Div(x, rms, _outputs=["y"])
-        inverse = pattern.OrValue([op.Reciprocal(rms), op.Div(one, rms)])
-        return op.Mul(x, inverse, _outputs=["y"])
+        return self.divide(op, x, op.Sqrt(op.Add(mean, eps)), one)
 
-    def inspect(self, context, x, eps, mean, y, two=None, one=None, **_):
+    def inspect(self, context, x, eps, mean, two=None, one=None, **_):
         _core_checks(x, mean.producer(), two, one)
-        return ("RMSNorm", [x], {"axis": -1, "epsilon": epsilon(scalar(eps, "epsilon")),
-                                 "cast_before_scale": 0})
+        return self.replacement(x, eps)
 
 
-class LayerCore(_NormRule):
-    """``(x - mean) / sqrt(mean((x - mean)^2, -1) + eps)`` in float32, with the same spellings
-    of the square and the division as :class:`RMSCore`."""
+class LayerCore(_Core):
+    """``(x - mean) / sqrt(mean((x - mean)^2, -1) + eps)``, with the same spellings of the square
+    as :class:`RMSCore`."""
 
-    title = "LayerNorm (decomposed)"
-    fused_op = "LayerNorm"
-
-    def __init__(self, tracker: Tracker, form: str) -> None:
-        super().__init__(tracker, f"LayerNormCore{form.capitalize()}")
-        self.form = form
+    op_name = "LayerNorm"
 
     def pattern(self, op, x, eps, two, one):
         mu = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mu"])
         centred = op.Sub(x, mu)
         var = op.ReduceMean(_square(op, centred, two), _allow_other_inputs=True,
                             _outputs=["mean"])
-        std = op.Sqrt(op.Add(var, eps))
-        if self.form == "div":
-            return op.Div(centred, std, _outputs=["y"])
-        inverse = pattern.OrValue([op.Reciprocal(std), op.Div(one, std)])
-        return op.Mul(centred, inverse, _outputs=["y"])
+        return self.divide(op, centred, op.Sqrt(op.Add(var, eps)), one)
 
-    def inspect(self, context, x, eps, mean, mu, y, two=None, one=None, **_):
+    def inspect(self, context, x, eps, mean, mu, two=None, one=None, **_):
         _core_checks(x, mean.producer(), two, one)
         check_last_axis_mean(mu.producer(), x)
-        return ("LayerNorm", [x], {"axis": -1, "epsilon": epsilon(scalar(eps, "epsilon")),
-                                   "cast_before_scale": 0})
+        return self.replacement(x, eps)
 
 
 def _core_checks(x, mean_node, two, one) -> None:
@@ -183,13 +156,12 @@ def _core_checks(x, mean_node, two, one) -> None:
 # absorb rules
 
 
-class ScaleAbsorb(_NormRule):
+class ScaleAbsorb(FusionRule):
     """``Mul(norm, w)`` (``Mul(norm, w + c)`` with ``offset``) becomes the norm's Scale
     (and ``scale_offset = c``). In float16/bfloat16 the Mul runs after the rounding: order A."""
 
     def __init__(self, tracker: Tracker, op_name: str, offset: bool) -> None:
         self.title = f"{op_name} scale{' + offset' if offset else ''} absorbed"
-        self.fused_op = op_name
         super().__init__(tracker, f"{op_name}Scale{'Offset' if offset else ''}")
         self.op_name, self.offset = op_name, offset
 
@@ -201,16 +173,14 @@ class ScaleAbsorb(_NormRule):
 
     def inspect(self, context, x, scale, norm, y, c=None, **_):
         check_weight(scale, x, "Scale")
-        node = norm.producer()
-        attrs = node_attributes(node)
-        inputs = node_inputs(node)
-        if any(v is not None for k, v in inputs.items() if k != "X"):
+        norm = Replacement.of(norm.producer())
+        attrs = norm.attributes
+        if any(v is not None for k, v in norm.inputs.items() if k != "X"):
             raise NotThisPattern("the norm already has a Scale or Bias")
         if attrs.get("scale_offset"):
             raise Rejected("the norm already has a scale offset")
         x_type = dtype(x, "X")
         check_type(x_type, Scale=scale, Y=y)
-        check_weight(scale, x, "Scale")
         check_scale(scale, x, attrs["axis"])
         if self.offset:
             value = scalar(c, "the scale offset")
@@ -218,16 +188,15 @@ class ScaleAbsorb(_NormRule):
             if dtype(c, "the scale offset") != x_type:
                 raise Rejected("the scale offset is not of X's type")
         attrs["cast_before_scale"] = int(x_type != FLOAT)
-        return (self.op_name, [x, scale], attrs)
+        return Replacement(self.op_name, {"X": x, "Scale": scale}, attrs)
 
 
-class BiasAbsorb(_NormRule):
+class BiasAbsorb(FusionRule):
     """``Add(norm, b)`` becomes the norm's Bias where the rounding allows it: float32, or a
     norm that already rounds before its scale (order A) or has no Scale."""
 
     def __init__(self, tracker: Tracker, op_name: str) -> None:
         self.title = f"{op_name} bias absorbed"
-        self.fused_op = op_name
         super().__init__(tracker, f"{op_name}Bias")
         self.op_name = op_name
 
@@ -238,25 +207,23 @@ class BiasAbsorb(_NormRule):
 
     def inspect(self, context, x, bias, norm, y, **_):
         check_weight(bias, x, "Bias")
-        node = norm.producer()
-        attrs = node_attributes(node)
-        inputs = node_inputs(node)
-        if inputs.get("Bias") is not None:
+        norm = Replacement.of(norm.producer())
+        attrs = norm.attributes
+        if norm.inputs["Bias"] is not None:
             raise NotThisPattern("the norm already has a Bias")
         x_type = dtype(x, "X")
         check_type(x_type, Bias=bias, Y=y)
-        check_weight(bias, x, "Bias")
         check_scale(bias, x, attrs["axis"])
         if x_type != FLOAT:
-            if inputs.get("Scale") is None and not attrs.get("scale_offset"):
+            if norm.inputs["Scale"] is None and not attrs.get("scale_offset"):
                 attrs["cast_before_scale"] = 1
             elif not attrs["cast_before_scale"]:
                 raise Rejected("the norm rounds once after its scale (order B) but the bias is "
                                f"added in {x_type.name} after that rounding")
-        return (self.op_name, [inputs["X"], inputs.get("Scale"), bias], attrs)
+        return Replacement(self.op_name, dict(norm.inputs, Bias=bias), attrs)
 
 
-class CastAbsorb(_NormRule):
+class CastAbsorb(FusionRule):
     """``Cast(norm(Cast(x, FLOAT)), x's type)`` becomes the norm of x: the statistics, scale and
     bias in float32 and one rounding at the end (order B). The inner Cast may have other users:
     it stays for them."""
@@ -265,7 +232,6 @@ class CastAbsorb(_NormRule):
 
     def __init__(self, tracker: Tracker, op_name: str) -> None:
         self.title = f"{op_name} input/output casts absorbed"
-        self.fused_op = op_name
         super().__init__(tracker, f"{op_name}Casts")
         self.op_name = op_name
 
@@ -276,30 +242,28 @@ class CastAbsorb(_NormRule):
         return op.Cast(norm, _outputs=["y"])
 
     def inspect(self, context, x, xf, norm, y, **_):
-        node = norm.producer()
-        attrs = node_attributes(node)
-        inputs = node_inputs(node)
+        norm = Replacement.of(norm.producer())
         x_type = dtype(x, "X")
         if dtype(xf, "the cast X") != FLOAT:
             raise Rejected("the inner Cast is not to FLOAT")
         check_type(x_type, Y=y)
         for what in ("Scale", "Bias"):
-            if inputs.get(what) is not None and dtype(inputs[what], what) not in (FLOAT, x_type):
+            value = norm.inputs[what]
+            if value is not None and dtype(value, what) not in (FLOAT, x_type):
                 raise Rejected(f"{what} is neither FLOAT nor X's type")
-        attrs["cast_before_scale"] = 0
-        return (self.op_name, [x] + [v for k, v in inputs.items() if k != "X"], attrs)
+        return Replacement(self.op_name, dict(norm.inputs, X=x),
+                           dict(norm.attributes, cast_before_scale=0))
 
 
 # ---------------------------------------------------------------------------------------------
 # single ops of other domains
 
 
-class StandardLayerNorm(_NormRule):
+class StandardLayerNorm(FusionRule):
     """ONNX ``LayerNormalization`` (opset 17). PyTorch's layer_norm, which the exporters turn
     into it, and ONNX Runtime's kernels round once at the end: order B."""
 
     title = "LayerNorm (ONNX LayerNormalization)"
-    fused_op = "LayerNorm"
 
     def __init__(self, tracker: Tracker) -> None:
         super().__init__(tracker, "LayerNormalization")
@@ -315,36 +279,31 @@ class StandardLayerNorm(_NormRule):
         x_type = dtype(x, "X")
         check_type(x_type, Y=y)
         axis = _axis(node, x)
-        args = [x]
         for what, value in (("Scale", scale), ("Bias", bias)):
             if value is not None:
                 check_type(x_type, **{what: value})
                 check_scale(value, x, axis)
-            args.append(value)
-        if _is_ones(scale):
-            args[1] = None
-        if bias is not None and _is_zeros(bias):
-            args[2] = None
-        return ("LayerNorm", args, {"axis": axis, "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
-                                    "cast_before_scale": 0})
+        inputs = {"X": x, "Scale": None if _is_ones(scale) else scale,
+                  "Bias": None if bias is None or _is_zeros(bias) else bias}
+        return Replacement("LayerNorm", inputs, {
+            "axis": axis, "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
+            "cast_before_scale": 0})
 
 
-class StandardRMSNorm(_NormRule):
+class StandardRMSNorm(FusionRule):
     """ONNX ``RMSNormalization`` (opset 23), as PyTorch's rms_norm computes it: the normalized
     value rounded, then the scale in X's type (order A)."""
 
     title = "RMSNorm (ONNX RMSNormalization)"
-    fused_op = "RMSNorm"
     source_op = "RMSNormalization"
+    #: whether the op rounds the normalized value before its scale in float16/bfloat16
+    order_a = True
 
     def __init__(self, tracker: Tracker) -> None:
         super().__init__(tracker, self.source_op)
 
     def pattern(self, op, x, scale):
         return getattr(op, self.source_op)(x, scale, _outputs=["y"])
-
-    def cast_before_scale(self, x_type: ir.DataType) -> int:
-        return int(x_type != FLOAT)
 
     def inspect(self, context, x, scale, y, **_):
         node = y.producer()
@@ -354,9 +313,9 @@ class StandardRMSNorm(_NormRule):
         check_type(x_type, Scale=scale, Y=y)
         axis = _axis(node, x)
         check_scale(scale, x, axis)
-        return ("RMSNorm", [x, scale], {"axis": axis,
-                                        "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
-                                        "cast_before_scale": self.cast_before_scale(x_type)})
+        return Replacement("RMSNorm", {"X": x, "Scale": scale}, {
+            "axis": axis, "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
+            "cast_before_scale": int(self.order_a and x_type != FLOAT)})
 
 
 class SimplifiedLayerNorm(StandardRMSNorm):
@@ -364,12 +323,10 @@ class SimplifiedLayerNorm(StandardRMSNorm):
 
     title = "RMSNorm (ORT SimplifiedLayerNormalization)"
     source_op = "SimplifiedLayerNormalization"
-
-    def cast_before_scale(self, x_type: ir.DataType) -> int:
-        return 0
+    order_a = False
 
 
-class MsSkipNorm(_NormRule):
+class MsSkipNorm(FusionRule):
     """com.microsoft ``SkipLayerNormalization(input, skip, gamma, beta?, bias?)`` and
     ``SkipSimplifiedLayerNormalization(input, skip, gamma, bias?)``: Sum is output 3.
     (ONNX Runtime normalizes the float32 sum before rounding it; the catalogue op normalizes the
@@ -378,8 +335,8 @@ class MsSkipNorm(_NormRule):
     def __init__(self, tracker: Tracker, layer: bool, n_out: int) -> None:
         self.layer, self.n_out = layer, n_out
         self.ms_op = "SkipLayerNormalization" if layer else "SkipSimplifiedLayerNormalization"
-        self.fused_op = "SkipLayerNorm" if layer else "SkipRMSNorm"
-        self.title = f"{self.fused_op} (ORT {self.ms_op})"
+        self.op_name = "SkipLayerNorm" if layer else "SkipRMSNorm"
+        self.title = f"{self.op_name} (ORT {self.ms_op})"
         super().__init__(tracker, f"{self.ms_op}{n_out}")
 
     def pattern(self, op, x, residual, scale):
@@ -387,16 +344,6 @@ class MsSkipNorm(_NormRule):
         outs = getattr(op, self.ms_op)(x, residual, scale, _domain=MS_DOMAIN,
                                        _allow_other_inputs=True, _outputs=names)
         return (outs[0], outs[3]) if self.n_out == 4 else outs
-
-    def rewrite(self, op, y, total=None, **bindings):
-        root = y.producer()
-        new_op, inputs, attributes = self._accepted.pop(root)
-        while inputs and inputs[-1] is None:
-            inputs.pop()
-        self.tracker.fused(self.title, root)
-        out, new_sum = op.op(new_op, *inputs, _domain=catalogue.DOMAIN, _outputs=2,
-                             _name=f"{root.name}/{new_op}" if root.name else None, **attributes)
-        return (out, new_sum) if self.n_out == 4 else out
 
     def inspect(self, context, x, residual, scale, y, **_):
         node = y.producer()
@@ -415,9 +362,10 @@ class MsSkipNorm(_NormRule):
             if value is not None:
                 check_type(x_type, **{what: value})
                 check_scale(value, x, -1)
-        inputs = [x, residual, scale, bias, xbias]
-        return (self.fused_op, inputs, {"axis": -1, "epsilon": epsilon(attribute(node, "epsilon", 1e-12)),
-                                        "cast_before_scale": 0})
+        inputs = {"X": x, "Residual": residual, "Scale": scale, "Bias": bias, "XBias": xbias}
+        return Replacement(self.op_name, inputs, {
+            "axis": -1, "epsilon": epsilon(attribute(node, "epsilon", 1e-12)),
+            "cast_before_scale": 0})
 
 
 def _extra_outputs_unused(node: ir.Node) -> None:

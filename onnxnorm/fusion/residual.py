@@ -11,18 +11,11 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from onnxnorm.fusion._base import (FLOAT, FusionRule, NotThisPattern, Rejected, check_scale, dtype,
-                                   scalar)
-from onnxnorm.fusion.norms import check_type, check_weight, node_attributes, node_inputs
+from onnxnorm.fusion._base import (FLOAT, FusionRule, NotThisPattern, Rejected, Replacement,
+                                   check_scale, dtype, scalar)
+from onnxnorm.fusion.norms import check_type, check_weight
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
-
-_KIND = {"LayerNorm": "Layer", "RMSNorm": "RMS"}
-
-
-def _plain(node: ir.Node) -> dict:
-    inputs = node_inputs(node)
-    return inputs
 
 
 def _same_shape(a: ir.Value, b: ir.Value, what: str) -> None:
@@ -39,18 +32,7 @@ def _same_shape(a: ir.Value, b: ir.Value, what: str) -> None:
             raise Rejected(f"cannot prove that {what} have the same shape")
 
 
-class _TwoOutputRule(FusionRule):
-    def rewrite(self, op, y, total, **bindings):
-        root = y.producer()
-        new_op, inputs, attributes = self._accepted.pop(root)
-        while inputs and inputs[-1] is None:
-            inputs.pop()
-        self.tracker.fused(self.title, root)
-        return op.op(new_op, *inputs, _domain=catalogue.DOMAIN, _outputs=2,
-                     _name=f"{root.name}/{new_op}" if root.name else None, **attributes)
-
-
-class SkipFusion(_TwoOutputRule):
+class SkipFusion(FusionRule):
     """``Norm(a + b)`` -> ``SkipNorm(X, Residual)`` (Pre-Norm keeps the sum as Sum, Post-Norm
     drops it); with ``deep``, ``Norm(alpha * r + f)`` -> ``SkipNorm(f, r, alpha)`` (DeepNorm).
     An Add in X's type is rounded once, as the catalogue's Sum is, so this is exact; DeepNorm's
@@ -59,8 +41,7 @@ class SkipFusion(_TwoOutputRule):
 
     def __init__(self, tracker: Tracker, op_name: str, deep: bool) -> None:
         self.op_name, self.deep = op_name, deep
-        self.fused_op = f"Skip{op_name}"
-        self.title = f"{self.fused_op} ({'DeepNorm: alpha * residual + x' if deep else 'residual add'})"
+        self.title = f"Skip{op_name} ({'DeepNorm: alpha * residual + x' if deep else 'residual add'})"
         super().__init__(tracker, f"Skip{op_name}{'Deep' if deep else ''}")
 
     def pattern(self, op, a, b, alpha):
@@ -70,10 +51,9 @@ class SkipFusion(_TwoOutputRule):
                                       _outputs=["y"])
         return y, total
 
-    def inspect(self, context, a, b, total, y, alpha=None, scaled=None, **_):
-        node = y.producer()
-        attrs = node_attributes(node)
-        inputs = node_inputs(node)
+    def inspect(self, context, a, b, total, y, alpha=None, **_):
+        norm = Replacement.of(y.producer())
+        attrs = norm.attributes
         t = dtype(total, "the sum")
         check_type(t, a=a, b=b)
         _same_shape(a, b, "the residual add's operands")
@@ -89,7 +69,7 @@ class SkipFusion(_TwoOutputRule):
             x, residual = b, a  # a is the residual stream, b the sublayer's output
         else:
             x, residual = a, b
-        return (self.fused_op, [x, residual, inputs.get("Scale"), inputs.get("Bias")], attrs)
+        return Replacement(f"Skip{self.op_name}", dict(norm.inputs, X=x, Residual=residual), attrs)
 
 
 def _matters(attrs: dict, inputs: dict, t: ir.DataType) -> bool:
@@ -98,14 +78,13 @@ def _matters(attrs: dict, inputs: dict, t: ir.DataType) -> bool:
                            or bool(attrs.get("scale_offset")))
 
 
-class SandwichFusion(_TwoOutputRule):
+class SandwichFusion(FusionRule):
     """``Norm_b(r + Norm_a(x))`` -> ``SandwichNorm(x, r, ...)`` (Gemma 2/3, Sandwich-LN); both
     norms must share axis, epsilon, scale offset and rounding order."""
 
     def __init__(self, tracker: Tracker, op_name: str) -> None:
         self.op_name = op_name
-        self.fused_op = f"Sandwich{op_name}"
-        self.title = f"{self.fused_op} (norm -> residual add -> norm)"
+        self.title = f"Sandwich{op_name} (norm -> residual add -> norm)"
         super().__init__(tracker, f"Sandwich{op_name}")
 
     def pattern(self, op, x, r):
@@ -117,11 +96,11 @@ class SandwichFusion(_TwoOutputRule):
         return y, total
 
     def inspect(self, context, x, r, inner, total, y, **_):
-        outer_node, inner_node = y.producer(), inner.producer()
         if len(inner.uses()) > 1 or inner.is_graph_output():
             raise NotThisPattern("the inner norm's output is used elsewhere: Post-Norm, no sandwich")
-        a, b = node_attributes(inner_node), node_attributes(outer_node)
-        ia, ib = node_inputs(inner_node), node_inputs(outer_node)
+        inner_norm, outer_norm = Replacement.of(inner.producer()), Replacement.of(y.producer())
+        a, b = inner_norm.attributes, outer_norm.attributes
+        ia, ib = inner_norm.inputs, outer_norm.inputs
         t = dtype(x, "X")
         check_type(t, Residual=r, Sum=total)
         _same_shape(x, r, "the sublayer output and the residual")
@@ -136,17 +115,17 @@ class SandwichFusion(_TwoOutputRule):
         if _matters(a, ia, t) and not _matters(b, ib, t):
             order = a["cast_before_scale"]
         attrs = dict(b, cast_before_scale=order)
-        return (self.fused_op, [x, r, ia.get("Scale"), ia.get("Bias"), ib.get("Scale"),
-                                ib.get("Bias")], attrs)
+        return Replacement(f"Sandwich{self.op_name}", {
+            "X": x, "Residual": r, "InnerScale": ia["Scale"], "InnerBias": ia["Bias"],
+            "Scale": ib["Scale"], "Bias": ib["Bias"]}, attrs)
 
 
-class XBiasAbsorb(_TwoOutputRule):
+class XBiasAbsorb(FusionRule):
     """``SkipNorm(m + bias, r)`` -> ``SkipNorm(m, r, XBias=bias)``: the sublayer's bias joins
     the sum (float32 only: in float16 the original rounds m + bias before the residual add)."""
 
     def __init__(self, tracker: Tracker, op_name: str, on_residual: bool) -> None:
         self.op_name, self.on_residual = op_name, on_residual
-        self.fused_op = op_name
         self.title = f"{op_name} sublayer bias absorbed (XBias)"
         super().__init__(tracker, f"{op_name}XBias{'R' if on_residual else ''}")
 
@@ -157,12 +136,11 @@ class XBiasAbsorb(_TwoOutputRule):
                                              _allow_other_inputs=True, _outputs=["y", "total"])
         return y, total
 
-    def inspect(self, context, m, bias, other, biased, y, total, **_):
+    def inspect(self, context, m, bias, other, y, **_):
         check_weight(bias, m, "the sublayer bias")
-        node = y.producer()
-        attrs = node_attributes(node)
-        inputs = node_inputs(node)
-        if inputs.get("XBias") is not None:
+        skip = Replacement.of(y.producer())
+        attrs = skip.attributes
+        if skip.inputs["XBias"] is not None:
             raise Rejected("the Skip op already has an XBias")
         if self.on_residual and attrs["alpha"] != 1:
             raise Rejected("the bias is on the residual scaled by alpha")
@@ -170,10 +148,9 @@ class XBiasAbsorb(_TwoOutputRule):
         if t != FLOAT:
             raise Rejected(f"{t.name}: the original rounds X + bias before the residual add")
         check_type(t, bias=bias, Residual=other)
-        check_weight(bias, m, "the sublayer bias")
         check_scale(bias, m, -1)
         _same_shape(m, other, "X and the residual")
-        return (self.op_name, [m, other, inputs.get("Scale"), inputs.get("Bias"), bias], attrs)
+        return Replacement(self.op_name, dict(skip.inputs, X=m, Residual=other, XBias=bias), attrs)
 
 
 def sandwich_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
