@@ -1,5 +1,7 @@
 # One command sets everything up and runs the demo, one runs the tests:
 #   make demo    make test
+# and one builds the wheel a user can pass on (dist/onnxnorm-*-manylinux_*.whl):
+#   make wheel
 # Each step leaves a stamp, so repeated runs reuse what is built.
 
 PYTHON ?= python3.11
@@ -10,7 +12,7 @@ HEADERS := third_party/.headers
 NATIVE := CMakeLists.txt pyproject.toml $(shell find custom_ops -type f 2>/dev/null)
 PYTEST_ARGS ?=
 
-.PHONY: all setup install demo test clean
+.PHONY: all setup install demo test wheel clean
 
 all: install
 
@@ -20,10 +22,10 @@ $(PY):
 # torch is pinned to the CPU build on this machine's disk so pip never fetches a CUDA build
 $(VENV)/.deps: $(PY) Makefile
 	$(PIP) install -q "torch==2.13.0" numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime \
-		pytest scikit-build-core ninja cmake transformers matplotlib
+		pytest scikit-build-core ninja cmake transformers matplotlib build auditwheel
 	touch $@
 
-# ORT's C/C++ API headers, needed at build time only (DESIGN.md section 6)
+# ORT's C/C++ API headers, needed at build time only (docs/design.md)
 $(HEADERS): tools/get_ort_headers.sh
 	bash tools/get_ort_headers.sh
 	mkdir -p $(dir $@) && touch $@
@@ -42,5 +44,15 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The wheel: built like pip builds it (CUDA library too where nvcc is found, unless
+# ONNXNORM_CUDA=OFF), then checked and tagged manylinux by auditwheel, which refuses a library
+# that links anything manylinux does not allow.
+wheel: $(VENV)/.deps $(HEADERS)
+	rm -rf dist/raw && mkdir -p dist
+	$(PIP) wheel -q --no-deps --no-build-isolation -w dist/raw .
+	$(PY) -m auditwheel repair -w dist dist/raw/onnxnorm-*.whl
+	rm -rf dist/raw
+	@ls -l dist/*.whl
+
 clean:
-	rm -rf build $(VENV)/.installed
+	rm -rf build dist $(VENV)/.installed

@@ -33,7 +33,13 @@ def message(module: str, purpose: str) -> str:
 
 
 def available(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    """Whether ``module`` can be imported (without importing it)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def require(module: str, purpose: str) -> ModuleType:

@@ -106,6 +106,63 @@ def test_failed_write_leaves_nothing_half_written(decomposed, tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
 
 
+def test_directory_input_is_refused(tmp_path):
+    result = _run("fuse", tmp_path, "-o", tmp_path / "out.onnx")
+    _assert_one_line_error(result, f"{tmp_path}: is a directory")
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("case", ["missing-folder", "unwritable-folder", "output-is-input",
+                                  "json-in-missing-folder"])
+def test_bad_output_is_refused_before_any_work(decomposed, tmp_path, monkeypatch, capsys, case):
+    import onnxnorm._io
+
+    source = decomposed[1]
+    argv = ["fuse", str(source), "-o", str(tmp_path / "out.onnx")]
+    if case == "missing-folder":
+        argv[3], expected = str(tmp_path / "no" / "out.onnx"), "does not exist"
+    elif case == "unwritable-folder":
+        # as root every folder is writable: make this one read-only as the check sees it
+        readonly = tmp_path / "ro"
+        readonly.mkdir()
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+            False if Path(path) == readonly and mode & os.W_OK else access(path, mode, **kw)))
+        argv[3], expected = str(readonly / "out.onnx"), "is not writable"
+    elif case == "output-is-input":
+        argv[3], expected = str(source), "it is the input"
+    else:
+        argv += ["--json", str(tmp_path / "no" / "report.json")]
+        expected = "report.json: folder"
+    loads = []
+    monkeypatch.setattr(onnxnorm._io, "load_model", lambda *a, **k: loads.append(a))
+    before = source.read_bytes()
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and loads == [], "work was done before the output was checked"
+    assert len(captured.err.splitlines()) == 1 and expected in captured.err, captured.err
+    assert source.read_bytes() == before
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_fuse_and_verify_an_onnxnorm_export(tmp_path):
+    """An `onnxnorm export --mode fused` output (onnxnorm nodes, residual adds left unfused)
+    fused again with --verify: both models run with the library."""
+    import onnxnorm
+
+    exported, fused = tmp_path / "exported.onnx", tmp_path / "fused.onnx"
+    model = llama.build(llama.LlamaConfig(hidden=32, heads=2, intermediate=64, layers=2))
+    onnxnorm.export(model, (torch.randn(2, 6, 32),), exported, mode="fused", convert=True)
+    result = _run("fuse", exported, "-o", fused, "--verify", "--target", "fused")
+    assert result.returncode == 0, result.stderr
+    checks = [line for line in result.stdout.splitlines() if line.startswith("verify: ")]
+    assert checks and all(line.endswith(" ok") for line in checks), result.stdout
+    ops_before = [n.op_type for n in onnx.load(exported).graph.node if n.domain == ops.DOMAIN]
+    ops_after = [n.op_type for n in onnx.load(fused).graph.node if n.domain == ops.DOMAIN]
+    assert ops_before.count("RMSNorm") == len(ops_before) and "SkipRMSNorm" not in ops_before
+    assert len(ops_after) == len(ops_before) and "SkipRMSNorm" in ops_after
+
+
 def test_unknown_target_is_refused(decomposed, tmp_path):
     result = _run("fuse", decomposed[1], "-o", tmp_path / "o.onnx", "--target", "tensorrt")
     assert result.returncode == 2 and "invalid choice" in result.stderr
@@ -220,6 +277,8 @@ def test_external_data_stays_external(tmp_path):
     out.parent.mkdir()
     result = _run("fuse", source, "-o", out, "--verify", "--target", "ort")
     assert result.returncode == 0, result.stderr
+    # the checker looks for m.weights in the model's folder, not in the working folder
+    assert "Data of TensorProto" not in result.stdout and "m.weights" not in result.stdout
     assert sorted(p.name for p in out.parent.iterdir()) == ["fused.onnx", "fused.onnx.data"]
     fused = onnx.load(out, load_external_data=False)
     big = [t for t in fused.graph.initializer if t.name == "big"][0]

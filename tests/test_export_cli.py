@@ -1,4 +1,4 @@
-"""`onnxnorm export` on the command line: models/ configurations, local Hugging Face models
+"""`onnxnorm export` on the command line: model families, local Hugging Face models
 (a directory or a config file, nothing downloaded), every kind of bad input."""
 
 from __future__ import annotations
@@ -120,3 +120,29 @@ def test_help(capsys):
         cli.main(["export", "--help"])
     help_text = capsys.readouterr().out
     assert "--mode" in help_text and "--opset" in help_text and "config.json" in help_text
+
+
+def test_family_export_needs_no_source_tree(tmp_path):
+    """Run from a folder that holds a models/ package of its own: the families come from the
+    installed package, never from whatever models/ is importable."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("raise RuntimeError('not onnxnorm')\n")
+    result = subprocess.run([sys.executable, "-m", "onnxnorm", "export", "qwen3", "-o", "m.onnx",
+                             "--hidden", "32", "--heads", "2", "--layers", "1"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Qwen3-style decoder" in result.stdout
+    counts = collections.Counter(n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node
+                                 if n.domain == "onnxnorm")
+    # Pre-Norm with Q/K norms over head_dim: 1 + 2 (Q, K) RMSNorm per layer plus the first
+    # and final norms, the residual adds fused into SkipRMSNorm
+    assert counts["RMSNorm"] >= 3 and counts["SkipRMSNorm"] >= 1, counts
+
+
+def test_output_checked_before_the_model_is_built(tmp_path, capsys):
+    assert cli.main(["export", "llama", "-o", str(tmp_path / "m.onnx"), "--json",
+                     str(tmp_path / "no" / "r.json")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "r.json: folder" in captured.err
+    assert cli.main(["export", "llama", "-o", str(tmp_path)]) == 1
+    assert "it is a directory" in capsys.readouterr().err

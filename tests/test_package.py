@@ -1,0 +1,123 @@
+"""The package as a user meets it: importing it with and without its optional dependencies,
+the one-line errors that name the extra to install, and real signatures for help()."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import onnxnorm
+
+#: run before the code of each subprocess: makes the named top-level modules unimportable, as
+#: in an environment where they are not installed
+_HIDE = textwrap.dedent("""\
+    import importlib.abc, sys
+    class _Hidden(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in HIDDEN:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+    sys.meta_path.insert(0, _Hidden())
+    """)
+
+
+def _python(code: str, hidden: tuple[str, ...] = (), cwd=None) -> subprocess.CompletedProcess:
+    script = f"HIDDEN = {set(hidden)!r}\n" + _HIDE + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def _cli(*argv: str, hidden: tuple[str, ...] = (), cwd=None) -> subprocess.CompletedProcess:
+    return _python(f"from onnxnorm.cli import main; sys.exit(main({list(argv)!r}))", hidden, cwd)
+
+
+def _one_line(result, *fragments) -> str:
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_import_without_onnxruntime_names_both_extras():
+    result = _python("import onnxnorm", hidden=("onnxruntime",))
+    line = _one_line(result, "onnxnorm needs onnxruntime")
+    assert "pip install 'onnxnorm[cpu]'" in line and "'onnxnorm[gpu]'" in line
+    # a program that catches it gets an ImportError with the same message
+    result = _python("""
+        try:
+            import onnxnorm
+        except ImportError as error:
+            print(type(error).__mro__[1].__name__, error)
+        """, hidden=("onnxruntime",))
+    assert result.returncode == 0 and result.stdout.startswith("ImportError onnxnorm needs")
+
+
+def test_command_line_without_onnxruntime_is_one_line():
+    result = subprocess.run([sys.executable, "-c", f"HIDDEN = {{'onnxruntime'}}\n{_HIDE}"
+                             "import runpy; sys.argv = ['onnxnorm', 'fuse', '--help']; "
+                             "runpy.run_module('onnxnorm', run_name='__main__')"],
+                            capture_output=True, text=True, timeout=300)
+    _one_line(result, "onnxnorm[cpu]", "onnxnorm[gpu]")
+
+
+def test_import_and_the_fusion_pass_need_no_torch():
+    result = _python("""
+        import onnxnorm, onnxnorm.runtime, onnxnorm.fusion
+        print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+        """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("argv, needs", [
+    (["export", "llama", "-o", "m.onnx"], "onnxnorm export needs torch"),
+    (["bench", "kernels", "--ops", "RMSNorm"], "onnxnorm bench kernels needs torch"),
+])
+def test_commands_without_torch_say_so_in_one_line(argv, needs, tmp_path):
+    result = _cli(*argv, hidden=("torch", "transformers"), cwd=tmp_path)
+    _one_line(result, needs, "pip install 'onnxnorm[torch]'")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["export", "fuse", "bench"])
+def test_help_works_without_torch(command):
+    result = _cli(command, "--help", hidden=("torch", "transformers"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: onnxnorm {command}")
+
+
+def test_torch_modules_without_torch_raise_one_clear_import_error():
+    result = _python("""
+        import onnxnorm
+        for get in (lambda: onnxnorm.export, lambda: onnxnorm.nn.RMSNorm):
+            try:
+                get()
+            except ImportError as error:
+                print(error)
+        """, hidden=("torch",))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("needs torch" in line and "onnxnorm[torch]" in line
+                                   for line in lines), lines
+
+
+def test_export_and_convert_show_their_real_signatures():
+    export = inspect.signature(onnxnorm.export)
+    assert list(export.parameters)[:3] == ["model", "args", "path"]
+    assert {"mode", "opset_version", "external_data"} <= set(export.parameters)
+    assert "seed" in inspect.signature(onnxnorm.convert).parameters
+    assert "mode" in onnxnorm.export.__doc__
+    from onnxnorm import convert, export as exported
+
+    assert exported is onnxnorm.nn.export and convert is onnxnorm.nn.convert
+
+
+def test_unknown_attribute():
+    with pytest.raises(AttributeError, match="no attribute 'frobnicate'"):
+        onnxnorm.frobnicate  # noqa: B018
