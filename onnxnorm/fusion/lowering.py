@@ -1,4 +1,4 @@
-"""Lowering onnxnorm nodes to a fusion target (DESIGN.md section 4).
+"""Lowering onnxnorm nodes to a fusion target (docs/design.md).
 
 ``lower(model, target)`` returns a new model; the input is left as it is.
 
@@ -22,8 +22,8 @@ Scale and Bias is emitted only where every reading gives the same bits:
   the one op with Scale and Bias (Skip ops included, alpha through a Mul before them);
 - otherwise the norm op with a unit Scale, applied to X in float32 (so the normalized value is
   the same in every reading), followed by the scale offset, Scale and Bias in float32, rounded
-  to X's type after each step in order A and once at the end in order B: the same arithmetic
-  as the catalogue's function body, which is exact (see ``onnxnorm.ops.functions``).
+  to X's type after each step in order A and once at the end in order B: the catalogue's own
+  arithmetic, written by the builder of its function bodies (``functions.scale_and_shift``).
 
 Where a target has no op at all (RMSNorm at opset < 23 for ``onnx``), the function body is
 inlined. ``lower_with_notes`` also says, per node, what was emitted and why.
@@ -119,6 +119,8 @@ class _Lowerer:
         self.notes: list[Note] = []
         self.uses_ms = False
         self.count = 0
+        #: the element type of the X of the node being lowered
+        self.t: int | None = None
         self.types, self.dims = _types_and_ranks(model)
         if any(n.domain == catalogue.DOMAIN and n.input and n.input[0] not in self.types
                for n in functions.onnxnorm_nodes(model)):
@@ -133,18 +135,27 @@ class _Lowerer:
         self.count += 1
         return f"{self.prefix}{hint}_{self.count}"
 
-    def emit(self, op: str, inputs: list[str], n_out: int = 1, outs: list[str] | None = None,
-             domain: str = "", **attrs) -> list[str]:
-        outs = outs or [self._name(op) for _ in range(n_out)]
+    def emit(self, op: str, inputs: list[str], outs: list[str] | None = None, domain: str = "",
+             **attrs) -> list[str]:
+        outs = outs or [self._name(op)]
         self.new_nodes.append(helper.make_node(op, inputs, outs, name=self._name(op),
                                                domain=domain, **attrs))
         return outs
 
-    def one(self, op: str, *inputs: str, out: str | None = None, **attrs) -> str:
+    def __call__(self, op: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        """One node of one output (``out``, or a new name), for ``functions.scale_and_shift``
+        as for the rest."""
         return self.emit(op, list(inputs), outs=[out] if out else None, **attrs)[0]
 
-    def const(self, value: float) -> str:
-        return self.one("Constant", value=helper.make_tensor(self._name("c"), _FLOAT, [], [value]))
+    def const(self, value_float: float) -> str:
+        return self("Constant", value=helper.make_tensor(self._name("c"), _FLOAT, [], [value_float]))
+
+    def float32(self, value: str) -> str:
+        return value if self.types.get(value) == _FLOAT else self("Cast", value, to=_FLOAT)
+
+    def round(self, value: str) -> str:
+        """``value`` rounded to the type of the node's X, kept in float32."""
+        return self("Cast", self("Cast", value, to=self.t), to=_FLOAT)
 
     # -- the graph ------------------------------------------------------------------------
     def graph(self, graph: onnx.GraphProto) -> None:
@@ -175,34 +186,30 @@ class _Lowerer:
                 for i, p in enumerate(spec.inputs)}
         outs = {p.name: (node.output[i] if i < len(node.output) and node.output[i] else None)
                 for i, p in enumerate(spec.outputs)}
-        t = self.types.get(args["X"])
-        core = self._core_op(spec)
+        self.t = t = self.types.get(args["X"])
         if t is None:
             return self._inline(node, "the element type of X is unknown")
-        if core is None:
+        if self._core_op(spec) is None:
             return self._inline(node, f"opset {self.opset} has no standard "
                                       f"{'RMSNormalization (needs 23)' if spec.norm == 'rms' else 'LayerNormalization (needs 17)'}")
-        order_a = bool(attrs["cast_before_scale"]) and t != _FLOAT
         if spec.residual == "none":
-            kind = self._norm(spec, attrs, t, order_a, args["X"], args["Scale"], args["Bias"],
-                              outs["Y"])
-            return kind, ""
+            return self._norm(spec, attrs, args["X"], args["Scale"], args["Bias"], outs["Y"]), ""
         if spec.residual == "skip":
-            return self._skip(spec, attrs, t, order_a, args, outs)
+            return self._skip(spec, attrs, args, outs)
         inner = self._name("inner")
         self.types[inner], self.dims[inner] = t, self.dims.get(args["X"])
-        k1 = self._norm(spec, attrs, t, order_a, args["X"], args["InnerScale"], args["InnerBias"],
-                        inner)
+        k1 = self._norm(spec, attrs, args["X"], args["InnerScale"], args["InnerBias"], inner)
         fake = dict(args, X=inner, XBias=None)
-        k2, _ = self._skip(spec, {**attrs, "alpha": 1.0}, t, order_a, fake, outs)
+        k2, _ = self._skip(spec, {**attrs, "alpha": 1.0}, fake, outs)
         return f"{k1} + {k2}", ""
 
-    def _core_op(self, spec: catalogue.OpSpec) -> tuple[str, str] | None:
+    def _core_op(self, spec: catalogue.OpSpec) -> str | None:
+        """The target's op for the norm (None: it has none); all are in the ONNX domain."""
         if spec.norm == "layer":
-            return ("LayerNormalization", "") if self.target == "ort" or self.opset >= 17 else None
+            return "LayerNormalization" if self.target == "ort" or self.opset >= 17 else None
         if self.target == "ort":
-            return ("SimplifiedLayerNormalization", "")
-        return ("RMSNormalization", "") if self.opset >= 23 else None
+            return "SimplifiedLayerNormalization"
+        return "RMSNormalization" if self.opset >= 23 else None
 
     def _rank(self, name: str) -> int | None:
         d = self.dims.get(name)
@@ -214,8 +221,9 @@ class _Lowerer:
         rank = self._rank(x)
         return None if rank is None else rank - axis
 
-    def _direct(self, spec, attrs, t, x, scale, bias) -> str | None:
+    def _direct(self, spec, attrs, x, scale, bias) -> str | None:
         """Why the one op with Scale and Bias is not exact here (None: it is)."""
+        t = self.t
         if t != _FLOAT:
             return "float16/bfloat16: ORT and the ONNX standard round in different orders"
         if attrs.get("scale_offset", 0.0):
@@ -232,47 +240,35 @@ class _Lowerer:
             return "the RMS op has no Bias"
         return None
 
-    def _norm(self, spec, attrs, t, order_a, x, scale, bias, y) -> str:
-        op, domain = self._core_op(spec)
+    def _norm(self, spec, attrs, x, scale, bias, y) -> str:
+        op, t = self._core_op(spec), self.t
         axis, eps = attrs["axis"], float(attrs["epsilon"])
-        if self._direct(spec, attrs, t, x, scale, bias) is None and scale is not None:
+        if self._direct(spec, attrs, x, scale, bias) is None and scale is not None:
             inputs = [x, scale] + ([bias] if bias is not None else [])
-            self.emit(op, inputs, outs=[y], domain=domain, axis=axis, epsilon=eps)
+            self.emit(op, inputs, outs=[y], axis=axis, epsilon=eps)
             return op
         # the norm with a unit Scale on X in float32, then the catalogue's own arithmetic
-        xf = x if t == _FLOAT else self.one("Cast", x, to=_FLOAT)
-        ones = self.one("ConstantOfShape", self.one("Shape", xf, start=axis),
-                        value=helper.make_tensor("one", _FLOAT, [1], [1.0]))
-        value = self.one(op, xf, ones, domain=domain, axis=axis, epsilon=eps)
-
-        def rounded(v: str) -> str:
-            return self.one("Cast", self.one("Cast", v, to=t), to=_FLOAT) if order_a else v
-
-        def operand(v: str) -> str:
-            return rounded(v if self.types.get(v) == _FLOAT else self.one("Cast", v, to=_FLOAT))
-
-        value = rounded(value)
-        factor = operand(scale) if scale is not None else None
-        offset = float(attrs.get("scale_offset", 0.0))
-        if offset:
-            factor = rounded(self.one("Add", factor or self.const(1.0), rounded(self.const(offset))))
-        if factor is not None:
-            value = rounded(self.one("Mul", value, factor))
-        if bias is not None:
-            value = rounded(self.one("Add", value, operand(bias)))
+        xf = x if t == _FLOAT else self("Cast", x, to=_FLOAT)
+        ones = self("ConstantOfShape", self("Shape", xf, start=axis),
+                    value=helper.make_tensor("one", _FLOAT, [1], [1.0]))
+        value = functions.scale_and_shift(
+            self, self(op, xf, ones, axis=axis, epsilon=eps), scale, bias,
+            float(attrs.get("scale_offset", 0.0)) or None,
+            bool(attrs["cast_before_scale"]) and t != _FLOAT)
         if t == _FLOAT:
-            self.one("Identity", value, out=y)
+            self("Identity", value, out=y)
         else:
-            self.one("Cast", value, to=t, out=y)
+            self("Cast", value, to=t, out=y)
         return f"{op} (unit scale) + float32 arithmetic"
 
-    def _skip(self, spec, attrs, t, order_a, args, outs) -> tuple[str, str]:
+    def _skip(self, spec, attrs, args, outs) -> tuple[str, str]:
         x, residual, scale, bias, xbias = (args["X"], args["Residual"], args["Scale"],
                                            args["Bias"], args["XBias"])
         y, total = outs["Y"], outs["Sum"] or self._name("sum")
+        t = self.t
         self.types[total], self.dims[total] = t, self.dims.get(x)
         alpha = float(attrs["alpha"])
-        why_not = self._direct(spec, attrs, t, x, scale, bias)
+        why_not = self._direct(spec, attrs, x, scale, bias)
         if why_not is None and self.target == "ort" and scale is not None:
             if attrs["axis"] not in (-1, (self._rank(x) or 0) - 1) or self._rank(x) not in (2, 3):
                 why_not = "the Skip ops normalize the last axis of a 2-D or 3-D input only"
@@ -282,7 +278,7 @@ class _Lowerer:
                 why_not = "XBias is not a 1-D tensor of X's type"
         if why_not is None and self.target == "ort" and scale is not None:
             if alpha != 1.0:
-                residual = self.one("Mul", residual, self.const(alpha))
+                residual = self("Mul", residual, self.const(alpha))
             op = "SkipLayerNormalization" if spec.norm == "layer" else "SkipSimplifiedLayerNormalization"
             inputs = [x, residual, scale] + ([bias or ""] if spec.norm == "layer" else [])
             if xbias is not None:
@@ -295,17 +291,16 @@ class _Lowerer:
             return f"{MS_DOMAIN}.{op}" + (" after Mul(alpha)" if alpha != 1.0 else ""), ""
         # the sum as the catalogue computes it: in float32, rounded once to X's type
         if t == _FLOAT and alpha == 1.0 and xbias is None:
-            self.one("Add", residual, x, out=total)
+            self("Add", residual, x, out=total)
         else:
-            acc = self.one("Cast", residual, to=_FLOAT) if t != _FLOAT else residual
+            acc = self("Cast", residual, to=_FLOAT) if t != _FLOAT else residual
             if alpha != 1.0:
-                acc = self.one("Mul", acc, self.const(alpha))
-            acc = self.one("Add", acc, x if t == _FLOAT else self.one("Cast", x, to=_FLOAT))
+                acc = self("Mul", acc, self.const(alpha))
+            acc = self("Add", acc, x if t == _FLOAT else self("Cast", x, to=_FLOAT))
             if xbias is not None:
-                xb = xbias if self.types.get(xbias) == _FLOAT else self.one("Cast", xbias, to=_FLOAT)
-                acc = self.one("Add", acc, xb)
-            self.one("Cast", acc, to=t, out=total)
-        kind = self._norm(spec, attrs, t, order_a, total, scale, bias, y)
+                acc = self("Add", acc, self.float32(xbias))
+            self("Cast", acc, to=t, out=total)
+        kind = self._norm(spec, attrs, total, scale, bias, y)
         return f"Add + {kind}", (why_not or "") if self.target == "ort" else ""
 
     # -- inlining the catalogue's function body --------------------------------------------

@@ -56,6 +56,13 @@ class _Body:
     def const(self, **value: Any) -> str:
         return self("Constant", **value)
 
+    def float32(self, value: str) -> str:
+        return self("Cast", value, to=_FLOAT)
+
+    def round(self, value: str) -> str:
+        """``value`` rounded to X's type, kept in float32."""
+        return self("Cast", self("CastLike", value, "X"), to=_FLOAT)
+
     def reduce_mean(self, value: str) -> str:
         """Mean over axis 1 of a 2-D tensor, keepdims."""
         if self.opset >= 18:
@@ -75,6 +82,34 @@ def overload(spec: catalogue.OpSpec, present: Iterable[str], cast_before_scale: 
     parts += ["a"] if cast_before_scale else []
     parts += ["nosum"] if spec.has_residual and not with_sum else []
     return "_".join(parts)
+
+
+def scale_and_shift(b, y: str, scale: str | None, bias: str | None, offset: float | Ref | None,
+                    order_a: bool) -> str:
+    """The catalogue's arithmetic after the normalization, where the rounding order shows:
+    ``y`` (the normalized value, float32) times Scale plus ``offset`` (scale_offset; None:
+    none), plus Bias, in float32, the result in float32. Order A (``order_a``) rounds every
+    value to X's type after each step, operands included; order B leaves the one rounding at
+    the end to the caller.
+
+    ``b`` writes the nodes (here into a function body, in ``onnxnorm.fusion.lowering`` into a
+    graph): ``b(op, *inputs, **attributes)`` adds a node and returns its output,
+    ``b.const(value_float=v)`` a float32 scalar, ``b.float32(v)`` a cast to float32 and
+    ``b.round(v)`` a float32 value rounded to X's type and back.
+    """
+    def rounded(value: str) -> str:
+        return b.round(value) if order_a else value
+
+    y = rounded(y)
+    factor = rounded(b.float32(scale)) if scale else None
+    if offset is not None:
+        offset = rounded(b.const(value_float=offset))
+        factor = rounded(b("Add", factor or b.const(value_float=1.0), offset))
+    if factor:
+        y = rounded(b("Mul", y, factor))
+    if bias:
+        y = rounded(b("Add", y, rounded(b.float32(bias))))
+    return y
 
 
 def _normalize(b: _Body, spec: catalogue.OpSpec, z: str) -> str:
@@ -122,37 +157,24 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     present = {name for name in spec.optional_inputs if name.lower() in parts}
     b = _Body(opset)
     inputs = [p.name for p in spec.inputs]
-
-    def rounded(value: str) -> str:
-        """Order A: ``value`` rounded to X's type (kept in float32); order B: unchanged."""
-        return b("Cast", b("CastLike", value, "X"), to=_FLOAT) if order_a else value
-
-    def operand(value: str) -> str:
-        return rounded(b("Cast", value, to=_FLOAT))
+    offset = Ref("scale_offset") if "offset" in parts else None
 
     def norm(z: str, scale: str, bias: str, out: str | None = None) -> str:
         """The norm of ``z`` with the inputs ``scale`` and ``bias`` when present, in X's type."""
-        y = rounded(_normalize(b, spec, z))
-        factor = operand(scale) if scale in present else None
-        if "offset" in parts:
-            offset = rounded(b.const(value_float=Ref("scale_offset")))
-            factor = rounded(b("Add", factor or b.const(value_float=1.0), offset))
-        if factor:
-            y = rounded(b("Mul", y, factor))
-        if bias in present:
-            y = rounded(b("Add", y, operand(bias)))
+        y = scale_and_shift(b, _normalize(b, spec, z), scale if scale in present else None,
+                            bias if bias in present else None, offset, order_a)
         return b("CastLike", y, "X", out=out)
 
     z = "X"
     if spec.residual == "skip":
-        total = b("Add", b("Mul", b("Cast", "Residual", to=_FLOAT), b.const(value_float=Ref("alpha"))),
-                  b("Cast", "X", to=_FLOAT))
+        total = b("Add", b("Mul", b.float32("Residual"), b.const(value_float=Ref("alpha"))),
+                  b.float32("X"))
         if "XBias" in present:
-            total = b("Add", total, b("Cast", "XBias", to=_FLOAT))
+            total = b("Add", total, b.float32("XBias"))
         z = b("CastLike", total, "X", out="Sum")
     elif spec.residual == "sandwich":
-        inner = b("Cast", norm("X", "InnerScale", "InnerBias"), to=_FLOAT)
-        z = b("CastLike", b("Add", b("Cast", "Residual", to=_FLOAT), inner), "X", out="Sum")
+        inner = b.float32(norm("X", "InnerScale", "InnerBias"))
+        z = b("CastLike", b("Add", b.float32("Residual"), inner), "X", out="Sum")
     norm(z, "Scale", "Bias", out="Y")
 
     defaults = [helper.make_attribute(a.name, float(a.default) if a.kind == "float" else a.default)
