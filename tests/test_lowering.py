@@ -7,8 +7,9 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxnorm.fusion.lowering import TARGETS, lower, lower_with_notes, op_types
+from onnxnorm.fusion.lowering import lower, lower_with_notes, op_types
 from onnxnorm.ops import catalogue
+from onnxnorm.targets import DEFAULT, TARGETS, help_text
 from tests.helpers import BF16, assert_close, reference_outputs, run, single_node_model
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
@@ -111,6 +112,15 @@ def test_fused_target_strips_bodies(rng):
 
 
 def test_unknown_target():
-    assert TARGETS == ("function", "fused", "ort", "onnx")
     with pytest.raises(ValueError, match="unknown target"):
         lower(onnx.ModelProto(), "tensorrt")
+
+
+def test_both_commands_offer_the_targets_defined_once():
+    from onnxnorm.cli import parser
+
+    assert list(TARGETS) == ["function", "fused", "ort", "onnx"] and DEFAULT == "function"
+    for command, option in (("export", "--mode"), ("fuse", "--target")):
+        sub = parser(command)._subparsers._group_actions[0].choices[command]
+        action = next(a for a in sub._actions if option in a.option_strings)
+        assert (action.choices, action.default, action.help) == (TARGETS, DEFAULT, help_text())

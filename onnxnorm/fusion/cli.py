@@ -8,7 +8,7 @@ import sys
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    from onnxnorm.fusion.lowering import TARGETS
+    from onnxnorm.targets import DEFAULT, TARGETS, help_text
 
     fuse = commands.add_parser(
         "fuse", help="replace norm patterns with fused onnxnorm ops",
@@ -19,10 +19,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "2 GB).")
     fuse.add_argument("input", help="the ONNX model to read")
     fuse.add_argument("-o", "--output", required=True, help="where to write the fused model")
-    fuse.add_argument("--target", choices=TARGETS, default="function",
-                      help="function: onnxnorm nodes with their ONNX function bodies (runs "
-                           "anywhere; default); fused: without bodies (needs the library); "
-                           "ort: ONNX Runtime's own ops; onnx: standard ONNX ops only")
+    fuse.add_argument("--target", choices=TARGETS, default=DEFAULT, help=help_text())
     fuse.add_argument("--verify", action="store_true",
                       help="run the original and the fused model in onnxruntime on generated "
                            "inputs, print the max abs/rel error per output; exit 3 when over "

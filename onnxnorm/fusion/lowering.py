@@ -38,8 +38,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnxnorm.ops import catalogue, functions
+from onnxnorm.targets import TARGETS
 
-TARGETS = ("function", "fused", "ort", "onnx")
 MS_DOMAIN = "com.microsoft"
 _FLOAT = TensorProto.FLOAT
 

@@ -25,9 +25,10 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion import batch_norm, norms, residual
-from onnxnorm.fusion.lowering import TARGETS, lower_with_notes
+from onnxnorm.fusion.lowering import lower_with_notes
 from onnxnorm.fusion.report import FusionReport, Tracker
 from onnxnorm.ops import catalogue
+from onnxnorm.targets import TARGETS
 
 __all__ = ["TARGETS", "fuse", "fuse_ir", "rules", "stages"]
 
@@ -321,10 +322,8 @@ def fuse(model: onnx.ModelProto, target: str = "function", base_dir: str | None 
          ) -> tuple[onnx.ModelProto, FusionReport]:
     """Rewrites the norms of ``model`` into onnxnorm ops; ``model`` is left as is.
 
-    ``target``: "function" gives every onnxnorm node its model-local function body (any runtime
-    runs it), "fused" leaves the bodies out (the onnxnorm library is needed), "ort" writes ONNX
-    Runtime's own ops and "onnx" standard ONNX ops (see ``lowering.py``). ``base_dir``: where
-    the model's external data lies, if it has any.
+    ``target``: a name of :data:`onnxnorm.targets.TARGETS` (how each is written:
+    ``lowering.py``). ``base_dir``: where the model's external data lies, if it has any.
     """
     fused, weights, report = fuse_detached(model, target, base_dir)
     fused.graph.initializer.extend(weights)

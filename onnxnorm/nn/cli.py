@@ -13,8 +13,8 @@ from typing import Any
 from onnxnorm._deps import require
 from onnxnorm._io import OnnxNormError, check_output
 from onnxnorm.nn import families
+from onnxnorm.targets import DEFAULT, TARGETS, help_text
 
-MODES = ("function", "fused", "ort", "onnx")
 DTYPES = ("float32", "float16", "bfloat16")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
                 "pytorch_model.bin.index.json")
@@ -32,10 +32,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "weights the model gets random ones.")
     export.add_argument("model", help="family name, 'decoder', or a local directory / config.json")
     export.add_argument("-o", "--output", required=True, help="where to write the ONNX model")
-    export.add_argument("--mode", choices=MODES, default="function",
-                        help="function: onnxnorm nodes with their ONNX function bodies (default); "
-                             "fused: without bodies (needs the library); ort: ONNX Runtime's "
-                             "own norm ops; onnx: standard ONNX only")
+    export.add_argument("--mode", choices=TARGETS, default=DEFAULT, help=help_text())
     export.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18; 23 gives "
                                                               "RMSNormalization in --mode onnx)")
     export.add_argument("--batch", type=int, default=2, help="batch size of the example input")

@@ -1,5 +1,5 @@
 """``onnxnorm.export``: torch.onnx.export (dynamo) with one onnxnorm node per norm module (or per
-fused residual add + norm), then lowered to the chosen target (DESIGN.md section 4)."""
+fused residual add + norm), then lowered to the chosen target (``onnxnorm.targets``)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,7 @@ import torch
 from onnxnorm._io import OnnxNormError, save_model
 from onnxnorm.nn.functional import TRANSLATION_TABLE
 from onnxnorm.ops import catalogue, functions
-
-#: the export targets (DESIGN.md section 4): onnxnorm nodes with or without their function
-#: bodies, ONNX Runtime's own ops, standard ONNX only
-MODES = ("function", "fused", "ort", "onnx")
+from onnxnorm.targets import TARGETS
 
 
 @contextlib.contextmanager
@@ -193,10 +190,9 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
     """Exports ``model`` with ``torch.onnx.export(dynamo=True)``; every onnxnorm norm module, and
     every residual add fused with a norm (:mod:`onnxnorm.nn.residual`), becomes one node.
 
-    ``mode`` is the target (DESIGN.md section 4): ``"function"`` (default) onnxnorm nodes with
-    their ONNX function bodies, so that the file runs in any ONNX runtime (ORT with the onnxnorm
-    library registered runs the fused kernels instead); ``"fused"`` without the bodies (the
-    library is required); ``"ort"`` ONNX Runtime's own norm ops; ``"onnx"`` standard ONNX only.
+    ``mode`` is the target, a name of :data:`onnxnorm.targets.TARGETS`. The default,
+    ``"function"``, runs in any ONNX runtime; ORT with the onnxnorm library registered runs the
+    fused kernels instead of the function bodies.
 
     ``dynamic`` (default) makes dims 0 and 1 (batch and sequence) of every tensor input
     dynamic unless ``dynamic_shapes`` says otherwise (give example sizes of 2 or more there:
@@ -206,8 +202,8 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
     (default: only for models over 2 GB). The model is written to ``path`` (atomically) when
     given, and returned. Bad input raises :class:`OnnxNormError` with a one-line message.
     """
-    if mode not in MODES:
-        raise OnnxNormError(f"unknown export mode {mode!r}; supported: {', '.join(MODES)}")
+    if mode not in TARGETS:
+        raise OnnxNormError(f"unknown export mode {mode!r}; supported: {', '.join(TARGETS)}")
     if not isinstance(opset_version, int) or opset_version < functions.MIN_OPSET:
         raise OnnxNormError(f"opset_version must be >= {functions.MIN_OPSET}, got {opset_version}")
     if not isinstance(model, torch.nn.Module):
