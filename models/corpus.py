@@ -82,7 +82,7 @@ def _randomize_norms(model) -> None:
                     p.copy_(torch.rand_like(p) * 0.8 + (0.6 if "weight" in name else -0.4))
 
 
-def _block(kind: str) -> Callable[[], Any]:
+def _block() -> Callable[[], Any]:
     def build():
         import torch
         from models import llama
@@ -160,7 +160,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in [
     Entry("falcon", _hf("FalconConfig", "FalconModel", new_decoder_architecture=False)),
     Entry("olmo", _hf("OlmoConfig", "OlmoModel", num_key_value_heads=2)),
     Entry("cohere", _hf("CohereConfig", "CohereModel", num_key_value_heads=2, use_qk_norm=True)),
-    Entry("block_llama", _block("llama")),
+    Entry("block_llama", _block()),
     *(Entry(name, _decoder_block(name)) for name in BLOCKS),
 ]}
 
