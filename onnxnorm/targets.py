@@ -1,7 +1,7 @@
 """The targets an onnxnorm model is written for, defined once: ``onnxnorm.export(mode=...)``
 and ``onnxnorm export --mode``, ``onnxnorm.fusion.fuse(target=...)`` and ``onnxnorm fuse
---target`` take these names (how each is written: ``onnxnorm/fusion/lowering.py``). This
-module imports nothing, so that the command line offers them without loading onnx."""
+--target`` take these names (how each is written: ``onnxnorm/fusion/lowering.py``). It
+imports nothing, so that registering a command that offers them stays cheap."""
 
 #: target -> what a model written for it holds
 TARGETS = {
