@@ -147,6 +147,20 @@ def test_decomposed_layer_norm_and_gemma_offset():
     _check(original, fused)
 
 
+def test_layer_norm_times_weight_plus_constant_takes_the_sum_as_scale():
+    """LayerNorm has no scale_offset: Mul(norm, w + c) gets the sum as its Scale."""
+    original = _model(
+        [helper.make_node("LayerNormalization", ["x", "ones"], ["n"], epsilon=1e-5),
+         helper.make_node("Add", ["w", "c"], ["f"]), helper.make_node("Mul", ["n", "f"], ["y"])],
+        [("x", F, SHAPE)], [("y", F, SHAPE)],
+        {"ones": np.ones(H, np.float32), "w": _w(), "c": np.array(1.0, np.float32)})
+    fused, report = fuse(original)
+    onnx.checker.check_model(fused, full_check=True)
+    assert _ops(fused) == [("", "Add"), ("onnxnorm", "LayerNorm")]
+    assert list(fused.graph.node[1].input) == ["x", "f"] and report.norms == 1
+    _check(original, fused)
+
+
 def test_sandwich_of_two_rms_norms():
     original = _model(
         [helper.make_node("RMSNormalization", ["x", "wa"], ["na"], epsilon=1e-6),

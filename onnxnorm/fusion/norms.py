@@ -421,7 +421,9 @@ def norm_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
         # LayerNorm first: RMSNorm's pattern also matches the centred half of a LayerNorm
         rules += [LayerCore.rule(tracker, form=form), RMSCore.rule(tracker, form=form)]
     for name in ("RMSNorm", "LayerNorm"):
-        rules += [ScaleAbsorb.rule(tracker, op_name=name, offset=True),
-                  ScaleAbsorb.rule(tracker, op_name=name, offset=False),
-                  BiasAbsorb.rule(tracker, op_name=name), CastAbsorb.rule(tracker, op_name=name)]
+        # only an op with a scale_offset takes Mul(norm, w + c) as Scale w and offset c; for
+        # the others the plain Mul rule takes w + c as Scale
+        offsets = (True, False) if "scale_offset" in catalogue.get(name).defaults else (False,)
+        rules += [ScaleAbsorb.rule(tracker, op_name=name, offset=offset) for offset in offsets]
+        rules += [BiasAbsorb.rule(tracker, op_name=name), CastAbsorb.rule(tracker, op_name=name)]
     return rules
