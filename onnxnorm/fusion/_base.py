@@ -66,10 +66,10 @@ class FusionRule(pattern.RewriteRuleClassBase):
     and the sum, and the new node's Y and Sum take their places. ``inspect(context,
     **bindings)`` returns the :class:`Replacement`, or raises :class:`Rejected` with the
     reason (a near miss: reported as a skip) or :class:`NotThisPattern` (another computation:
-    not reported). An op with a Residual always gets its Sum output, used or not (the pipeline
-    drops it where nothing reads it). Matched nodes are left to the final dead-code pass
-    (``remove_nodes=False``) so that a match whose intermediate values are used elsewhere
-    reaches ``check`` and is reported, not dropped.
+    not reported). An op with a Residual always gets its Sum output, used or not (for targets
+    but ``function``, ``pipeline.drop_unused_sums`` removes it where nothing reads it). Matched
+    nodes are left to the final dead-code pass (``remove_nodes=False``) so that a match whose
+    intermediate values are used elsewhere reaches ``check`` and is reported, not dropped.
 
     onnxscript calls ``rewrite`` right after a ``check`` that succeeded, with the same
     bindings but without the match context; ``check`` leaves the accepted root node and its

@@ -19,8 +19,6 @@ The pipeline applies these rules until nothing changes.
 
 from __future__ import annotations
 
-from typing import Any
-
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
