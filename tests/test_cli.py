@@ -315,3 +315,17 @@ def test_weights_are_not_held_twice(tmp_path, external):
     # external data: a constant (the 16 MiB copy chunks); inline: nothing near the weights
     limit = 64 if external else 0.5 * weights / 2**20
     assert grown < limit, f"peak RSS grew by {grown:.0f} MiB for {weights >> 20} MiB of weights"
+
+
+def test_fuse_again_recognises_onnxnorm_nodes(decomposed, tmp_path):
+    """A function-target output fused again: onnxnorm's own function bodies are fused nodes,
+    not model-local functions to inline first; nothing changes and nothing is skipped."""
+    once, twice, report = tmp_path / "once.onnx", tmp_path / "twice.onnx", tmp_path / "r.json"
+    assert _run("fuse", decomposed[1], "-o", once).returncode == 0
+    result = _run("fuse", once, "-o", twice, "--json", report, "--verify")
+    assert result.returncode == 0, result.stderr
+    assert "inline it first" not in result.stdout
+    skips = [s for rule in json.loads(report.read_text())["rules"] for s in rule["skips"]]
+    assert skips == [], skips
+    nodes = lambda path: [(n.op_type, n.domain) for n in onnx.load(path).graph.node]  # noqa: E731
+    assert nodes(twice) == nodes(once)

@@ -93,7 +93,11 @@ class FusionRule(pattern.RewriteRuleClassBase):
     def check(self, context, **bindings):
         root = context.root
         try:
-            if isinstance(context.graph_or_function, ir.Function):
+            function = context.graph_or_function
+            if isinstance(function, ir.Function) and function.domain == catalogue.DOMAIN:
+                # the body of an onnxnorm node: already fused, nothing to report
+                raise NotThisPattern(f"inside {function.domain}::{function.name}'s own body")
+            if isinstance(function, ir.Function):
                 # attach_functions gives bodies to the nodes of the main graph only
                 raise Rejected(f"inside model-local function {context.graph_or_function.domain}::"
                                f"{context.graph_or_function.name}; inline it first")
