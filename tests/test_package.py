@@ -121,3 +121,20 @@ def test_export_and_convert_show_their_real_signatures():
 def test_unknown_attribute():
     with pytest.raises(AttributeError, match="no attribute 'frobnicate'"):
         onnxnorm.frobnicate  # noqa: B018
+
+
+def test_the_package_never_imports_the_source_trees_folders():
+    """The wheel holds onnxnorm/ alone: nothing in it may import models/, tools/ or tests/."""
+    import ast
+    from pathlib import Path
+
+    package = Path(onnxnorm.__file__).parent
+    offenders = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            offenders += [f"{path.relative_to(package)}: {name}" for name in names
+                          if name.partition(".")[0] in ("models", "tools", "tests")]
+    assert offenders == []
