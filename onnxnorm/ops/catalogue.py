@@ -3,8 +3,10 @@
 Everything else derives from these definitions: the onnx schemas (``schemas.py``), the ONNX
 function bodies (``functions.py``), the numpy reference (``reference.py``), the torch custom ops
 and export (``onnxnorm.nn``), the fusion rules' replacement nodes, ``docs/ops.md`` and the test
-matrix. The names here are the public contract (DESIGN.md section 3): users write them into
-graphs and tools match on them.
+matrix. The names here are the public contract (docs/design.md): users write them into
+graphs and tools match on them. The native library's op table
+(``custom_ops/include/onnxnorm/ops_generated.h``) is generated from it by
+``tools/gen_native_ops.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,35 @@ VERSION = 1
 
 #: Element types an onnxnorm tensor may have (one type per node for X, Residual, Y and Sum).
 DATA_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+#: Every (T, S) an op accepts: X's type, and the type of its weights (S: X's type or float32).
+TYPE_PAIRS = tuple((t, s) for t in DATA_TYPES for s in dict.fromkeys((t, "tensor(float)")))
+#: The values of OpSpec.norm and OpSpec.residual, in the order the native enums number them.
+NORM_KINDS = ("layer", "rms")
+RESIDUAL_KINDS = ("none", "skip", "sandwich")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A rule for an attribute's value, named so that the native library applies the same rule
+    (its op table is generated from this catalogue)."""
+
+    name: str
+    #: what a good value is, for messages: "must be <requirement>, got <value>"
+    requirement: str
+    holds: Callable[[Any], bool]
+
+
+def _is_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+CHECKS: dict[str, Check] = {c.name: c for c in (
+    Check("none", "any value", lambda value: True),
+    Check("finite", "a finite number", _is_finite),
+    Check("finite_non_negative", "a finite number >= 0",
+          lambda value: _is_finite(value) and value >= 0),
+    Check("zero_or_one", "0 or 1", lambda value: value in (0, 1)),
+)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +57,13 @@ class Attribute:
     kind: str  # "int" or "float"
     default: Any
     doc: str
-    #: returns an error message for a bad value, or None
-    validate: Callable[[Any], str | None] = lambda value: None
+    #: the rule its values follow: a key of CHECKS
+    check: str = "none"
+
+    def validate(self, value: Any) -> str | None:
+        """An error message for a bad value, or None."""
+        rule = CHECKS[self.check]
+        return None if rule.holds(value) else f"must be {rule.requirement}, got {value!r}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,24 +113,6 @@ class OpSpec:
         return {a.name: a.default for a in self.attributes}
 
 
-def _finite_non_negative(value: float) -> str | None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        return f"must be a finite number >= 0, got {value!r}"
-    return None
-
-
-def _finite(value: float) -> str | None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value)):
-        return f"must be a finite number, got {value!r}"
-    return None
-
-
-def _zero_or_one(value: int) -> str | None:
-    if value not in (0, 1):
-        return f"must be 0 or 1, got {value!r}"
-    return None
-
-
 AXIS = Attribute(
     "axis", "int", -1,
     "First normalized dimension: statistics are taken over the dimensions [axis, rank). "
@@ -103,7 +121,7 @@ AXIS = Attribute(
 EPSILON = Attribute(
     "epsilon", "float", 1e-5,
     "Added to the variance (LayerNorm) or the mean square (RMSNorm) before the square root.",
-    _finite_non_negative,
+    "finite_non_negative",
 )
 CAST_BEFORE_SCALE = Attribute(
     "cast_before_scale", "int", 0,
@@ -111,18 +129,18 @@ CAST_BEFORE_SCALE = Attribute(
     "normalize, scale and shift in float32, round once to X's type. 1 (order A: Llama, T5, the "
     "ONNX standard ops): round the normalized value to X's type, then scale and shift in X's type. "
     "Both orders are the same for float32.",
-    _zero_or_one,
+    "zero_or_one",
 )
 SCALE_OFFSET = Attribute(
     "scale_offset", "float", 0.0,
     "Added to Scale before it multiplies (Gemma's `1 + weight` is scale_offset = 1). The sum is "
     "taken in float32 in order B and in X's type in order A.",
-    _finite,
+    "finite",
 )
 ALPHA = Attribute(
     "alpha", "float", 1.0,
     "Multiplies Residual before the add (DeepNorm's alpha; 1 for Pre-/Post-Norm).",
-    _finite,
+    "finite",
 )
 
 _X = Param("X", "T", "Input tensor.")
