@@ -1,8 +1,14 @@
-"""Where the onnxnorm custom-op library is, and registering it into ONNX Runtime sessions.
+"""Where the onnxnorm custom-op libraries are, and registering them into ONNX Runtime sessions.
 
     import onnxnorm.runtime as rt
-    session = rt.session("model.onnx")                 # CPU, with the onnxnorm kernels
+    session = rt.session("model.onnx")                   # CPU, with the onnxnorm kernels
+    session = rt.session("model.onnx", providers=rt.CUDA_PROVIDERS)   # CUDA, then CPU
     options = rt.register(onnxruntime.SessionOptions())  # or into your own options
+
+One library is registered for every session, ``libonnxnorm_ops.so``: it holds the ORT glue and
+the CPU kernels, and, when the CUDA library ``libonnxnorm_cuda_ops.so`` was built next to it,
+also registers the CUDA kernels, which load that library only when ORT places an onnxnorm node
+on the CUDA execution provider. Nothing here loads a CUDA library.
 """
 
 from __future__ import annotations
@@ -18,39 +24,61 @@ import onnx
 import onnxnorm
 from onnxnorm._io import OnnxNormError
 
-_LIBRARY_NAMES = {"linux": "libonnxnorm_ops.so", "darwin": "libonnxnorm_ops.dylib",
-                  "win32": "onnxnorm_ops.dll"}
-#: names the library file explicitly (a build of your own, say)
+_LIBRARY_NAMES = {
+    "cpu": {"linux": "libonnxnorm_ops.so", "darwin": "libonnxnorm_ops.dylib", "win32": "onnxnorm_ops.dll"},
+    "cuda": {"linux": "libonnxnorm_cuda_ops.so", "darwin": "libonnxnorm_cuda_ops.dylib",
+             "win32": "onnxnorm_cuda_ops.dll"},
+}
+#: names the (CPU) library file explicitly, a build of your own say; the CUDA library is the one
+#: next to it
 ENV_LIBRARY = "ONNXNORM_LIBRARY"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+#: providers for a session on the GPU: CUDA, and the CPU for what CUDA does not run
+CUDA_PROVIDERS = (CUDA_PROVIDER, "CPUExecutionProvider")
 
 
-def _library_name() -> str:
-    return _LIBRARY_NAMES.get(sys.platform, "libonnxnorm_ops.so")
+def _library_name(kind: str) -> str:
+    if kind not in _LIBRARY_NAMES:
+        raise ValueError(f"library kind must be one of {sorted(_LIBRARY_NAMES)}, got {kind!r}")
+    names = _LIBRARY_NAMES[kind]
+    return names.get(sys.platform, names["linux"])
 
 
 def _candidates() -> list[Path]:
-    found = [Path(folder) / "lib" / _library_name() for folder in onnxnorm.__path__]
-    # an editable install keeps the built library in site-packages, away from the sources
+    """Where the CPU library may be: the package's lib/ folder; in an editable install, the one
+    in site-packages, away from the sources."""
+    name = _library_name("cpu")
+    found = [Path(folder) / "lib" / name for folder in onnxnorm.__path__]
     try:
         from importlib.metadata import PackageNotFoundError, distribution
 
-        found.append(Path(distribution("onnxnorm").locate_file(f"onnxnorm/lib/{_library_name()}")))
+        found.append(Path(distribution("onnxnorm").locate_file(f"onnxnorm/lib/{name}")))
     except PackageNotFoundError:
         pass
     return found
 
 
-def library_path() -> Path:
-    """The path of the built onnxnorm CPU custom-op library."""
+def library_path(kind: str = "cpu") -> Path:
+    """The path of a built onnxnorm library, not loaded: ``"cpu"``, the library to register (the
+    ORT glue and the CPU kernels; $ONNXNORM_LIBRARY when set), or ``"cuda"``, the CUDA kernels
+    next to it, which the CPU library loads itself when a CUDA session needs them."""
+    name = _library_name(kind)
     override = os.environ.get(ENV_LIBRARY)
     if override:
         if not Path(override).is_file():
             raise OnnxNormError(f"{ENV_LIBRARY}={override}: no such file")
-        return Path(override)
-    for candidate in _candidates():
+        candidates = [Path(override)]
+    else:
+        candidates = _candidates()
+    if kind == "cuda":
+        candidates = [c.parent / name for c in candidates]
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
-    looked = ", ".join(str(c) for c in _candidates())
+    looked = ", ".join(str(c) for c in candidates)
+    if kind == "cuda":
+        raise OnnxNormError(f"the onnxnorm CUDA library is not built (looked for {looked}); it is "
+                            "built next to the CPU library when nvcc is found (ONNXNORM_CUDA=AUTO|ON)")
     raise OnnxNormError(f"the onnxnorm native library is not built (looked for {looked}); "
                         "install the package with `make install` or `pip install .`, or set "
                         f"{ENV_LIBRARY}")
@@ -89,7 +117,9 @@ def check_compatible(runtime_version: str | None = None) -> None:
 
 def register(options: Any = None) -> Any:
     """Registers the onnxnorm library into an ``onnxruntime.SessionOptions`` (a new one when
-    none is given) and returns it."""
+    none is given) and returns it: the CPU kernels, and the CUDA kernels when the CUDA library is
+    built (they run where the session's providers place onnxnorm nodes on CUDA). Register it once
+    per options: ONNX Runtime holds one custom-op domain named ``onnxnorm`` per session."""
     import onnxruntime
 
     check_compatible()
@@ -104,7 +134,8 @@ def session(model: str | os.PathLike | bytes | onnx.ModelProto, options: Any = N
             **kwargs: Any) -> Any:
     """Opens an ``onnxruntime.InferenceSession`` on ``model`` (a path, bytes or a ModelProto)
     with the onnxnorm library registered (``with_library=False`` opens a plain session, where
-    onnxnorm nodes run their function bodies). Providers default to the CPU."""
+    onnxnorm nodes run their function bodies). Providers default to the CPU;
+    ``providers=CUDA_PROVIDERS`` runs on the GPU (onnxruntime-gpu)."""
     import onnxruntime
 
     if options is None:
@@ -144,81 +175,12 @@ def executed_ops(model: str | os.PathLike | bytes | onnx.ModelProto, feeds: dict
         if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"))
 
 
-# ---------------------------------------------------------------------------------------------
-# CUDA: libonnxnorm_cuda_ops.so, built next to the CPU library when nvcc was found. It holds the
-# CUDA kernels and, at registration, also registers the CPU library's kernels into the same
-# "onnxnorm" domain (one session can hold only one domain of that name), so register it INSTEAD
-# of the CPU library: sessions then run onnxnorm nodes on the CUDA execution provider and on the
-# CPU. Nothing here loads a CUDA library until register_cuda is called.
-# ---------------------------------------------------------------------------------------------
-_CUDA_LIBRARY_NAMES = {"linux": "libonnxnorm_cuda_ops.so", "darwin": "libonnxnorm_cuda_ops.dylib",
-                       "win32": "onnxnorm_cuda_ops.dll"}
-#: names the CUDA library file explicitly
-ENV_CUDA_LIBRARY = "ONNXNORM_CUDA_LIBRARY"
-CUDA_PROVIDER = "CUDAExecutionProvider"
-
-
-def cuda_library_path() -> Path:
-    """The path of the built onnxnorm CUDA library (not loaded)."""
-    override = os.environ.get(ENV_CUDA_LIBRARY)
-    if override:
-        if not Path(override).is_file():
-            raise OnnxNormError(f"{ENV_CUDA_LIBRARY}={override}: no such file")
-        return Path(override)
-    name = _CUDA_LIBRARY_NAMES.get(sys.platform, "libonnxnorm_cuda_ops.so")
-    candidates = [c.parent / name for c in _candidates()]
-    override_cpu = os.environ.get(ENV_LIBRARY)
-    if override_cpu:
-        candidates.insert(0, Path(override_cpu).parent / name)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise OnnxNormError("the onnxnorm CUDA library is not built (looked for "
-                        f"{', '.join(str(c) for c in candidates)}); it is built when nvcc is found "
-                        f"(ONNXNORM_CUDA=AUTO|ON), or set {ENV_CUDA_LIBRARY}")
-
-
 def cuda_available() -> bool:
     """True when the CUDA library is built and onnxruntime offers the CUDA execution provider."""
     try:
-        cuda_library_path()
+        library_path("cuda")
     except OnnxNormError:
         return False
     import onnxruntime
 
     return CUDA_PROVIDER in onnxruntime.get_available_providers()
-
-
-def register_cuda(options: Any = None) -> Any:
-    """Registers the onnxnorm CUDA library (CUDA and CPU kernels) into an
-    ``onnxruntime.SessionOptions`` (a new one when none is given) and returns it. Do not also
-    call :func:`register` on the same options."""
-    import onnxruntime
-
-    check_compatible()
-    if options is None:
-        options = onnxruntime.SessionOptions()
-    path = cuda_library_path()
-    # the CUDA library loads the CPU library from its own folder, else from $ONNXNORM_LIBRARY
-    if not (path.parent / _library_name()).is_file() and not os.environ.get(ENV_LIBRARY):
-        os.environ[ENV_LIBRARY] = str(library_path())
-    options.register_custom_ops_library(str(path))
-    return options
-
-
-def cuda_session(model: str | os.PathLike | bytes | onnx.ModelProto, options: Any = None,
-                 providers: Sequence[Any] | None = None, **kwargs: Any) -> Any:
-    """Like :func:`session`, with the CUDA library registered and the providers defaulting to
-    CUDA then CPU."""
-    import onnxruntime
-
-    if options is None:
-        options = onnxruntime.SessionOptions()
-    register_cuda(options)
-    if isinstance(model, onnx.ModelProto):
-        model = model.SerializeToString()
-    elif not isinstance(model, bytes):
-        model = os.fspath(model)
-    return onnxruntime.InferenceSession(
-        model, options, providers=list(providers or [CUDA_PROVIDER, "CPUExecutionProvider"]),
-        **kwargs)

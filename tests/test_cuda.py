@@ -1,13 +1,15 @@
-"""The CUDA kernels.
+"""The CUDA kernels and their ORT glue.
 
 On any machine: the CUDA library is built when nvcc is (without a runtime dependency on
 libcudart), the CUDA sources compile with nvcc, importing onnxnorm and running CPU ops loads no
-CUDA library, and the kernels' logic passes the correctness matrix in a host emulation
-(custom_ops/cuda/emulation). On a GPU machine (torch.cuda available and the library built): every op,
-dtype, rounding order and optional input against the reference through the C launchers
-(onnxnorm.bench.cuda), bad arguments refused before launch, launches on the given stream, and,
-where onnxruntime offers the CUDA execution provider, the ORT custom ops on it. The CUDA library
-is never loaded on a machine without a GPU.
+CUDA library (even with the CUDA kernels registered), the kernels' logic passes the correctness
+matrix in a host emulation (custom_ops/cuda/emulation, tests/cuda_harness.py), and the ORT glue
+of the CUDA kernels (the CPU library's: CUDA rows of its kernel table, the CUDA library loaded on
+first use, its launcher) runs end to end in a CPU session against that emulation. On a GPU
+machine (torch.cuda available and the library built): the correctness matrix through the C
+launcher, bad arguments refused before launch, launches on the given stream, and, where
+onnxruntime offers the CUDA execution provider, the ORT custom ops on it. The CUDA library is
+never loaded into the test process on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cuda_harness
 from onnxnorm import OnnxNormError, ops, runtime
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +35,7 @@ NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/c
 
 def _cuda_library() -> Path | None:
     try:
-        return runtime.cuda_library_path()
+        return runtime.library_path("cuda")
     except OnnxNormError:
         return None
 
@@ -53,22 +56,25 @@ needs_gpu = pytest.mark.skipif(not (_gpu() and _cuda_library() is not None),
 # Any machine
 # ---------------------------------------------------------------------------------------------
 def test_cuda_library_built_when_nvcc_present():
-    """With nvcc, the build (ONNXNORM_CUDA=AUTO) makes the CUDA library: checked from its file,
-    never loaded here."""
+    """With nvcc, the build (ONNXNORM_CUDA=AUTO) makes the CUDA library next to the CPU library:
+    checked from its file, never loaded here. It holds the kernels and their C launcher; the ORT
+    entry point is the CPU library's."""
     info = runtime.build_info()
     if not info.get("cuda"):
         if NVCC and os.environ.get("ONNXNORM_CUDA", "AUTO").upper() == "AUTO":
             pytest.fail("nvcc is on this machine but the installed build has no CUDA library")
         pytest.skip("the installed build was made without CUDA")
     path = _cuda_library()
-    assert path is not None and path.is_file()
+    assert path is not None and path.is_file() and path.parent == runtime.library_path().parent
     if not shutil.which("readelf"):
         pytest.skip("no readelf to inspect the library")
     symbols = subprocess.run(["readelf", "--dyn-syms", "-W", str(path)], capture_output=True,
                              text=True, check=True).stdout
-    for name in ("RegisterCustomOps", "onnxnorm_cuda_launch", "onnxnorm_cuda_kernel_name",
-                 "onnxnorm_cuda_op_manifest"):
-        assert name in symbols, f"{path} does not export {name}"
+    exported = {line.split()[-1] for line in symbols.splitlines()
+                if " GLOBAL " in line and " UND " not in line}
+    assert {"onnxnorm_cuda_launch", "onnxnorm_cuda_kernel_name", "onnxnorm_cuda_build_info",
+            "onnxnorm_args_layout"} <= exported, exported
+    assert "RegisterCustomOps" not in exported
     needed = subprocess.run(["readelf", "-d", "-W", str(path)], capture_output=True, text=True,
                             check=True).stdout
     assert "libcudart" not in needed, "the CUDA runtime must be linked statically"
@@ -80,7 +86,8 @@ def test_cuda_sources_compile_with_nvcc():
     """The launcher and one op's kernels compile for sm_80 (a quick check of the sources; the
     package build compiles them all)."""
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [subprocess.Popen([NVCC, "-std=c++17", "-O1", "-arch=sm_80", "-c", str(CUDA_DIR / name),
+        jobs = [subprocess.Popen([NVCC, "-std=c++17", "-O1", "-arch=sm_80", "--expt-relaxed-constexpr",
+                                  f"-I{ROOT / 'custom_ops' / 'include'}", "-c", str(CUDA_DIR / name),
                                   "-o", os.path.join(tmp, name + ".o")],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 for name in ("launch.cu", "ops_skip_rms_norm.cu")]
@@ -89,9 +96,9 @@ def test_cuda_sources_compile_with_nvcc():
             assert job.returncode == 0, out
 
 
-def test_importing_onnxnorm_and_running_cpu_ops_loads_no_cuda():
-    code = r"""
-import numpy as np, onnxruntime as ort
+_CPU_ONLY_RUN = r"""
+import sys
+import numpy as np
 from onnx import helper, TensorProto
 import onnxnorm
 from onnxnorm import runtime
@@ -99,15 +106,27 @@ node = helper.make_node("RMSNorm", ["x"], ["y"], domain="onnxnorm")
 graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])])
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnxnorm", 1)])
-sess = runtime.session(model)
-sess.run(None, {"x": np.ones((2, 8), np.float32)})
+providers = runtime.CUDA_PROVIDERS if sys.argv[1] == "cuda-providers" else None
+sess = runtime.session(model, providers=providers)
+y = sess.run(None, {"x": np.ones((2, 8), np.float32)})[0]
+assert np.allclose(y, 1 / np.sqrt(1 + 1e-5)), y
 maps = open("/proc/self/maps").read()
 bad = [name for name in ("onnxnorm_cuda", "libcudart", "libcuda.so", "libcublas") if name in maps]
 print("LOADED:" + ",".join(bad))
 """
+
+
+@pytest.mark.parametrize("providers", ["default", "cuda-providers"])
+def test_importing_onnxnorm_and_running_cpu_ops_loads_no_cuda(providers):
+    """The CPU library registers the CUDA kernels when their library is built, but loads it only
+    when ORT creates a kernel on the CUDA provider: never in a CPU session, even one asking for
+    the CUDA provider first (here without onnxruntime-gpu, the nodes land on the CPU)."""
     if not Path("/proc/self/maps").is_file():
         pytest.skip("needs /proc")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if providers == "cuda-providers" and runtime.cuda_available():
+        pytest.skip("onnxruntime offers the CUDA provider: the CUDA library is meant to load")
+    result = subprocess.run([sys.executable, "-c", _CPU_ONLY_RUN, providers], capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "LOADED:", result.stdout
 
@@ -116,61 +135,29 @@ def test_runtime_cuda_helpers_without_loading():
     path = _cuda_library()
     if path is None:
         with pytest.raises(OnnxNormError, match="CUDA library is not built"):
-            runtime.cuda_library_path()
+            runtime.library_path("cuda")
+        assert runtime.cuda_available() is False
     else:
-        assert path.name.startswith("libonnxnorm_cuda_ops")
+        assert path == runtime.library_path().parent / "libonnxnorm_cuda_ops.so"
     assert isinstance(runtime.cuda_available(), bool)
 
 
-_EMULATION_RUN = r"""
-import sys, types
-import torch
-from onnxnorm.bench import cuda
-# the harness on host memory: CPU tensors, no streams
-torch.Tensor.cuda = lambda self, *a, **k: self
-torch.cuda.synchronize = lambda *a, **k: None
-torch.cuda.current_stream = lambda *a, **k: types.SimpleNamespace(cuda_stream=0)
-def _no_device(f):
-    def g(*a, **k):
-        k.pop("device", None)
-        return f(*a, **k)
-    return g
-torch.empty = _no_device(torch.empty)
-torch.zeros = _no_device(torch.zeros)
-kernels = cuda.Kernels(sys.argv[1])
-failures = cuda.check(kernels, quick=True)
-problems = cuda.check_bad_arguments(kernels)
-
-# the ORT glue: its op table says what the catalogue says, and RegisterCustomOps joins the CPU
-# library's domain (the CPU kernels run; the CUDA ones would on the CUDA provider), twice
-import numpy as np
-import onnxruntime as ort
-from onnx import TensorProto, helper
-from onnxnorm import ops, runtime
-for entry in kernels.manifest()["ops"]:
-    spec = ops.OPS[entry["name"]]
-    if (entry["inputs"], entry["optional_inputs"], entry["outputs"], sorted(entry["attributes"])) != (
-            [p.name for p in spec.inputs], list(spec.optional_inputs), [p.name for p in spec.outputs],
-            sorted(a.name for a in spec.attributes)):
-        problems.append(f"glue op table differs from the catalogue for {entry['name']}: {entry}")
-if sorted(e["name"] for e in kernels.manifest()["ops"]) != sorted(ops.OPS):
-    problems.append("glue op table does not hold every catalogue op")
-node = helper.make_node("SkipRMSNorm", ["x", "r"], ["y", "s"], domain="onnxnorm")
-vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 16])
-model = helper.make_model(helper.make_graph([node], "g", [vi("x"), vi("r")], [vi("y"), vi("s")]),
-                          opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnxnorm", 1)])
-x, r = np.random.default_rng(0).standard_normal((2, 2, 16)).astype(np.float32)
-want = ops.reference.run("SkipRMSNorm", x, r)
-for attempt in range(2):
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(sys.argv[1])
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    got = session.run(None, {"x": x, "r": r})
-    if not all(np.allclose(g, w, 1e-5, 1e-5) for g, w in zip(got, want)):
-        problems.append(f"registration {attempt}: CPU kernels through the CUDA glue's domain differ")
-print("\n".join(failures[:30] + problems))
-sys.exit(1 if failures or problems else 0)
-"""
+@pytest.mark.slow
+def test_cuda_kernel_logic_in_host_emulation():
+    """Without a GPU: the kernels of norm_kernels.cuh, their launch table and the real launcher
+    (launch.cu), compiled by the host compiler with stand-ins for the CUDA headers
+    (custom_ops/cuda/emulation: threads of a block are std::threads, shuffles and __syncthreads
+    barriers), run the harness's quick correctness matrix against the reference: every op, dtype,
+    weight dtype, rounding order, kernel configuration and the general kernel, and the bad
+    arguments. GPU-specific behaviour (memory model, speed) is left to the GPU tests."""
+    if cuda_harness.host_compiler() is None:
+        pytest.skip("no host C++ compiler")
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_harness.py"), "--emulation", "--quick"],
+                         capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    if run.returncode != 0 and "barrier" in run.stderr:
+        pytest.skip("the host compiler lacks C++20 <barrier>")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+    assert "CUDA kernel cases passed" in run.stdout
 
 
 def _ort_headers() -> Path | None:
@@ -181,38 +168,114 @@ def _ort_headers() -> Path | None:
     return None
 
 
-@pytest.mark.slow
-def test_cuda_kernel_logic_in_host_emulation():
-    """Without a GPU: the kernels of norm_kernels.cuh and the real launcher (launch.cu), compiled
-    by the host compiler with stand-ins for the CUDA headers (custom_ops/cuda/emulation: threads
-    of a block are std::threads, shuffles and __syncthreads barriers), run the harness's quick
-    correctness matrix against the reference: every op, dtype, weight dtype, rounding order,
-    kernel configuration and the general kernel; and the ORT glue compiled with it registers into
-    a CPU onnxruntime session by joining the CPU library's domain. GPU-specific behaviour (memory
-    model, speed, the CUDA provider) is left to the GPU tests."""
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
+def _build_cpu_library_with_cuda_rows_on_cpu(folder: Path) -> Path:
+    """The CPU library (portable kernels) built with ONNXNORM_TEST_CUDA_ROWS_ON_CPU: its CUDA
+    rows claim the CPU provider instead of its CPU rows."""
     headers = _ort_headers()
     if headers is None:
         pytest.skip("no ONNX Runtime headers")
-    emulation = CUDA_DIR / "emulation"
-    with tempfile.TemporaryDirectory() as tmp:
-        library = os.path.join(tmp, "libonnxnorm_cuda_emulation.so")
-        build = subprocess.run(
-            [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{emulation}", f"-I{CUDA_DIR}",
-             f"-I{headers}", "-DONNXNORM_CUDA_HOST_EMULATION=1", "-DONNXNORM_CUDA_ARCHS=host-emulation",
-             str(emulation / "host_emulation.cc"), str(CUDA_DIR / "ort_cuda_ops.cc"), "-x", "c++",
-             str(CUDA_DIR / "launch.cu"), "-o", library, "-ldl"],
-            capture_output=True, text=True, timeout=600)
-        if build.returncode != 0 and "barrier" in build.stderr:
+    sources = sorted(str(p) for sub in ("cpu", "ort") for p in (ROOT / "custom_ops" / sub).glob("*.cc"))
+    out = folder / "libonnxnorm_ops.so"
+    build = subprocess.run([cuda_harness.host_compiler(), "-std=c++17", "-O1", "-shared", "-fPIC",
+                            "-DONNXNORM_TEST_CUDA_ROWS_ON_CPU=1", f"-I{ROOT / 'custom_ops' / 'include'}",
+                            f"-I{headers}", *sources, "-o", str(out), "-ldl"],
+                           capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stderr[-4000:]
+    return out
+
+
+_GLUE_RUN = r"""
+import sys
+import numpy as np
+import onnxruntime as ort
+sys.path.insert(0, "tests")
+from helpers import BF16, run, single_node_model
+from onnxnorm import ops, runtime
+from onnxnorm.bench import cuda
+
+mode = sys.argv[1]
+arrays = {"X": np.ones((2, 16), np.float32)}
+if mode != "runs":
+    try:
+        run(single_node_model("RMSNorm", arrays, functions=False), arrays, with_library=True)
+        print("RESULT: ran")
+    except Exception as e:
+        print("RESULT:", e)
+    sys.exit(0)
+
+rng = np.random.default_rng(0)
+types = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
+checked = 0
+for op, spec in ops.OPS.items():
+    for t, s in ops.catalogue.TYPE_PAIRS:
+        t, s = types[cuda.elem_type_name(t)], types[cuda.elem_type_name(s)]
+        # per-head weights [4, 64] for X [2, 3, 4, 64]: the register kernels; width 40: the general one
+        for shape, wshape in (((2, 3, 4, 64), (4, 64)), ((3, 40), (40,))):
+            arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
+            if spec.has_residual:
+                arrays["Residual"] = rng.standard_normal(shape).astype(t)
+            for name in spec.optional_inputs:
+                arrays[name] = (1 + 0.3 * rng.standard_normal(wshape)).astype(s)
+            attrs = {"cast_before_scale": int(t != np.float32)}
+            attrs.update({k: v for k, v in (("scale_offset", 0.5), ("alpha", 0.75))
+                          if k in spec.defaults})
+            got = run(single_node_model(op, arrays, attrs, functions=False), arrays, with_library=True)
+            want = ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs)
+            rtol, atol = ops.reference.tolerance(arrays["X"].dtype)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(np.asarray(g, np.float32), w.astype(np.float32), rtol, atol)
+            checked += 1
+try:
+    bad = {"X": np.ones((2, 8), np.float32), "Scale": np.ones(7, np.float32)}
+    run(single_node_model("RMSNorm", bad, functions=False), bad, with_library=True)
+    print("bad Scale accepted")
+except Exception as e:
+    print("ERROR:", e)
+loaded = sys.argv[2] in open("/proc/self/maps").read()
+print(f"RESULT: {checked} checked, CUDA library loaded: {loaded}")
+"""
+
+
+@pytest.mark.slow
+def test_cuda_glue_in_host_emulation(tmp_path):
+    """The ORT glue of the CUDA kernels, end to end without a GPU: a CPU library whose CUDA rows
+    claim the CPU provider (a test build) registers them only when a CUDA library sits next to
+    it; with the host-emulated CUDA library there, ORT creates the CUDA kernels, which load it
+    and launch through it, with the same shape checks and error texts as the CPU kernels; a CUDA
+    library that cannot be loaded, or is another library, is a clear error naming it."""
+    if cuda_harness.host_compiler() is None or not Path("/proc/self/maps").is_file():
+        pytest.skip("needs a host C++ compiler and /proc")
+    with_cuda, without, broken, foreign = (tmp_path / name for name in ("with", "without", "broken", "foreign"))
+    for folder in (with_cuda, without, broken, foreign):
+        folder.mkdir()
+    cpu = _build_cpu_library_with_cuda_rows_on_cpu(with_cuda)
+    try:
+        cuda_harness.build_emulation(with_cuda)
+    except RuntimeError as e:
+        if "barrier" in str(e):
             pytest.skip("the host compiler lacks C++20 <barrier>")
-        assert build.returncode == 0, build.stderr[-4000:]
-        env = dict(os.environ, ONNXNORM_LIBRARY=str(runtime.library_path()))
-        run = subprocess.run([sys.executable, "-c", _EMULATION_RUN, library], capture_output=True, text=True,
-                             timeout=1200, cwd=ROOT, env=env)
-        assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
-        assert "CUDA kernel cases passed" in run.stdout
+        raise
+    for folder in (without, broken, foreign):
+        shutil.copy(cpu, folder / cpu.name)
+    (broken / "libonnxnorm_cuda_ops.so").write_bytes(b"")
+    shutil.copy(cpu, foreign / "libonnxnorm_cuda_ops.so")
+
+    def glue(folder: Path, mode: str) -> str:
+        env = dict(os.environ, ONNXNORM_LIBRARY=str(folder / cpu.name))
+        result = subprocess.run([sys.executable, "-c", _GLUE_RUN, mode, str(folder / "libonnxnorm_cuda_ops.so")],
+                                capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+        return result.stdout
+
+    out = glue(with_cuda, "runs")
+    assert f"RESULT: {len(ops.OPS) * len(ops.catalogue.TYPE_PAIRS) * 2} checked, CUDA library loaded: True" in out
+    assert "Status Message: onnxnorm::RMSNorm: Scale of shape [7] does not fit X of shape [2,8]" in out, out
+    # no CUDA library: no CUDA rows, and this build has no CPU rows: the domain holds no op
+    assert "onnxnorm:RMSNorm(-1) is not a registered function/op" in glue(without, "error")
+    out = glue(broken, "error")
+    assert f"onnxnorm::RMSNorm: cannot load the onnxnorm CUDA library {broken / 'libonnxnorm_cuda_ops.so'}" in out, out
+    out = glue(foreign, "error")
+    assert f"onnxnorm::RMSNorm: {foreign / 'libonnxnorm_cuda_ops.so'} is not the onnxnorm CUDA library" in out, out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,32 +289,22 @@ def kernels():
 
 
 @needs_gpu
-def test_cuda_manifest_matches_catalogue(kernels):
-    manifest = kernels.manifest()
-    assert manifest["domain"] == ops.DOMAIN
-    assert sorted(e["name"] for e in manifest["ops"]) == sorted(ops.OPS)
-    for entry in manifest["ops"]:
-        spec = ops.OPS[entry["name"]]
-        assert entry["inputs"] == [p.name for p in spec.inputs]
-        assert entry["optional_inputs"] == list(spec.optional_inputs)
-        assert entry["outputs"] == [p.name for p in spec.outputs]
-        assert sorted(entry["attributes"]) == sorted(a.name for a in spec.attributes)
+def test_cuda_library_has_the_args_layout_of_the_mirror(kernels):
+    from onnxnorm.bench import cuda
+
+    assert kernels.layout() == cuda.layout()
 
 
 @needs_gpu
 @pytest.mark.parametrize("op", list(ops.OPS))
 def test_cuda_kernels_match_reference(kernels, op):
-    from onnxnorm.bench import cuda
-
-    failures = cuda.check(kernels, ops=[op])
+    failures = cuda_harness.check(kernels, ops=[op])
     assert not failures, "\n".join(failures[:20])
 
 
 @needs_gpu
 def test_cuda_bad_arguments_refused_before_launch(kernels):
-    from onnxnorm.bench import cuda
-
-    assert cuda.check_bad_arguments(kernels) == []
+    assert cuda_harness.check_bad_arguments(kernels) == []
 
 
 @needs_gpu
@@ -303,7 +356,6 @@ def test_ort_custom_ops_on_cuda_provider(op, dtype):
     import onnx
     import onnxruntime as ort
 
-    sys.path.insert(0, str(ROOT / "tests"))
     from helpers import BF16, single_node_model
 
     spec = ops.OPS[op]
@@ -320,7 +372,7 @@ def test_ort_custom_ops_on_cuda_provider(op, dtype):
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as folder:
         options.profile_file_prefix = os.path.join(folder, "p")
-        sess = runtime.cuda_session(model, options)
+        sess = runtime.session(model, options, providers=runtime.CUDA_PROVIDERS)
         feeds = {}
         for name, value in arrays.items():
             if value.dtype == BF16:
@@ -344,13 +396,12 @@ def test_ort_custom_ops_on_cuda_provider(op, dtype):
 def test_ort_cuda_bad_input_is_an_ort_error():
     import onnxruntime as ort
 
-    sys.path.insert(0, str(ROOT / "tests"))
     from helpers import single_node_model
 
     arrays = {"X": np.ones((2, 8), np.float32), "Scale": np.ones(7, np.float32)}
     model = single_node_model("RMSNorm", {"X": arrays["X"], "Scale": np.ones(8, np.float32)},
                               functions=False)
     model.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 7
-    sess = runtime.cuda_session(model)
+    sess = runtime.session(model, providers=runtime.CUDA_PROVIDERS)
     with pytest.raises(Exception, match="Scale of shape \\[7\\] does not fit"):
         sess.run(None, {"x": arrays["X"], "scale": arrays["Scale"]})

@@ -1,19 +1,29 @@
 """The native library's op table is the catalogue's: the generated include is current and follows
-catalogue changes."""
+catalogue changes, the manifest the built library exports says what the catalogue says (ids,
+inputs, outputs, attributes with their defaults and checks, type pairs on each provider), its
+attribute errors are worded as the catalogue words them, and the Python mirror of NormArgs has
+the library's layout."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import importlib.util
+import json
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from helpers import run, single_node_model
+from onnxnorm import runtime
+from onnxnorm.bench import cuda
 from onnxnorm.ops import catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "custom_ops" / "include" / "onnxnorm" / "ops_generated.h"
+PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
 
 
 def _generator():
@@ -21,6 +31,18 @@ def _generator():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _library():
+    library = ctypes.CDLL(str(runtime.library_path()))
+    for name in ("onnxnorm_op_manifest", "onnxnorm_args_layout", "onnxnorm_active_isa"):
+        getattr(library, name).restype = ctypes.c_char_p
+    return library
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    return json.loads(_library().onnxnorm_op_manifest())
 
 
 def test_generated_op_table_is_current():
@@ -56,3 +78,58 @@ def test_generator_follows_the_catalogue():
         gen.render(_catalogue_with(OPS=bad))
     with pytest.raises(ValueError, match="no native element type"):
         gen.render(_catalogue_with(DATA_TYPES=catalogue.DATA_TYPES + ("tensor(double)",)))
+
+
+def test_manifest_matches_catalogue(manifest):
+    assert (manifest["domain"], manifest["version"]) == (catalogue.DOMAIN, catalogue.VERSION)
+    assert manifest["elem_types"] == [cuda.elem_type_name(t) for t in catalogue.DATA_TYPES]
+    assert manifest["elem_types"] == list(cuda.ELEM_TYPES)
+    assert [entry["name"] for entry in manifest["ops"]] == list(catalogue.OPS)
+    pairs = [(cuda.elem_type_name(t), cuda.elem_type_name(s)) for t, s in catalogue.TYPE_PAIRS]
+    for index, entry in enumerate(manifest["ops"]):
+        spec = catalogue.OPS[entry["name"]]
+        assert entry["id"] == index == cuda.OP_IDS[spec.name]
+        assert entry["since_version"] == catalogue.VERSION
+        assert (entry["norm"], entry["residual"]) == (spec.norm, spec.residual)
+        for got, want in ((entry["inputs"], spec.inputs), (entry["outputs"], spec.outputs)):
+            assert got == [{"name": p.name, "type": p.type_var, "optional": p.optional} for p in want]
+        assert [(a["name"], a["kind"], a["check"]) for a in entry["attributes"]] == [
+            (a.name, a.kind, a.check) for a in spec.attributes]
+        for got, a in zip(entry["attributes"], spec.attributes):
+            if a.kind == "int":
+                assert got["default"] == a.default and isinstance(got["default"], int), (spec.name, got)
+            else:
+                assert np.float32(got["default"]) == np.float32(a.default), (spec.name, got)
+        # every (T, S) the schema allows, on both providers (ORT never falls back to the body)
+        assert sorted(map(tuple, entry["kernels"])) == sorted(
+            (provider, t, s) for provider in PROVIDERS for t, s in pairs)
+
+
+# a value each check refuses
+_BAD_VALUES = {"finite": float("inf"), "finite_non_negative": -1.0, "zero_or_one": 2}
+
+
+@pytest.mark.parametrize("op", list(catalogue.OPS))
+def test_attribute_errors_are_worded_as_in_the_catalogue(op):
+    spec = catalogue.OPS[op]
+    arrays = {"X": np.ones((2, 16), np.float32)}
+    if spec.has_residual:
+        arrays["Residual"] = np.ones((2, 16), np.float32)
+    checked = [a for a in spec.attributes if a.check != "none"]
+    assert checked
+    for a in checked:
+        value = _BAD_VALUES[a.check]
+        python = a.validate(value)
+        assert python is not None
+        wording = f"onnxnorm::{op}: attribute {a.name} {python.split(', got')[0]}, got "
+        model = single_node_model(op, arrays, {a.name: value}, functions=False)
+        with pytest.raises(Exception) as raised:
+            run(model, arrays, with_library=True)
+        assert wording in str(raised.value), str(raised.value)
+
+
+def test_norm_args_mirror_has_the_library_layout():
+    layout = json.loads(_library().onnxnorm_args_layout())
+    assert layout == cuda.layout()
+    assert [name for name, _, _ in layout["fields"]] == [name for name, _ in cuda.NormArgs._fields_]
+    assert layout["size"] == ctypes.sizeof(cuda.NormArgs) == 160

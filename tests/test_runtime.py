@@ -3,9 +3,6 @@ and the same file running through the function body (plain ORT) or the kernel (l
 
 from __future__ import annotations
 
-import ctypes
-import json
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -31,18 +28,45 @@ def test_library_is_built_and_registers():
     assert runtime.build_info()["ort_api_version"] >= 21
 
 
-def test_native_manifest_matches_catalogue():
-    """The C++ op table repeats the ops' names: it must say what the catalogue says."""
-    library = ctypes.CDLL(str(runtime.library_path()))
-    library.onnxnorm_op_manifest.restype = ctypes.c_char_p
-    manifest = json.loads(library.onnxnorm_op_manifest())
-    assert (manifest["domain"], manifest["version"]) == (ops.DOMAIN, ops.VERSION)
-    assert manifest["ops"], "the library registers no op"
-    for entry in manifest["ops"]:
-        spec = ops.OPS[entry["name"]]
-        assert entry["inputs"] == [p.name for p in spec.inputs]
-        assert entry["outputs"] == [p.name for p in spec.outputs]
-        assert sorted(entry["attributes"]) == sorted(a.name for a in spec.attributes)
+def test_library_paths_of_both_kinds(monkeypatch, tmp_path):
+    cpu = runtime.library_path("cpu")
+    assert cpu == runtime.library_path() and cpu.name == "libonnxnorm_ops.so"
+    try:
+        cuda = runtime.library_path("cuda")
+    except OnnxNormError as e:
+        assert "CUDA library is not built" in str(e) and not runtime.build_info().get("cuda")
+    else:
+        assert cuda == cpu.parent / "libonnxnorm_cuda_ops.so" and cuda.is_file()
+    with pytest.raises(ValueError, match="library kind"):
+        runtime.library_path("gpu")
+    # $ONNXNORM_LIBRARY names the CPU library; the CUDA library is the one next to it
+    own = tmp_path / "libonnxnorm_ops.so"
+    own.write_bytes(b"")
+    monkeypatch.setenv(runtime.ENV_LIBRARY, str(own))
+    assert runtime.library_path() == own
+    with pytest.raises(OnnxNormError, match=str(tmp_path / "libonnxnorm_cuda_ops.so")):
+        runtime.library_path("cuda")
+    (tmp_path / "libonnxnorm_cuda_ops.so").write_bytes(b"")
+    assert runtime.library_path("cuda") == tmp_path / "libonnxnorm_cuda_ops.so"
+
+
+def test_one_registration_for_every_provider_list_leaves_the_environment_alone(rng):
+    """register() and session() are one call whatever the providers; asking for CUDA on an
+    onnxruntime without it runs the CPU kernel. Nothing is written into os.environ."""
+    import os
+
+    before = dict(os.environ)
+    arrays = {"X": rng.standard_normal((3, 16)).astype(np.float32)}
+    model = single_node_model("RMSNorm", arrays, functions=False)
+    want = reference_outputs("RMSNorm", arrays)[0]
+    for providers in (None, runtime.CUDA_PROVIDERS):
+        if providers and runtime.cuda_available():
+            continue  # runs on the GPU there: tests/test_cuda.py
+        got = runtime.session(model, providers=providers).run(None, {"x": arrays["X"]})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert runtime.executed_ops(model, {"x": arrays["X"]}, providers=providers) == {"RMSNorm": 1}
+    assert isinstance(runtime.register(), ort.SessionOptions)
+    assert dict(os.environ) == before
 
 
 def test_runtime_older_than_headers_is_refused_by_name():

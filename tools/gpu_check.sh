@@ -3,11 +3,12 @@
 # nvcc and CMake but no internet and nothing of this project installed:
 #   1. builds the CPU and CUDA libraries into a build folder (cmake, ONNXNORM_CUDA=ON; for the
 #      GPU present only, unless ONNXNORM_CUDA_ARCHITECTURES says otherwise);
-#   2. runs tests/test_cuda.py: every op x dtype x rounding order x optional input against the
-#      numpy reference through the C launchers, bad arguments, streams, and, where onnxruntime
-#      offers the CUDA execution provider, the ORT custom ops on it;
-#   3. prints the bandwidth table (python -m onnxnorm.bench.cuda --bench) and writes it, with
-#      its JSON, into the build folder.
+#   2. runs tests/test_cuda.py: the correctness matrix of tests/cuda_harness.py (every op x dtype
+#      x rounding order x optional input against the numpy reference through the C launcher), bad
+#      arguments, streams, and, where onnxruntime offers the CUDA execution provider, the ORT
+#      custom ops on it (the CPU library registers them and loads the CUDA library next to it);
+#   3. prints the bandwidth table (python -m onnxnorm.bench.cuda) and writes it, with its JSON,
+#      into the build folder.
 # Usage: tools/gpu_check.sh [BUILD_DIR]        (default build/gpu-check)
 # Environment: PYTHON (default python3), ONNXNORM_CUDA_ARCHITECTURES, ONNXRUNTIME_INCLUDE_DIR
 # (else third_party/onnxruntime/include, which tools/get_ort_headers.sh fills where there is
@@ -53,19 +54,19 @@ cmake --build "$build" -j "$(nproc)"
 lib="$build/onnxnorm/lib"
 ls -l "$lib"
 
-# the package from the source tree, the libraries from the build folder
+# the package from the source tree, the libraries from the build folder (the CUDA library is the
+# one next to the CPU library)
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 export ONNXNORM_LIBRARY="$lib/libonnxnorm_ops.so"
-export ONNXNORM_CUDA_LIBRARY="$lib/libonnxnorm_cuda_ops.so"
 
 step "tests (tests/test_cuda.py)"
 status=0
 "$python" -c 'import onnxruntime as o; print("onnxruntime", o.__version__, o.get_available_providers())' || true
-# (the host-emulation test is for machines without a GPU: the GPU tests cover it here)
+# (the host-emulation tests are for machines without a GPU: the GPU tests cover them here)
 "$python" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py -k "not host_emulation" || status=$?
 
 step "bandwidth"
-"$python" -m onnxnorm.bench.cuda --bench --reps "${GPU_CHECK_REPS:-30}" --json "$build/cuda_bench.json" \
+"$python" -m onnxnorm.bench.cuda --reps "${GPU_CHECK_REPS:-30}" --json "$build/cuda_bench.json" \
   | tee "$build/cuda_bench.md" || status=$?
 
 step "done: status $status"

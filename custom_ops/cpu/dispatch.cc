@@ -73,11 +73,5 @@ const char* ActiveIsa() {
   }
 }
 
-NormRowsFn GetRMSNormRows(ElemType x_type, ElemType scale_type, ElemType bias_type) {
-  if (scale_type != x_type && bias_type != x_type && scale_type != bias_type) return nullptr;
-  const ElemType weight = scale_type != x_type ? scale_type : bias_type;
-  return GetNormRows(NormKind::kRMS, ResidualKind::kNone, x_type, weight);
-}
-
 }  // namespace cpu
 }  // namespace onnxnorm

@@ -364,7 +364,7 @@ NormRowsFn PickResidual(ResidualKind residual, ElemType x, ElemType w) {
 
 inline NormRowsFn PickKernel(NormKind norm, ResidualKind residual, ElemType x, ElemType w) {
   switch (norm) {
-    case NormKind::kRMS: return PickResidual<NormKind::kRMS>(residual, x, w);
+    case NormKind::kRms: return PickResidual<NormKind::kRms>(residual, x, w);
     case NormKind::kLayer: return PickResidual<NormKind::kLayer>(residual, x, w);
   }
   return nullptr;

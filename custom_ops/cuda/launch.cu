@@ -1,38 +1,23 @@
-// The C launcher: argument checks, the choice of kernel, the launch, and its error.
+// The C launcher of libonnxnorm_cuda_ops.so (onnxnorm/cuda_launch.h): argument checks, the
+// choice of kernel, the launch, and its error.
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 
-#include "launch.h"
 #include "norm_kernels.cuh"
+#include "onnxnorm/cuda_launch.h"
 
 namespace onnxnorm {
 namespace cuda {
 namespace {
 
-struct OpInfo {
-  const char* name;
-  int norm;
-  int residual;
-};
-
-constexpr OpInfo kOps[] = {
-    {"LayerNorm", kLayer, kNone},         {"RMSNorm", kRms, kNone},
-    {"SkipLayerNorm", kLayer, kSkip},     {"SkipRMSNorm", kRms, kSkip},
-    {"SandwichLayerNorm", kLayer, kSandwich}, {"SandwichRMSNorm", kRms, kSandwich},
-};
-
-const char* TypeName(int32_t type) {
-  switch (type) {
-    case ONNXNORM_CUDA_FLOAT32: return "float32";
-    case ONNXNORM_CUDA_FLOAT16: return "float16";
-    case ONNXNORM_CUDA_BFLOAT16: return "bfloat16";
-    default: return "an unknown type";
-  }
+const char* TypeName(ElemType type) {
+  const int i = static_cast<int>(type);
+  return i >= 0 && i < kElemTypeCount ? kElemTypeNames[i] : "an unknown type";
 }
 
-size_t TypeSize(int32_t type) { return type == ONNXNORM_CUDA_FLOAT32 ? 4 : 2; }
+size_t TypeSize(ElemType type) { return type == ElemType::kFloat32 ? 4 : 2; }
 
 void Write(char* out, size_t len, const char* format, ...) {
   if (out == nullptr || len == 0) return;
@@ -44,8 +29,10 @@ void Write(char* out, size_t len, const char* format, ...) {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+bool AnyWeight(const NormArgs& a) { return a.scale || a.bias || a.inner_scale || a.inner_bias || a.xbias; }
+
 // The kernel for args: an index into kRegsConfigs, or -1 for the general kernel.
-int ChooseConfig(const OnnxNormCudaArgs& a) {
+int ChooseConfig(const NormArgs& a) {
   const int64_t ve = 16 / static_cast<int64_t>(TypeSize(a.x_type));
   bool vectorizable = a.cols % ve == 0;
   const void* arrays[] = {a.x, a.residual, a.scale, a.bias, a.inner_scale, a.inner_bias, a.xbias, a.y, a.sum};
@@ -58,8 +45,7 @@ int ChooseConfig(const OnnxNormCudaArgs& a) {
   return -1;
 }
 
-void KernelName(const OnnxNormCudaArgs& a, int config, char* out, size_t len) {
-  const bool weights = a.scale || a.bias || a.inner_scale || a.inner_bias || a.xbias;
+void KernelName(const NormArgs& a, int config, char* out, size_t len) {
   char plan[48];
   if (config < 0) {
     std::snprintf(plan, sizeof(plan), "general:block%d", kStreamBlock);
@@ -71,33 +57,30 @@ void KernelName(const OnnxNormCudaArgs& a, int config, char* out, size_t len) {
       std::snprintf(plan, sizeof(plan), "regs:%s%dx%d", c.tpr == 32 ? "warp" : "subwarp", c.tpr, c.vecs);
     }
   }
-  Write(out, len, "%s<%s,%s>/%s", kOps[a.op].name, TypeName(a.x_type),
-        TypeName(weights ? a.weight_type : a.x_type), plan);
+  Write(out, len, "%s<%s,%s>/%s", kOps[static_cast<int>(a.op)].name, TypeName(a.x_type),
+        TypeName(AnyWeight(a) ? a.weight_type : a.x_type), plan);
 }
 
-// True when args are fine, else false with the problem written into err.
-bool Check(const OnnxNormCudaArgs* args, char* err, size_t len) {
+// True when args are fine, else false with the problem written into err. The ORT glue has
+// checked shapes and attributes already; this guards direct callers (ctypes).
+bool Check(const NormArgs* args, char* err, size_t len) {
   char scratch[8];  // when the caller gives no buffer, only the code matters
   if (err == nullptr || len == 0) {
     err = scratch;
     len = sizeof(scratch);
   }
   if (args == nullptr) return Write(err, len, "onnxnorm CUDA: args is NULL"), false;
-  const OnnxNormCudaArgs& a = *args;
-  if (a.abi_version != ONNXNORM_CUDA_ABI_VERSION) {
-    return Write(err, len, "onnxnorm CUDA: args.abi_version is %d, this library expects %d", a.abi_version,
-                 ONNXNORM_CUDA_ABI_VERSION), false;
+  const NormArgs& a = *args;
+  if (static_cast<int>(a.op) < 0 || static_cast<int>(a.op) >= kOpCount) {
+    return Write(err, len, "onnxnorm CUDA: unknown op %d", static_cast<int>(a.op)), false;
   }
-  if (a.op < 0 || a.op >= static_cast<int32_t>(sizeof(kOps) / sizeof(kOps[0]))) {
-    return Write(err, len, "onnxnorm CUDA: unknown op %d", a.op), false;
-  }
-  const OpInfo& op = kOps[a.op];
+  const OpSpec& op = kOps[static_cast<int>(a.op)];
   const char* n = op.name;
-  if (a.x_type < ONNXNORM_CUDA_FLOAT32 || a.x_type > ONNXNORM_CUDA_BFLOAT16) {
-    return Write(err, len, "onnxnorm::%s: X must be float32, float16 or bfloat16 (type code %d)", n, a.x_type), false;
+  if (static_cast<int>(a.x_type) < 0 || static_cast<int>(a.x_type) >= kElemTypeCount) {
+    return Write(err, len, "onnxnorm::%s: X must be float32, float16 or bfloat16 (type code %d)", n,
+                 static_cast<int>(a.x_type)), false;
   }
-  const bool any_weight = a.scale || a.bias || a.inner_scale || a.inner_bias || a.xbias;
-  if (any_weight && a.weight_type != a.x_type && a.weight_type != ONNXNORM_CUDA_FLOAT32) {
+  if (AnyWeight(a) && a.weight_type != a.x_type && a.weight_type != ElemType::kFloat32) {
     return Write(err, len, "onnxnorm::%s: the weights must be of X's type %s or float32, got %s", n,
                  TypeName(a.x_type), TypeName(a.weight_type)), false;
   }
@@ -155,41 +138,14 @@ bool Check(const OnnxNormCudaArgs* args, char* err, size_t len) {
   return true;
 }
 
-Params ToParams(const OnnxNormCudaArgs& a) {
-  Params p;
-  p.x = a.x;
-  p.residual = a.residual;
-  p.scale = a.scale;
-  p.bias = a.bias;
-  p.inner_scale = a.inner_scale;
-  p.inner_bias = a.inner_bias;
-  p.xbias = a.xbias;
-  p.y = a.y;
-  p.sum = a.sum;
-  p.rows = a.rows;
-  p.cols = a.cols;
-  p.scale_rows = a.scale_rows;
-  p.bias_rows = a.bias_rows;
-  p.inner_scale_rows = a.inner_scale_rows;
-  p.inner_bias_rows = a.inner_bias_rows;
-  p.xbias_rows = a.xbias_rows;
-  p.epsilon = a.epsilon;
-  p.scale_offset = a.scale_offset;
-  p.alpha = a.alpha;
-  p.order_a = a.cast_before_scale != 0 && a.x_type != ONNXNORM_CUDA_FLOAT32;
-  return p;
-}
-
-cudaError_t Dispatch(const OnnxNormCudaArgs& a, const Params& p, int config, cudaStream_t stream) {
-  const int w = (a.scale || a.bias || a.inner_scale || a.inner_bias || a.xbias) ? a.weight_type : a.x_type;
-  switch (a.op) {
-    case ONNXNORM_CUDA_LAYER_NORM: return LaunchOp<kLayer, kNone>(p, a.x_type, w, config, stream);
-    case ONNXNORM_CUDA_RMS_NORM: return LaunchOp<kRms, kNone>(p, a.x_type, w, config, stream);
-    case ONNXNORM_CUDA_SKIP_LAYER_NORM: return LaunchOp<kLayer, kSkip>(p, a.x_type, w, config, stream);
-    case ONNXNORM_CUDA_SKIP_RMS_NORM: return LaunchOp<kRms, kSkip>(p, a.x_type, w, config, stream);
-    case ONNXNORM_CUDA_SANDWICH_LAYER_NORM: return LaunchOp<kLayer, kSandwich>(p, a.x_type, w, config, stream);
-    case ONNXNORM_CUDA_SANDWICH_RMS_NORM: return LaunchOp<kRms, kSandwich>(p, a.x_type, w, config, stream);
-    default: return cudaErrorInvalidValue;
+// LaunchOp<norm, residual> of the op with id I or a later one.
+template <int I = 0>
+cudaError_t Dispatch(const NormArgs& a, int config, cudaStream_t stream) {
+  if constexpr (I == kOpCount) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (static_cast<int>(a.op) == I) return LaunchOp<kOps[I].norm, kOps[I].residual>(a, config, stream);
+    return Dispatch<I + 1>(a, config, stream);
   }
 }
 
@@ -203,41 +159,41 @@ cudaError_t Dispatch(const OnnxNormCudaArgs& a, const Params& p, int config, cud
 }  // namespace cuda
 }  // namespace onnxnorm
 
+using onnxnorm::NormArgs;
 using namespace onnxnorm::cuda;
 
-extern "C" void onnxnorm_cuda_default_args(OnnxNormCudaArgs* args, int32_t op) {
-  if (args == nullptr) return;
-  std::memset(args, 0, sizeof(*args));
-  args->abi_version = ONNXNORM_CUDA_ABI_VERSION;
-  args->op = op;
-  args->scale_rows = args->bias_rows = args->inner_scale_rows = args->inner_bias_rows = args->xbias_rows = 1;
-  args->epsilon = 1e-5f;
-  args->alpha = 1.f;
-}
-
-extern "C" int onnxnorm_cuda_kernel_name(const OnnxNormCudaArgs* args, char* name, size_t name_len) {
+extern "C" int onnxnorm_cuda_kernel_name(const NormArgs* args, char* name, size_t name_len) {
   if (!Check(args, name, name_len)) return ONNXNORM_CUDA_INVALID_ARGUMENT;
   KernelName(*args, ChooseConfig(*args), name, name_len);
   return ONNXNORM_CUDA_OK;
 }
 
-extern "C" int onnxnorm_cuda_launch(const OnnxNormCudaArgs* args, void* stream, char* err, size_t err_len) {
+extern "C" int onnxnorm_cuda_launch(const NormArgs* args, void* stream, char* err, size_t err_len) {
   if (!Check(args, err, err_len)) return ONNXNORM_CUDA_INVALID_ARGUMENT;
   if (err != nullptr && err_len > 0) err[0] = '\0';
-  const OnnxNormCudaArgs& a = *args;
+  const NormArgs& a = *args;
   if (a.rows == 0) return ONNXNORM_CUDA_OK;
   const int config = ChooseConfig(a);
-  const cudaError_t status = Dispatch(a, ToParams(a), config, static_cast<cudaStream_t>(stream));
+  const cudaError_t status = Dispatch(a, config, static_cast<cudaStream_t>(stream));
   if (status != cudaSuccess) {
     char name[128];
     KernelName(a, config, name, sizeof(name));
-    Write(err, err_len, "onnxnorm CUDA kernel %s (%lld rows x %lld cols) failed to launch: %s (%s)", name,
-          (long long)a.rows, (long long)a.cols, cudaGetErrorString(status), cudaGetErrorName(status));
+    Write(err, err_len, "onnxnorm::%s: CUDA kernel %s (%lld rows x %lld cols) failed to launch: %s (%s)",
+          onnxnorm::kOps[static_cast<int>(a.op)].name, name, (long long)a.rows, (long long)a.cols,
+          cudaGetErrorString(status), cudaGetErrorName(status));
     return ONNXNORM_CUDA_LAUNCH_FAILED;
   }
   return ONNXNORM_CUDA_OK;
 }
 
 extern "C" const char* onnxnorm_cuda_build_info(void) {
-  return "onnxnorm-cuda abi " ONNXNORM_STR(ONNXNORM_CUDA_ABI_VERSION) " archs " ONNXNORM_STR(ONNXNORM_CUDA_ARCHS);
+  return "onnxnorm-cuda archs " ONNXNORM_STR(ONNXNORM_CUDA_ARCHS);
+}
+
+extern "C" const char* onnxnorm_args_layout(void) {
+  try {
+    return onnxnorm::NormArgsLayoutJson();
+  } catch (...) {
+    return "{}";
+  }
 }

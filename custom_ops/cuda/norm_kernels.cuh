@@ -26,37 +26,17 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <utility>
+
+#include "onnxnorm/norm_args.h"
 
 namespace onnxnorm {
 namespace cuda {
 
-enum NormKind : int { kLayer = 0, kRms = 1 };
-enum ResidualKind : int { kNone = 0, kSkip = 1, kSandwich = 2 };
-
-// Everything a kernel needs, passed by value.
-struct Params {
-  const void* x;
-  const void* residual;
-  const void* scale;
-  const void* bias;
-  const void* inner_scale;
-  const void* inner_bias;
-  const void* xbias;
-  void* y;
-  void* sum;
-  int64_t rows;
-  int64_t cols;
-  int64_t scale_rows;
-  int64_t bias_rows;
-  int64_t inner_scale_rows;
-  int64_t inner_bias_rows;
-  int64_t xbias_rows;
-  float epsilon;
-  float scale_offset;
-  float alpha;
-  int order_a;  // cast_before_scale with 16-bit X
-};
+constexpr NormKind kLayer = NormKind::kLayer;
+constexpr NormKind kRms = NormKind::kRms;
+constexpr ResidualKind kNone = ResidualKind::kNone;
+constexpr ResidualKind kSkip = ResidualKind::kSkip;
+constexpr ResidualKind kSandwich = ResidualKind::kSandwich;
 
 // ---------------------------------------------------------------------------------------------
 // Element conversions
@@ -175,12 +155,64 @@ __device__ __forceinline__ const W* WeightRow(const void* base, int64_t weight_r
 }
 
 // ---------------------------------------------------------------------------------------------
+// Row statistics, one helper for every norm of both kernels
+// ---------------------------------------------------------------------------------------------
+// A row's value v normalizes to ((v - shift) - mean) * rstd. LayerNorm takes its statistics of
+// v - shift, shift being the row's first value: the differences are exact in float32, so rows of
+// mean 1e4 and standard deviation 1e-2 stay accurate; then mean is the mean of the differences and
+// rstd comes from the mean of their squared deviations (two passes). RMSNorm: shift = mean = 0 and
+// rstd from the mean square.
+struct RowStats {
+  float shift = 0.f;
+  float mean = 0.f;
+  float rstd = 1.f;
+  __device__ __forceinline__ float Normalize(float v) const { return ((v - shift) - mean) * rstd; }
+};
+
+// The statistics of the row a thread group (kBlockMode: the block; else tpr lanes) holds:
+// for_each(f) calls f(v) for every value v (a float&) of the row this thread holds, first()
+// gives every thread the row's first value (asked for LayerNorm only). Every thread of the group
+// calls it. kInRegisters: the values live in the caller's registers, and LayerNorm replaces them
+// with v - shift once (the returned shift is then 0), rather than subtracting it in every pass:
+// fewer live registers. Else each pass recomputes them (the general kernel).
+template <NormKind kNorm, bool kBlockMode, bool kInRegisters, typename First, typename ForEach>
+__device__ __forceinline__ RowStats ComputeRowStats(First first, ForEach for_each, int tpr, float inv_cols,
+                                                    float epsilon, float (*red)[32], int& parity) {
+  RowStats s;
+  if constexpr (kNorm == kLayer) {
+    const float shift = first();
+    float acc = 0.f;
+    for_each([&](float& v) {
+      if constexpr (kInRegisters) {
+        v -= shift;
+        acc += v;
+      } else {
+        acc += v - shift;
+      }
+    });
+    s.shift = kInRegisters ? 0.f : shift;
+    s.mean = GroupSum<kBlockMode>(acc, tpr, red, parity) * inv_cols;
+  }
+  float acc = 0.f;
+  for_each([&](float& v) {
+    const float d = (v - s.shift) - s.mean;
+    if constexpr (kInRegisters) {
+      acc = fmaf(d, d, acc);
+    } else {
+      acc += d * d;  // (nvcc contracts this where it pays; an explicit fmaf spills more here)
+    }
+  });
+  s.rstd = 1.f / sqrtf(GroupSum<kBlockMode>(acc, tpr, red, parity) * inv_cols + epsilon);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The register-resident kernel
 // ---------------------------------------------------------------------------------------------
 // kBlockMode: a block (blockDim.x <= kMaxBlock threads) per row; else groups of tpr lanes
 // (4, 8, 16 or 32) per row, blockDim.x / tpr rows per block.
-template <typename T, typename W, int kNorm, int kResidual, int kVecs, bool kBlockMode, int kMaxBlock>
-__global__ void __launch_bounds__(kMaxBlock) RegsKernel(const Params p, const int tpr) {
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, int kVecs, bool kBlockMode, int kMaxBlock>
+__global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const int tpr) {
   constexpr int kVE = 16 / sizeof(T);  // elements of T per 128-bit vector
   const int rows_per_block = kBlockMode ? 1 : blockDim.x / tpr;
   __shared__ float red[2][32];
@@ -190,7 +222,7 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const Params p, const in
   const int group = kBlockMode ? 0 : threadIdx.x / tpr;
   const int64_t cols = p.cols;
   const float inv_cols = 1.f / static_cast<float>(cols);
-  const bool order_a = p.order_a != 0;
+  const bool order_a = p.cast_before_scale != 0;
   const T* x_all = static_cast<const T*>(p.x);
 
   // Every thread of the block runs the same number of iterations (warp shuffles and barriers
@@ -214,6 +246,16 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const Params p, const in
         for (int j = 0; j < kVE; ++j) z[i][j] = 0.f;
       }
     }
+    // The row's values in this thread's registers, and its first one (lane 0's) for every lane.
+    auto held = [&](auto&& f) {
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        if (!valid[i]) continue;
+#pragma unroll
+        for (int j = 0; j < kVE; ++j) f(z[i][j]);
+      }
+    };
+    auto first = [&] { return GroupBroadcast<kBlockMode>(z[0][0], tpr, red, parity); };
 
     if constexpr (kResidual == kSkip) {
       const T* r = static_cast<const T*>(p.residual) + base;
@@ -235,35 +277,9 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const Params p, const in
         if (p.sum != nullptr) StoreVec<T, kVE>(static_cast<T*>(p.sum) + base + col, z[i]);
       }
     } else if constexpr (kResidual == kSandwich) {
-      // inner norm of X (held in z), rounded to T, plus Residual, rounded to T
-      // LayerNorm: statistics of X - X[0] (a shift that keeps rows of large mean and small
-      // spread exact: the differences are exact in float32)
-      float inner_mean = 0.f;
-      if constexpr (kNorm == kLayer) {
-        const float shift = GroupBroadcast<kBlockMode>(z[0][0], tpr, red, parity);
-        float acc = 0.f;
-#pragma unroll
-        for (int i = 0; i < kVecs; ++i) {
-          if (!valid[i]) continue;
-#pragma unroll
-          for (int j = 0; j < kVE; ++j) {
-            z[i][j] -= shift;
-            acc += z[i][j];
-          }
-        }
-        inner_mean = GroupSum<kBlockMode>(acc, tpr, red, parity) * inv_cols;
-      }
-      float acc = 0.f;
-#pragma unroll
-      for (int i = 0; i < kVecs; ++i) {
-        if (!valid[i]) continue;
-#pragma unroll
-        for (int j = 0; j < kVE; ++j) {
-          const float d = z[i][j] - inner_mean;
-          acc = fmaf(d, d, acc);
-        }
-      }
-      const float inner_rstd = 1.f / sqrtf(GroupSum<kBlockMode>(acc, tpr, red, parity) * inv_cols + p.epsilon);
+      // the inner norm of X (held in z), rounded to T, plus Residual, rounded to T
+      const RowStats inner =
+          ComputeRowStats<kNorm, kBlockMode, true>(first, held, tpr, inv_cols, p.epsilon, red, parity);
       const T* r = static_cast<const T*>(p.residual) + base;
       const W* is = WeightRow<W>(p.inner_scale, p.inner_scale_rows, row, cols);
       const W* ib = WeightRow<W>(p.inner_bias, p.inner_bias_rows, row, cols);
@@ -277,45 +293,17 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const Params p, const in
         if (ib != nullptr) LoadVec<W, kVE>(ib + col, bv, false);
 #pragma unroll
         for (int j = 0; j < kVE; ++j) {
-          const float n = (z[i][j] - inner_mean) * inner_rstd;
-          const float inner = RoundTo<T>(ScaleShift<T>(n, is != nullptr, is != nullptr ? sv[j] : 0.f, ib != nullptr,
-                                                       ib != nullptr ? bv[j] : 0.f, p.scale_offset, order_a));
-          z[i][j] = RoundTo<T>(rv[j] + inner);
+          const float normed = RoundTo<T>(ScaleShift<T>(inner.Normalize(z[i][j]), is != nullptr,
+                                                        is != nullptr ? sv[j] : 0.f, ib != nullptr,
+                                                        ib != nullptr ? bv[j] : 0.f, p.scale_offset, order_a));
+          z[i][j] = RoundTo<T>(rv[j] + normed);
         }
         if (p.sum != nullptr) StoreVec<T, kVE>(static_cast<T*>(p.sum) + base + col, z[i]);
       }
     }
 
-    // statistics of Z
-    // (LayerNorm: of Z - Z[0], as above; Y only needs Z - mean)
-    float mean = 0.f;
-    if constexpr (kNorm == kLayer) {
-      const float shift = GroupBroadcast<kBlockMode>(z[0][0], tpr, red, parity);
-      float acc = 0.f;
-#pragma unroll
-      for (int i = 0; i < kVecs; ++i) {
-        if (!valid[i]) continue;
-#pragma unroll
-        for (int j = 0; j < kVE; ++j) {
-          z[i][j] -= shift;
-          acc += z[i][j];
-        }
-      }
-      mean = GroupSum<kBlockMode>(acc, tpr, red, parity) * inv_cols;
-    }
-    float acc = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      if (!valid[i]) continue;
-#pragma unroll
-      for (int j = 0; j < kVE; ++j) {
-        const float d = z[i][j] - mean;
-        acc = fmaf(d, d, acc);
-      }
-    }
-    const float rstd = 1.f / sqrtf(GroupSum<kBlockMode>(acc, tpr, red, parity) * inv_cols + p.epsilon);
-
-    // Y
+    // Y from the statistics of Z
+    const RowStats stats = ComputeRowStats<kNorm, kBlockMode, true>(first, held, tpr, inv_cols, p.epsilon, red, parity);
     const W* sc = WeightRow<W>(p.scale, p.scale_rows, row, cols);
     const W* bi = WeightRow<W>(p.bias, p.bias_rows, row, cols);
     T* y = static_cast<T*>(p.y) + base;
@@ -328,7 +316,7 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const Params p, const in
       if (bi != nullptr) LoadVec<W, kVE>(bi + col, bv, false);
 #pragma unroll
       for (int j = 0; j < kVE; ++j) {
-        out[j] = ScaleShift<T>((z[i][j] - mean) * rstd, sc != nullptr, sc != nullptr ? sv[j] : 0.f, bi != nullptr,
+        out[j] = ScaleShift<T>(stats.Normalize(z[i][j]), sc != nullptr, sc != nullptr ? sv[j] : 0.f, bi != nullptr,
                                bi != nullptr ? bv[j] : 0.f, p.scale_offset, order_a);
       }
       StoreVec<T, kVE>(y + col, out);
@@ -341,20 +329,17 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const Params p, const in
 // ---------------------------------------------------------------------------------------------
 constexpr int kStreamBlock = 512;
 
-template <typename T, typename W, int kNorm, int kResidual>
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual>
 struct StreamRow {
-  const Params& p;
+  const NormArgs& p;
   int64_t row;
   int64_t base;
-  float inner_shift = 0.f;  // LayerNorm statistics are taken of X - X[0] and Z - Z[0]
-  float inner_mean = 0.f;   // of X - inner_shift
-  float inner_rstd = 1.f;
+  RowStats inner;  // of X, for the sandwich's inner norm
 
   __device__ __forceinline__ float Weight(const void* w, int64_t rows, int64_t col) const {
     return ToFloat(static_cast<const W*>(w)[(row % rows) * p.cols + col]);
   }
 
-  // X at col, then (sandwich) its inner norm: the value the residual is added to
   __device__ __forceinline__ float X(int64_t col) const { return ToFloat(static_cast<const T*>(p.x)[base + col]); }
 
   // Z at col (Sum for the residual ops), in float32, rounded to T
@@ -370,50 +355,43 @@ struct StreamRow {
         return RoundTo<T>(s);
       } else {
         const bool hs = p.inner_scale != nullptr, hb = p.inner_bias != nullptr;
-        const float inner = RoundTo<T>(ScaleShift<T>((x - inner_shift - inner_mean) * inner_rstd, hs,
-                                                     hs ? Weight(p.inner_scale, p.inner_scale_rows, col) : 0.f, hb,
-                                                     hb ? Weight(p.inner_bias, p.inner_bias_rows, col) : 0.f,
-                                                     p.scale_offset, p.order_a != 0));
-        return RoundTo<T>(r + inner);
+        const float normed = RoundTo<T>(ScaleShift<T>(inner.Normalize(x), hs,
+                                                      hs ? Weight(p.inner_scale, p.inner_scale_rows, col) : 0.f, hb,
+                                                      hb ? Weight(p.inner_bias, p.inner_bias_rows, col) : 0.f,
+                                                      p.scale_offset, p.cast_before_scale != 0));
+        return RoundTo<T>(r + normed);
       }
     }
   }
 };
 
-// Sum over the block of f(col) for the row's columns.
-template <typename F>
-__device__ __forceinline__ float BlockRowSum(int64_t cols, F f, float (*red)[32], int& parity) {
-  float acc = 0.f;
-  for (int64_t col = threadIdx.x; col < cols; col += kStreamBlock) acc += f(col);
-  return GroupSum<true>(acc, 32, red, parity);
-}
-
-template <typename T, typename W, int kNorm, int kResidual>
-__global__ void __launch_bounds__(kStreamBlock) StreamKernel(const Params p) {
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual>
+__global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p) {
   __shared__ float red[2][32];
   int parity = 0;
   const int64_t cols = p.cols;
   const float inv_cols = 1.f / static_cast<float>(cols);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     StreamRow<T, W, kNorm, kResidual> r{p, row, row * cols};
-    if constexpr (kResidual == kSandwich) {
-      if constexpr (kNorm == kLayer) {
-        r.inner_shift = r.X(0);
-        const float sh = r.inner_shift;
-        r.inner_mean = BlockRowSum(cols, [&](int64_t c) { return r.X(c) - sh; }, red, parity) * inv_cols;
+    // each thread's share of the row: columns threadIdx.x, + kStreamBlock, ...
+    auto each_x = [&](auto&& f) {
+      for (int64_t col = threadIdx.x; col < cols; col += kStreamBlock) {
+        float v = r.X(col);
+        f(v);
       }
-      const float m = r.inner_shift + 0.f;
-      const float m2 = r.inner_mean;
-      const float ss = BlockRowSum(cols, [&](int64_t c) { const float d = (r.X(c) - m) - m2; return d * d; }, red, parity);
-      r.inner_rstd = 1.f / sqrtf(ss * inv_cols + p.epsilon);
+    };
+    auto each_z = [&](auto&& f) {
+      for (int64_t col = threadIdx.x; col < cols; col += kStreamBlock) {
+        float v = r.Z(col);
+        f(v);
+      }
+    };
+    if constexpr (kResidual == kSandwich) {
+      r.inner = ComputeRowStats<kNorm, true, false>([&] { return r.X(0); }, each_x, kStreamBlock, inv_cols, p.epsilon,
+                                             red, parity);
     }
-    float shift = 0.f, mean = 0.f;  // Z's mean is shift + mean
-    if constexpr (kNorm == kLayer) {
-      shift = r.Z(0);
-      mean = BlockRowSum(cols, [&](int64_t c) { return r.Z(c) - shift; }, red, parity) * inv_cols;
-    }
-    const float ss = BlockRowSum(cols, [&](int64_t c) { const float d = (r.Z(c) - shift) - mean; return d * d; }, red, parity);
-    const float rstd = 1.f / sqrtf(ss * inv_cols + p.epsilon);
+    const RowStats stats =
+        ComputeRowStats<kNorm, true, false>([&] { return r.Z(0); }, each_z, kStreamBlock, inv_cols, p.epsilon, red, parity);
 
     const bool hs = p.scale != nullptr, hb = p.bias != nullptr;
     T* y = static_cast<T*>(p.y) + r.base;
@@ -421,15 +399,15 @@ __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const Params p) {
     for (int64_t col = threadIdx.x; col < cols; col += kStreamBlock) {
       const float z = r.Z(col);
       if (sum != nullptr) sum[col] = FromFloat<T>(z);
-      y[col] = FromFloat<T>(ScaleShift<T>(((z - shift) - mean) * rstd, hs, hs ? r.Weight(p.scale, p.scale_rows, col) : 0.f, hb,
+      y[col] = FromFloat<T>(ScaleShift<T>(stats.Normalize(z), hs, hs ? r.Weight(p.scale, p.scale_rows, col) : 0.f, hb,
                                           hb ? r.Weight(p.bias, p.bias_rows, col) : 0.f, p.scale_offset,
-                                          p.order_a != 0));
+                                          p.cast_before_scale != 0));
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launch plans
+// The launch table
 // ---------------------------------------------------------------------------------------------
 // The register-path configurations, in increasing row capacity (threads per row x vectors per
 // thread x elements per vector). The launcher takes the first that holds the row. Configs with
@@ -447,11 +425,6 @@ constexpr RegsConfig kRegsConfigs[] = {
 };
 constexpr int kNumRegsConfigs = sizeof(kRegsConfigs) / sizeof(kRegsConfigs[0]);
 
-// Launches op (kNorm, kResidual) for X of type T and weights of type W on stream with config
-// `config` (an index into kRegsConfigs, or -1 for StreamKernel). Returns the launch's error.
-template <typename T, typename W, int kNorm, int kResidual>
-cudaError_t LaunchTyped(const Params& p, int config, cudaStream_t stream);
-
 // Grid size for `units` independent units of work (rows or row groups): one block per unit, up
 // to a cap beyond which the kernels loop.
 inline unsigned GridFor(int64_t units) {
@@ -459,62 +432,69 @@ inline unsigned GridFor(int64_t units) {
   return static_cast<unsigned>(units < kMaxGrid ? units : kMaxGrid);
 }
 
-// (A host emulation of the kernels, for testing their logic without a GPU, defines LaunchTyped
-// itself.)
-#ifndef ONNXNORM_CUDA_HOST_EMULATION
-template <typename T, typename W, int kNorm, int kResidual>
-cudaError_t LaunchTyped(const Params& p, int config, cudaStream_t stream) {
+// Launches op (kNorm, kResidual) for X of type T and weights of type W with config `config` (an
+// index into kRegsConfigs, or -1 for StreamKernel) through launch(kernel, grid, block, args...),
+// which returns the launch's error: a launch on a stream (DeviceLauncher below), or the host
+// emulation's (custom_ops/cuda/emulation), so that both run this one table.
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, typename Launcher>
+cudaError_t LaunchTyped(const NormArgs& p, int config, const Launcher& launch) {
   if (config < 0 || config >= kNumRegsConfigs) {
-    StreamKernel<T, W, kNorm, kResidual><<<GridFor(p.rows), kStreamBlock, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch(&StreamKernel<T, W, kNorm, kResidual>, GridFor(p.rows), kStreamBlock, p);
   }
   const RegsConfig c = kRegsConfigs[config];
   const int64_t rows_per_block = c.block / c.tpr;
   const unsigned grid = GridFor((p.rows + rows_per_block - 1) / rows_per_block);
   if (c.tpr == c.block) {
-    if (c.vecs == 8) {
-      RegsKernel<T, W, kNorm, kResidual, 8, true, 512><<<grid, c.block, 0, stream>>>(p, c.tpr);
-    } else {
-      RegsKernel<T, W, kNorm, kResidual, 4, true, 512><<<grid, c.block, 0, stream>>>(p, c.tpr);
-    }
-  } else if (c.vecs == 2) {
-    RegsKernel<T, W, kNorm, kResidual, 2, false, 128><<<grid, c.block, 0, stream>>>(p, c.tpr);
-  } else {
-    RegsKernel<T, W, kNorm, kResidual, 4, false, 128><<<grid, c.block, 0, stream>>>(p, c.tpr);
+    if (c.vecs == 8) return launch(&RegsKernel<T, W, kNorm, kResidual, 8, true, 512>, grid, c.block, p, c.tpr);
+    return launch(&RegsKernel<T, W, kNorm, kResidual, 4, true, 512>, grid, c.block, p, c.tpr);
   }
-  return cudaGetLastError();
+  if (c.vecs == 2) return launch(&RegsKernel<T, W, kNorm, kResidual, 2, false, 128>, grid, c.block, p, c.tpr);
+  return launch(&RegsKernel<T, W, kNorm, kResidual, 4, false, 128>, grid, c.block, p, c.tpr);
 }
-#endif  // ONNXNORM_CUDA_HOST_EMULATION
 
-// Launches op (kNorm, kResidual) for element types x_type / w_type (ONNXNORM_CUDA_FLOAT32, ...):
-// one explicit instantiation per op, each in its own translation unit (ops_*.cu).
-template <int kNorm, int kResidual>
-cudaError_t LaunchOp(const Params& p, int x_type, int w_type, int config, cudaStream_t stream);
-
-template <int kNorm, int kResidual>
-cudaError_t LaunchOpImpl(const Params& p, int x_type, int w_type, int config, cudaStream_t stream) {
-  const bool w32 = w_type == 0;
-  switch (x_type) {
-    case 0: return LaunchTyped<float, float, kNorm, kResidual>(p, config, stream);
-    case 1:
-      return w32 ? LaunchTyped<__half, float, kNorm, kResidual>(p, config, stream)
-                 : LaunchTyped<__half, __half, kNorm, kResidual>(p, config, stream);
-    case 2:
-      return w32 ? LaunchTyped<__nv_bfloat16, float, kNorm, kResidual>(p, config, stream)
-                 : LaunchTyped<__nv_bfloat16, __nv_bfloat16, kNorm, kResidual>(p, config, stream);
-    default: return cudaErrorInvalidValue;
+// The same for p's element types (the weights' type counts only when there are weights).
+template <NormKind kNorm, ResidualKind kResidual, typename Launcher>
+cudaError_t LaunchTypes(const NormArgs& p, int config, const Launcher& launch) {
+  const bool weights = p.scale || p.bias || p.inner_scale || p.inner_bias || p.xbias;
+  const bool w32 = !weights || p.weight_type == ElemType::kFloat32;
+  switch (p.x_type) {
+    case ElemType::kFloat32: return LaunchTyped<float, float, kNorm, kResidual>(p, config, launch);
+    case ElemType::kFloat16:
+      return w32 ? LaunchTyped<__half, float, kNorm, kResidual>(p, config, launch)
+                 : LaunchTyped<__half, __half, kNorm, kResidual>(p, config, launch);
+    case ElemType::kBFloat16:
+      return w32 ? LaunchTyped<__nv_bfloat16, float, kNorm, kResidual>(p, config, launch)
+                 : LaunchTyped<__nv_bfloat16, __nv_bfloat16, kNorm, kResidual>(p, config, launch);
   }
+  return cudaErrorInvalidValue;
 }
+
+#if defined(__CUDACC__)
+// A kernel launch on a stream.
+struct DeviceLauncher {
+  cudaStream_t stream;
+  template <typename... Params, typename... Args>
+  cudaError_t operator()(void (*kernel)(Params...), unsigned grid, int block, const Args&... args) const {
+    kernel<<<grid, block, 0, stream>>>(args...);
+    return cudaGetLastError();
+  }
+};
+#endif
+
+// Launches op (kNorm, kResidual) on stream: defined once per op, each in its own translation
+// unit (ops_*.cu) so that they compile in parallel (the host emulation defines them too).
+template <NormKind kNorm, ResidualKind kResidual>
+cudaError_t LaunchOp(const NormArgs& p, int config, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace onnxnorm
 
-#define ONNXNORM_CUDA_INSTANTIATE_OP(NORM, RESIDUAL)                                                           \
-  namespace onnxnorm {                                                                                          \
-  namespace cuda {                                                                                              \
-  template <>                                                                                                   \
-  cudaError_t LaunchOp<NORM, RESIDUAL>(const Params& p, int x_type, int w_type, int config, cudaStream_t stream) { \
-    return LaunchOpImpl<NORM, RESIDUAL>(p, x_type, w_type, config, stream);                                    \
-  }                                                                                                             \
-  }                                                                                                             \
+#define ONNXNORM_CUDA_DEFINE_LAUNCH_OP(NORM, RESIDUAL, LAUNCHER)                                            \
+  namespace onnxnorm {                                                                                      \
+  namespace cuda {                                                                                          \
+  template <>                                                                                               \
+  cudaError_t LaunchOp<NORM, RESIDUAL>(const NormArgs& p, int config, cudaStream_t stream) {                \
+    return LaunchTypes<NORM, RESIDUAL>(p, config, LAUNCHER{stream});                                        \
+  }                                                                                                         \
+  }                                                                                                         \
   }

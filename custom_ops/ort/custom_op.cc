@@ -11,8 +11,22 @@ namespace onnxnorm {
 namespace ort {
 namespace {
 
-static_assert(ORT_API_VERSION >= 17,
-              "onnxnorm needs ONNX Runtime headers 1.17 or newer (CreateKernelV2, KernelContext_ParallelFor)");
+static_assert(ORT_API_VERSION >= 21, "onnxnorm is built against ONNX Runtime headers 1.21 or newer");
+
+#if defined(ONNXNORM_TEST_CUDA_ROWS_ON_CPU)
+// A build for tests on machines without a GPU (tests/test_cuda.py): the CUDA lines claim the CPU
+// execution provider instead of the CPU lines, so that a CPU session runs the CUDA glue and the
+// launcher of a host-emulated CUDA library. Never set in the package build.
+constexpr bool kCudaRowsOnCpu = true;
+#else
+constexpr bool kCudaRowsOnCpu = false;
+#endif
+
+// Whether a line of the table goes into the domain.
+bool Registered(const KernelEntry& e, bool with_cuda) {
+  if (e.provider == Provider::kCuda) return with_cuda;
+  return !kCudaRowsOnCpu;
+}
 
 std::atomic<const OrtApi*> g_api{nullptr};
 
@@ -25,7 +39,7 @@ struct TableOp : OrtCustomOp {
 const KernelEntry& EntryOf(const OrtCustomOp* op) { return *static_cast<const TableOp*>(op)->entry; }
 
 ONNXTensorElementDataType TypeOf(const KernelEntry& e, const ParamSpec& p) {
-  return p.type == TypeVar::kT ? e.t : e.s;
+  return OnnxType(p.type == TypeVar::kT ? e.t : e.s);
 }
 
 OrtCustomOpInputOutputCharacteristic CharacteristicOf(const ParamSpec& p) {
@@ -55,7 +69,11 @@ void ORT_API_CALL KernelDestroy(void* kernel) { delete static_cast<Kernel*>(kern
 
 const char* ORT_API_CALL GetName(const OrtCustomOp* op) { return EntryOf(op).spec->name; }
 
-const char* ORT_API_CALL GetExecutionProviderType(const OrtCustomOp* op) { return EntryOf(op).execution_provider; }
+// nullptr: the CPU execution provider.
+const char* ORT_API_CALL GetExecutionProviderType(const OrtCustomOp* op) {
+  const bool cuda = EntryOf(op).provider == Provider::kCuda && !kCudaRowsOnCpu;
+  return cuda ? ProviderName(Provider::kCuda) : nullptr;
+}
 
 size_t ORT_API_CALL GetInputTypeCount(const OrtCustomOp* op) { return EntryOf(op).spec->inputs.size(); }
 
@@ -162,7 +180,7 @@ bool RuntimeAtLeast(const char* version, int major, int minor) {
   return parts[0] > major || (parts[0] == major && parts[1] >= minor);
 }
 
-OrtStatus* GetCustomOpDomain(const OrtApi& api, bool shape_inference, OrtCustomOpDomain** out) {
+OrtStatus* GetCustomOpDomain(const OrtApi& api, bool shape_inference, bool with_cuda, OrtCustomOpDomain** out) {
   static std::mutex mutex;
   static OrtCustomOpDomain* domain = nullptr;  // never released (see custom_op.h)
   static TableOp* ops = nullptr;               // likewise
@@ -186,6 +204,7 @@ OrtStatus* GetCustomOpDomain(const OrtApi& api, bool shape_inference, OrtCustomO
   OrtCustomOpDomain* created = nullptr;
   if (OrtStatus* s = api.CreateCustomOpDomain(kDomain, &created)) return s;
   for (size_t i = 0; i < table.size(); ++i) {
+    if (!Registered(table[i], with_cuda)) continue;
     if (OrtStatus* s = api.CustomOpDomain_Add(created, &ops[i])) {
       api.ReleaseCustomOpDomain(created);
       return s;

@@ -1,11 +1,15 @@
-// ORT glue of every onnxnorm op: attributes, input checks, outputs, dispatch to the row kernels.
-// One kernel class serves all ops; the op's spec (op_table.h) says which inputs it has.
+// The kernel of every onnxnorm node on either execution provider: attributes, input checks and
+// shapes, outputs, one NormArgs; then the CPU row kernels on ORT's thread pool, or the CUDA
+// launcher on ORT's compute stream. The op's spec (the generated op table) says which inputs and
+// attributes it has.
 #include <cstring>
 #include <exception>
 #include <new>
 #include <string>
 
+#include "cuda_library.h"
 #include "norm_shapes.h"
+#include "onnxnorm/cuda_launch.h"
 #include "onnxnorm/kernels.h"
 #include "op_table.h"
 #include "ort_util.h"
@@ -15,53 +19,70 @@ namespace onnxnorm {
 namespace ort {
 namespace {
 
-// Positions of the inputs of each op family (-1: the op has no such input).
-struct InputSlots {
-  int residual = -1, scale = 1, bias = 2, xbias = -1, inner_scale = -1, inner_bias = -1;
+// The NormArgs fields of each weight input, by the input's name.
+struct WeightField {
+  const char* name;
+  const void* NormArgs::*data;
+  int64_t NormArgs::*rows;
+};
+constexpr WeightField kWeightFields[] = {
+    {"Scale", &NormArgs::scale, &NormArgs::scale_rows},
+    {"Bias", &NormArgs::bias, &NormArgs::bias_rows},
+    {"XBias", &NormArgs::xbias, &NormArgs::xbias_rows},
+    {"InnerScale", &NormArgs::inner_scale, &NormArgs::inner_scale_rows},
+    {"InnerBias", &NormArgs::inner_bias, &NormArgs::inner_bias_rows},
 };
 
-InputSlots SlotsOf(ResidualKind residual) {
-  InputSlots s;
-  if (residual == ResidualKind::kSkip) {
-    s.residual = 1, s.scale = 2, s.bias = 3, s.xbias = 4;
-  } else if (residual == ResidualKind::kSandwich) {
-    s.residual = 1, s.inner_scale = 2, s.inner_bias = 3, s.scale = 4, s.bias = 5;
-  }
-  return s;
-}
+constexpr size_t kMaxInputs = 8;
 
 class NormKernel final : public Kernel {
  public:
-  NormKernel(const OrtApi& api, const KernelEntry& entry)
-      : api_(api), entry_(entry), slots_(SlotsOf(entry.spec->residual)) {}
+  NormKernel(const OrtApi& api, const KernelEntry& entry) : api_(api), entry_(entry) {}
 
+  // Reads the attributes into the kernel's NormArgs template and maps the inputs onto its fields.
   OrtStatus* Init(const OrtKernelInfo* info) {
-    const char* op = entry_.spec->name;
-    for (const AttrSpec& attr : entry_.spec->attributes) {
+    const OpSpec& spec = *entry_.spec;
+    const char* op = spec.name;
+    base_.op = spec.id;
+    base_.x_type = entry_.t;
+    base_.weight_type = entry_.s;
+    for (const AttrSpec& attr : spec.attributes) {
       OrtStatus* s = nullptr;
       if (std::strcmp(attr.name, "axis") == 0) {
         s = GetAttribute(api_, info, op, attr, &axis_);
       } else if (std::strcmp(attr.name, "epsilon") == 0) {
-        s = GetAttribute(api_, info, op, attr, &epsilon_);
+        s = GetAttribute(api_, info, op, attr, &base_.epsilon);
       } else if (std::strcmp(attr.name, "scale_offset") == 0) {
-        s = GetAttribute(api_, info, op, attr, &scale_offset_);
+        s = GetAttribute(api_, info, op, attr, &base_.scale_offset);
       } else if (std::strcmp(attr.name, "alpha") == 0) {
-        s = GetAttribute(api_, info, op, attr, &alpha_);
+        s = GetAttribute(api_, info, op, attr, &base_.alpha);
       } else if (std::strcmp(attr.name, "cast_before_scale") == 0) {
         int64_t value = 0;
         s = GetAttribute(api_, info, op, attr, &value);
-        cast_before_scale_ = value != 0;
+        base_.cast_before_scale = static_cast<int32_t>(value);
+      } else {
+        return MakeError(api_, ORT_FAIL, op, std::string("the kernel does not know attribute ") + attr.name);
       }
       if (s != nullptr) return s;
     }
-    if (!ToElemType(entry_.t, &x_type_) || !ToElemType(entry_.s, &weight_type_) ||
-        (rows_fn_ = cpu::GetNormRows(entry_.spec->norm, entry_.spec->residual, x_type_, weight_type_)) == nullptr) {
-      return MakeError(api_, ORT_FAIL, op,
-                       std::string("no CPU kernel for X of type ") + TypeName(entry_.t) + " with weights of type " +
-                           TypeName(entry_.s));
+    if (spec.inputs.size() > kMaxInputs) return MakeError(api_, ORT_FAIL, op, "too many inputs");
+    for (size_t i = 1; i < spec.inputs.size(); ++i) {
+      const char* name = spec.inputs[i].name;
+      if (std::strcmp(name, "Residual") == 0) {
+        residual_slot_ = static_cast<int>(i);
+        continue;
+      }
+      weights_[i] = nullptr;
+      for (const WeightField& w : kWeightFields) {
+        if (std::strcmp(w.name, name) == 0) weights_[i] = &w;
+      }
+      if (weights_[i] == nullptr) return MakeError(api_, ORT_FAIL, op, std::string("the kernel does not know input ") + name);
     }
     return nullptr;
   }
+
+  void UseCpu(NormRowsFn rows) { cpu_rows_ = rows; }
+  void UseCuda(CudaLaunchFn launch) { cuda_launch_ = launch; }
 
   OrtStatus* Compute(OrtKernelContext* context) noexcept override {
     try {
@@ -82,28 +103,16 @@ class NormKernel final : public Kernel {
     }
   }
 
-  OrtStatus* CheckType(const char* name, const InputTensor& t, ONNXTensorElementDataType expected) const {
-    if (t.type == expected) return nullptr;
+  OrtStatus* CheckType(const char* name, const InputTensor& t, ElemType expected) const {
+    if (t.type == OnnxType(expected)) return nullptr;
     return MakeError(api_, ORT_INVALID_ARGUMENT, entry_.spec->name,
-                     std::string(name) + " must be " + TypeName(expected) + ", got " + TypeName(t.type));
-  }
-
-  // Reads optional weight input `slot` (if the op has it) into *data / *rows.
-  OrtStatus* Weight(OrtKernelContext* context, int slot, const char* name, const InputTensor& x,
-                    const NormGeometry& geometry, const void** data, ElemType* type, int64_t* rows) const {
-    if (slot < 0) return nullptr;
-    InputTensor w;
-    if (OrtStatus* s = GetInput(api_, context, static_cast<size_t>(slot), &w)) return s;
-    if (!w.present) return nullptr;
-    if (OrtStatus* s = CheckType(name, w, entry_.s)) return s;
-    if (OrtStatus* s = ResolveWeightRows(api_, entry_.spec->name, name, w.dims, x.dims, geometry, rows)) return s;
-    *data = w.data;
-    *type = weight_type_;
-    return nullptr;
+                     std::string(name) + " must be " + kElemTypeNames[static_cast<int>(expected)] + ", got " +
+                         TypeName(t.type));
   }
 
   OrtStatus* ComputeImpl(OrtKernelContext* context) {
-    const char* op = entry_.spec->name;
+    const OpSpec& spec = *entry_.spec;
+    const char* op = spec.name;
     InputTensor x;
     if (OrtStatus* s = GetInput(api_, context, 0, &x)) return s;
     if (!x.present) return MakeError(api_, ORT_INVALID_ARGUMENT, op, "input X is required");
@@ -112,58 +121,45 @@ class NormKernel final : public Kernel {
     NormGeometry geometry;
     if (OrtStatus* s = ResolveNormGeometry(api_, op, x.dims, axis_, &geometry)) return s;
 
-    NormArgs args;
+    NormArgs args = base_;
     args.x = x.data;
-    args.x_type = x_type_;
     args.rows = geometry.rows;
     args.cols = geometry.cols;
-    args.epsilon = epsilon_;
-    args.scale_offset = scale_offset_;
-    args.cast_before_scale = cast_before_scale_;
-    args.alpha = alpha_;
-    args.scale_type = args.bias_type = args.xbias_type = weight_type_;
-    args.inner_scale_type = args.inner_bias_type = weight_type_;
 
-    const bool has_residual = slots_.residual >= 0;
-    if (has_residual) {
-      InputTensor residual;
-      if (OrtStatus* s = GetInput(api_, context, static_cast<size_t>(slots_.residual), &residual)) return s;
-      if (!residual.present) return MakeError(api_, ORT_INVALID_ARGUMENT, op, "input Residual is required");
-      if (OrtStatus* s = CheckType("Residual", residual, entry_.t)) return s;
-      bool same = residual.dims.rank() == x.dims.rank();
-      for (size_t i = 0; same && i < x.dims.rank(); ++i) same = residual.dims[i] == x.dims[i];
-      if (!same) {
-        return MakeError(api_, ORT_INVALID_ARGUMENT, op,
-                         "Residual of shape " + FormatShape(residual.dims) + " must have the shape of X, " +
-                             FormatShape(x.dims));
+    for (size_t i = 1; i < spec.inputs.size(); ++i) {
+      const char* name = spec.inputs[i].name;
+      InputTensor input;
+      if (OrtStatus* s = GetInput(api_, context, i, &input)) return s;
+      if (!input.present) {
+        if (!spec.inputs[i].optional) {
+          return MakeError(api_, ORT_INVALID_ARGUMENT, op, std::string("input ") + name + " is required");
+        }
+        continue;
       }
-      args.residual = residual.data;
-    }
-    if (OrtStatus* s = Weight(context, slots_.scale, "Scale", x, geometry, &args.scale, &args.scale_type,
-                              &args.scale_rows)) {
-      return s;
-    }
-    if (OrtStatus* s = Weight(context, slots_.bias, "Bias", x, geometry, &args.bias, &args.bias_type,
-                              &args.bias_rows)) {
-      return s;
-    }
-    if (OrtStatus* s = Weight(context, slots_.xbias, "XBias", x, geometry, &args.xbias, &args.xbias_type,
-                              &args.xbias_rows)) {
-      return s;
-    }
-    if (OrtStatus* s = Weight(context, slots_.inner_scale, "InnerScale", x, geometry, &args.inner_scale,
-                              &args.inner_scale_type, &args.inner_scale_rows)) {
-      return s;
-    }
-    if (OrtStatus* s = Weight(context, slots_.inner_bias, "InnerBias", x, geometry, &args.inner_bias,
-                              &args.inner_bias_type, &args.inner_bias_rows)) {
-      return s;
+      if (static_cast<int>(i) == residual_slot_) {
+        if (OrtStatus* s = CheckType(name, input, entry_.t)) return s;
+        bool same = input.dims.rank() == x.dims.rank();
+        for (size_t d = 0; same && d < x.dims.rank(); ++d) same = input.dims[d] == x.dims[d];
+        if (!same) {
+          return MakeError(api_, ORT_INVALID_ARGUMENT, op,
+                           std::string(name) + " of shape " + FormatShape(input.dims) + " must have the shape of X, " +
+                               FormatShape(x.dims));
+        }
+        args.residual = input.data;
+        continue;
+      }
+      const WeightField& field = *weights_[i];
+      if (OrtStatus* s = CheckType(name, input, entry_.s)) return s;
+      if (OrtStatus* s = ResolveWeightRows(api_, op, name, input.dims, x.dims, geometry, &(args.*field.rows))) {
+        return s;
+      }
+      args.*field.data = input.data;
     }
 
     OrtValue* y = nullptr;
     if (OrtStatus* s = api_.KernelContext_GetOutput(context, 0, x.dims.data(), x.dims.rank(), &y)) return s;
     OrtValue* sum = nullptr;
-    if (has_residual) {
+    if (spec.outputs.size() > 1) {
       size_t outputs = 0;
       if (OrtStatus* s = api_.KernelContext_GetOutputCount(context, &outputs)) return s;
       // An omitted optional output (absent, or named "") gives no value.
@@ -180,33 +176,73 @@ class NormKernel final : public Kernel {
       args.sum = data;
     }
 
-    RunRows(api_, context, rows_fn_, args);
-    return nullptr;
+    if (cpu_rows_ != nullptr) {
+      RunRows(api_, context, cpu_rows_, args);
+      return nullptr;
+    }
+    void* stream = nullptr;
+    if (OrtStatus* s = api_.KernelContext_GetGPUComputeStream(context, &stream)) return s;
+    char message[512] = "";
+    const int rc = cuda_launch_(&args, stream, message, sizeof(message));
+    if (rc == ONNXNORM_CUDA_OK) return nullptr;
+    return api_.CreateStatus(rc == ONNXNORM_CUDA_INVALID_ARGUMENT ? ORT_INVALID_ARGUMENT : ORT_FAIL, message);
   }
 
   const OrtApi& api_;
   const KernelEntry& entry_;
-  const InputSlots slots_;
-  int64_t axis_ = -1;
-  float epsilon_ = 1e-5f;
-  float scale_offset_ = 0.f;
-  float alpha_ = 1.f;
-  bool cast_before_scale_ = false;
-  ElemType x_type_ = ElemType::kFloat32;
-  ElemType weight_type_ = ElemType::kFloat32;
-  NormRowsFn rows_fn_ = nullptr;
+  NormArgs base_;  // op, types and attributes; the rest is filled per call
+  int64_t axis_ = attr_default::kAxis;
+  int residual_slot_ = -1;
+  const WeightField* weights_[kMaxInputs] = {};  // by input index
+  NormRowsFn cpu_rows_ = nullptr;
+  CudaLaunchFn cuda_launch_ = nullptr;
 };
+
+// A new kernel for entry with its attributes read, or nullptr and the error in *status.
+NormKernel* NewKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, OrtStatus** status) {
+  auto* kernel = new (std::nothrow) NormKernel(api, entry);
+  if (kernel == nullptr) {
+    *status = api.CreateStatus(ORT_FAIL, "onnxnorm: out of memory");
+    return nullptr;
+  }
+  if ((*status = kernel->Init(info)) != nullptr) {
+    delete kernel;
+    return nullptr;
+  }
+  return kernel;
+}
 
 }  // namespace
 
-OrtStatus* CreateNormKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out) {
+OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out) {
   *out = nullptr;
-  auto* kernel = new (std::nothrow) NormKernel(api, entry);
-  if (kernel == nullptr) return api.CreateStatus(ORT_FAIL, "onnxnorm: out of memory");
-  if (OrtStatus* s = kernel->Init(info)) {
+  OrtStatus* status = nullptr;
+  NormKernel* kernel = NewKernel(api, info, entry, &status);
+  if (kernel == nullptr) return status;
+  NormRowsFn rows = cpu::GetNormRows(entry.spec->norm, entry.spec->residual, entry.t, entry.s);
+  if (rows == nullptr) {
     delete kernel;
-    return s;
+    return MakeError(api, ORT_FAIL, entry.spec->name,
+                     std::string("no CPU kernel for X of type ") + kElemTypeNames[static_cast<int>(entry.t)] +
+                         " with weights of type " + kElemTypeNames[static_cast<int>(entry.s)]);
   }
+  kernel->UseCpu(rows);
+  *out = kernel;
+  return nullptr;
+}
+
+OrtStatus* CreateCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out) {
+  *out = nullptr;
+  OrtStatus* status = nullptr;
+  NormKernel* kernel = NewKernel(api, info, entry, &status);
+  if (kernel == nullptr) return status;
+  std::string error;
+  CudaLaunchFn launch = LoadCudaLauncher(&error);
+  if (launch == nullptr) {
+    delete kernel;
+    return MakeError(api, ORT_FAIL, entry.spec->name, error);
+  }
+  kernel->UseCuda(launch);
   *out = kernel;
   return nullptr;
 }

@@ -1,31 +1,33 @@
 #include "op_table.h"
 
+#include <array>
+#include <cstdio>
 #include <string>
 
 namespace onnxnorm {
 namespace ort {
 namespace {
 
-constexpr ONNXTensorElementDataType kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr ONNXTensorElementDataType kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-constexpr ONNXTensorElementDataType kBF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+constexpr Provider kProviders[] = {Provider::kCpu, Provider::kCuda};
+constexpr size_t kKernelCount = kOpCount * kTypePairCount * (sizeof(kProviders) / sizeof(kProviders[0]));
 
-// Each op for every (T, S) its schema allows: T in {float32, float16, bfloat16}, S = T or float32.
-// Once the library is registered ORT never falls back to the function body, so no combination
-// may be missing (DESIGN.md section 6).
-#define ONNXNORM_ALL_TYPES(spec)                                                    \
-  {&spec, kF32, kF32, nullptr, &CreateNormKernel}, {&spec, kF16, kF16, nullptr, &CreateNormKernel}, \
-      {&spec, kF16, kF32, nullptr, &CreateNormKernel}, {&spec, kBF16, kBF16, nullptr, &CreateNormKernel}, \
-      {&spec, kBF16, kF32, nullptr, &CreateNormKernel}
+// Each op for every (T, S) its schema allows on every provider. Once the library is registered
+// ORT never falls back to the function body, so no combination may be missing.
+constexpr std::array<KernelEntry, kKernelCount> BuildTable() {
+  std::array<KernelEntry, kKernelCount> table{};
+  size_t i = 0;
+  for (const OpSpec& spec : kOps) {
+    for (Provider provider : kProviders) {
+      for (const TypePair& pair : kTypePairs) {
+        table[i++] = KernelEntry{&spec, pair.t, pair.s, provider,
+                                 provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel};
+      }
+    }
+  }
+  return table;
+}
 
-// The registration table: adding an op or an element type is one line here (plus its kernel).
-// Ops sharing a name must have the same inputs and outputs; ORT merges their type constraints.
-constexpr KernelEntry kKernels[] = {
-    ONNXNORM_ALL_TYPES(kLayerNormSpec),         ONNXNORM_ALL_TYPES(kRMSNormSpec),
-    ONNXNORM_ALL_TYPES(kSkipLayerNormSpec),     ONNXNORM_ALL_TYPES(kSkipRMSNormSpec),
-    ONNXNORM_ALL_TYPES(kSandwichLayerNormSpec), ONNXNORM_ALL_TYPES(kSandwichRMSNormSpec),
-};
-#undef ONNXNORM_ALL_TYPES
+constexpr std::array<KernelEntry, kKernelCount> kKernels = BuildTable();
 
 void AppendJsonString(std::string& out, const char* text) {
   out += '"';
@@ -46,18 +48,43 @@ void AppendJsonString(std::string& out, const char* text) {
   out += '"';
 }
 
-template <typename Items, typename NameOf>
-void AppendJsonNames(std::string& out, const Items& items, NameOf name_of) {
+// [item, item, ...] with append(out, item) writing each.
+template <typename Items, typename Append>
+void AppendJsonList(std::string& out, const Items& items, Append append) {
   out += '[';
   bool first = true;
   for (const auto& item : items) {
-    const char* name = name_of(item);
-    if (name == nullptr) continue;
     if (!first) out += ',';
     first = false;
-    AppendJsonString(out, name);
+    append(out, item);
   }
   out += ']';
+}
+
+void AppendParam(std::string& out, const ParamSpec& p) {
+  out += "{\"name\":";
+  AppendJsonString(out, p.name);
+  out += ",\"type\":";
+  AppendJsonString(out, kTypeVarNames[static_cast<int>(p.type)]);
+  out += p.optional ? ",\"optional\":true}" : ",\"optional\":false}";
+}
+
+void AppendAttribute(std::string& out, const AttrSpec& a) {
+  out += "{\"name\":";
+  AppendJsonString(out, a.name);
+  out += ",\"kind\":";
+  AppendJsonString(out, kAttrKindNames[static_cast<int>(a.kind)]);
+  out += ",\"default\":";
+  if (a.kind == AttrKind::kInt) {
+    out += std::to_string(a.int_default);
+  } else {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.9g", static_cast<double>(a.float_default));
+    out += text;
+  }
+  out += ",\"check\":";
+  AppendJsonString(out, kAttrCheckNames[static_cast<int>(a.check)]);
+  out += '}';
 }
 
 std::string BuildManifest() {
@@ -66,45 +93,51 @@ std::string BuildManifest() {
   AppendJsonString(out, kDomain);
   out += ",\"version\":" + std::to_string(kDomainVersion);
   out += ",\"ort_api_version\":" + std::to_string(ORT_API_VERSION);
-  out += ",\"ops\":[";
-  bool first_op = true;
-  for (const OpSpec* spec : kOpSpecs) {
-    if (!first_op) out += ',';
-    first_op = false;
-    out += "{\"name\":";
-    AppendJsonString(out, spec->name);
-    out += ",\"since_version\":" + std::to_string(spec->since_version);
-    out += ",\"inputs\":";
-    AppendJsonNames(out, spec->inputs, [](const ParamSpec& p) { return p.name; });
-    out += ",\"optional_inputs\":";
-    AppendJsonNames(out, spec->inputs,
-                    [](const ParamSpec& p) { return p.optional ? p.name : nullptr; });
-    out += ",\"outputs\":";
-    AppendJsonNames(out, spec->outputs, [](const ParamSpec& p) { return p.name; });
-    out += ",\"attributes\":";
-    AppendJsonNames(out, spec->attributes, [](const AttrSpec& a) { return a.name; });
-    // Element types of X (TypeVar::kT) with a kernel, each once, in table order.
-    out += ",\"types\":[";
-    bool first_type = true;
-    const auto table = KernelTable();
-    for (size_t i = 0; i < table.size(); ++i) {
-      if (table[i].spec != spec) continue;
-      bool seen = false;
-      for (size_t j = 0; j < i; ++j) seen = seen || (table[j].spec == spec && table[j].t == table[i].t);
-      if (seen) continue;
-      if (!first_type) out += ',';
-      first_type = false;
-      AppendJsonString(out, TypeName(table[i].t));
+  out += ",\"elem_types\":";
+  AppendJsonList(out, kElemTypeNames, [](std::string& o, const char* name) { AppendJsonString(o, name); });
+  out += ",\"ops\":";
+  AppendJsonList(out, kOps, [](std::string& o, const OpSpec& spec) {
+    o += "{\"name\":";
+    AppendJsonString(o, spec.name);
+    o += ",\"id\":" + std::to_string(static_cast<int>(spec.id));
+    o += ",\"since_version\":" + std::to_string(spec.since_version);
+    o += ",\"norm\":";
+    AppendJsonString(o, kNormKindNames[static_cast<int>(spec.norm)]);
+    o += ",\"residual\":";
+    AppendJsonString(o, kResidualKindNames[static_cast<int>(spec.residual)]);
+    o += ",\"inputs\":";
+    AppendJsonList(o, spec.inputs, AppendParam);
+    o += ",\"outputs\":";
+    AppendJsonList(o, spec.outputs, AppendParam);
+    o += ",\"attributes\":";
+    AppendJsonList(o, spec.attributes, AppendAttribute);
+    // [provider, T, S] of every row of the table for this op
+    o += ",\"kernels\":[";
+    bool first = true;
+    for (const KernelEntry& e : kKernels) {
+      if (e.spec != &spec) continue;
+      o += first ? "[" : ",[";
+      first = false;
+      AppendJsonString(o, ProviderName(e.provider));
+      o += ',';
+      AppendJsonString(o, kElemTypeNames[static_cast<int>(e.t)]);
+      o += ',';
+      AppendJsonString(o, kElemTypeNames[static_cast<int>(e.s)]);
+      o += ']';
     }
-    out += "]}";
-  }
-  out += "]}";
+    o += "]}";
+  });
+  out += '}';
   return out;
 }
 
 }  // namespace
 
-Span<KernelEntry> KernelTable() { return MakeSpan(kKernels); }
+Span<KernelEntry> KernelTable() { return Span<KernelEntry>{kKernels.data(), kKernels.size()}; }
+
+const char* ProviderName(Provider provider) {
+  return provider == Provider::kCuda ? "CUDAExecutionProvider" : "CPUExecutionProvider";
+}
 
 const char* ManifestJson() {
   static const std::string manifest = BuildManifest();
@@ -129,6 +162,25 @@ const char* TypeName(ONNXTensorElementDataType type) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING: return "string";
     default: return "an unsupported type";
   }
+}
+
+ONNXTensorElementDataType OnnxType(ElemType type) {
+  switch (type) {
+    case ElemType::kFloat32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case ElemType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case ElemType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+  }
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+
+bool ToElemType(ONNXTensorElementDataType type, ElemType* out) {
+  for (int i = 0; i < kElemTypeCount; ++i) {
+    if (OnnxType(static_cast<ElemType>(i)) == type) {
+      *out = static_cast<ElemType>(i);
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace ort

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <new>
+#include <type_traits>
 
 namespace onnxnorm {
 namespace ort {
@@ -101,6 +102,24 @@ bool HasAttributeOfOtherKind(const OrtApi& api, const OrtKernelInfo* info, const
   return s.ok();
 }
 
+// Whether value passes check (the catalogue's CHECKS, by name).
+static_assert(kAttrCheckCount == 4, "a new check in onnxnorm/ops/catalogue.py needs its rule here");
+bool Holds(AttrCheck check, double value) {
+  switch (check) {
+    case AttrCheck::kNone: return true;
+    case AttrCheck::kFinite: return std::isfinite(value);
+    case AttrCheck::kFiniteNonNegative: return std::isfinite(value) && value >= 0.0;
+    case AttrCheck::kZeroOrOne: return value == 0.0 || value == 1.0;
+  }
+  return false;
+}
+
+OrtStatus* Violation(const OrtApi& api, const char* op, const AttrSpec& spec, const std::string& value) {
+  return MakeError(api, ORT_INVALID_ARGUMENT, op,
+                   std::string("attribute ") + spec.name + " must be " +
+                       kAttrCheckRequirements[static_cast<int>(spec.check)] + ", got " + value);
+}
+
 OrtStatus* WrongKind(const OrtApi& api, const char* op, const AttrSpec& spec) {
   return MakeError(api, ORT_INVALID_ARGUMENT, op,
                    std::string("attribute ") + spec.name + " must be " +
@@ -108,55 +127,44 @@ OrtStatus* WrongKind(const OrtApi& api, const char* op, const AttrSpec& spec) {
                        " (AttributeProto type " + (spec.kind == AttrKind::kInt ? "INT" : "FLOAT") + ")");
 }
 
+OrtStatus* ReadAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* name, int64_t* value) {
+  return api.KernelInfoGetAttribute_int64(info, name, value);
+}
+OrtStatus* ReadAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* name, float* value) {
+  return api.KernelInfoGetAttribute_float(info, name, value);
+}
+std::string FormatValue(int64_t value) { return std::to_string(value); }
+std::string FormatValue(float value) { return FormatFloat(value); }
+
+// GetAttribute for an int (V = int64_t) or float (V = float) attribute.
+template <typename V>
+OrtStatus* GetAttributeOfKind(const OrtApi& api, const OrtKernelInfo* info, const char* op, const AttrSpec& spec,
+                              V* out) {
+  constexpr AttrKind kind = std::is_same<V, float>::value ? AttrKind::kFloat : AttrKind::kInt;
+  const V fallback = kind == AttrKind::kFloat ? static_cast<V>(spec.float_default) : static_cast<V>(spec.int_default);
+  V value = fallback;
+  {
+    StatusHolder s(api, ReadAttribute(api, info, spec.name, &value));
+    if (!s.ok()) {
+      if (HasAttributeOfOtherKind(api, info, spec.name, kind)) return WrongKind(api, op, spec);
+      value = fallback;
+    }
+  }
+  if (!Holds(spec.check, static_cast<double>(value))) return Violation(api, op, spec, FormatValue(value));
+  *out = value;
+  return nullptr;
+}
+
 }  // namespace
 
 OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
                         const AttrSpec& spec, int64_t* out) {
-  int64_t value = spec.int_default;
-  {
-    StatusHolder s(api, api.KernelInfoGetAttribute_int64(info, spec.name, &value));
-    if (!s.ok()) {
-      if (HasAttributeOfOtherKind(api, info, spec.name, AttrKind::kInt)) return WrongKind(api, op, spec);
-      value = spec.int_default;
-    }
-  }
-  if (spec.check == AttrCheck::kZeroOrOne && value != 0 && value != 1) {
-    return MakeError(api, ORT_INVALID_ARGUMENT, op,
-                     std::string("attribute ") + spec.name + " must be 0 or 1, got " + std::to_string(value));
-  }
-  *out = value;
-  return nullptr;
+  return GetAttributeOfKind(api, info, op, spec, out);
 }
 
 OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
                         const AttrSpec& spec, float* out) {
-  float value = spec.float_default;
-  {
-    StatusHolder s(api, api.KernelInfoGetAttribute_float(info, spec.name, &value));
-    if (!s.ok()) {
-      if (HasAttributeOfOtherKind(api, info, spec.name, AttrKind::kFloat)) return WrongKind(api, op, spec);
-      value = spec.float_default;
-    }
-  }
-  const bool finite = std::isfinite(value);
-  if ((spec.check == AttrCheck::kFinite && !finite) ||
-      (spec.check == AttrCheck::kFiniteNonNegative && !(finite && value >= 0.f))) {
-    return MakeError(api, ORT_INVALID_ARGUMENT, op,
-                     std::string("attribute ") + spec.name + " must be a finite number" +
-                         (spec.check == AttrCheck::kFiniteNonNegative ? " >= 0" : "") + ", got " +
-                         FormatFloat(value));
-  }
-  *out = value;
-  return nullptr;
-}
-
-bool ToElemType(ONNXTensorElementDataType type, ElemType* out) {
-  switch (type) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: *out = ElemType::kFloat32; return true;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: *out = ElemType::kFloat16; return true;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: *out = ElemType::kBFloat16; return true;
-    default: return false;
-  }
+  return GetAttributeOfKind(api, info, op, spec, out);
 }
 
 }  // namespace ort

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "onnxnorm/kernels.h"
+#include "onnxnorm/ops_generated.h"
 #include "onnxruntime_c_api.h"
 #include "op_table.h"
 
@@ -75,14 +75,12 @@ struct InputTensor {
 OrtStatus* GetInput(const OrtApi& api, OrtKernelContext* context, size_t index, InputTensor* out);
 
 // Reads an attribute of the node, or its default when the node does not set it. A value of the
-// wrong kind (a float for an int attribute, ...) or one that fails spec.check is an error.
+// wrong kind (a float for an int attribute, ...) or one that fails spec.check is an error
+// ("attribute <name> must be <requirement>, got <value>", as the catalogue words it).
 OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
                         const AttrSpec& spec, int64_t* out);
 OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
                         const AttrSpec& spec, float* out);
-
-// ONNX element type -> kernel element type; false when the kernels have no such type.
-bool ToElemType(ONNXTensorElementDataType type, ElemType* out);
 
 // a * b for non-negative values; false on overflow.
 inline bool CheckedMul(int64_t a, int64_t b, int64_t* out) {

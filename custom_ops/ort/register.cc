@@ -1,17 +1,15 @@
 // The library's exported entry points: RegisterCustomOps (called by ORT's
-// SessionOptions.register_custom_ops_library) and onnxnorm_op_manifest. Nothing else is
-// exported (see onnxnorm_ops.map).
+// SessionOptions.register_custom_ops_library), for CPU-only and CPU+CUDA sessions alike, and
+// three facts for tests and tools: onnxnorm_op_manifest, onnxnorm_active_isa and
+// onnxnorm_args_layout. Nothing else is exported (see onnxnorm_ops.map).
 #include <string>
 
+#include "cuda_library.h"
 #include "custom_op.h"
+#include "onnxnorm/cuda_launch.h"
+#include "onnxnorm/kernels.h"
 #include "onnxruntime_c_api.h"
 #include "op_table.h"
-
-#if defined(_WIN32)
-#define ONNXNORM_EXPORT __declspec(dllexport)
-#else
-#define ONNXNORM_EXPORT __attribute__((visibility("default")))
-#endif
 
 #define ONNXNORM_STR2(x) #x
 #define ONNXNORM_STR(x) ONNXNORM_STR2(x)
@@ -25,8 +23,11 @@ constexpr const char* kBuiltFor =
 OrtStatus* Register(OrtSessionOptions* options, const OrtApi& api, const char* runtime_version) {
   onnxnorm::ort::SetRegisteredApi(&api);
   const bool shape_inference = onnxnorm::ort::RuntimeAtLeast(runtime_version, 1, 24);  // see custom_op.h
+  // The CUDA kernels join the domain when their library is built next to this one; it is loaded
+  // only once ORT creates a kernel on the CUDA execution provider.
+  const bool with_cuda = onnxnorm::ort::CudaLibraryPresent();
   OrtCustomOpDomain* domain = nullptr;
-  if (OrtStatus* s = onnxnorm::ort::GetCustomOpDomain(api, shape_inference, &domain)) return s;
+  if (OrtStatus* s = onnxnorm::ort::GetCustomOpDomain(api, shape_inference, with_cuda, &domain)) return s;
   return api.AddCustomOpDomain(options, domain);
 }
 
@@ -65,6 +66,17 @@ extern "C" ONNXNORM_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionO
 extern "C" ONNXNORM_EXPORT const char* onnxnorm_op_manifest(void) {
   try {
     return onnxnorm::ort::ManifestJson();
+  } catch (...) {
+    return "{}";
+  }
+}
+
+// "avx512", "avx2" or "portable": the instruction set of the CPU kernels on this machine.
+extern "C" ONNXNORM_EXPORT const char* onnxnorm_active_isa(void) { return onnxnorm::cpu::ActiveIsa(); }
+
+extern "C" ONNXNORM_EXPORT const char* onnxnorm_args_layout(void) {
+  try {
+    return onnxnorm::NormArgsLayoutJson();
   } catch (...) {
     return "{}";
   }

@@ -1,16 +1,18 @@
 // Host emulation of the onnxnorm CUDA kernels, for testing their logic on machines without a GPU
-// (tests/test_cuda.py): the kernels of norm_kernels.cuh compiled by the host C++ compiler, with
-// this folder's stand-ins for the CUDA headers. Each block's threads are std::threads, blocks
-// run one after another; warp shuffles and __syncthreads are barriers (a lane that skipped one
-// would hang the test). Not built into any library. Build:
-//   c++ -std=c++20 -shared -fPIC -pthread -I. -I.. -I<ORT headers> -DONNXNORM_CUDA_HOST_EMULATION=1 \
-//       host_emulation.cc ../ort_cuda_ops.cc -x c++ ../launch.cu -o libonnxnorm_cuda_emulation.so
-// The ORT glue in it registers like the real library (its CUDA ops never run on the CPU).
+// (tests/test_cuda.py, tests/cuda_harness.py): the kernels of norm_kernels.cuh and the real
+// launcher (launch.cu, with its launch table) compiled by the host C++ compiler, with this
+// folder's stand-ins for the CUDA headers; only the launch itself is emulated. Each block's
+// threads are std::threads, blocks run one after another; warp shuffles and __syncthreads are
+// barriers (a lane that skipped one would hang the test). Not part of the package build. Build:
+//   c++ -std=c++20 -shared -fPIC -pthread -I. -I.. -I../../include host_emulation.cc \
+//       -x c++ ../launch.cu -o libonnxnorm_cuda_ops.so
+// It exports what the real CUDA library exports, so the CPU library loads it the same way.
+#include <algorithm>
 #include <memory>
 #include <thread>
 #include <vector>
+
 #include "norm_kernels.cuh"
-#include "launch.h"
 
 thread_local dim3 threadIdx;
 thread_local dim3 blockIdx;
@@ -51,35 +53,24 @@ static void Run(unsigned grid, unsigned block, F kernel) {
 
 namespace onnxnorm {
 namespace cuda {
-template <typename T, typename W, int kNorm, int kResidual>
-cudaError_t LaunchTyped(const Params& p, int config, cudaStream_t) {
-  // a small grid, so that the kernels' grid-stride loops run too
-  auto grid_for = [](int64_t units) { return static_cast<unsigned>(units < 3 ? units : 3); };
-  if (config < 0 || config >= kNumRegsConfigs) {
-    Run(grid_for(p.rows), kStreamBlock, [&] { StreamKernel<T, W, kNorm, kResidual>(p); });
-    return 0;
+
+// launch(kernel, grid, block, args...) on the host: a small grid, so that the kernels'
+// grid-stride loops run too.
+struct EmulationLauncher {
+  cudaStream_t stream;  // not used: every launch completes before it returns
+  template <typename... Params, typename... Args>
+  cudaError_t operator()(void (*kernel)(Params...), unsigned grid, int block, const Args&... args) const {
+    Run(std::min(grid, 3u), static_cast<unsigned>(block), [&] { kernel(args...); });
+    return cudaSuccess;
   }
-  const RegsConfig c = kRegsConfigs[config];
-  const int64_t rpb = c.block / c.tpr;
-  const unsigned grid = grid_for((p.rows + rpb - 1) / rpb);
-  if (c.tpr == c.block) {
-    if (c.vecs == 8) Run(grid, c.block, [&] { RegsKernel<T, W, kNorm, kResidual, 8, true, 512>(p, c.tpr); });
-    else Run(grid, c.block, [&] { RegsKernel<T, W, kNorm, kResidual, 4, true, 512>(p, c.tpr); });
-  } else if (c.vecs == 2) {
-    Run(grid, c.block, [&] { RegsKernel<T, W, kNorm, kResidual, 2, false, 128>(p, c.tpr); });
-  } else {
-    Run(grid, c.block, [&] { RegsKernel<T, W, kNorm, kResidual, 4, false, 128>(p, c.tpr); });
-  }
-  return 0;
-}
+};
+
 }  // namespace cuda
 }  // namespace onnxnorm
 
-ONNXNORM_CUDA_INSTANTIATE_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kNone)
-ONNXNORM_CUDA_INSTANTIATE_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kNone)
-ONNXNORM_CUDA_INSTANTIATE_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kSkip)
-ONNXNORM_CUDA_INSTANTIATE_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSkip)
-ONNXNORM_CUDA_INSTANTIATE_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kSandwich)
-ONNXNORM_CUDA_INSTANTIATE_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSandwich)
-
-// Built with ../ort_cuda_ops.cc (RegisterCustomOps, onnxnorm_cuda_op_manifest) and ../launch.cu.
+ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kNone, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kNone, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kSkip, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSkip, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kSandwich, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSandwich, onnxnorm::cuda::EmulationLauncher)

@@ -1,0 +1,67 @@
+#include "cuda_library.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <mutex>
+
+namespace onnxnorm {
+namespace ort {
+namespace {
+
+#if defined(__APPLE__)
+constexpr const char* kCudaLibraryName = "libonnxnorm_cuda_ops.dylib";
+#else
+constexpr const char* kCudaLibraryName = "libonnxnorm_cuda_ops.so";
+#endif
+
+std::string ThisLibraryFolder() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&ThisLibraryFolder), &info) == 0 || info.dli_fname == nullptr) return ".";
+  const std::string path = info.dli_fname;
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+}  // namespace
+
+std::string CudaLibraryPath() { return ThisLibraryFolder() + "/" + kCudaLibraryName; }
+
+bool CudaLibraryPresent() {
+  struct stat status {};
+  return stat(CudaLibraryPath().c_str(), &status) == 0 && S_ISREG(status.st_mode);
+}
+
+CudaLaunchFn LoadCudaLauncher(std::string* error) {
+  static std::mutex mutex;
+  static CudaLaunchFn launch = nullptr;  // set once; the library is never unloaded
+  std::lock_guard<std::mutex> lock(mutex);
+  if (launch != nullptr) return launch;
+
+  const std::string path = CudaLibraryPath();
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    *error = "cannot load the onnxnorm CUDA library " + path + " (" + (why != nullptr ? why : "unknown error") + ")";
+    return nullptr;
+  }
+  auto layout = reinterpret_cast<ArgsLayoutFn>(dlsym(handle, "onnxnorm_args_layout"));
+  auto found = reinterpret_cast<CudaLaunchFn>(dlsym(handle, "onnxnorm_cuda_launch"));
+  if (layout == nullptr || found == nullptr) {
+    *error = path + " is not the onnxnorm CUDA library (it lacks onnxnorm_cuda_launch or onnxnorm_args_layout)";
+    dlclose(handle);
+    return nullptr;
+  }
+  if (std::strcmp(layout(), NormArgsLayoutJson()) != 0) {
+    *error = path + " was built from other sources than this library (its NormArgs layout " + layout() +
+             " differs from " + NormArgsLayoutJson() + "); rebuild both";
+    dlclose(handle);
+    return nullptr;
+  }
+  launch = found;
+  return launch;
+}
+
+}  // namespace ort
+}  // namespace onnxnorm

@@ -1,0 +1,341 @@
+"""The correctness matrix of the onnxnorm CUDA kernels, through their C launcher.
+
+Every catalogue op x dtype (float32, float16, bfloat16) x weight dtype (X's or float32) x
+rounding order x sets of optional inputs x row widths (Q/K rows 64-256, hidden sizes up to beyond
+what the register path holds, widths that are not a multiple of the vector width, unaligned
+views, per-head weights, axis -2), against ``onnxnorm.ops.reference`` within its per-dtype
+tolerances; plus rows of mean 1e4 and std 1e-2, NaN propagation, and bad arguments refused
+before any launch. Arguments are ``onnxnorm.bench.cuda.NormArgs`` on torch tensors.
+
+On a GPU (tests/test_cuda.py, tools/gpu_check.sh) it drives the built CUDA library. Without one,
+``--emulation`` builds the host emulation of the kernels (custom_ops/cuda/emulation: the same
+kernel templates, launch table and launcher, compiled by the host C++ compiler, block threads as
+std::threads) and runs the matrix on the CPU:
+
+    python tests/cuda_harness.py --emulation          # the full matrix, a minute or two
+    python tests/cuda_harness.py --emulation --quick  # what tests/test_cuda.py runs
+    python tests/cuda_harness.py [--library PATH]     # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any, Sequence
+
+import ml_dtypes
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from onnxnorm.bench import cuda  # noqa: E402
+from onnxnorm.ops import catalogue, reference  # noqa: E402
+
+CUDA_DIR = ROOT / "custom_ops" / "cuda"
+
+
+# ---------------------------------------------------------------------------------------------
+# The matrix
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Case:
+    op: str
+    dtype: str  # "float32" | "float16" | "bfloat16"
+    weight_dtype: str
+    shape: tuple[int, ...]
+    present: tuple[str, ...]  # optional inputs given
+    attrs: dict[str, Any]
+    axis: int = -1
+    weight_shape: tuple[int, ...] | None = None  # default: X.shape[axis:]
+    unaligned: bool = False
+    kind: str = "random"  # "random" | "large-mean" | "nan"
+    with_sum: bool = True
+
+    def label(self) -> str:
+        extra = "".join([f" axis={self.axis}" if self.axis != -1 else "",
+                         f" w{list(self.weight_shape)}" if self.weight_shape else "",
+                         " unaligned" if self.unaligned else "",
+                         f" {self.kind}" if self.kind != "random" else "",
+                         "" if self.with_sum else " no-Sum"])
+        return (f"{self.op} {self.dtype}/{self.weight_dtype} {list(self.shape)} "
+                f"[{','.join(self.present) or '-'}] {self.attrs}{extra}")
+
+
+def _optional_sets(spec: catalogue.OpSpec, quick: bool) -> list[tuple[str, ...]]:
+    optional = spec.optional_inputs
+    sets = [optional, ()]
+    if "Scale" in optional:
+        sets.append(("Scale",))
+    if not quick and len(optional) > 2:
+        sets += [tuple(n for n in optional if n != "Scale"), tuple(optional[:2])]
+    seen, out = set(), []
+    for s in sets:
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def cases(quick: bool = False) -> list[Case]:
+    """The correctness matrix."""
+    out: list[Case] = []
+    widths = [(5, 64), (7, 128), (3, 256), (4, 768), (3, 1000), (3, 1001), (2, 4096), (2, 8192),
+              (2, 16384)]
+    if not quick:
+        widths += [(9, 32), (3, 2048), (1, 24576), (1, 40000), (2, 1, 4, 8)]
+    type_pairs = [(cuda.elem_type_name(t), cuda.elem_type_name(s)) for t, s in catalogue.TYPE_PAIRS]
+    for op, spec in catalogue.OPS.items():
+        rms = spec.norm == "rms"
+        skip = spec.residual == "skip"
+        for (dt, wt), order in itertools.product(type_pairs, (0, 1)):
+            if dt == "float32" and order:
+                continue
+            attrs = {"cast_before_scale": order, "epsilon": 1e-5}
+            if rms:
+                attrs["scale_offset"] = 1.0 if order else 0.0
+            if skip:
+                attrs["alpha"] = 0.5 if order else 1.0
+            for shape in widths:
+                present_sets = _optional_sets(spec, quick) if shape[-1] <= 1000 else [
+                    spec.optional_inputs]
+                for present in present_sets:
+                    out.append(Case(op, dt, wt, shape, present, dict(attrs)))
+            all_in = spec.optional_inputs
+            # per-head weights (Cohere Q/K norm), axis -2, unaligned views, no Sum output
+            out.append(Case(op, dt, wt, (2, 3, 4, 128), all_in, dict(attrs), weight_shape=(4, 128)))
+            out.append(Case(op, dt, wt, (3, 4, 64), all_in, dict(attrs), axis=-2))
+            out.append(Case(op, dt, wt, (3, 512), all_in, dict(attrs), unaligned=True))
+            if spec.has_residual:
+                out.append(Case(op, dt, wt, (4, 256), all_in, dict(attrs), with_sum=False))
+        for dt in ("float32", "float16", "bfloat16"):
+            out.append(Case(op, dt, dt, (2, 31), spec.optional_inputs, {}, kind="nan"))
+        if spec.norm == "layer":
+            for width in (128, 4096, 3000):
+                out.append(Case(op, "float32", "float32", (3, width), (), {}, kind="large-mean"))
+    return out
+
+
+def _make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    spec = catalogue.get(case.op)
+    npt = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+    t, w = np.dtype(npt[case.dtype]), np.dtype(npt[case.weight_dtype])
+    ax = case.axis % len(case.shape)
+    wshape = case.weight_shape or case.shape[ax:]
+    arrays: dict[str, np.ndarray] = {}
+    if case.kind == "large-mean":
+        arrays["X"] = (1e4 + 1e-2 * rng.standard_normal(case.shape)).astype(t)
+    else:
+        arrays["X"] = (rng.standard_normal(case.shape) * 2 + 0.5).astype(t)
+    if case.kind == "nan":
+        arrays["X"].reshape(-1)[3] = np.nan
+        arrays["X"].reshape(-1)[-2] = np.inf
+    if spec.has_residual:
+        arrays["Residual"] = rng.standard_normal(case.shape).astype(t)
+    for name in case.present:
+        if name in ("Scale", "InnerScale"):
+            arrays[name] = (1 + 0.5 * rng.standard_normal(wshape)).astype(w)
+        else:
+            arrays[name] = (0.5 * rng.standard_normal(wshape)).astype(w)
+    return arrays
+
+
+def _to_device(a: np.ndarray, unaligned: bool = False):
+    import torch
+
+    if a.dtype == ml_dtypes.bfloat16:
+        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+    if unaligned:  # a view one element into a larger buffer: not 16-byte aligned
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
+        view = buf[1:].view(t.shape)
+        view.copy_(t.cuda())
+        return view
+    return t.cuda()
+
+
+def run_case(kernels: cuda.Kernels, case: Case, seed: int = 0) -> tuple[bool, str]:
+    """Runs one case; returns (passed, message)."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    spec = catalogue.get(case.op)
+    arrays = _make_inputs(case, rng)
+    attrs = dict(case.attrs)
+    want = reference.run(case.op, *[arrays.get(p.name) for p in spec.inputs], axis=case.axis,
+                         **attrs)
+    dev = {k: _to_device(v, case.unaligned and k in ("X", "Residual")) for k, v in arrays.items()}
+    x = dev["X"]
+    y = torch.empty_like(x)
+    s = torch.empty_like(x) if spec.has_residual and case.with_sum else None
+    if case.unaligned:
+        ybuf = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")
+        y = ybuf[1:].view(x.shape)
+    args = kernels.args(case.op, dev, y, s, case.axis, **attrs)
+    name = kernels.kernel_name(args)
+    kernels.launch(args)
+    torch.cuda.synchronize()
+    got = [y] + ([s] if s is not None else [])
+    rtol, atol = reference.tolerance(arrays["X"].dtype)
+    for label, g, w in zip(("Y", "Sum"), got, want):
+        g32 = cuda.to_numpy(g).astype(np.float32)
+        w32 = w.astype(np.float32)
+        if case.kind == "large-mean":
+            rtol, atol = 1e-4, 1e-4  # float32 inputs of mean 1e4 carry 1e-3 absolute noise
+        if not np.allclose(g32, w32, rtol=rtol, atol=atol, equal_nan=True) or \
+                not np.array_equal(np.isnan(g32), np.isnan(w32)):
+            bad = ~np.isclose(g32, w32, rtol=rtol, atol=atol, equal_nan=True)
+            idx = np.argwhere(bad)[:3].tolist()
+            err = np.nanmax(np.abs(g32 - w32)) if g32.size else 0
+            return False, (f"FAIL {case.label()} [{name}] {label}: max abs err {err:.3g} "
+                           f"(rtol {rtol}, atol {atol}); first bad {idx}")
+    return True, f"ok   {case.label()} [{name}]"
+
+
+def check(kernels: cuda.Kernels, quick: bool = False, verbose: bool = False,
+          ops: Sequence[str] | None = None) -> list[str]:
+    """Runs the correctness matrix; returns the failure messages (empty: all passed)."""
+    failures = []
+    selected = [c for c in cases(quick) if ops is None or c.op in ops]
+    for i, case in enumerate(selected):
+        try:
+            ok, message = run_case(kernels, case, seed=i)
+        except Exception as e:  # a launcher error is a failure of that case
+            ok, message = False, f"FAIL {case.label()}: {type(e).__name__}: {e}"
+        if verbose or not ok:
+            print(message, flush=True)
+        if not ok:
+            failures.append(message)
+    print(f"{len(selected) - len(failures)}/{len(selected)} CUDA kernel cases passed", flush=True)
+    return failures
+
+
+def check_bad_arguments(kernels: cuda.Kernels) -> list[str]:
+    """Bad arguments are refused before any launch, with a message naming the op."""
+    import torch
+
+    x = torch.zeros(4, 64, device="cuda")
+    y = torch.empty_like(x)
+    problems = []
+    bad = [
+        ("RMSNorm", dict(epsilon=-1.0), "epsilon"),
+        ("LayerNorm", dict(scale_offset=1.0), "scale_offset"),
+        ("RMSNorm", dict(x=None), "X and Y"),
+        ("SkipRMSNorm", dict(residual=None), "Residual"),
+        ("RMSNorm", dict(cols=0), "no elements"),
+        ("RMSNorm", dict(x_type=7), "float32, float16 or bfloat16"),
+        ("RMSNorm", dict(op=99), "unknown op"),
+        ("LayerNorm", dict(x_type=1, weight_type=2, scale=x.data_ptr()), "X's type float16 or float32"),
+        ("RMSNorm", dict(scale=x.data_ptr(), scale_rows=0), "Scale rows"),
+    ]
+    for op, change, expect in bad:
+        inputs = {"X": x}
+        if catalogue.get(op).has_residual:
+            inputs["Residual"] = x
+        args = kernels.args(op, inputs, y)
+        for k, v in change.items():
+            setattr(args, k, v)
+        try:
+            kernels.launch(args)
+            problems.append(f"{op} {change}: accepted")
+        except ValueError as e:
+            if expect not in str(e):
+                problems.append(f"{op} {change}: message {e!s} lacks {expect!r}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Host emulation
+# ---------------------------------------------------------------------------------------------
+def host_compiler() -> str | None:
+    return shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+def build_emulation(folder: str | os.PathLike) -> Path:
+    """Compiles the host emulation of the CUDA library into folder/libonnxnorm_cuda_ops.so (the
+    real library's name and entry points); raises RuntimeError with the compiler's output."""
+    cxx = host_compiler()
+    if cxx is None:
+        raise RuntimeError("no host C++ compiler")
+    out = Path(folder) / "libonnxnorm_cuda_ops.so"
+    command = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
+               f"-I{CUDA_DIR / 'emulation'}", f"-I{CUDA_DIR}", f"-I{ROOT / 'custom_ops' / 'include'}",
+               "-DONNXNORM_CUDA_ARCHS=host-emulation", str(CUDA_DIR / "emulation" / "host_emulation.cc"),
+               "-x", "c++", str(CUDA_DIR / "launch.cu"), "-o", str(out)]
+    build = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if build.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)}\n{build.stderr[-4000:]}")
+    return out
+
+
+def run_on_host() -> None:
+    """Points the harness at host memory for the emulation: "CUDA" tensors stay CPU tensors and
+    there are no streams (every emulated launch completes before it returns). For a process of
+    its own: it patches torch."""
+    import torch
+
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_stream = lambda *a, **k: types.SimpleNamespace(cuda_stream=0)
+
+    def no_device(f):
+        def call(*a, **k):
+            k.pop("device", None)
+            return f(*a, **k)
+        return call
+
+    torch.empty = no_device(torch.empty)
+    torch.zeros = no_device(torch.zeros)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--emulation", action="store_true",
+                        help="build the host emulation and run on the CPU (no GPU needed)")
+    parser.add_argument("--quick", action="store_true", help="a smaller matrix")
+    parser.add_argument("--verbose", action="store_true", help="print every case")
+    parser.add_argument("--ops", help="comma-separated ops (default: all)")
+    parser.add_argument("--library", help="the CUDA library (default: the built one)")
+    args = parser.parse_args(argv)
+    ops = args.ops.split(",") if args.ops else None
+    if args.emulation:
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="onnxnorm-emulation-")
+        try:
+            library = build_emulation(folder)
+            run_on_host()
+            return _check_all(cuda.Kernels(library), args.quick, args.verbose, ops)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("cuda_harness: torch sees no CUDA device (use --emulation)", file=sys.stderr)
+        return 2
+    kernels = cuda.Kernels(args.library)
+    print(f"# {kernels.path} ({kernels.build_info()}) on {torch.cuda.get_device_name(0)}", flush=True)
+    return _check_all(kernels, args.quick, args.verbose, ops)
+
+
+def _check_all(kernels: cuda.Kernels, quick: bool, verbose: bool, ops: list[str] | None) -> int:
+    failures = check(kernels, quick=quick, verbose=verbose, ops=ops)
+    problems = check_bad_arguments(kernels)
+    if kernels.layout() != cuda.layout():
+        problems.append(f"NormArgs mirror {cuda.layout()} differs from the library's {kernels.layout()}")
+    for p in problems:
+        print("FAIL", p)
+    return 1 if failures or problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
