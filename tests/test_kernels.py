@@ -15,6 +15,7 @@ import pytest
 
 from helpers import BF16, run, single_node_model
 from onnxnorm import ops
+from onnxnorm.bench.kernels import active_isa
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 TYPE_PAIRS = [(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)]
@@ -241,6 +242,8 @@ for op in t.ops.OPS:
             t._check(op, arrays, t._attrs(op, attrs), with_sum=with_sum and t.ops.OPS[op].has_residual)
         arrays = t._arrays(op, *types, t.WEIGHTS, (3, 1000), (1000,), rng)
         t._check(op, arrays, t._attrs(op, {"cast_before_scale": 1}), threads=2)
+from onnxnorm.bench.kernels import active_isa
+print("isa", active_isa())
 print("ok")
 """
 
@@ -254,6 +257,25 @@ def test_every_instruction_set(isa):
     result = subprocess.run([sys.executable, "-c", ISA_SCRIPT], cwd=root, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    # the library reports the lowered choice (every x86-64 CPU this runs on has AVX2 or better;
+    # elsewhere only the portable kernels exist)
+    best = active_isa()
+    want = isa if best != "portable" else "portable"
+    assert f"isa {want}\n" in result.stdout, result.stdout
+
+
+def test_active_isa_is_the_best_this_cpu_has():
+    if os.environ.get("ONNXNORM_CPU_ISA"):
+        pytest.skip("ONNXNORM_CPU_ISA lowers the choice in this process")
+    flags = set()
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags to compare with")
+    avx512 = {"avx512f", "avx512bw", "avx512vl"} <= flags
+    avx2 = {"avx2", "fma", "f16c"} <= flags
+    assert active_isa() == ("avx512" if avx512 else "avx2" if avx2 else "portable")
 
 
 def test_bfloat16_helpers_agree_with_ml_dtypes():

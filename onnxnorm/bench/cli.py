@@ -1,13 +1,9 @@
-"""``onnxnorm bench``: benchmarks (``onnxnorm bench kernels``: the CPU kernels)."""
+"""``onnxnorm bench``: benchmarks (``onnxnorm bench kernels``: the CPU kernels; the CUDA kernels'
+bandwidth is ``python -m onnxnorm.bench.cuda``, on a GPU machine)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-
-#: modules under ``bench`` that provide ``register_bench(subparsers)`` when present (optional ones
-#: are skipped when they are missing or do not provide it)
-BENCHES = ("onnxnorm.bench.cuda",)
 
 
 def _csv(choices):
@@ -46,13 +42,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     kernels.add_argument("--json", metavar="PATH", help="write the results as JSON")
     kernels.add_argument("--plot", metavar="PATH", help="draw a PNG plot of the ratios")
     kernels.set_defaults(run=_run_kernels)
-    for module in BENCHES:
-        try:
-            found = importlib.import_module(module)
-        except ImportError:
-            continue
-        if hasattr(found, "register_bench"):
-            found.register_bench(which)
 
 
 def _run_kernels(args: argparse.Namespace) -> int:

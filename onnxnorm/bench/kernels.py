@@ -522,6 +522,19 @@ def load_results(path: str) -> list[Result]:
                    r.get("best_seconds") or {}) for r in data["results"]]
 
 
+def active_isa() -> str:
+    """The instruction set of the library's CPU kernels on this machine: "avx512", "avx2" or
+    "portable" (the library's onnxnorm_active_isa: the best the CPU has, unless ONNXNORM_CPU_ISA
+    asks for a lesser one)."""
+    import ctypes
+
+    from onnxnorm import runtime
+
+    library = ctypes.CDLL(str(runtime.library_path()))
+    library.onnxnorm_active_isa.restype = ctypes.c_char_p
+    return library.onnxnorm_active_isa().decode()
+
+
 def environment(threads: int) -> dict[str, Any]:
     import onnxruntime as ort
     import torch
@@ -537,7 +550,6 @@ def environment(threads: int) -> dict[str, Any]:
                     break
     except OSError:
         pass
-    import ctypes
     import os
 
     return {
@@ -546,7 +558,7 @@ def environment(threads: int) -> dict[str, Any]:
         "onnxruntime": ort.__version__, "torch": torch.__version__, "numpy": np.__version__,
         "python": platform.python_version(),
         "library": str(runtime.library_path()),
-        "isa": os.environ.get("ONNXNORM_CPU_ISA", "best available (cpuid)"),
+        "isa": active_isa(),
     }
 
 
