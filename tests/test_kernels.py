@@ -308,6 +308,8 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     (["--dtypes", "int8"], "argument --dtypes: unknown int8"),
     (["--threads", "0"], "--threads and --repeats must be at least 1"),
     (["--repeats", "-1"], "--threads and --repeats must be at least 1"),
+    (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
+    (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
 ])
 def test_bench_bad_arguments_are_one_line_errors(argv, message, capsys):
     from onnxnorm import cli

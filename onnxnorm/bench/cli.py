@@ -46,13 +46,18 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _run_kernels(args: argparse.Namespace) -> int:
     from onnxnorm._deps import require
-    from onnxnorm._io import OnnxNormError
-
-    require("torch", "onnxnorm bench kernels")  # the torch eager contender
-    from onnxnorm.bench import kernels
+    from onnxnorm._io import OnnxNormError, check_output
 
     if args.threads < 1 or args.repeats < 1:
         raise OnnxNormError("--threads and --repeats must be at least 1")
+    for path in (args.json, args.plot):
+        if path:
+            check_output(path)
+    if args.plot:
+        require("matplotlib", "onnxnorm bench kernels --plot")
+    require("torch", "onnxnorm bench kernels")  # the torch eager contender
+    from onnxnorm.bench import kernels
+
     kernels.run(args.ops, args.shapes, args.dtypes, threads=args.threads, repeats=args.repeats,
                 min_sample=args.min_sample, json_path=args.json, plot_path=args.plot)
     return 0
