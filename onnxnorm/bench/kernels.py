@@ -91,7 +91,7 @@ class Result:
         return k, t
 
     def targets(self, times: dict[str, float | None] | None = None) -> list[str]:
-        """Misses of the issue's targets by the median (or the given) times; empty: all met."""
+        """Misses of the kernel targets (docs/benchmarks.md) by the median (or the given) times; empty: all met."""
         times = self.times if times is None else times
         misses = []
         mine = times.get("onnxnorm")
