@@ -130,7 +130,7 @@ _TIMED = {
     "onnxnorm fuse": (
         "import argparse; from onnxnorm.fusion import cli; "
         "rc = cli.run(argparse.Namespace(input=SRC, output=DST, target='function', "
-        "verify=False, json=None))"),
+        "verify=False, json=None, strict_precision=False))"),
     "ORT transformers optimizer": (
         "from onnxruntime.transformers.optimizer import optimize_model; "
         "m = optimize_model(SRC, model_type='gpt2', num_heads=0, hidden_size=0, opt_level=0); "

@@ -118,9 +118,9 @@ def _norm_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [n for n in model.graph.node if n.domain == catalogue.DOMAIN and n.op_type == "RMSNorm"]
 
 
-def _fuse_checked(original: onnx.ModelProto, target: str = "function"):
+def _fuse_checked(original: onnx.ModelProto, target: str = "function", **options):
     before = original.SerializeToString()
-    fused, report = fuse(original, target)
+    fused, report = fuse(original, target, **options)
     assert original.SerializeToString() == before, "fuse modified its input model"
     json.dumps(report.to_dict())
     return fused, report
@@ -247,6 +247,7 @@ NEAR_MISSES = {
                    False),
     "eps_graph_input": (lambda: _decomposed(eps_is_input=True), LLAMA, "is a graph input", False),
     "pow_3": (lambda: _decomposed(exponent=3.0), LLAMA, "exponent is 3.0, not 2", False),
+    # with strict precision only (STRICT): by default it fuses, with float32 statistics
     "float16_statistics": (lambda: _decomposed(dtype=TensorProto.FLOAT16), LLAMA,
                            "statistics are computed in FLOAT16", False),
     "intermediate_used": (lambda: _decomposed(extra_output=True), LLAMA,
@@ -259,12 +260,15 @@ NEAR_MISSES = {
 }
 
 
+STRICT = {"float16_statistics"}
+
+
 @pytest.mark.parametrize("case", NEAR_MISSES)
 def test_near_miss_is_reported_not_fused(case):
     build, rule, reason, core_fuses = NEAR_MISSES[case]
     original = build()
     onnx.checker.check_model(original)
-    fused, report = _fuse_checked(original)
+    fused, report = _fuse_checked(original, strict_precision=case in STRICT)
     row = report[rule]
     assert (row.found, row.fused, row.skipped) == (1, 0, 1), str(report)
     assert reason in row.skips[0].reason
@@ -331,3 +335,33 @@ def test_replacement_orders_inputs_and_refuses_unknown_names():
     assert new.arguments() == [x, residual, scale]  # catalogue order, absent tail dropped
     with pytest.raises(ValueError, match="RMSNorm has no input Weight"):
         Replacement("RMSNorm", {"X": x, "Weight": scale}, {}).arguments()
+
+
+def test_float16_statistics_are_fused_in_float32_and_noted():
+    """A norm whose statistics the original computes in float16 (a float32 model converted to
+    float16) is fused by default, with float32 statistics, and the report says so; on inputs
+    where the original does not overflow the two agree within float16 tolerance, and above
+    |x| = 256, where x*x passes float16's range, the fused model still computes the norm."""
+    original = _decomposed(dtype=TensorProto.FLOAT16)
+    fused, report = _fuse_checked(original)
+    assert [n.op_type for n in fused.graph.node] == ["RMSNorm"]
+    assert _attrs(fused.graph.node[0])["cast_before_scale"] == 1  # the Mul runs in float16
+    row = report[LLAMA]
+    assert (row.found, row.fused, row.skipped) == (1, 1, 0)
+    note = "statistics computed in FLOAT16 in the original; onnxnorm computes them in float32"
+    assert note in row.notes[0].reason and f"note {row.notes[0].node}: {note}" in str(report)
+    assert [r["notes"] for r in report.to_dict()["rules"] if r["rule"] == LLAMA][0]
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float16) * 8
+    _close(_run(fused, x), _run(original, x), "float16")
+    big = (x * 40).astype(np.float16)  # |x| up to ~1000: x*x passes 65504
+    want = reference.run("RMSNorm", big, np.full(SHAPE[-1], 1.5, np.float16), epsilon=EPS,
+                         cast_before_scale=1)[0]
+    _close(_run(fused, big), want, "float16")
+
+
+def test_strict_precision_keeps_half_statistics_and_says_why():
+    original = _decomposed(dtype=TensorProto.FLOAT16)
+    fused, report = _fuse_checked(original, strict_precision=True)
+    assert not _norm_nodes(fused) and report.norms == 0
+    assert "the statistics are computed in FLOAT16; onnxnorm computes them in FLOAT " \
+           "(strict precision)" in report[LLAMA].skips[0].reason

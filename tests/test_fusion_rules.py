@@ -237,3 +237,30 @@ def test_norms_inside_subgraphs_are_fused_and_lowered():
     fused, report = fuse(original, "onnx")
     onnx.checker.check_model(fused)
     assert report.norms == 2
+
+
+@pytest.mark.parametrize("final_read", [True, False], ids=["final_read", "final_unread"])
+def test_skip_op_without_sum_output(final_read):
+    """Model builders (onnxruntime-genai) write the final norm as a Skip op with no Sum output;
+    in Phi-3-style models nothing reads it. It used to crash the pass (the 4-output rule took
+    the 1-output node)."""
+    nodes = [helper.make_node("SkipSimplifiedLayerNormalization", ["x", "r", "w"],
+                              ["y", "", "", "s"], domain="com.microsoft", epsilon=1e-6),
+             helper.make_node("MatMul", ["y", "m"], ["h"]),
+             helper.make_node("SkipSimplifiedLayerNormalization", ["s", "h", "w2"], ["final"],
+                              domain="com.microsoft", epsilon=1e-6)]
+    outputs = [("final", F, SHAPE)] if final_read else [("h", F, SHAPE)]
+    original = _model(nodes, [("x", F, SHAPE), ("r", F, SHAPE)], outputs,
+                      {"w": _w(), "w2": _w(1), "m": _w(2, (H, H), -0.9)}, ms=True)
+    fused, report = fuse(original)
+    row = report["SkipRMSNorm (ORT SkipSimplifiedLayerNormalization)"]
+    assert (row.found, row.fused, row.skipped) == (2, 2, 0)
+    if final_read:
+        assert [t for _, t in _ops(fused)] == ["SkipRMSNorm", "MatMul", "SkipRMSNorm"]
+        assert len(fused.graph.node[2].output) == 2  # the function target keeps Sum
+        lowered = fuse(original, "fused")[0]
+        assert list(lowered.graph.node[2].output) == ["final"]
+    else:  # the unread norm is dead code and goes
+        assert [t for _, t in _ops(fused)] == ["SkipRMSNorm", "MatMul"]
+        assert (report.norms, report.residual_adds) == (1, 1)
+    _check(original, fused)

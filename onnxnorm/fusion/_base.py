@@ -34,6 +34,8 @@ class Replacement:
     op: str
     inputs: dict[str, ir.Value | None]
     attributes: dict[str, Any]
+    #: what the fused node computes differently from the original, for the report ("": nothing)
+    note: str = ""
 
     @classmethod
     def of(cls, node: ir.Node) -> Replacement:
@@ -81,9 +83,12 @@ class FusionRule(pattern.RewriteRuleClassBase):
     #: bindings whose values may be used outside the match (the rewrite keeps their producer)
     shared: tuple[str, ...] = ()
 
-    def __init__(self, tracker: Tracker, name: str) -> None:
+    def __init__(self, tracker: Tracker, name: str, strict_precision: bool = False) -> None:
         super().__init__(name, remove_nodes=False)
         self.tracker = tracker
+        #: refuse, rather than fuse with a note, a norm whose statistics the original computes
+        #: in float16/bfloat16 (the fused op computes them in float32)
+        self.strict_precision = strict_precision
         tracker.register(self.title)
         self._accepted: tuple[ir.Node, Replacement] | None = None
 
@@ -92,6 +97,11 @@ class FusionRule(pattern.RewriteRuleClassBase):
 
     def check(self, context, **bindings):
         root = context.root
+        if not context.output_values:
+            # onnxscript passes on a node with fewer outputs than the pattern names (a
+            # SkipSimplifiedLayerNormalization without its Sum output, as model builders write
+            # the final norm) with no output bound: it is another rule's node
+            return pattern.MatchResult().fail("the node has fewer outputs than the pattern", root)
         try:
             function = context.graph_or_function
             if isinstance(function, ir.Function) and function.domain == catalogue.DOMAIN:
@@ -114,7 +124,7 @@ class FusionRule(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, y, total=None, **_):
         (root, new), self._accepted = self._accepted, None
-        self.tracker.fused(self.title, root)
+        self.tracker.fused(self.title, root, new.note)
         outputs = op.op(new.op, *new.arguments(), _domain=catalogue.DOMAIN,
                         _outputs=len(catalogue.get(new.op).outputs),
                         _name=f"{root.name}/{new.op}" if root.name else None, **new.attributes)
@@ -178,6 +188,23 @@ def attribute(node: ir.Node, name: str, default: Any) -> Any:
         raise Rejected(f"attribute {name} of {node.op_type} node {node.name!r} is a reference "
                        "to a function attribute")
     return attr.value
+
+
+#: the report's words for a norm whose statistics the original computes in half precision
+HALF_STATISTICS = ("statistics computed in {type} in the original; onnxnorm computes them in "
+                   "float32 (more accurate, no overflow above |x| 256 where x*x passes 65504)")
+
+
+def statistics_type(x_type: ir.DataType, strict: bool, what: str = "the statistics are") -> str:
+    """The report note for statistics the original computes in ``x_type`` ("" for float32);
+    raises :class:`Rejected` where the fused op cannot take them (another type, or
+    ``strict``: the caller wants the original's precision or nothing)."""
+    if x_type == FLOAT:
+        return ""
+    if x_type in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) and not strict:
+        return HALF_STATISTICS.format(type=x_type.name)
+    hint = " (strict precision)" if strict and x_type in DATA_TYPES else ""
+    raise Rejected(f"{what} computed in {x_type.name}; onnxnorm computes them in FLOAT{hint}")
 
 
 def epsilon(value: float) -> float:

@@ -24,6 +24,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                       help="run the original and the fused model in onnxruntime on generated "
                            "inputs, print the max abs/rel error per output; exit 3 when over "
                            "tolerance")
+    fuse.add_argument("--strict-precision", action="store_true",
+                      help="leave norms whose statistics the original computes in float16/"
+                           "bfloat16 as they are (by default they are fused with float32 "
+                           "statistics, as onnxnorm's ops compute them, and the report says so)")
     fuse.add_argument("--json", metavar="PATH", help="also write the fusion report as JSON "
                                                      "('-' for standard output)")
     fuse.set_defaults(run=run)
@@ -70,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}")
     fused, weights, report = fuse_detached(model, target=args.target,
-                                           base_dir=str(source.resolve().parent))
+                                           base_dir=str(source.resolve().parent),
+                                           strict_precision=args.strict_precision)
     print(report)
     result = report.to_dict()
     result["input_notes"] = notes

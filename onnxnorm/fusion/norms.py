@@ -24,7 +24,7 @@ from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion._base import (DATA_TYPES, FLOAT, FusionRule, NotThisPattern, Rejected,
                                    Replacement, attribute, check_scale, constant, dtype, epsilon,
-                                   scalar)
+                                   scalar, statistics_type)
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
 
@@ -90,9 +90,9 @@ class _Core(FusionRule):
 
     op_name: str
 
-    def __init__(self, tracker: Tracker, form: str) -> None:
+    def __init__(self, tracker: Tracker, form: str, strict_precision: bool = False) -> None:
         self.title = f"{self.op_name} (decomposed)"
-        super().__init__(tracker, f"{self.op_name}Core{form.capitalize()}")
+        super().__init__(tracker, f"{self.op_name}Core{form.capitalize()}", strict_precision)
         self.form = form
 
     def divide(self, op, x, d, one):
@@ -100,9 +100,10 @@ class _Core(FusionRule):
             return op.Div(x, d, _outputs=["y"])
         return op.Mul(x, pattern.OrValue([op.Reciprocal(d), op.Div(one, d)]), _outputs=["y"])
 
-    def replacement(self, x: ir.Value, eps: ir.Value) -> Replacement:
+    def replacement(self, x: ir.Value, eps: ir.Value, note: str) -> Replacement:
         return Replacement(self.op_name, {"X": x}, {
-            "axis": -1, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0})
+            "axis": -1, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0},
+            note)
 
 
 class RMSCore(_Core):
@@ -115,8 +116,8 @@ class RMSCore(_Core):
         return self.divide(op, x, op.Sqrt(op.Add(mean, eps)), one)
 
     def inspect(self, context, x, eps, mean, two=None, one=None, **_):
-        _core_checks(x, mean.producer(), two, one)
-        return self.replacement(x, eps)
+        note = _core_checks(x, mean.producer(), two, one, self.strict_precision)
+        return self.replacement(x, eps, note)
 
 
 class LayerCore(_Core):
@@ -133,21 +134,20 @@ class LayerCore(_Core):
         return self.divide(op, centred, op.Sqrt(op.Add(var, eps)), one)
 
     def inspect(self, context, x, eps, mean, mu, two=None, one=None, **_):
-        _core_checks(x, mean.producer(), two, one)
+        note = _core_checks(x, mean.producer(), two, one, self.strict_precision)
         check_last_axis_mean(mu.producer(), x)
-        return self.replacement(x, eps)
+        return self.replacement(x, eps, note)
 
 
-def _core_checks(x, mean_node, two, one) -> None:
-    x_type = dtype(x, "X")
-    if x_type != FLOAT:
-        raise Rejected(f"the statistics are computed in {x_type.name}; "
-                       "onnxnorm computes them in FLOAT")
+def _core_checks(x, mean_node, two, one, strict: bool) -> str:
+    """The checks every core rule makes; returns the report's note on the statistics' type."""
+    note = statistics_type(dtype(x, "X"), strict)
     if two is not None and scalar(two, "the Pow exponent") != 2:
         raise Rejected(f"the Pow exponent is {scalar(two, 'the Pow exponent')}, not 2")
     if one is not None and scalar(one, "the reciprocal's numerator") != 1:
         raise Rejected(f"the reciprocal's numerator is {scalar(one, 'the numerator')}, not 1")
     check_last_axis_mean(mean_node, x)
+    return note
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,8 +263,8 @@ class StandardLayerNorm(FusionRule):
 
     title = "LayerNorm (ONNX LayerNormalization)"
 
-    def __init__(self, tracker: Tracker) -> None:
-        super().__init__(tracker, "LayerNormalization")
+    def __init__(self, tracker: Tracker, strict_precision: bool = False) -> None:
+        super().__init__(tracker, "LayerNormalization", strict_precision)
 
     def pattern(self, op, x, scale):
         return op.LayerNormalization(x, scale, _allow_other_inputs=True, _outputs=["y"])
@@ -273,7 +273,7 @@ class StandardLayerNorm(FusionRule):
         node = y.producer()
         _extra_outputs_unused(node)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
-        _stash(node)
+        note = _stash(node, self.strict_precision)
         x_type = dtype(x, "X")
         check_type(x_type, Y=y)
         axis = _axis(node, x)
@@ -285,7 +285,7 @@ class StandardLayerNorm(FusionRule):
                   "Bias": None if bias is None or _is_zeros(bias) else bias}
         return Replacement("LayerNorm", inputs, {
             "axis": axis, "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
-            "cast_before_scale": 0})
+            "cast_before_scale": 0}, note)
 
 
 class StandardRMSNorm(FusionRule):
@@ -297,8 +297,8 @@ class StandardRMSNorm(FusionRule):
     #: whether the op rounds the normalized value before its scale in float16/bfloat16
     order_a = True
 
-    def __init__(self, tracker: Tracker) -> None:
-        super().__init__(tracker, self.source_op)
+    def __init__(self, tracker: Tracker, strict_precision: bool = False) -> None:
+        super().__init__(tracker, self.source_op, strict_precision)
 
     def pattern(self, op, x, scale):
         return getattr(op, self.source_op)(x, scale, _outputs=["y"])
@@ -306,14 +306,14 @@ class StandardRMSNorm(FusionRule):
     def inspect(self, context, x, scale, y, **_):
         node = y.producer()
         _extra_outputs_unused(node)
-        _stash(node)
+        note = _stash(node, self.strict_precision)
         x_type = dtype(x, "X")
         check_type(x_type, Scale=scale, Y=y)
         axis = _axis(node, x)
         check_scale(scale, x, axis)
         return Replacement("RMSNorm", {"X": x, "Scale": scale}, {
             "axis": axis, "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
-            "cast_before_scale": int(self.order_a and x_type != FLOAT)})
+            "cast_before_scale": int(self.order_a and x_type != FLOAT)}, note)
 
 
 class SimplifiedLayerNorm(StandardRMSNorm):
@@ -372,11 +372,16 @@ def _extra_outputs_unused(node: ir.Node) -> None:
             raise Rejected(f"output {value.name!r} (the mean or inverse standard deviation) is used")
 
 
-def _stash(node: ir.Node) -> None:
-    stash = attribute(node, "stash_type", 1)
-    if stash != FLOAT:
-        raise Rejected(f"stash_type is {ir.DataType(stash).name}; "
-                       "onnxnorm computes the statistics in FLOAT")
+def _stash(node: ir.Node, strict: bool) -> str:
+    """The report's note on the op's statistics type (``stash_type``)."""
+    stash = ir.DataType(attribute(node, "stash_type", 1))
+    if stash == FLOAT:
+        return ""
+    try:
+        return statistics_type(stash, strict)
+    except Rejected:
+        raise Rejected(f"stash_type is {stash.name}; onnxnorm computes the statistics in FLOAT"
+                       + (" (strict precision)" if strict else "")) from None
 
 
 def _axis(node: ir.Node, x: ir.Value) -> int:
@@ -409,15 +414,20 @@ def _is_zeros(value: ir.Value) -> bool:
     return _all_equal(value, 0)
 
 
-def norm_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
-    """Stage 1: every norm becomes an onnxnorm LayerNorm/RMSNorm (apply to a fixpoint)."""
-    rules = [StandardLayerNorm.rule(tracker), StandardRMSNorm.rule(tracker),
-             SimplifiedLayerNorm.rule(tracker),
+def norm_rules(tracker: Tracker, strict_precision: bool = False) -> list[pattern.RewriteRule]:
+    """Stage 1: every norm becomes an onnxnorm LayerNorm/RMSNorm (apply to a fixpoint).
+    ``strict_precision``: leave norms whose statistics the original computes in float16 or
+    bfloat16 as they are (by default they are fused, with float32 statistics, and noted)."""
+    strict = strict_precision
+    rules = [StandardLayerNorm.rule(tracker, strict_precision=strict),
+             StandardRMSNorm.rule(tracker, strict_precision=strict),
+             SimplifiedLayerNorm.rule(tracker, strict_precision=strict),
              *(MsSkipNorm.rule(tracker, layer=layer, n_out=n) for layer in (True, False)
                for n in (4, 1))]
     for form in ("div", "mul"):
         # LayerNorm first: RMSNorm's pattern also matches the centred half of a LayerNorm
-        rules += [LayerCore.rule(tracker, form=form), RMSCore.rule(tracker, form=form)]
+        rules += [LayerCore.rule(tracker, form=form, strict_precision=strict),
+                  RMSCore.rule(tracker, form=form, strict_precision=strict)]
     for name in ("RMSNorm", "LayerNorm"):
         # only an op with a scale_offset takes Mul(norm, w + c) as Scale w and offset c; for
         # the others the plain Mul rule takes w + c as Scale

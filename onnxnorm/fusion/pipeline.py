@@ -33,28 +33,31 @@ from onnxnorm.targets import TARGETS
 __all__ = ["TARGETS", "fuse", "fuse_ir", "rules", "stages"]
 
 
-def stages(tracker: Tracker) -> list[tuple[str, pattern.RewriteRuleSet]]:
+def stages(tracker: Tracker, strict_precision: bool = False
+           ) -> list[tuple[str, pattern.RewriteRuleSet]]:
     """The rule sets of the pipeline, in order (each is applied until nothing changes)."""
     return [
-        ("norms", pattern.RewriteRuleSet(norms.norm_rules(tracker), commute=True)),
+        ("norms", pattern.RewriteRuleSet(norms.norm_rules(tracker, strict_precision),
+                                         commute=True)),
         ("sandwich", pattern.RewriteRuleSet(residual.sandwich_rules(tracker), commute=True)),
         ("skip", pattern.RewriteRuleSet(residual.skip_rules(tracker), commute=True)),
         ("xbias", pattern.RewriteRuleSet(residual.xbias_rules(tracker), commute=True)),
     ]
 
 
-def rules(tracker: Tracker | None = None) -> pattern.RewriteRuleSet:
+def rules(tracker: Tracker | None = None, strict_precision: bool = False
+          ) -> pattern.RewriteRuleSet:
     """Every onnxnorm fusion rule as one onnxscript rule set (commuted variants included), for
     other pipelines (Olive, Optimum, torch.onnx's optimizer). Apply it repeatedly until it
     returns 0 (norms grow one absorbed Mul/Add/Cast per application), with
     ``RemoveUnusedNodesPass`` in between; :func:`fuse_ir` does exactly that, stage by stage.
 
     Pass a :class:`Tracker` to learn what the rules found, fused and skipped
-    (``tracker.report()``).
+    (``tracker.report()``). ``strict_precision``: see :func:`fuse`.
     """
     tracker = tracker or Tracker()
     return pattern.RewriteRuleSet(
-        norms.norm_rules(tracker) + residual.sandwich_rules(tracker)
+        norms.norm_rules(tracker, strict_precision) + residual.sandwich_rules(tracker)
         + residual.skip_rules(tracker) + residual.xbias_rules(tracker), commute=True)
 
 
@@ -196,7 +199,8 @@ def symbolic_shapes(model: ir.Model) -> bool:
 
 
 def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
-            progress: Callable[[str], None] | None = None) -> Tracker:
+            progress: Callable[[str], None] | None = None,
+            strict_precision: bool = False) -> Tracker:
     """Runs every stage on ``model`` in place; returns the tracker."""
     tracker = tracker or Tracker()
     # the checks need element types and shapes, which exporters do not always write out
@@ -205,7 +209,7 @@ def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
     # exporters cast one value to float32 twice; the rules want one value per computation
     remove_noop_casts(model)
     common_passes.CommonSubexpressionEliminationPass()(model)
-    for name, rule_set in stages(tracker):
+    for name, rule_set in stages(tracker, strict_precision):
         if progress:
             progress(name)
         _fixpoint(model, rule_set)
@@ -291,7 +295,8 @@ def _serialize_detached(model: ir.Model, originals: dict[str, onnx.TensorProto]
     return proto, detached
 
 
-def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None
+def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None,
+                  strict_precision: bool = False
                   ) -> tuple[onnx.ModelProto, list[onnx.TensorProto], FusionReport]:
     """:func:`fuse` for large models: returns the fused model without the input's unchanged
     weights, and those weights (the input's own TensorProtos, not copies) to be written beside
@@ -301,7 +306,7 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
         raise ValueError(f"unknown fusion target {target!r}; supported: {', '.join(TARGETS)}")
     graph, originals = _deserialize_apart(model, base_dir)
     before = count_norms(graph)
-    tracker = fuse_ir(graph)
+    tracker = fuse_ir(graph, strict_precision=strict_precision)
     after = count_norms(graph)
     fused, weights = _serialize_detached(graph, originals)
     del graph
@@ -318,13 +323,17 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
     return lowered, weights, report
 
 
-def fuse(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None
-         ) -> tuple[onnx.ModelProto, FusionReport]:
+def fuse(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None,
+         strict_precision: bool = False) -> tuple[onnx.ModelProto, FusionReport]:
     """Rewrites the norms of ``model`` into onnxnorm ops; ``model`` is left as is.
 
     ``target``: a name of :data:`onnxnorm.targets.TARGETS` (how each is written:
     ``lowering.py``). ``base_dir``: where the model's external data lies, if it has any.
+    ``strict_precision``: a norm whose statistics the original computes in float16 or
+    bfloat16 (float16 conversions of float32 models) is left as it is, with the reason; by
+    default it is fused, computing them in float32 as onnxnorm's ops do, and the report notes
+    it.
     """
-    fused, weights, report = fuse_detached(model, target, base_dir)
+    fused, weights, report = fuse_detached(model, target, base_dir, strict_precision)
     fused.graph.initializer.extend(weights)
     return fused, report

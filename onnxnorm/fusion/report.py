@@ -24,6 +24,9 @@ class RuleReport:
     found: int = 0
     fused: int = 0
     skips: list[Skip] = dataclasses.field(default_factory=list)
+    #: fused matches whose computation differs from the original's in a way the user should
+    #: know (float32 statistics where the original had float16 ones), with what differs
+    notes: list[Skip] = dataclasses.field(default_factory=list)
 
     @property
     def skipped(self) -> int:
@@ -61,7 +64,8 @@ class FusionReport:
             "lowering": self.lowering,
             "fused_total": self.fused_total,
             "rules": [{"rule": r.rule, "found": r.found, "fused": r.fused, "skipped": r.skipped,
-                       "skips": [dataclasses.asdict(s) for s in r.skips]} for r in self.rules],
+                       "skips": [dataclasses.asdict(s) for s in r.skips],
+                       "notes": [dataclasses.asdict(n) for n in r.notes]} for r in self.rules],
         }
 
     def __str__(self) -> str:
@@ -70,6 +74,7 @@ class FusionReport:
             if r.found or r.skips:
                 lines.append(f"{r.rule}: found {r.found}, fused {r.fused}, skipped {r.skipped}")
                 lines.extend(f"  skipped {s.node}: {s.reason}" for s in r.skips)
+                lines.extend(f"  note {n.node}: {n.reason}" for n in r.notes)
         if not self.fused_total:
             lines.append("nothing to fuse: no norm pattern in the model"
                          + (" fuses (see the skips above)" if lines else ""))
@@ -92,18 +97,22 @@ class Tracker:
         # rule title -> root node -> rejection reasons (empty when accepted) and fused flag
         self._seen: dict[str, dict[ir.Node, list[str]]] = {}
         self._fused: dict[str, set[ir.Node]] = {}
+        self._notes: dict[str, dict[ir.Node, str]] = {}
 
     def register(self, title: str) -> None:
         self._seen.setdefault(title, {})
         self._fused.setdefault(title, set())
+        self._notes.setdefault(title, {})
 
     def checked(self, title: str, root: ir.Node, reason: str | None) -> None:
         reasons = self._seen[title].setdefault(root, [])
         if reason and reason not in reasons:
             reasons.append(reason)
 
-    def fused(self, title: str, root: ir.Node) -> None:
+    def fused(self, title: str, root: ir.Node, note: str = "") -> None:
         self._fused[title].add(root)
+        if note:
+            self._notes[title][root] = note
 
     def report(self) -> FusionReport:
         rows = []
@@ -111,5 +120,7 @@ class Tracker:
             fused = self._fused[title]
             skips = [Skip(node_label(node), "; ".join(reasons) or "rejected")
                      for node, reasons in seen.items() if node not in fused]
-            rows.append(RuleReport(title, found=len(seen), fused=len(fused), skips=skips))
+            notes = [Skip(node_label(node), note) for node, note in self._notes[title].items()]
+            rows.append(RuleReport(title, found=len(seen), fused=len(fused), skips=skips,
+                                   notes=notes))
         return FusionReport(rows)
