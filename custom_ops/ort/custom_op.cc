@@ -107,13 +107,11 @@ int ORT_API_CALL GetVariadicHomogeneity(const OrtCustomOp*) { return 1; }
 
 int ORT_API_CALL GetStartVersion(const OrtCustomOp* op) { return EntryOf(op).spec->since_version; }
 
-// Shape inference at model load: the required node-typed outputs (Y) have X's type and shape.
-// Optional outputs are left alone (the context cannot tell whether the node has them). Any
-// failure here only means less shape information, never an error.
-OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferContext* context) {
+// Shape inference at model load. Any failure here only means less shape information, never an
+// error.
+OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp*, OrtShapeInferContext* context) {
   const OrtApi* api = g_api.load();
   if (api == nullptr) return nullptr;
-  const KernelEntry& e = EntryOf(op);
   size_t inputs = 0;
   if (OrtStatus* s = api->ShapeInferContext_GetInputCount(context, &inputs)) {
     api->ReleaseStatus(s);
@@ -131,11 +129,10 @@ OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferCon
     return nullptr;
   }
   if (rank == 0) return nullptr;  // unknown rank (or a scalar X, which Compute rejects)
-  for (size_t i = 0; i < e.spec->outputs.size(); ++i) {
-    const ParamSpec& p = e.spec->outputs[i];
-    if (p.type != TypeVar::kT) continue;  // Y and (when the node has it) Sum: X's type and shape
-    if (OrtStatus* s = api->ShapeInferContext_SetOutputTypeShape(context, i, x_info)) api->ReleaseStatus(s);
-  }
+  // Y (output 0) has X's type and shape. The optional Sum is left alone: the context cannot tell
+  // whether the node has it, and ONNX Runtime 1.24 to 1.27 do not check the index (setting output
+  // 1 of a node without Sum aborts the process there).
+  if (OrtStatus* s = api->ShapeInferContext_SetOutputTypeShape(context, 0, x_info)) api->ReleaseStatus(s);
   return nullptr;
 }
 
