@@ -20,6 +20,7 @@ EXTRAS = {
     "torch": ("torch", "pip install 'onnxnorm[torch]'"),
     "transformers": ("torch", "pip install 'onnxnorm[torch]'"),
     "matplotlib": ("bench", "pip install 'onnxnorm[bench]'"),
+    "onnxruntime_genai": ("genai", "pip install 'onnxnorm[genai]'"),
 }
 
 

@@ -22,6 +22,7 @@ from onnxnorm._io import OnnxNormError
 COMMANDS = {
     "export": ("onnxnorm.nn.cli", "export a model with one onnxnorm node per norm"),
     "fuse": ("onnxnorm.fusion.cli", "replace norm patterns with fused onnxnorm ops"),
+    "genai": ("onnxnorm.genai.cli", "fuse the norms of an onnxruntime-genai model folder"),
     "bench": ("onnxnorm.bench.cli", "benchmarks: onnxnorm against ORT, torch and a memory copy"),
 }
 

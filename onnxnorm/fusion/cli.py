@@ -80,13 +80,13 @@ def run(args: argparse.Namespace) -> int:
     result = report.to_dict()
     result["input_notes"] = notes
     save_model(fused, args.output, source=source, extra=weights)
-    del model, weights
+    del weights
     status = 0
     if args.verify:
         from onnxnorm.fusion.verify import verify
 
         try:
-            checks = verify(source, args.output)
+            checks = verify(source, args.output, sizes=_genai_sizes(source, model))
         except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             _remove(args.output)
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{args.output} not kept", file=sys.stderr)
             _remove(args.output)
             status = 3
+    del model
     if args.json:
         text = json.dumps(result, indent=2)
         if args.json == "-":
@@ -110,6 +111,19 @@ def run(args: argparse.Namespace) -> int:
     if status == 0:
         print(f"wrote {args.output}")
     return status
+
+
+def _genai_sizes(source, model) -> dict[str, int] | None:
+    """For a model in an onnxruntime-genai folder, the sizes of the KV cache's dims from its
+    genai_config.json (generated inputs cannot guess the head size)."""
+    from onnxnorm.genai import CONFIG, dim_sizes, read_config
+
+    if not (source.resolve().parent / CONFIG).is_file():
+        return None
+    try:
+        return dim_sizes(read_config(source.resolve().parent), model)
+    except Exception:  # noqa: BLE001 - a config it cannot read: generated sizes as for any model
+        return None
 
 
 def _remove(path) -> None:

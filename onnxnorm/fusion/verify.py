@@ -1,7 +1,10 @@
 """Running an original and a fused model side by side in ONNX Runtime on generated inputs.
 
 Inputs follow the graph's declared types. Symbolic dimensions get small sizes (the same name,
-the same size). Integer inputs stay in range: an input used as the indices of a Gather on a
+the same size; a caller may fix some by name, e.g. a KV cache's head size or past length). A
+dimension named ``a + b`` (the dynamo exporter's total sequence length) is the sum of those
+sizes, and ``total_sequence_length`` is ``past_sequence_length + sequence_length`` where the
+model has both (onnxruntime-genai and ORT's transformers tools name them so). Integer inputs stay in range: an input used as the indices of a Gather on a
 constant table (token ids, position ids, token type ids) is drawn below that table's first
 dimension; an attention mask is all ones; other integers are 0 or 1.
 """
@@ -37,6 +40,16 @@ def _dim_size(dim, sizes: dict[str, int]) -> int:
     if dim.HasField("dim_value"):
         return dim.dim_value
     name = dim.dim_param or f"_anon{len(sizes)}"
+    if name not in sizes and "+" in name:
+        sizes[name] = sum(_named_size(part.strip(), sizes) for part in name.split("+"))
+    if name not in sizes and name == "total_sequence_length" and "past_sequence_length" in sizes:
+        sizes[name] = sizes["past_sequence_length"] + _named_size("sequence_length", sizes)
+    return _named_size(name, sizes)
+
+
+def _named_size(name: str, sizes: dict[str, int]) -> int:
+    if name.isdigit():
+        return int(name)
     if name not in sizes:
         lowered = name.lower()
         sizes[name] = 2 if "batch" in lowered else 5 if ("seq" in lowered or "len" in lowered) else 3
@@ -76,15 +89,19 @@ def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
-def generate_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+def generate_inputs(model: onnx.ModelProto, seed: int = 0,
+                    sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Inputs for every graph input of ``model``; ``sizes`` fixes symbolic dims by name."""
     rng = np.random.default_rng(seed)
     initializers = {i.name for i in model.graph.initializer}
     bounds = _index_bounds(model)
-    sizes: dict[str, int] = {}
+    sizes = dict(sizes or {})
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    # the past length first: a total length is the past plus the new tokens
+    inputs.sort(key=lambda v: not any(d.dim_param.startswith("past") for d in
+                                      v.type.tensor_type.shape.dim))
     feeds = {}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
+    for value in inputs:
         t = value.type.tensor_type
         shape = [_dim_size(d, sizes) for d in t.shape.dim]
         np_type = helper.tensor_dtype_to_np_dtype(t.elem_type)
@@ -139,6 +156,25 @@ def _run(session, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return outputs
 
 
+_HALF = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+
+
+def _computed_in(model: onnx.ModelProto) -> str:
+    """The tolerance kind for a model's float32 outputs: "float16" or "bfloat16" where the
+    model computes in that type inside (a float16 conversion that kept float32 inputs and
+    outputs casts to it), else "float32"."""
+    found = set()
+    for graph in _all_graphs(model.graph):
+        found.update(t.data_type for t in graph.initializer)
+        for node in graph.node:
+            if node.op_type == "Cast":
+                found.update(a.i for a in node.attribute if a.name == "to")
+    for elem in (onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16):
+        if elem in found:
+            return _HALF[elem]
+    return "float32"
+
+
 def uses_onnxnorm(model: onnx.ModelProto) -> bool:
     """Whether any graph of ``model`` (subgraphs included) has a node of the onnxnorm domain."""
     from onnxnorm.ops import catalogue
@@ -157,23 +193,26 @@ def _structure(model) -> onnx.ModelProto:
 
 
 def verify(original, fused, *, with_library: bool | None = None, seed: int = 0,
-           tolerance: dict | None = None) -> list[OutputCheck]:
+           tolerance: dict | None = None, sizes: dict[str, int] | None = None,
+           feeds: dict[str, np.ndarray] | None = None) -> list[OutputCheck]:
     """Runs both models (ModelProtos or files) on the same generated inputs; one check per
     graph output. Both run with the onnxnorm library registered when either holds onnxnorm
     nodes (``with_library=None``, the default), else both without it; ``True`` / ``False``
-    decide for both."""
+    decide for both. ``sizes`` fixes symbolic dims by name (:func:`generate_inputs`);
+    ``feeds`` gives the inputs instead."""
     tolerance = {**TOLERANCE, **(tolerance or {})}
     graph = _structure(original)
     if with_library is None:
         with_library = uses_onnxnorm(graph) or uses_onnxnorm(_structure(fused))
-    feeds = generate_inputs(graph, seed)
+    if feeds is None:
+        feeds = generate_inputs(graph, seed, sizes)
     expected = _run(_session(original, with_library), feeds)
     got = _run(_session(fused, with_library), feeds)
     checks = []
+    computed = _computed_in(graph)
     for info, want, have in zip(graph.graph.output, expected, got):
         elem = info.type.tensor_type.elem_type
-        kind = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}.get(
-            elem, "float32")
+        kind = _HALF.get(elem, computed)
         if not np.issubdtype(np.asarray(want).dtype, np.floating):
             same = np.array_equal(want, have)
             checks.append(OutputCheck(info.name, str(np.asarray(want).dtype), 0.0 if same else np.inf,

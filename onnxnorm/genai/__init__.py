@@ -1,0 +1,287 @@
+"""onnxruntime-genai model folders: fuse their norms into onnxnorm ops, and register the onnxnorm
+library in their ``genai_config.json`` so that onnxruntime-genai runs onnxnorm's kernels.
+
+A folder made by onnxruntime-genai's model builder holds ``genai_config.json``, one ONNX model
+per component (``model.onnx`` for a decoder, with its external data), the tokenizer and other
+processing files. :func:`convert` writes a copy of the folder in which
+
+- every ONNX model the config names is fused (``onnxnorm.fusion``), its com.microsoft
+  SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization / LayerNormalization ops
+  becoming onnxnorm ops (or, with ``target="ort"`` / ``"onnx"``, those ops lowered again);
+- where the models hold onnxnorm nodes, the onnxnorm library is copied into the folder and
+  named in the session options of each component that needs it (``custom_ops_library``):
+  onnxruntime-genai loads a custom-op library only from a trusted folder, the model's own among
+  them, so the folder carries its own copy (with the CUDA library when it is built);
+- every other file is copied as it is.
+
+Nothing here imports onnxruntime_genai: converting a folder needs onnx and onnxnorm only;
+running the result (:func:`generate`) needs onnxruntime-genai (``onnxnorm[genai]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from onnxnorm._io import OnnxNormError
+
+CONFIG = "genai_config.json"
+
+
+@dataclasses.dataclass
+class Component:
+    """One ONNX model of a genai folder: its config key path, file and fusion report."""
+
+    key: str
+    filename: str
+    report: Any = None  # onnxnorm.fusion.FusionReport
+    needs_library: bool = False
+
+    def __str__(self) -> str:
+        lines = [f"{self.key} ({self.filename}):"]
+        lines += [f"  {line}" for line in str(self.report).splitlines()]
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class GenaiReport:
+    """What :func:`convert` did: one entry per component, and the library it registered."""
+
+    components: list[Component]
+    library: str | None = None
+
+    @property
+    def norms(self) -> int:
+        return sum(c.report.norms for c in self.components)
+
+    @property
+    def residual_adds(self) -> int:
+        return sum(c.report.residual_adds for c in self.components)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"library": self.library, "norms": self.norms,
+                "residual_adds": self.residual_adds,
+                "components": [{"key": c.key, "filename": c.filename,
+                                "custom_ops_library": c.needs_library,
+                                "report": c.report.to_dict()} for c in self.components]}
+
+    def __str__(self) -> str:
+        lines = [str(c) for c in self.components]
+        if self.library:
+            lines.append(f"registered {self.library} as custom_ops_library of "
+                         + ", ".join(c.key for c in self.components if c.needs_library))
+        return "\n".join(lines)
+
+
+def read_config(folder: str | os.PathLike) -> dict[str, Any]:
+    """The ``genai_config.json`` of ``folder``; one-line errors for a folder that has none."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise OnnxNormError(f"{folder}: no such folder")
+    if not folder.is_dir():
+        raise OnnxNormError(f"{folder}: not a folder (an onnxruntime-genai model folder holds "
+                            f"{CONFIG} and the ONNX models it names)")
+    path = folder / CONFIG
+    if not path.is_file():
+        raise OnnxNormError(f"{folder}: no {CONFIG}, not an onnxruntime-genai model folder")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise OnnxNormError(f"{path}: not readable as JSON ({error})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise OnnxNormError(f"{path}: has no \"model\" section")
+    return config
+
+
+def components(config: dict[str, Any]) -> Iterator[tuple[str, dict, dict]]:
+    """(key path, the dict naming an ONNX file, the session options that apply to it) for
+    every ONNX model the config names (the decoder, and the embedding, vision, speech or
+    encoder models and pipeline stages of other models). A dict without session options of
+    its own uses its nearest enclosing one's (the decoder's), as onnxruntime-genai does."""
+
+    def walk(node: Any, key: str, options: dict | None):
+        if isinstance(node, dict):
+            own = node.get("session_options")
+            if isinstance(own, dict):
+                options = own
+            name = node.get("filename")
+            if isinstance(name, str) and name.endswith(".onnx"):
+                yield key, node, options
+            for child_key, child in node.items():
+                if child_key != "session_options":
+                    yield from walk(child, f"{key}.{child_key}" if key else child_key, options)
+        elif isinstance(node, list):
+            for i, child in enumerate(node):
+                yield from walk(child, f"{key}[{i}]", options)
+
+    yield from walk(config["model"], "model", None)
+
+
+def _external_files(model, folder: Path) -> set[Path]:
+    from onnx import external_data_helper
+
+    files = set()
+    for tensor in external_data_helper._get_all_tensors(model):
+        if external_data_helper.uses_external_data(tensor):
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    files.add((folder / entry.value).resolve())
+    return files
+
+
+def _check_output(source: Path, output: Path, overwrite: bool) -> None:
+    src, out = source.resolve(), output.resolve()
+    if out == src or src in out.parents or out in src.parents:
+        raise OnnxNormError(f"cannot write {output}: it is, holds or lies inside the input "
+                            f"folder {source}; the input is never modified, choose another output")
+    if output.exists() or output.is_symlink():
+        if not overwrite:
+            raise OnnxNormError(f"{output} exists; pass --overwrite to replace it")
+        if not output.is_dir():
+            raise OnnxNormError(f"cannot write {output}: it exists and is not a folder")
+    parent = output.parent
+    if not parent.is_dir():
+        raise OnnxNormError(f"cannot write {output}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OnnxNormError(f"cannot write {output}: folder {parent} is not writable")
+
+
+def _libraries() -> list[Path]:
+    """The onnxnorm library to register, and the CUDA library beside it where it is built
+    (the CPU library registers the CUDA kernels when that file sits next to it)."""
+    from onnxnorm import runtime
+
+    found = [runtime.library_path("cpu")]
+    try:
+        found.append(runtime.library_path("cuda"))
+    except OnnxNormError:
+        pass
+    return found
+
+
+def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str = "function",
+            overwrite: bool = False, strict_precision: bool = False, progress=None
+            ) -> GenaiReport:
+    """Writes to ``output`` a copy of the onnxruntime-genai model folder ``source`` whose norms
+    are fused (``target``: see :data:`onnxnorm.targets.TARGETS`; ``strict_precision``: see
+    :func:`onnxnorm.fusion.fuse`) and whose ``genai_config.json`` registers the onnxnorm
+    library where the models hold onnxnorm nodes. ``source`` is never modified; ``output``
+    must not exist unless ``overwrite``. The folder is built beside ``output`` under a
+    temporary name and renamed into place."""
+    from onnxnorm._io import load_model, save_model
+    from onnxnorm.fusion.pipeline import fuse_detached
+    from onnxnorm.fusion.verify import uses_onnxnorm
+    from onnxnorm.targets import TARGETS
+
+    if target not in TARGETS:
+        raise OnnxNormError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
+    source, output = Path(source), Path(output)
+    config = read_config(source)
+    _check_output(source, output, overwrite)
+    found = list(components(config))
+    if not found:
+        raise OnnxNormError(f"{source / CONFIG}: names no ONNX model (no \"filename\")")
+    for key, entry, _ in found:
+        if not (source / entry["filename"]).is_file():
+            raise OnnxNormError(f"{source}: {key} names {entry['filename']}, which is not there")
+
+    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        results, skip = [], set()
+        for key, entry, options in found:
+            name = entry["filename"]
+            if progress:
+                progress(f"fusing {key} ({name})")
+            model = load_model(source / name, load_weights=False)
+            skip |= _external_files(model, source)
+            fused, weights, report = fuse_detached(
+                model, target=target, base_dir=str((source / name).parent),
+                strict_precision=strict_precision)
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            save_model(fused, work / name, source=source / name, extra=weights)
+            results.append(Component(key, name, report, uses_onnxnorm(fused)))
+            skip.add((source / name).resolve())
+            del model, fused, weights
+        for path in sorted(source.rglob("*")):
+            relative = path.relative_to(source)
+            if path.resolve() in skip or (work / relative).exists() or relative.name == CONFIG:
+                continue
+            if path.is_dir():
+                (work / relative).mkdir(parents=True, exist_ok=True)
+            else:
+                (work / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, work / relative)
+        library = None
+        needing = [c for c in results if c.needs_library]
+        if needing:
+            files = _libraries()
+            library = files[0].name
+            for key, entry, options in found:
+                if not any(c.key == key for c in needing):
+                    continue
+                if options is None:
+                    options = entry.setdefault("session_options", {})
+                present = options.get("custom_ops_library")
+                if present and present != library:
+                    raise OnnxNormError(
+                        f"{source / CONFIG}: {key} already registers the custom-op library "
+                        f"{present}; onnxruntime-genai takes one library per session")
+                options["custom_ops_library"] = library
+            for file in files:
+                shutil.copy2(file, work / file.name)
+        (work / CONFIG).write_text(json.dumps(config, indent=4) + "\n")
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(work, output)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return GenaiReport(results, library)
+
+
+def dim_sizes(config: dict[str, Any], model, past: int | None = None) -> dict[str, int]:
+    """Sizes for the symbolic dims of a genai decoder's inputs that generated inputs cannot
+    guess: the KV cache's head size (from the config), batch 1 (GroupQueryAttention takes
+    several new tokens after a past for one sequence only) and the past length: ``past``, or
+    by default the sliding window where the config has one (the cache must cover it)."""
+    sizes: dict[str, int] = {}
+    decoder = config.get("model", {}).get("decoder", {})
+    head = decoder.get("head_size")
+    window = decoder.get("sliding_window")
+    if past is None and isinstance(window, dict) and window.get("window_size"):
+        past = int(window["window_size"])
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if "past" in value.name and len(dims) == 4:
+            if dims[0].dim_param:
+                sizes[dims[0].dim_param] = 1
+            if head and dims[3].dim_param:
+                sizes[dims[3].dim_param] = int(head)
+            if past is not None and dims[2].dim_param:
+                sizes[dims[2].dim_param] = past
+    return sizes
+
+
+def generate(folder: str | os.PathLike, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy generation with onnxruntime-genai from the model folder ``folder``: the
+    ``new_tokens`` token ids after ``prompt`` (fewer where the model emits its end token)."""
+    import numpy as np
+
+    from onnxnorm._deps import require
+
+    og = require("onnxruntime_genai", "running an onnxruntime-genai model")
+    model = og.Model(og.Config(str(folder)))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + new_tokens, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], dtype=np.int32))
+    tokens: list[int] = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    return tokens
