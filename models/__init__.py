@@ -8,5 +8,8 @@ in the package (``onnxnorm.nn.decoder``, ``onnxnorm.nn.families``).
 - ``models.corpus``: the fusion corpus (tiny random-weight transformers models and decomposed
   decoder blocks) for the corpus tests; ``models.compare``: onnxnorm's fusion against other
   tools on that corpus, which writes docs/fusion.md;
+- ``models.pipelines``: models as deployment tools make them (onnxruntime-genai's builder,
+  ORT's quantization, float16 converters and optimizer, onnxsim, onnxslim, KV-cache exports)
+  for the pipeline tests, and the writer of docs/pipelines.md;
 - ``models.docs``: renders docs/norms.md; ``models.demo``: the demo.
 """

@@ -167,9 +167,21 @@ def constant(value: ir.Value | None, what: str) -> np.ndarray:
     if value.is_graph_input():
         raise Rejected(f"{what} ({value.name!r}) is a graph input, not a constant")
     tensor = ir.convenience.get_const_tensor(value)
-    if tensor is None:
-        raise Rejected(f"{what} ({value.name!r}) is not a constant")
-    return tensor.numpy()
+    if tensor is not None:
+        return tensor.numpy()
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Cast" and producer.domain in ("", "ai.onnx"):
+        # a constant cast to another type (float16 converters cast their constants back to
+        # float32 where they keep a computation in float32): the cast's exact result
+        source, to = producer.inputs[0], attribute(producer, "to", None)
+        if source is not None and to is not None and ir.DataType(to).numpy() is not None:
+            try:
+                array = constant(source, what)
+            except Rejected:
+                array = None
+            if array is not None:
+                return array.astype(ir.DataType(to).numpy())
+    raise Rejected(f"{what} ({value.name!r}) is not a constant")
 
 
 def scalar(value: ir.Value | None, what: str) -> float:

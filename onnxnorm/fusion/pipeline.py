@@ -24,7 +24,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
-from onnxnorm.fusion import batch_norm, norms, residual
+from onnxnorm.fusion import batch_norm, norms, quantized, residual
 from onnxnorm.fusion.lowering import lower_with_notes
 from onnxnorm.fusion.report import FusionReport, Tracker
 from onnxnorm.ops import catalogue
@@ -213,6 +213,7 @@ def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
         if progress:
             progress(name)
         _fixpoint(model, rule_set)
+    quantized.report_quantized_norms(model, tracker)
     batch_norm.fold(model, tracker)
     ir.passes.PassManager([
         common_passes.RemoveUnusedNodesPass(),

@@ -52,6 +52,10 @@ class SkipFusion(FusionRule):
         return y, total
 
     def inspect(self, context, a, b, total, y, alpha=None, **_):
+        if (self.deep and alpha.producer() is not None
+                and ir.convenience.get_const_tensor(alpha) is None):
+            # a Mul by an activation (a dynamically quantized MatMul's scale), not DeepNorm
+            raise NotThisPattern(f"alpha ({alpha.name!r}) is not a constant")
         norm = Replacement.of(y.producer())
         attrs = norm.attributes
         t = dtype(total, "the sum")

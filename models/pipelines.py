@@ -1,0 +1,455 @@
+"""Models as deployment pipelines make them, for the pipeline tests and docs/pipelines.md.
+
+Every model is built from a config in code with random weights; nothing is downloaded. The
+sources:
+
+- ``genai``: onnxruntime-genai's model builder (``onnxruntime_genai.models.builder``) run on a
+  tiny transformers checkpoint saved with ``save_pretrained`` (with a word-level tokenizer built
+  here), for Llama, Qwen3, Gemma 2 and Phi-3, in fp32, int4 and fp16 (the builder makes fp16 for
+  CUDA only; the folder is then pointed at the CPU provider, which runs it);
+- ``quantized``: ONNX Runtime's dynamic MatMul quantization and static QDQ quantization
+  (MatMul only: Q/DQ pairs around the norms; every op: pairs inside them) of the corpus Llama;
+- ``float16``: onnxconverter-common's and ONNX Runtime's ``convert_float_to_float16(
+  keep_io_types=True)`` of the corpus Llama, plainly and with the norms' nodes kept in float32
+  (``node_block_list``: Cast islands around each norm);
+- ``ort_optimized``: ONNX Runtime's transformers optimizer (contrib norm ops);
+- ``simplified``: onnxsim and onnxslim;
+- ``kv_cache``: a Llama decoder exported by ``torch.onnx.export(dynamo=True)`` with its past
+  keys and values as inputs and outputs.
+
+``python -m models.pipelines [-o docs/pipelines.md]`` measures every source with onnxnorm, ONNX
+Runtime's transformers optimizer and onnxscript's ort_fusions and writes the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import onnx
+
+from models import compare, corpus
+
+# --- onnxruntime-genai ------------------------------------------------------------------------
+
+VOCAB = 200  # not the MLP width: the builder takes a Linear of vocabulary rows for the LM head
+GENAI_FAMILIES = ("llama", "qwen3", "gemma2", "phi3")
+GENAI_PRECISIONS = ("fp32", "int4", "fp16")
+PROMPT = [1, 5, 9, 33, 17, 4, 77, 100]
+NEW_TOKENS = 32
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="<unk>")
+
+
+def genai_checkpoint(family: str, folder: Path) -> Path:
+    """A tiny random-weight transformers checkpoint of ``family`` (save_pretrained), with a
+    tokenizer, as the model builder reads it."""
+    import torch
+    import transformers
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    config, cls = {
+        "llama": (lambda: transformers.LlamaConfig(**common), "LlamaForCausalLM"),
+        "qwen3": (lambda: transformers.Qwen3Config(**common, head_dim=16), "Qwen3ForCausalLM"),
+        # a sliding window the generation's KV cache covers (the CPU provider checks it)
+        "gemma2": (lambda: transformers.Gemma2Config(**common, head_dim=16, sliding_window=16),
+                   "Gemma2ForCausalLM"),
+        "phi3": (lambda: transformers.Phi3Config(**common, original_max_position_embeddings=256),
+                 "Phi3ForCausalLM"),
+    }[family]
+    torch.manual_seed(0)
+    model = getattr(transformers, cls)(config()).eval()
+    corpus._randomize_norms(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(folder)
+        _tokenizer().save_pretrained(folder)
+    return folder
+
+
+def genai_build(checkpoint: Path, precision: str, folder: Path) -> Path:
+    """onnxruntime-genai's model builder on ``checkpoint``; fp16 is built for CUDA (the only
+    provider the builder offers it for) and its config then names the CPU provider."""
+    from onnxruntime_genai.models import builder
+
+    provider = "cuda" if precision == "fp16" else "cpu"
+    extra = ["fuse_qk_norm_gqa=false"] if precision == "fp16" else []
+    cache = folder.parent / f".{folder.name}.cache"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        options = builder.parse_extra_options(None, str(checkpoint), str(folder), precision,
+                                              provider, str(cache), extra)
+        builder.create_model(None, str(checkpoint), str(folder), precision, provider,
+                             str(cache), **options)
+    shutil.rmtree(cache, ignore_errors=True)
+    if precision == "fp16":
+        path = folder / "genai_config.json"
+        config = json.loads(path.read_text())
+        config["model"]["decoder"]["session_options"]["provider_options"] = []
+        path.write_text(json.dumps(config, indent=4))
+    return folder
+
+
+def genai_folder(family: str, precision: str, root: Path) -> Path:
+    checkpoint = root / f"{family}_hf"
+    if not (checkpoint / "config.json").exists():
+        genai_checkpoint(family, checkpoint)
+    return genai_build(checkpoint, precision, root / f"{family}_{precision}")
+
+
+def profiled_copy(folder: Path, destination: Path) -> Path:
+    """A copy of a genai folder whose decoder session writes ORT's profile (its prefix is
+    taken relative to the working directory, so run it from ``destination``)."""
+    shutil.copytree(folder, destination)
+    path = destination / "genai_config.json"
+    config = json.loads(path.read_text())
+    config["model"]["decoder"]["session_options"]["enable_profiling"] = "onnxnorm_profile"
+    path.write_text(json.dumps(config, indent=4))
+    return destination
+
+
+def profiled_kernels(folder: Path, prompt=PROMPT, new_tokens: int = NEW_TOKENS) -> dict[str, int]:
+    """The op types of the kernels ORT ran while onnxruntime-genai generated from ``folder``
+    (from ORT's profiler), with how often each ran."""
+    import collections
+
+    from onnxnorm.genai import generate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = profiled_copy(folder, Path(tmp) / "model")
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            generate(copy, prompt, new_tokens)
+        finally:
+            os.chdir(cwd)
+        profiles = sorted(Path(tmp).glob("onnxnorm_profile*.json"))
+        events = json.loads(profiles[-1].read_text())
+    return dict(collections.Counter(
+        e["args"]["op_name"] for e in events
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")))
+
+
+# --- ONNX models of the other sources -----------------------------------------------------------
+
+def llama() -> onnx.ModelProto:
+    """The corpus Llama (dynamo export), the model the other sources transform."""
+    return corpus.export("llama", "dynamo")[0]
+
+
+def quantized_dynamic(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
+    from onnxruntime.quantization import quantize_dynamic
+
+    src, out = folder / "float.onnx", folder / "dynamic.onnx"
+    onnx.save(model, src)
+    with contextlib.redirect_stderr(io.StringIO()):
+        quantize_dynamic(str(src), str(out), op_types_to_quantize=["MatMul"])
+    return onnx.load(out)
+
+
+def quantized_static(model: onnx.ModelProto, folder: Path, matmul_only: bool) -> onnx.ModelProto:
+    """Static QDQ quantization calibrated on generated inputs: of the MatMuls only (Q/DQ pairs
+    around the norms) or of every op the quantizer takes (pairs inside the norms)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from onnxnorm.fusion.verify import generate_inputs
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.data = iter([generate_inputs(model, seed) for seed in range(4)])
+
+        def get_next(self):
+            return next(self.data, None)
+
+    src, out = folder / "float.onnx", folder / f"qdq_{'matmul' if matmul_only else 'all'}.onnx"
+    onnx.save(model, src)
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=["MatMul"] if matmul_only else None)
+    return onnx.load(out)
+
+
+def norm_node_names(model: onnx.ModelProto) -> list[str]:
+    """The nodes of each decomposed RMSNorm of a dynamo export (Pow to the Mul by the weight)."""
+    consumers: dict[str, list] = {}
+    producer = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+        for name in node.output:
+            producer[name] = node
+    names = []
+    for node in model.graph.node:
+        if node.op_type == "ReduceMean" and producer[node.input[0]].op_type == "Pow":
+            chain = [producer[node.input[0]], node]
+            for _ in range(5):  # Add eps, Sqrt, Reciprocal, Mul by x, Mul by the weight
+                chain.append(consumers[chain[-1].output[0]][0])
+            names += [n.name for n in chain]
+    return names
+
+
+def float16(model: onnx.ModelProto, converter: str, norms_in_float32: bool = False
+            ) -> onnx.ModelProto:
+    """``convert_float_to_float16(keep_io_types=True)`` of onnxconverter-common ("occ") or
+    ONNX Runtime ("ort"); ``norms_in_float32`` keeps every norm's nodes in float32."""
+    if converter == "occ":
+        from onnxconverter_common.float16 import convert_float_to_float16
+    else:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+    blocked = norm_node_names(model) if norms_in_float32 else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return convert_float_to_float16(model, keep_io_types=True, node_block_list=blocked)
+
+
+def ort_optimized(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
+    """ONNX Runtime's transformers optimizer, saved and read back as its users do."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    src, out = folder / "float.onnx", folder / "ort_optimized.onnx"
+    onnx.save(model, src)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        optimize_model(str(src), model_type="gpt2", num_heads=0, hidden_size=0,
+                       opt_level=0).save_model_to_file(str(out))
+    return onnx.load(out)
+
+
+def simplified(model: onnx.ModelProto, tool: str) -> onnx.ModelProto:
+    if tool == "onnxsim":
+        import onnxsim
+
+        simple, ok = onnxsim.simplify(model)
+        assert ok
+        return simple
+    import onnxslim
+
+    return onnxslim.slim(model)
+
+
+KV_LAYERS = 2
+
+
+def kv_cache() -> onnx.ModelProto:
+    """A 2-layer Llama decoder with its KV cache as inputs (``past_key_values.N.key/value``)
+    and outputs, exported by the dynamo exporter with dynamic sequence, past and total lengths."""
+    import torch
+    import transformers
+    from transformers import DynamicCache
+
+    from onnxnorm.nn.export import quiet_export
+
+    config = transformers.LlamaConfig(vocab_size=corpus.VOCAB, hidden_size=32,
+                                      num_hidden_layers=KV_LAYERS, num_attention_heads=2,
+                                      num_key_value_heads=1, intermediate_size=64,
+                                      max_position_embeddings=64)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    decoder = transformers.LlamaModel(config).eval()
+    corpus._randomize_norms(decoder)
+
+    class WithCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.decoder = decoder
+
+        def forward(self, input_ids, attention_mask, *past):
+            cache = DynamicCache(config=config)
+            for i in range(KV_LAYERS):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                               past_key_values=cache, use_cache=True)
+            present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+            return (out.last_hidden_state, *present)
+
+    past, seq = 3, 4
+    ids = torch.randint(0, corpus.VOCAB, (1, seq))
+    mask = torch.ones(1, past + seq, dtype=torch.int64)
+    cache = [torch.randn(1, 1, past, 16) for _ in range(2 * KV_LAYERS)]
+    dim = torch.export.Dim
+    p, s, t = (dim("past_sequence_length", max=60), dim("sequence_length", max=60),
+               dim("total_sequence_length", max=120))
+    names = ["input_ids", "attention_mask"] + [f"past_key_values.{i}.{kv}"
+                                               for i in range(KV_LAYERS) for kv in ("key", "value")]
+    with quiet_export(), warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            WithCache(), (ids, mask, *cache), input_names=names, dynamo=True, opset_version=18,
+            optimize=True, dynamic_shapes=({1: s}, {1: t}, tuple({2: p} for _ in cache)))
+    return program.model_proto
+
+
+#: source -> (what the user runs, builder(folder) -> model); the ONNX-model sources
+SOURCES = {
+    "dynamic MatMul quantization": (
+        "quantize_dynamic(src, dst, op_types_to_quantize=['MatMul'])",
+        lambda folder: quantized_dynamic(llama(), folder)),
+    "static QDQ, MatMul only": (
+        "quantize_static(src, dst, reader, quant_format=QuantFormat.QDQ, "
+        "op_types_to_quantize=['MatMul'])",
+        lambda folder: quantized_static(llama(), folder, matmul_only=True)),
+    "static QDQ, every op": (
+        "quantize_static(src, dst, reader, quant_format=QuantFormat.QDQ)",
+        lambda folder: quantized_static(llama(), folder, matmul_only=False)),
+    "float16, onnxconverter-common": (
+        "onnxconverter_common.float16.convert_float_to_float16(model, keep_io_types=True)",
+        lambda folder: float16(llama(), "occ")),
+    "float16, ONNX Runtime": (
+        "onnxruntime.transformers.float16.convert_float_to_float16(model, keep_io_types=True)",
+        lambda folder: float16(llama(), "ort")),
+    "float16, norms kept in float32": (
+        "convert_float_to_float16(model, keep_io_types=True, node_block_list=<the norms' nodes>)",
+        lambda folder: float16(llama(), "occ", norms_in_float32=True)),
+    "ORT transformers optimizer": (
+        "optimize_model(src, model_type='gpt2', num_heads=0, hidden_size=0, opt_level=0)",
+        lambda folder: ort_optimized(llama(), folder)),
+    "onnxsim": ("onnxsim.simplify(model)", lambda folder: simplified(llama(), "onnxsim")),
+    "onnxslim": ("onnxslim.slim(model)", lambda folder: simplified(llama(), "onnxslim")),
+    "KV-cache decoder (dynamo)": (
+        "torch.onnx.export(decoder_with_cache, (ids, mask, *past), dynamo=True, dynamic_shapes=...)",
+        lambda folder: kv_cache()),
+}
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+def _tools(model: onnx.ModelProto, folder: Path, sizes=None) -> dict:
+    """norms, adds and parity (or the error) of onnxnorm, ORT's optimizer and onnxscript."""
+    from onnxnorm.fusion import fuse
+    from onnxnorm.fusion.verify import verify
+
+    path = folder / "input.onnx"
+    onnx.save(model, path)
+    row = {}
+    runs = {"onnxnorm": lambda: fuse(model)[0],
+            "ort": lambda: compare._run_ort(model, path, "llama"),
+            "onnxscript": lambda: compare._run_onnxscript(model, path)}
+    for tool, run in runs.items():
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                optimized = run()
+        except Exception as error:  # noqa: BLE001 - a tool's failure is a result
+            row[f"{tool}_error"] = f"{type(error).__name__}: {str(error).strip()[:60]}"
+            continue
+        row[f"{tool}_norms"], row[f"{tool}_adds"] = compare.count(optimized)
+        row[f"{tool}_parity"] = compare._parity(model, optimized, sizes=sizes)
+    return row
+
+
+def measure_sources(names=None, log=print) -> list[dict]:
+    rows = []
+    for name in names or SOURCES:
+        with tempfile.TemporaryDirectory() as tmp:
+            model = SOURCES[name][1](Path(tmp))
+            sizes = {"past_sequence_length": 3} if "KV" in name else None
+            row = {"source": name, **_tools(model, Path(tmp), sizes)}
+        log(json.dumps(row))
+        rows.append(row)
+    return rows
+
+
+def measure_genai(families=GENAI_FAMILIES, precisions=GENAI_PRECISIONS, log=print) -> list[dict]:
+    from onnxnorm.genai import convert, dim_sizes, generate, read_config
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for family in families:
+            for precision in precisions:
+                folder = genai_folder(family, precision, root)
+                out = root / f"{family}_{precision}_onnxnorm"
+                report = convert(folder, out)
+                want, have = (generate(f, PROMPT, NEW_TOKENS) for f in (folder, out))
+                kernels = profiled_kernels(out)
+                model = onnx.load(folder / "model.onnx", load_external_data=False)
+                row = {"family": family, "precision": precision, "norms": report.norms,
+                       "adds": report.residual_adds, "tokens_equal": want == have,
+                       "tokens": len(have),
+                       "onnxnorm_kernels": sum(v for k, v in kernels.items()
+                                               if k in ("RMSNorm", "SkipRMSNorm", "LayerNorm",
+                                                        "SkipLayerNorm", "SandwichRMSNorm"))}
+                # the past (the KV cache's capacity) must cover Gemma 2's sliding window (16)
+                sizes = dim_sizes(read_config(folder), model, past=16)
+                full = onnx.load(folder / "model.onnx")
+                row.update(_tools(full, root, sizes))
+                log(json.dumps(row))
+                rows.append(row)
+    return rows
+
+
+# --- docs/pipelines.md ----------------------------------------------------------------------------
+
+def _cells(row, tool):
+    if f"{tool}_error" in row:
+        return f"fails: {row[f'{tool}_error']}".replace("|", "/"), "", ""
+    return str(row[f"{tool}_norms"]), str(row[f"{tool}_adds"]), row[f"{tool}_parity"]
+
+
+TEMPLATE = Path(__file__).with_name("pipelines.md.in")
+
+
+def markdown(genai_rows, source_rows) -> str:
+    import onnxruntime
+    import onnxruntime_genai
+
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    versions = (f"onnxruntime {onnxruntime.__version__}, onnxruntime-genai "
+                f"{onnxruntime_genai.__version__}, {compare._versions()}")
+    genai = ["| model | precision | norms fused | adds absorbed | decoder parity (past 16) | "
+             "32 greedy tokens | onnxnorm kernels run | ORT opt. norms / adds | onnxscript "
+             "norms / adds |",
+             "|---|---|---:|---:|---|---|---:|---|---|"]
+    for r in genai_rows:
+        o, s = _cells(r, "ort"), _cells(r, "onnxscript")
+        genai.append(f"| {r['family']} | {r['precision']} | {r['norms']} | {r['adds']} | "
+                     f"{_cells(r, 'onnxnorm')[2]} | "
+                     f"{'identical' if r['tokens_equal'] else 'DIFFER'} ({r['tokens']}) | "
+                     f"{r['onnxnorm_kernels']} | {o[0]} / {o[1]} | {s[0]} / {s[1]} |")
+    sources = ["| source | what was run | onnxnorm norms | adds | parity | ORT opt. norms | adds | "
+               "parity | onnxscript norms | adds | parity |",
+               "|---|---|---:|---:|---|---:|---:|---|---:|---:|---|"]
+    for r in source_rows:
+        cells = [c for tool in ("onnxnorm", "ort", "onnxscript") for c in _cells(r, tool)]
+        sources.append(f"| {r['source']} | `{SOURCES[r['source']][0]}` | " + " | ".join(cells)
+                       + " |")
+    text = TEMPLATE.read_text()
+    return (text.replace("GENERATED", f"Generated by `python -m models.pipelines` on {now}; "
+                                      f"{versions}.")
+            .replace("GENAI_TABLE", "\n".join(genai)).replace("SOURCES_TABLE", "\n".join(sources)))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.pipelines",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--output", default="docs/pipelines.md")
+    args = parser.parse_args(argv)
+    genai_rows = measure_genai()
+    source_rows = measure_sources()
+    Path(args.output).write_text(markdown(genai_rows, source_rows))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
