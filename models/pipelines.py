@@ -5,7 +5,7 @@ sources:
 
 - ``genai``: onnxruntime-genai's model builder (``onnxruntime_genai.models.builder``) run on a
   tiny transformers checkpoint saved with ``save_pretrained`` (with a word-level tokenizer built
-  here), for Llama, Qwen3, Gemma 2 and Phi-3, in fp32, int4 and fp16 (the builder makes fp16 for
+  here), for Llama, Qwen3, Gemma 2, Phi-3 and Phi-2, in fp32, int4 and fp16 (the builder makes fp16 for
   CUDA only; the folder is then pointed at the CPU provider, which runs it);
 - ``quantized``: ONNX Runtime's dynamic MatMul quantization and static QDQ quantization
   (MatMul only: Q/DQ pairs around the norms; every op: pairs inside them) of the corpus Llama;
@@ -42,7 +42,7 @@ from models import compare, corpus
 # --- onnxruntime-genai ------------------------------------------------------------------------
 
 VOCAB = 200  # not the MLP width: the builder takes a Linear of vocabulary rows for the LM head
-GENAI_FAMILIES = ("llama", "qwen3", "gemma2", "phi3")
+GENAI_FAMILIES = ("llama", "qwen3", "gemma2", "phi3", "phi")
 GENAI_PRECISIONS = ("fp32", "int4", "fp16")
 PROMPT = [1, 5, 9, 33, 17, 4, 77, 100]
 NEW_TOKENS = 32
@@ -76,6 +76,10 @@ def genai_checkpoint(family: str, folder: Path) -> Path:
                    "Gemma2ForCausalLM"),
         "phi3": (lambda: transformers.Phi3Config(**common, original_max_position_embeddings=256),
                  "Phi3ForCausalLM"),
+        # Phi-2: LayerNorm, one norm per parallel block; head size 32, so that its partial
+        # rotary embedding (half the head) meets GroupQueryAttention's multiple of 8
+        "phi": (lambda: transformers.PhiConfig(**dict(common, hidden_size=128,
+                                                      num_key_value_heads=4)), "PhiForCausalLM"),
     }[family]
     torch.manual_seed(0)
     model = getattr(transformers, cls)(config()).eval()

@@ -264,3 +264,66 @@ def test_skip_op_without_sum_output(final_read):
         assert [t for _, t in _ops(fused)] == ["SkipRMSNorm", "MatMul"]
         assert (report.norms, report.residual_adds) == (1, 1)
     _check(original, fused)
+
+
+def test_qdq_inside_a_norm_is_reported_with_where():
+    """Q/DQ pairs inside a norm (the statistics rounded to int8 steps; the Pow exponent a
+    quantized constant) fuse in no tool; the report says why and where."""
+    nodes = [
+        helper.make_node("DequantizeLinear", ["two_q", "two_s"], ["two"]),
+        helper.make_node("Pow", ["x", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["mean"], keepdims=1),
+        helper.make_node("QuantizeLinear", ["mean", "s", "z"], ["mean_q"]),
+        helper.make_node("DequantizeLinear", ["mean_q", "s", "z"], ["mean_dq"]),
+        helper.make_node("Add", ["mean_dq", "eps"], ["var"]),
+        helper.make_node("Sqrt", ["var"], ["rms"], name="sqrt"),
+        helper.make_node("Div", ["x", "rms"], ["y0"]),
+        helper.make_node("Mul", ["y0", "w"], ["y"]),
+    ]
+    original = _model(nodes, [("x", F, SHAPE)], [("y", F, SHAPE)], {
+        "two_q": np.array(200, np.uint8), "two_s": np.array(0.01, np.float32),
+        "axes": np.array([-1], np.int64), "s": np.array(0.02, np.float32),
+        "z": np.array(0, np.uint8), "eps": np.array(1e-6, np.float32), "w": _w()})
+    fused, report = fuse(original)
+    row = report["RMSNorm (decomposed)"]
+    assert (row.found, row.fused, row.skipped) == (1, 0, 1), str(report)
+    assert row.skips[0].node == "sqrt"
+    assert row.skips[0].reason.startswith(
+        "QuantizeLinear/DequantizeLinear pairs inside the norm (after ReduceMean, on the Pow "
+        "exponent): the original rounds its statistics to the quantizer's steps between "
+        "ReduceMean, Add and Sqrt, which no fused norm computes")
+    assert _ops(fused) == _ops(original)
+    _check(original, fused)
+
+
+@pytest.mark.parametrize("inner_first", [False, True], ids=["inner_as_skip", "inner_as_input"])
+def test_norm_into_skip_op_becomes_sandwich(inner_first):
+    """Gemma 2 as onnxruntime-genai's builder writes it: the post-sublayer norm, then a
+    SkipSimplifiedLayerNormalization adding it to the residual stream; one Sandwich op."""
+    skip_inputs = ["inner", "r", "w2"] if inner_first else ["r", "inner", "w2"]
+    original = _model(
+        [helper.make_node("SimplifiedLayerNormalization", ["x", "w1"], ["inner"], epsilon=1e-6),
+         helper.make_node("SkipSimplifiedLayerNormalization", skip_inputs, ["y", "", "", "s"],
+                          domain="com.microsoft", epsilon=1e-6),
+         helper.make_node("Add", ["y", "s"], ["out"])],
+        [("x", F, SHAPE), ("r", F, SHAPE)], [("out", F, SHAPE)],
+        {"w1": _w(), "w2": _w(1)}, ms=True)
+    fused, report = fuse(original)
+    assert _ops(fused) == [("onnxnorm", "SandwichRMSNorm"), ("", "Add")]
+    assert list(fused.graph.node[0].input) == ["x", "r", "w1", "", "w2"]
+    assert (report.norms, report.residual_adds) == (2, 1)
+    _check(original, fused)
+    _check(original, fuse(original, "ort")[0])
+
+
+def test_norm_into_skip_op_with_epsilons_apart_stays_two_ops():
+    original = _model(
+        [helper.make_node("SimplifiedLayerNormalization", ["x", "w1"], ["inner"], epsilon=1e-6),
+         helper.make_node("SkipSimplifiedLayerNormalization", ["r", "inner", "w2"], ["y"],
+                          domain="com.microsoft", epsilon=1e-5)],
+        [("x", F, SHAPE), ("r", F, SHAPE)], [("y", F, SHAPE)], {"w1": _w(), "w2": _w(1)},
+        ms=True)
+    fused, report = fuse(original)
+    assert [t for _, t in _ops(fused)] == ["RMSNorm", "SkipRMSNorm"]
+    assert "the two norms differ in epsilon" in str(report)
+    _check(original, fused)

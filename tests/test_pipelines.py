@@ -29,8 +29,10 @@ pytestmark = pytest.mark.slow
 ONNXNORM_KERNELS = {"RMSNorm", "SkipRMSNorm", "LayerNorm", "SkipLayerNorm", "SandwichRMSNorm",
                     "SandwichLayerNorm"}
 #: (norms, residual adds) per genai model: every norm (Qwen3 adds its Q/K norms, Gemma 2 its
-#: post-sublayer norms) and every residual add the builder already fused into a Skip op
-GENAI_COUNTS = {"llama": (5, 4), "qwen3": (9, 4), "gemma2": (9, 4), "phi3": (5, 4)}
+#: post-sublayer norms; Phi-2 has one LayerNorm per parallel block) and every residual add the
+#: builder already fused into a Skip op
+GENAI_COUNTS = {"llama": (5, 4), "qwen3": (9, 4), "gemma2": (9, 4), "phi3": (5, 4),
+                "phi": (3, 2)}
 
 
 def _files(folder: Path) -> dict[str, str]:
@@ -60,6 +62,8 @@ def test_genai_folder_generates_the_same_tokens_with_onnxnorm_kernels(genai_root
     model = onnx.load(out / "model.onnx", load_external_data=False)
     left = [n.op_type for n in model.graph.node if "LayerNormalization" in n.op_type]
     assert not left, left
+    if family == "gemma2":  # each post-sublayer norm, its residual add and the next norm
+        assert [n.op_type for n in model.graph.node].count("SandwichRMSNorm") == 4
     config = json.loads((out / "genai_config.json").read_text())
     assert config["model"]["decoder"]["session_options"]["custom_ops_library"] == \
         "libonnxnorm_ops.so" and (out / "libonnxnorm_ops.so").is_file()
@@ -260,3 +264,17 @@ def test_docs_page_shows_what_the_tests_measure():
         counts = "0 | 0" if name == "static QDQ, every op" else "5 | 4"
         assert f"| {name} | `{pipelines.SOURCES[name][0]}` | {counts} | ok (" in text, name
     assert "<!-- Optimum and Olive sections go here. -->" in text
+
+
+def test_strict_precision_on_the_command_line(built, tmp_path):
+    source = tmp_path / "fp16.onnx"
+    onnx.save(built("float16, ONNX Runtime"), source)
+    for flag, norms in (("--strict-precision", 0), (None, 5)):
+        out, report = tmp_path / f"out{norms}.onnx", tmp_path / f"r{norms}.json"
+        args = [sys.executable, "-m", "onnxnorm", "fuse", source, "-o", out, "--json", report]
+        result = subprocess.run(args + ([flag] if flag else []), capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(report.read_text())["norms"] == norms
+        assert ("note " in result.stdout) == (flag is None)
+        assert ("(strict precision)" in result.stdout) == (flag is not None)

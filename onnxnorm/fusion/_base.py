@@ -128,7 +128,16 @@ class FusionRule(pattern.RewriteRuleClassBase):
         outputs = op.op(new.op, *new.arguments(), _domain=catalogue.DOMAIN,
                         _outputs=len(catalogue.get(new.op).outputs),
                         _name=f"{root.name}/{new.op}" if root.name else None, **new.attributes)
-        return outputs[0] if total is None and catalogue.get(new.op).has_residual else outputs
+        if isinstance(outputs, ir.Value):
+            outputs = [outputs]
+        for value in outputs:
+            # Y and Sum have the type and shape of the norm's output; a Sum the original did
+            # not have (a Skip op without one) gets them too, for the rules that match it next
+            if value.type is None and y.type is not None:
+                value.type, value.shape = y.type, y.shape
+        if total is None and catalogue.get(new.op).has_residual or len(outputs) == 1:
+            return outputs[0]
+        return outputs
 
 
 def _only_used_inside(context, shared=frozenset()) -> None:

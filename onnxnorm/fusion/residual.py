@@ -100,9 +100,12 @@ class SandwichFusion(FusionRule):
         return y, total
 
     def inspect(self, context, x, r, inner, total, y, **_):
+        return self.sandwich(x, r, inner, total, Replacement.of(y.producer()))
+
+    def sandwich(self, x, r, inner, total, outer_norm: Replacement) -> Replacement:
         if len(inner.uses()) > 1 or inner.is_graph_output():
             raise NotThisPattern("the inner norm's output is used elsewhere: Post-Norm, no sandwich")
-        inner_norm, outer_norm = Replacement.of(inner.producer()), Replacement.of(y.producer())
+        inner_norm = Replacement.of(inner.producer())
         a, b = inner_norm.attributes, outer_norm.attributes
         ia, ib = inner_norm.inputs, outer_norm.inputs
         t = dtype(x, "X")
@@ -118,10 +121,41 @@ class SandwichFusion(FusionRule):
             raise Rejected("the two norms round in different orders")
         if _matters(a, ia, t) and not _matters(b, ib, t):
             order = a["cast_before_scale"]
-        attrs = dict(b, cast_before_scale=order)
+        attrs = {k: v for k, v in b.items() if k in catalogue.get(f"Sandwich{self.op_name}").defaults}
+        attrs["cast_before_scale"] = order
         return Replacement(f"Sandwich{self.op_name}", {
             "X": x, "Residual": r, "InnerScale": ia["Scale"], "InnerBias": ia["Bias"],
             "Scale": ib["Scale"], "Bias": ib["Bias"]}, attrs)
+
+
+class SandwichFromSkip(SandwichFusion):
+    """``SkipNorm(r, Norm_a(x))`` (either operand) -> ``SandwichNorm(x, r, ...)``: the same
+    sandwich where the residual add and the outer norm already are one Skip op (model builders
+    write Gemma 2's post-sublayer norm as a norm followed by SkipSimplifiedLayerNormalization).
+    The Skip op's Sum is ``r + round(Norm_a(x))`` rounded once, as the Sandwich op's is."""
+
+    def __init__(self, tracker: Tracker, op_name: str, inner_is_x: bool) -> None:
+        self.op_name, self.inner_is_x = op_name, inner_is_x
+        self.title = f"Sandwich{op_name} (norm -> residual add -> norm)"
+        FusionRule.__init__(self, tracker, f"Sandwich{op_name}FromSkip{'X' if inner_is_x else 'R'}")
+
+    def pattern(self, op, x, r):
+        inner = getattr(op, self.op_name)(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
+                                          _outputs=["inner"])
+        args = (inner, r) if self.inner_is_x else (r, inner)
+        y, total = getattr(op, f"Skip{self.op_name}")(*args, _domain=catalogue.DOMAIN,
+                                                       _allow_other_inputs=True,
+                                                       _outputs=["y", "total"])
+        return y, total
+
+    def inspect(self, context, x, r, inner, total, y, **_):
+        skip = Replacement.of(y.producer())
+        if skip.inputs["XBias"] is not None:
+            raise Rejected("the Skip op also adds a sublayer bias (XBias), which the Sandwich op "
+                           "does not take")
+        if skip.attributes["alpha"] != 1:
+            raise Rejected(f"the Skip op scales the residual by alpha {skip.attributes['alpha']}")
+        return self.sandwich(x, r, inner, total, skip)
 
 
 class XBiasAbsorb(FusionRule):
@@ -158,7 +192,9 @@ class XBiasAbsorb(FusionRule):
 
 
 def sandwich_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
-    return [SandwichFusion.rule(tracker, op_name=name) for name in ("RMSNorm", "LayerNorm")]
+    return [SandwichFusion.rule(tracker, op_name=name) for name in ("RMSNorm", "LayerNorm")] + [
+        SandwichFromSkip.rule(tracker, op_name=name, inner_is_x=side)
+        for name in ("RMSNorm", "LayerNorm") for side in (False, True)]
 
 
 def skip_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
