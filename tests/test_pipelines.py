@@ -278,3 +278,25 @@ def test_strict_precision_on_the_command_line(built, tmp_path):
         assert json.loads(report.read_text())["norms"] == norms
         assert ("note " in result.stdout) == (flag is None)
         assert ("(strict precision)" in result.stdout) == (flag is not None)
+
+
+def test_cuda_library_travels_only_with_cuda_sessions(genai_root, tmp_path):
+    from onnxnorm import runtime
+    from onnxnorm._io import OnnxNormError
+
+    folder = pipelines.genai_folder("llama", "fp32", genai_root)
+    convert(folder, tmp_path / "cpu")
+    assert not (tmp_path / "cpu" / "libonnxnorm_cuda_ops.so").exists()
+    cuda = tmp_path / "cuda_in"
+    pipelines.shutil.copytree(folder, cuda)
+    config = json.loads((cuda / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["provider_options"] = [{"cuda": {}}]
+    (cuda / "genai_config.json").write_text(json.dumps(config))
+    convert(cuda, tmp_path / "cuda")
+    try:
+        runtime.library_path("cuda")
+    except OnnxNormError:
+        built = False
+    else:
+        built = True
+    assert (tmp_path / "cuda" / "libonnxnorm_cuda_ops.so").exists() == built

@@ -11,7 +11,8 @@ processing files. :func:`convert` writes a copy of the folder in which
 - where the models hold onnxnorm nodes, the onnxnorm library is copied into the folder and
   named in the session options of each component that needs it (``custom_ops_library``):
   onnxruntime-genai loads a custom-op library only from a trusted folder, the model's own among
-  them, so the folder carries its own copy (with the CUDA library when it is built);
+  them, so the folder carries its own copy (with the CUDA library, where it is built, when a
+  session names the CUDA provider);
 - every other file is copied as it is.
 
 Nothing here imports onnxruntime_genai: converting a folder needs onnx and onnxnorm only;
@@ -151,17 +152,24 @@ def _check_output(source: Path, output: Path, overwrite: bool) -> None:
         raise OnnxNormError(f"cannot write {output}: folder {parent} is not writable")
 
 
-def _libraries() -> list[Path]:
-    """The onnxnorm library to register, and the CUDA library beside it where it is built
-    (the CPU library registers the CUDA kernels when that file sits next to it)."""
+def _libraries(cuda: bool) -> list[Path]:
+    """The onnxnorm library to register and, for a folder whose sessions run on CUDA, the CUDA
+    library beside it where it is built (the CPU library registers the CUDA kernels when that
+    file sits next to it)."""
     from onnxnorm import runtime
 
     found = [runtime.library_path("cpu")]
-    try:
-        found.append(runtime.library_path("cuda"))
-    except OnnxNormError:
-        pass
+    if cuda:
+        try:
+            found.append(runtime.library_path("cuda"))
+        except OnnxNormError:
+            pass
     return found
+
+
+def _uses_cuda(options: dict | None) -> bool:
+    providers = (options or {}).get("provider_options") or []
+    return any(isinstance(p, dict) and "cuda" in p for p in providers)
 
 
 def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str = "function",
@@ -219,7 +227,8 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
         library = None
         needing = [c for c in results if c.needs_library]
         if needing:
-            files = _libraries()
+            files = _libraries(any(_uses_cuda(options) for key, _, options in found
+                                   if any(c.key == key for c in needing)))
             library = files[0].name
             for key, entry, options in found:
                 if not any(c.key == key for c in needing):
