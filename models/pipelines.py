@@ -414,12 +414,10 @@ TEMPLATE = Path(__file__).with_name("pipelines.md.in")
 
 
 def markdown(genai_rows, source_rows) -> str:
-    import onnxruntime
     import onnxruntime_genai
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    versions = (f"onnxruntime {onnxruntime.__version__}, onnxruntime-genai "
-                f"{onnxruntime_genai.__version__}, {compare._versions()}")
+    versions = f"onnxruntime-genai {onnxruntime_genai.__version__}, {compare._versions()}"
     genai = ["| model | precision | norms fused | adds absorbed | decoder parity (past 16) | "
              "32 greedy tokens | onnxnorm kernels run | ORT opt. norms / adds | onnxscript "
              "norms / adds |",
