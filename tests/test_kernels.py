@@ -1,13 +1,16 @@
 """The CPU kernels of every op, through ONNX Runtime with the onnxnorm library, against the numpy
 reference: every op x X type x weight type x optional inputs x attribute classes x Sum output,
 threaded runs, short (Q/K-norm) rows, odd widths, large-mean LayerNorm, every instruction set,
-and bad inputs (a clear error, never a crash)."""
+and bad inputs (a clear error, never a crash). And the kernels' own C++ tests (ctest), which call
+them without ONNX Runtime."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -321,3 +324,31 @@ def test_bench_bad_arguments_are_one_line_errors(argv, message, capsys):
     assert status != 0
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def _tool(name: str) -> str | None:
+    """A build tool from this environment's bin folder (where pip installs cmake and ninja), else PATH."""
+    return shutil.which(name, path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+
+
+@pytest.mark.skipif(_tool("cmake") is None or _tool("ctest") is None, reason="needs cmake and ctest")
+def test_kernels_cxx_ctest():
+    """The C++ tests of the row kernels (custom_ops/tests/kernel_tests.cc), built by CMake from the
+    same kernel objects as the library into build/kernel-tests and run by ctest: every op, type pair,
+    optional input, attribute and rounding order against a scalar float64 reference, misaligned and
+    streamed tensors, rows split as threads split them, the float16/bfloat16 conversions, and every
+    instruction set this CPU has against the others, byte for byte."""
+    root = Path(__file__).resolve().parents[1]
+    build = root / "build" / "kernel-tests"
+    configure = [_tool("cmake"), "-S", str(root), "-B", str(build), "-DONNXNORM_CUDA=OFF",
+                 "-DONNXNORM_BUILD_TESTS=ON", "-DCMAKE_BUILD_TYPE=Release"]
+    if not (build / "CMakeCache.txt").exists() and _tool("ninja"):
+        configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
+    jobs = str(max(1, min(4, os.cpu_count() or 1)))
+    steps = [configure,
+             [_tool("cmake"), "--build", str(build), "--target", "onnxnorm_kernel_tests", "--parallel", jobs],
+             [_tool("ctest"), "--test-dir", str(build), "--output-on-failure", "--parallel", jobs]]
+    for step in steps:
+        result = subprocess.run(step, capture_output=True, text=True, timeout=1800)
+        assert result.returncode == 0, f"{' '.join(step)}\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+    assert "100% tests passed" in result.stdout, result.stdout[-3000:]

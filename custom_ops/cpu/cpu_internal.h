@@ -47,50 +47,65 @@ inline float FloatOf(uint32_t u) {
   return f;
 }
 
-// float16 -> float32 (exact).
-inline float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float32
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return sign ? -magnitude : magnitude;
-  }
-  if (exponent == 31) return FloatOf(sign | 0x7f800000u | (mantissa << 13));  // Inf / NaN
-  return FloatOf(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+// The conversions below are branch-free integer arithmetic with selects, so that a loop of them
+// over the lanes of a vector compiles to vector instructions (the portable kernels rely on this);
+// they give the same bits as F16C's vcvtph2ps / vcvtps2ph (round to nearest even) and as the
+// AVX2 / AVX-512 bfloat16 rounding, NaN included.
+
+// a where c, else b, with masks rather than a branch (a conditional float operation would keep
+// the compiler from vectorizing a loop of these).
+inline uint32_t Select(bool c, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(c);
+  return (a & mask) | (b & ~mask);
 }
 
-// float32 -> float16, rounding to nearest even; NaN stays NaN, overflow gives Inf.
-inline uint16_t FloatToHalf(float f) {
-  uint32_t x = BitsOf(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+// float16 bits -> float32 bits (exact).
+inline uint32_t HalfBitsToFloatBits(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t em = (h & 0x7fffu) << 13;  // exponent and mantissa, in float32's places
+  // normal: rebias the exponent (15 -> 127); Inf / NaN: all exponent bits set, a NaN made quiet
+  // with its payload kept
+  const uint32_t normal = em + (112u << 23);
+  const uint32_t special = em | Select(em > (0x7c00u << 13), 0x7fc00000u, 0x7f800000u);
+  // zero or subnormal (m * 2^-24): (2^-14 + m * 2^-24) - 2^-14, both exact in float32
+  const uint32_t small = BitsOf(FloatOf(em + (113u << 23)) - 0x1p-14f);
+  uint32_t r = Select(em >= (0x7c00u << 13), special, normal);
+  r = Select(em < (0x0400u << 13), small, r);
+  return sign | r;
+}
+
+// float32 bits -> float16 bits, rounding to nearest even; NaN stays a quiet NaN with the top of
+// its payload, overflow gives Inf.
+inline uint32_t FloatBitsToHalfBits(uint32_t x) {
+  const uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7fffffffu;
-  if (x >= 0x7f800000u) {  // Inf or NaN (keep NaN quiet and non-zero)
-    return static_cast<uint16_t>(sign | 0x7c00u | (x > 0x7f800000u ? 0x200u | ((x >> 13) & 0x3ffu) : 0u));
-  }
-  if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to Inf
-  if (x < 0x38800000u) {
-    // Below the smallest normal float16 (2^-14): a multiple of 2^-24. Scale to units of 2^-24
-    // (exact) and round to an integer with the 2^23 trick (round to nearest even in the
-    // default rounding mode); 1024 units is the smallest normal, encoded the same way.
-    volatile float units = FloatOf(x) * 0x1p24f;
-    const float rounded = (units + 0x1p23f) - 0x1p23f;
-    return static_cast<uint16_t>(sign | static_cast<uint16_t>(rounded));
-  }
-  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even.
-  x += 0xc8000fffu + ((x >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (x >> 13));
+  // normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even
+  const uint32_t normal = (x + 0xc8000fffu + ((x >> 13) & 1u)) >> 13;
+  // below the smallest normal float16 (2^-14): adding 0.5 leaves the value in units of 2^-24 in
+  // the low mantissa bits, rounded to nearest even by the addition itself (1024 units, the
+  // smallest normal, comes out encoded as such)
+  const uint32_t small = BitsOf(FloatOf(x) + 0.5f) - 0x3f000000u;
+  const uint32_t nan = 0x7e00u | ((x >> 13) & 0x3ffu);
+  uint32_t r = Select(x < 0x38800000u, small, normal);
+  r = Select(x >= 0x477ff000u, 0x7c00u, r);  // >= 65520 rounds to Inf
+  r = Select(x > 0x7f800000u, nan, r);
+  return sign | r;
 }
 
-// bfloat16 -> float32 (exact).
-inline float BFloat16ToFloat(uint16_t b) { return FloatOf(static_cast<uint32_t>(b) << 16); }
+// bfloat16 bits -> float32 bits (exact).
+inline uint32_t BFloat16BitsToFloatBits(uint32_t b) { return b << 16; }
 
-// float32 -> bfloat16, rounding to nearest even; NaN stays a quiet NaN.
-inline uint16_t FloatToBFloat16(float f) {
-  const uint32_t x = BitsOf(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+// float32 bits -> bfloat16 bits, rounding to nearest even; NaN stays a quiet NaN.
+inline uint32_t FloatBitsToBFloat16Bits(uint32_t x) {
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t nan = (x >> 16) | 0x40u;
+  return Select((x & 0x7fffffffu) > 0x7f800000u, nan, rounded);
 }
+
+inline float HalfToFloat(uint16_t h) { return FloatOf(HalfBitsToFloatBits(h)); }
+inline uint16_t FloatToHalf(float f) { return static_cast<uint16_t>(FloatBitsToHalfBits(BitsOf(f))); }
+inline float BFloat16ToFloat(uint16_t b) { return FloatOf(BFloat16BitsToFloatBits(b)); }
+inline uint16_t FloatToBFloat16(float f) { return static_cast<uint16_t>(FloatBitsToBFloat16Bits(BitsOf(f))); }
 
 inline float ToFloat(F32, float v) { return v; }
 inline float ToFloat(F16, uint16_t v) { return HalfToFloat(v); }

@@ -14,64 +14,80 @@ namespace onnxnorm {
 namespace cpu {
 namespace {
 
-enum class Level { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
-
-Level Supported() {
+Isa Detected() {
 #if defined(ONNXNORM_X86_KERNELS)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return Level::kPortable;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return Isa::kPortable;
   const bool fma = (ecx >> 12) & 1u, osxsave = (ecx >> 27) & 1u, avx = (ecx >> 28) & 1u, f16c = (ecx >> 29) & 1u;
-  if (!(fma && osxsave && avx && f16c)) return Level::kPortable;
+  if (!(fma && osxsave && avx && f16c)) return Isa::kPortable;
   unsigned xcr0_lo = 0, xcr0_hi = 0;
   __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  if ((xcr0_lo & 0x6u) != 0x6u) return Level::kPortable;  // the OS saves XMM and YMM state
-  if (__get_cpuid_max(0, nullptr) < 7) return Level::kPortable;
+  if ((xcr0_lo & 0x6u) != 0x6u) return Isa::kPortable;  // the OS saves XMM and YMM state
+  if (__get_cpuid_max(0, nullptr) < 7) return Isa::kPortable;
   __cpuid_count(7, 0, eax, ebx, ecx, edx);
   const bool avx2 = (ebx >> 5) & 1u;
-  if (!avx2) return Level::kPortable;
+  if (!avx2) return Isa::kPortable;
   const bool avx512 = ((ebx >> 16) & 1u) && ((ebx >> 30) & 1u) && ((ebx >> 31) & 1u);  // F, BW, VL
   const bool os_zmm = (xcr0_lo & 0xe0u) == 0xe0u;  // opmask, ZMM_Hi256, Hi16_ZMM state
-  return avx512 && os_zmm ? Level::kAvx512 : Level::kAvx2;
+  return avx512 && os_zmm ? Isa::kAvx512 : Isa::kAvx2;
 #else
-  return Level::kPortable;
+  return Isa::kPortable;
 #endif
 }
 
-Level Chosen() {
-  static const Level level = [] {
-    Level best = Supported();
+Isa Chosen() {
+  static const Isa isa = [] {
+    Isa best = SupportedIsa();
     const char* wanted = std::getenv("ONNXNORM_CPU_ISA");
     if (wanted != nullptr) {
-      Level asked = best;
-      if (std::strcmp(wanted, "portable") == 0) asked = Level::kPortable;
-      if (std::strcmp(wanted, "avx2") == 0) asked = Level::kAvx2;
+      Isa asked = best;
+      if (std::strcmp(wanted, "portable") == 0) asked = Isa::kPortable;
+      if (std::strcmp(wanted, "avx2") == 0) asked = Isa::kAvx2;
       if (static_cast<int>(asked) < static_cast<int>(best)) best = asked;
     }
     return best;
   }();
-  return level;
+  return isa;
 }
 
 }  // namespace
 
-NormRowsFn GetNormRows(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type) {
+Isa SupportedIsa() {
+  static const Isa isa = Detected();
+  return isa;
+}
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kPortable: break;
+  }
+  return "portable";
+}
+
+NormRowsFn GetNormRowsFor(Isa isa, NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type) {
   if (weight_type != x_type && weight_type != ElemType::kFloat32) return nullptr;
-  switch (Chosen()) {
+  if (static_cast<int>(isa) > static_cast<int>(SupportedIsa())) return nullptr;
+  switch (isa) {
 #if defined(ONNXNORM_X86_KERNELS)
-    case Level::kAvx512: return GetNormRowsAvx512(norm, residual, x_type, weight_type);
-    case Level::kAvx2: return GetNormRowsAvx2(norm, residual, x_type, weight_type);
+    case Isa::kAvx512: return GetNormRowsAvx512(norm, residual, x_type, weight_type);
+    case Isa::kAvx2: return GetNormRowsAvx2(norm, residual, x_type, weight_type);
 #endif
     default: return GetNormRowsPortable(norm, residual, x_type, weight_type);
   }
 }
 
-const char* ActiveIsa() {
-  switch (Chosen()) {
-    case Level::kAvx512: return "avx512";
-    case Level::kAvx2: return "avx2";
-    default: return "portable";
-  }
+NormRowsFn GetNormRows(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type) {
+  return GetNormRowsFor(Chosen(), norm, residual, x_type, weight_type);
 }
+
+NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type) {
+  const Isa isa = Chosen() == Isa::kAvx512 ? Isa::kAvx2 : Chosen();
+  return GetNormRowsFor(isa, norm, residual, x_type, weight_type);
+}
+
+const char* ActiveIsa() { return IsaName(Chosen()); }
 
 }  // namespace cpu
 }  // namespace onnxnorm

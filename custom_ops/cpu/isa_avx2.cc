@@ -1,5 +1,7 @@
 // AVX2 + FMA + F16C row kernels (this file alone is compiled with -mavx2 -mfma -mf16c; dispatch.cc
 // calls it only on CPUs that have them).
+#include <cstring>
+
 #include "cpu_internal.h"
 
 #if defined(ONNXNORM_X86_KERNELS)
@@ -17,7 +19,6 @@ struct Isa {
   static V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static float HSum(V a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -39,7 +40,7 @@ struct Isa {
   template <class E>
   static V LoadN(E e, const uint16_t* p, int n) {
     alignas(16) uint16_t buffer[W] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int k = 0; k < n; ++k) buffer[k] = p[k];
+    std::memcpy(buffer, p, sizeof(uint16_t) * static_cast<size_t>(n));
     return Load(e, buffer);
   }
 
@@ -66,7 +67,7 @@ struct Isa {
   static void StoreN(E e, uint16_t* p, V a, int n) {
     alignas(16) uint16_t buffer[W];
     Store(e, buffer, a);
-    for (int k = 0; k < n; ++k) p[k] = buffer[k];
+    std::memcpy(p, buffer, sizeof(uint16_t) * static_cast<size_t>(n));
   }
 
   static constexpr bool kHasStream = true;

@@ -1,6 +1,10 @@
-// Portable row kernels: plain C++ over fixed-width blocks of 8 floats that the compiler can map
-// onto whatever vector unit the target has (SSE2, NEON, ...). Used on CPUs without AVX2 + FMA +
-// F16C, and on non-x86 machines.
+// Portable row kernels: plain C++ over fixed-width blocks of 8 floats that the compiler maps onto
+// whatever vector unit the target has (SSE2, NEON, ...). Used on CPUs without AVX2 + FMA + F16C,
+// and on non-x86 machines. float16 and bfloat16 are converted a block at a time with the
+// branch-free integer conversions of cpu_internal.h, which vectorize like the arithmetic. The
+// results are bit for bit those of the AVX2 and AVX-512 kernels (norm_rows.h).
+#include <cstring>
+
 #include "cpu_internal.h"
 
 namespace onnxnorm {
@@ -30,36 +34,72 @@ struct Isa {
     for (int k = 0; k < W; ++k) a.v[k] *= b.v[k];
     return a;
   }
-  static V Fma(V a, V b, V c) {
-    for (int k = 0; k < W; ++k) c.v[k] += a.v[k] * b.v[k];
-    return c;
-  }
+  // Halving folds (lane k + lane k + 4, then + 2, then + 1), as the x86 kernels add.
   static float HSum(V a) {
-    return ((a.v[0] + a.v[4]) + (a.v[1] + a.v[5])) + ((a.v[2] + a.v[6]) + (a.v[3] + a.v[7]));
+    return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
   }
   static V MaskN(V a, int n) {
     for (int k = n; k < W; ++k) a.v[k] = 0.f;
     return a;
   }
-  template <class E>
-  static V Load(E e, const typename E::St* p) {
+  // Bits of a block of 32-bit lanes, and back.
+  struct Bits {
+    uint32_t u[W];
+  };
+  static Bits BitsOfV(V a) {
+    Bits b;
+    std::memcpy(b.u, a.v, sizeof(b.u));
+    return b;
+  }
+  static V VOfBits(Bits b) {
+    V a;
+    std::memcpy(a.v, b.u, sizeof(a.v));
+    return a;
+  }
+  static V Widen(F16, const uint16_t* p) {
+    Bits b;
+    for (int k = 0; k < W; ++k) b.u[k] = HalfBitsToFloatBits(p[k]);
+    return VOfBits(b);
+  }
+  static V Widen(BF16, const uint16_t* p) {
+    Bits b;
+    for (int k = 0; k < W; ++k) b.u[k] = BFloat16BitsToFloatBits(p[k]);
+    return VOfBits(b);
+  }
+  static void Narrow(F16, uint16_t* p, V a) {
+    const Bits b = BitsOfV(a);
+    for (int k = 0; k < W; ++k) p[k] = static_cast<uint16_t>(FloatBitsToHalfBits(b.u[k]));
+  }
+  static void Narrow(BF16, uint16_t* p, V a) {
+    const Bits b = BitsOfV(a);
+    for (int k = 0; k < W; ++k) p[k] = static_cast<uint16_t>(FloatBitsToBFloat16Bits(b.u[k]));
+  }
+
+  static V Load(F32, const float* p) {
     V r;
-    for (int k = 0; k < W; ++k) r.v[k] = ToFloat(e, p[k]);
+    std::memcpy(r.v, p, sizeof(r.v));
     return r;
+  }
+  template <class E>
+  static V Load(E e, const uint16_t* p) {
+    return Widen(e, p);
   }
   template <class E>
   static V LoadN(E e, const typename E::St* p, int n) {
-    V r = Zero();
-    for (int k = 0; k < n; ++k) r.v[k] = ToFloat(e, p[k]);
-    return r;
+    typename E::St block[W] = {};
+    std::memcpy(block, p, sizeof(block[0]) * static_cast<size_t>(n));
+    return Load(e, block);
   }
+  static void Store(F32, float* p, V a) { std::memcpy(p, a.v, sizeof(a.v)); }
   template <class E>
-  static void Store(E e, typename E::St* p, V a) {
-    for (int k = 0; k < W; ++k) p[k] = FromFloat(e, a.v[k]);
+  static void Store(E e, uint16_t* p, V a) {
+    Narrow(e, p, a);
   }
   template <class E>
   static void StoreN(E e, typename E::St* p, V a, int n) {
-    for (int k = 0; k < n; ++k) p[k] = FromFloat(e, a.v[k]);
+    typename E::St block[W];
+    Store(e, block, a);
+    std::memcpy(p, block, sizeof(block[0]) * static_cast<size_t>(n));
   }
   static constexpr bool kHasStream = false;
   template <class E>
@@ -69,9 +109,10 @@ struct Isa {
   static void Fence() {}
   static V Round(F32, V a) { return a; }
   template <class E>
-  static V Round(E, V a) {
-    for (int k = 0; k < W; ++k) a.v[k] = RoundScalar<E>(a.v[k]);
-    return a;
+  static V Round(E e, V a) {
+    uint16_t block[W];
+    Narrow(e, block, a);
+    return Widen(e, block);
   }
 };
 

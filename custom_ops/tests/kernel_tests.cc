@@ -1,0 +1,739 @@
+// Tests of the CPU row kernels through their C++ API (onnxnorm/kernels.h), without ONNX Runtime:
+//
+//   onnxnorm_kernel_tests --op RMSNorm     every type pair, shape, optional input, attribute,
+//                                          rounding order, Sum on/off, per-head weights, odd
+//                                          widths, misaligned and streamed (large) tensors, rows
+//                                          split as threads split them, NaN/Inf: each against a
+//                                          scalar float64 reference written here, and every
+//                                          instruction set this CPU has against the others, byte
+//                                          for byte
+//   onnxnorm_kernel_tests --conversions    the float16 / bfloat16 conversions of the portable
+//                                          kernels against a reference written here
+//   onnxnorm_kernel_tests                  all of it
+//
+// Exits 0 when everything passes, 1 otherwise (ctest runs one process per op, see CMakeLists.txt).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../cpu/cpu_internal.h"  // the conversions under test (--conversions)
+#include "onnxnorm/kernels.h"
+
+namespace {
+
+using onnxnorm::ElemType;
+using onnxnorm::NormArgs;
+using onnxnorm::NormKind;
+using onnxnorm::NormRowsFn;
+using onnxnorm::OpSpec;
+using onnxnorm::ResidualKind;
+namespace cpu = onnxnorm::cpu;
+
+int g_failures = 0;
+int g_checks = 0;
+
+void Fail(const std::string& what) {
+  if (g_failures < 20) std::printf("FAIL: %s\n", what.c_str());
+  ++g_failures;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element types, written independently of the library: values are doubles, rounding is to
+// nearest even in the type's own value set.
+
+size_t SizeOf(ElemType t) { return t == ElemType::kFloat32 ? 4 : 2; }
+
+const char* NameOf(ElemType t) { return onnxnorm::kElemTypeNames[static_cast<int>(t)]; }
+
+struct Format {
+  int mantissa_bits;
+  int exponent_bits;
+};
+
+Format FormatOf(ElemType t) {
+  return t == ElemType::kFloat16 ? Format{10, 5} : t == ElemType::kBFloat16 ? Format{7, 8} : Format{23, 8};
+}
+
+uint64_t BitsOfDouble(double v) {
+  uint64_t u;
+  std::memcpy(&u, &v, 8);
+  return u;
+}
+
+double DoubleOfBits(uint64_t u) {
+  double v;
+  std::memcpy(&v, &u, 8);
+  return v;
+}
+
+// v rounded to nearest even in t's value set (Inf beyond its largest finite value; NaN stays).
+double RoundTo(ElemType t, double v) {
+  if (t == ElemType::kFloat32) return static_cast<float>(v);
+  if (std::isnan(v) || std::isinf(v) || v == 0.0) return v;
+  const Format f = FormatOf(t);
+  const int bias = (1 << (f.exponent_bits - 1)) - 1;
+  const int emin = 1 - bias;
+  const double a = std::fabs(v);
+  int e = static_cast<int>((BitsOfDouble(a) >> 52) & 0x7ff) - 1023;  // a is a normal double here
+  if (e < emin) e = emin;
+  // Adding 1.5 * 2^(e - mantissa_bits + 52) leaves a rounded to a multiple of 2^(e - mantissa_bits)
+  // (nearest even, the default rounding), as the addition keeps only that many bits.
+  const double magic = DoubleOfBits(static_cast<uint64_t>(e - f.mantissa_bits + 52 + 1023) << 52) * 1.5;
+  double r = (a + magic) - magic;
+  const double largest = std::ldexp(2.0 - std::ldexp(1.0, -f.mantissa_bits), bias);
+  if (r > largest) r = INFINITY;
+  return std::copysign(r, v);
+}
+
+// The bits of a value of t's value set (as RoundTo gives).
+uint32_t Encode(ElemType t, double v) {
+  if (t == ElemType::kFloat32) {
+    const float f = static_cast<float>(v);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  }
+  const Format f = FormatOf(t);
+  const int bias = (1 << (f.exponent_bits - 1)) - 1;
+  const uint32_t sign = std::signbit(v) ? 1u << (f.mantissa_bits + f.exponent_bits) : 0u;
+  const uint32_t all_ones = (1u << f.exponent_bits) - 1;
+  if (std::isnan(v)) return sign | (all_ones << f.mantissa_bits) | (1u << (f.mantissa_bits - 1));
+  if (std::isinf(v)) return sign | (all_ones << f.mantissa_bits);
+  const double a = std::fabs(v);
+  if (a < std::ldexp(1.0, 1 - bias)) {
+    return sign | static_cast<uint32_t>(std::ldexp(a, bias - 1 + f.mantissa_bits));
+  }
+  const uint64_t bits = BitsOfDouble(a);
+  const int e = static_cast<int>((bits >> 52) & 0x7ff) - 1023;
+  const auto mantissa = static_cast<uint32_t>((bits >> (52 - f.mantissa_bits)) & ((1u << f.mantissa_bits) - 1));
+  return sign | (static_cast<uint32_t>(e + bias) << f.mantissa_bits) | mantissa;
+}
+
+double DecodeSlow(ElemType t, uint32_t bits) {
+  const Format fm = FormatOf(t);
+  const int bias = (1 << (fm.exponent_bits - 1)) - 1;
+  const uint32_t mantissa = bits & ((1u << fm.mantissa_bits) - 1);
+  const uint32_t exponent = (bits >> fm.mantissa_bits) & ((1u << fm.exponent_bits) - 1);
+  const bool negative = (bits >> (fm.mantissa_bits + fm.exponent_bits)) & 1u;
+  double a;
+  if (exponent == (1u << fm.exponent_bits) - 1) {
+    a = mantissa ? NAN : INFINITY;
+  } else if (exponent == 0) {
+    a = std::ldexp(static_cast<double>(mantissa), 1 - bias - fm.mantissa_bits);
+  } else {
+    a = std::ldexp(1.0 + std::ldexp(static_cast<double>(mantissa), -fm.mantissa_bits),
+                   static_cast<int>(exponent) - bias);
+  }
+  return negative ? -a : a;
+}
+
+double Decode(ElemType t, uint32_t bits) {
+  if (t == ElemType::kFloat32) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  // every 16-bit value, decoded once
+  static const std::vector<double> tables[2] = {
+      [] {
+        std::vector<double> v(65536);
+        for (uint32_t b = 0; b < 65536; ++b) v[b] = DecodeSlow(ElemType::kFloat16, b);
+        return v;
+      }(),
+      [] {
+        std::vector<double> v(65536);
+        for (uint32_t b = 0; b < 65536; ++b) v[b] = DecodeSlow(ElemType::kBFloat16, b);
+        return v;
+      }()};
+  return tables[t == ElemType::kFloat16 ? 0 : 1][bits & 0xffffu];
+}
+
+// A tensor of one element type, starting `offset` bytes past a 64-byte boundary.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(ElemType t, size_t count, size_t offset) : type_(t), count_(count), offset_(offset) {
+    storage_.assign(count * SizeOf(t) + offset + 128, 0xAB);
+    const auto base = reinterpret_cast<uintptr_t>(storage_.data());
+    start_ = static_cast<size_t>((64 - base % 64) % 64) + offset;
+  }
+  ElemType type() const { return type_; }
+  size_t count() const { return count_; }
+  void* data() { return storage_.data() + start_; }
+  const void* data() const { return storage_.data() + start_; }
+  size_t bytes() const { return count_ * SizeOf(type_); }
+  uint32_t Bits(size_t i) const {
+    if (SizeOf(type_) == 4) {
+      uint32_t u;
+      std::memcpy(&u, static_cast<const char*>(data()) + 4 * i, 4);
+      return u;
+    }
+    uint16_t h;
+    std::memcpy(&h, static_cast<const char*>(data()) + 2 * i, 2);
+    return h;
+  }
+  double Get(size_t i) const { return Decode(type_, Bits(i)); }
+  void Set(size_t i, double v) {
+    const uint32_t bits = Encode(type_, RoundTo(type_, v));
+    if (SizeOf(type_) == 4) {
+      std::memcpy(static_cast<char*>(data()) + 4 * i, &bits, 4);
+    } else {
+      const auto h = static_cast<uint16_t>(bits);
+      std::memcpy(static_cast<char*>(data()) + 2 * i, &h, 2);
+    }
+  }
+  void Fill(uint8_t byte) { std::memset(data(), byte, bytes()); }
+  bool SameBytes(const Tensor& other) const {
+    return bytes() == other.bytes() && std::memcmp(data(), other.data(), bytes()) == 0;
+  }
+  // Whether nothing was written in the 64 bytes on either side of the tensor.
+  bool GuardsIntact() const {
+    for (size_t i = 0; i < start_; ++i) {
+      if (storage_[i] != 0xAB) return false;
+    }
+    for (size_t i = start_ + bytes(); i < storage_.size(); ++i) {
+      if (storage_[i] != 0xAB) return false;
+    }
+    return true;
+  }
+
+ private:
+  ElemType type_ = ElemType::kFloat32;
+  size_t count_ = 0;
+  size_t offset_ = 0;
+  size_t start_ = 0;
+  std::vector<uint8_t> storage_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// One call of a kernel: inputs, attributes, and the reference.
+
+enum WeightSlot { kScale, kBias, kXBias, kInnerScale, kInnerBias, kSlots };
+const char* const kSlotNames[kSlots] = {"Scale", "Bias", "XBias", "InnerScale", "InnerBias"};
+
+bool OpHasInput(const OpSpec& op, const char* name) {
+  for (const auto& p : op.inputs) {
+    if (std::strcmp(p.name, name) == 0) return true;
+  }
+  return false;
+}
+
+struct Case {
+  std::string label;
+  const OpSpec* op = nullptr;
+  ElemType t = ElemType::kFloat32, s = ElemType::kFloat32;
+  int64_t rows = 1, cols = 1;
+  bool present[kSlots] = {};
+  int64_t weight_rows = 1;  // rows of every present weight (row r uses row r % weight_rows)
+  float epsilon = 1e-5f, offset = 0.f, alpha = 1.f;
+  int order_a = 0;
+  bool with_sum = true;
+  size_t misalign = 0;      // bytes past a 64-byte boundary, for X, Residual and Y
+  size_t sum_misalign = 0;  // and for Sum
+  double mean = 0.0, spread = 1.0;
+  bool outliers = false;      // the first values of each row far from its mean
+  bool specials = false;      // NaN and Inf among the inputs
+  bool wide_weights = false;  // weights whose products overflow or underflow the 16-bit types
+};
+
+struct Inputs {
+  Tensor x, residual;
+  Tensor weights[kSlots];
+};
+
+Inputs MakeInputs(const Case& c, std::mt19937_64& rng) {
+  Inputs in;
+  const size_t count = static_cast<size_t>(c.rows * c.cols);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  in.x = Tensor(c.t, count, c.misalign);
+  for (size_t i = 0; i < count; ++i) {
+    double v = c.mean + c.spread * normal(rng);
+    if (c.outliers && i % static_cast<size_t>(c.cols) < 20) v = c.mean + 1000.0;
+    in.x.Set(i, v);
+  }
+  if (c.specials && count >= 8) {
+    in.x.Set(0, NAN);
+    in.x.Set(count / 2, INFINITY);
+    in.x.Set(count - 1, -INFINITY);
+  }
+  if (c.op->residual != ResidualKind::kNone) {
+    in.residual = Tensor(c.t, count, c.misalign);
+    for (size_t i = 0; i < count; ++i) in.residual.Set(i, normal(rng));
+  }
+  std::uniform_real_distribution<double> exponent(-24.0, 17.0);
+  for (int w = 0; w < kSlots; ++w) {
+    if (!c.present[w]) continue;
+    const size_t n = static_cast<size_t>(c.weight_rows * c.cols);
+    in.weights[w] = Tensor(c.s, n, 4 * static_cast<size_t>(w));
+    const bool scale = w == kScale || w == kInnerScale;
+    for (size_t i = 0; i < n; ++i) {
+      double v = (scale ? 1.0 : 0.0) + 0.3 * normal(rng);
+      if (c.wide_weights && scale) v = std::exp2(exponent(rng)) * (i % 2 ? 1.0 : -1.0);
+      in.weights[w].Set(i, v);
+    }
+  }
+  return in;
+}
+
+// The reference: float64 arithmetic, rounded to X's type where the op's definition rounds
+// (docs/norms.md; onnxnorm/ops/reference.py computes the same).
+struct Expected {
+  std::vector<double> y, sum;
+};
+
+double WeightAt(const Inputs& in, const Case& c, int slot, int64_t r, int64_t j, bool* present) {
+  *present = c.present[slot];
+  if (!*present) return 0.0;
+  return in.weights[slot].Get(static_cast<size_t>((r % c.weight_rows) * c.cols + j));
+}
+
+// Norm(z) * (scale + offset) + bias of one row, rounded to X's type.
+void NormRowReference(const Case& c, const Inputs& in, int scale_slot, int bias_slot, int64_t r,
+                      const std::vector<double>& z, double* out) {
+  const int64_t n = c.cols;
+  double mean = 0.0;
+  if (c.op->norm == NormKind::kLayer) {
+    for (double v : z) mean += v;
+    mean /= static_cast<double>(n);
+  }
+  double var = 0.0;
+  for (double v : z) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(n);
+  const double inv = 1.0 / std::sqrt(var + static_cast<double>(c.epsilon));
+  const bool order_a = c.order_a && c.t != ElemType::kFloat32;
+  for (int64_t j = 0; j < n; ++j) {
+    const double normalized = (z[static_cast<size_t>(j)] - mean) * inv;
+    bool has_scale = false, has_bias = false;
+    const double scale = WeightAt(in, c, scale_slot, r, j, &has_scale);
+    const double bias = bias_slot >= 0 ? WeightAt(in, c, bias_slot, r, j, &has_bias) : 0.0;
+    double y;
+    if (order_a) {
+      double s = has_scale ? RoundTo(c.t, scale) : 1.0;
+      if (c.offset != 0.f) s = RoundTo(c.t, s + RoundTo(c.t, c.offset));
+      y = RoundTo(c.t, RoundTo(c.t, normalized) * s);
+      if (has_bias) y = RoundTo(c.t, y + RoundTo(c.t, bias));
+    } else {
+      y = normalized * ((has_scale ? scale : 1.0) + static_cast<double>(c.offset));
+      if (has_bias) y += bias;
+      y = RoundTo(c.t, y);
+    }
+    out[j] = y;
+  }
+}
+
+Expected Reference(const Case& c, const Inputs& in) {
+  const int64_t n = c.cols;
+  Expected e;
+  e.y.resize(static_cast<size_t>(c.rows * n));
+  if (c.op->residual != ResidualKind::kNone) e.sum.resize(e.y.size());
+  std::vector<double> z(static_cast<size_t>(n)), inner(static_cast<size_t>(n));
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const size_t base = static_cast<size_t>(r * n);
+    for (int64_t j = 0; j < n; ++j) z[static_cast<size_t>(j)] = in.x.Get(base + static_cast<size_t>(j));
+    if (c.op->residual == ResidualKind::kSkip) {
+      for (int64_t j = 0; j < n; ++j) {
+        bool has = false;
+        const double xbias = WeightAt(in, c, kXBias, r, j, &has);
+        const double total = static_cast<double>(c.alpha) * in.residual.Get(base + static_cast<size_t>(j)) +
+                             z[static_cast<size_t>(j)] + xbias;
+        z[static_cast<size_t>(j)] = RoundTo(c.t, total);
+      }
+    } else if (c.op->residual == ResidualKind::kSandwich) {
+      NormRowReference(c, in, kInnerScale, kInnerBias, r, z, inner.data());
+      for (int64_t j = 0; j < n; ++j) {
+        z[static_cast<size_t>(j)] =
+            RoundTo(c.t, in.residual.Get(base + static_cast<size_t>(j)) + inner[static_cast<size_t>(j)]);
+      }
+    }
+    if (!e.sum.empty()) std::copy(z.begin(), z.end(), e.sum.begin() + static_cast<std::ptrdiff_t>(base));
+    NormRowReference(c, in, kScale, kBias, r, z, e.y.data() + base);
+  }
+  return e;
+}
+
+// The per-type tolerance of the Python tests (onnxnorm.ops.reference.tolerance).
+void Tolerance(ElemType t, double* rtol, double* atol) {
+  *rtol = *atol = t == ElemType::kFloat16 ? 2e-3 : t == ElemType::kBFloat16 ? 1.6e-2 : 1e-5;
+}
+
+bool Close(double got, double want, double rtol, double atol) {
+  if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
+  if (std::isinf(want) || std::isinf(got)) return got == want;
+  return std::fabs(got - want) <= atol + rtol * std::fabs(want);
+}
+
+struct Outputs {
+  Tensor y, sum;
+};
+
+Outputs Run(NormRowsFn fn, const Case& c, const Inputs& in, int splits) {
+  const size_t count = static_cast<size_t>(c.rows * c.cols);
+  Outputs out;
+  out.y = Tensor(c.t, count, c.misalign);
+  out.y.Fill(0xCD);
+  NormArgs a;
+  a.op = c.op->id;
+  a.x_type = c.t;
+  a.weight_type = c.s;
+  a.cast_before_scale = c.order_a;
+  a.rows = c.rows;
+  a.cols = c.cols;
+  a.x = in.x.data();
+  a.y = out.y.data();
+  if (c.op->residual != ResidualKind::kNone) {
+    a.residual = in.residual.data();
+    if (c.with_sum) {
+      out.sum = Tensor(c.t, count, c.sum_misalign);
+      out.sum.Fill(0xCD);
+      a.sum = out.sum.data();
+    }
+  }
+  const void* NormArgs::*data[kSlots] = {&NormArgs::scale, &NormArgs::bias, &NormArgs::xbias, &NormArgs::inner_scale,
+                                         &NormArgs::inner_bias};
+  int64_t NormArgs::*rows[kSlots] = {&NormArgs::scale_rows, &NormArgs::bias_rows, &NormArgs::xbias_rows,
+                                     &NormArgs::inner_scale_rows, &NormArgs::inner_bias_rows};
+  for (int w = 0; w < kSlots; ++w) {
+    if (!c.present[w]) continue;
+    a.*data[w] = in.weights[w].data();
+    a.*rows[w] = c.weight_rows;
+  }
+  a.epsilon = c.epsilon;
+  a.scale_offset = c.offset;
+  a.alpha = c.alpha;
+  // the rows in `splits` ranges of different sizes, as a thread pool may hand them out
+  int64_t begin = 0;
+  for (int k = 1; k <= splits; ++k) {
+    const int64_t end = k == splits ? c.rows : c.rows * k * k / (splits * splits);
+    fn(a, begin, end);
+    begin = end > begin ? end : begin;
+  }
+  return out;
+}
+
+std::string Describe(const Case& c, const char* isa) {
+  std::string s = std::string(c.op->name) + " " + NameOf(c.t) + "/" + NameOf(c.s) + " " + std::to_string(c.rows) +
+                  "x" + std::to_string(c.cols) + " [" + c.label + "] inputs:";
+  for (int w = 0; w < kSlots; ++w) {
+    if (c.present[w]) s += std::string(" ") + kSlotNames[w];
+  }
+  s += " order_a=" + std::to_string(c.order_a) + " sum=" + std::to_string(c.with_sum) + " isa=" + isa;
+  return s;
+}
+
+// Checks an output against the reference; the first mismatch is reported.
+void CheckOutput(const char* name, const Tensor& got, const std::vector<double>& want, const Case& c,
+                 const char* isa) {
+  ++g_checks;
+  double rtol, atol;
+  Tolerance(c.t, &rtol, &atol);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = got.Get(i);
+    if (!Close(g, want[i], rtol, atol)) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), ": %s[%zu] = %.9g, want %.9g", name, i, g, want[i]);
+      Fail(Describe(c, isa) + buf);
+      return;
+    }
+  }
+  if (!got.GuardsIntact()) Fail(Describe(c, isa) + ": wrote outside " + name);
+}
+
+// Runs one case on every instruction set: each against the reference, and all of them (and the
+// rows split as threads split them) byte for byte against the first.
+void CheckCase(const Case& c, std::mt19937_64& rng) {
+  const Inputs in = MakeInputs(c, rng);
+  const Expected want = Reference(c, in);
+  Outputs first;
+  const char* first_isa = nullptr;
+  for (int level = 0; level <= static_cast<int>(cpu::SupportedIsa()); ++level) {
+    const auto isa = static_cast<cpu::Isa>(level);
+    const char* isa_name = cpu::IsaName(isa);
+    NormRowsFn fn = cpu::GetNormRowsFor(isa, c.op->norm, c.op->residual, c.t, c.s);
+    if (fn == nullptr) {
+      Fail(Describe(c, isa_name) + ": no kernel");
+      continue;
+    }
+    for (int splits : {1, 3}) {
+      if (splits > 1 && c.rows < 3) continue;
+      Outputs out = Run(fn, c, in, splits);
+      if (first_isa == nullptr) {
+        CheckOutput("Y", out.y, want.y, c, isa_name);
+        if (c.with_sum && !want.sum.empty()) CheckOutput("Sum", out.sum, want.sum, c, isa_name);
+        first = std::move(out);
+        first_isa = isa_name;
+        continue;
+      }
+      ++g_checks;
+      const bool same = out.y.SameBytes(first.y) && (out.sum.count() == 0 || out.sum.SameBytes(first.sum));
+      if (!same) {
+        // NaN payloads may differ; anything else must not
+        bool only_nan = c.specials;
+        for (size_t i = 0; only_nan && i < want.y.size(); ++i) {
+          const double a = out.y.Get(i), b = first.y.Get(i);
+          only_nan = (std::isnan(a) && std::isnan(b)) || out.y.Bits(i) == first.y.Bits(i);
+        }
+        if (!only_nan || out.sum.count() != 0) {
+          size_t i = 0;
+          while (i < want.y.size() && out.y.Bits(i) == first.y.Bits(i)) ++i;
+          char buf[200];
+          std::snprintf(buf, sizeof(buf), ": differs from %s%s (first at Y[%zu]: %.9g vs %.9g)", first_isa,
+                        splits > 1 ? " when the rows are split" : "", i,
+                        i < want.y.size() ? out.y.Get(i) : 0.0, i < want.y.size() ? first.y.Get(i) : 0.0);
+          Fail(Describe(c, isa_name) + buf);
+        }
+      }
+      if (!out.y.GuardsIntact() || (out.sum.count() != 0 && !out.sum.GuardsIntact())) {
+        Fail(Describe(c, isa_name) + ": wrote outside an output");
+      }
+    }
+  }
+}
+
+// The weights an op has, by slot.
+void PresentAll(const OpSpec& op, bool present[kSlots], bool value) {
+  for (int w = 0; w < kSlots; ++w) present[w] = value && OpHasInput(op, kSlotNames[w]);
+}
+
+int TestOp(const OpSpec& op) {
+  const int failures_before = g_failures, checks_before = g_checks;
+  std::mt19937_64 rng(0x5eed + static_cast<int>(op.id));
+  const bool rms = op.norm == NormKind::kRms;
+  const bool skip = op.residual == ResidualKind::kSkip;
+  const bool residual = op.residual != ResidualKind::kNone;
+  const int64_t widths[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 37, 63, 64, 65, 100, 127, 128, 130, 257, 1000, 4096};
+  int cases = 0;
+  for (const auto& pair : onnxnorm::kTypePairs) {
+    // every width, all weights present, both rounding orders, a different misalignment each
+    int k = 0;
+    for (int64_t cols : widths) {
+      Case c;
+      c.label = "width";
+      c.op = &op;
+      c.t = pair.t;
+      c.s = pair.s;
+      c.rows = cols >= 1000 ? 3 : 5;
+      c.cols = cols;
+      PresentAll(op, c.present, true);
+      c.order_a = k % 2;
+      c.misalign = static_cast<size_t>(k % 4) * 12;
+      c.sum_misalign = static_cast<size_t>(k % 3) * 4;
+      c.epsilon = k % 3 == 0 ? 1e-3f : 1e-5f;
+      c.with_sum = k % 5 != 4;
+      if (rms && k % 4 == 1) c.offset = 1.f;
+      if (skip && k % 3 == 1) c.alpha = 0.5f;
+      CheckCase(c, rng);
+      ++cases;
+      ++k;
+    }
+    // every subset of the optional weights, with and without Sum, in both orders, per-head weights
+    int subset_count = 1 << kSlots;
+    for (int subset = 0; subset < subset_count; ++subset) {
+      Case c;
+      c.label = "inputs";
+      c.op = &op;
+      c.t = pair.t;
+      c.s = pair.s;
+      c.rows = 6;
+      c.cols = 96 + subset;
+      bool valid = true;
+      for (int w = 0; w < kSlots; ++w) {
+        c.present[w] = (subset >> w) & 1;
+        if (c.present[w] && !OpHasInput(op, kSlotNames[w])) valid = false;
+      }
+      if (!valid) continue;
+      for (int variant = 0; variant < 4; ++variant) {
+        c.order_a = variant & 1;
+        c.with_sum = residual && (variant & 2);
+        c.weight_rows = variant == 3 ? 3 : 1;  // row r uses weight row r % 3
+        c.offset = rms && variant == 2 ? 1.f : 0.f;
+        c.alpha = skip && variant == 1 ? 2.f : 1.f;
+        c.misalign = static_cast<size_t>(variant) * 4;
+        CheckCase(c, rng);
+        ++cases;
+      }
+    }
+    // weights spanning the 16-bit types' range: outputs that overflow to Inf and underflow to
+    // subnormals, through every instruction set's conversions
+    if (pair.t != ElemType::kFloat32) {
+      Case c;
+      c.label = "wide weights";
+      c.op = &op;
+      c.t = pair.t;
+      c.s = pair.s;
+      c.rows = 4;
+      c.cols = 300;
+      PresentAll(op, c.present, true);
+      c.present[kBias] = c.present[kInnerBias] = c.present[kXBias] = false;
+      c.wide_weights = true;
+      for (int order : {0, 1}) {
+        c.order_a = order;
+        CheckCase(c, rng);
+        ++cases;
+      }
+    }
+    // NaN and Inf in X
+    {
+      Case c;
+      c.label = "NaN/Inf";
+      c.op = &op;
+      c.t = pair.t;
+      c.s = pair.s;
+      c.rows = 4;
+      c.cols = 40;
+      PresentAll(op, c.present, true);
+      c.specials = true;
+      CheckCase(c, rng);
+      ++cases;
+    }
+    // LayerNorm's statistics: a large mean with a small spread, and first values far from the mean
+    if (!rms) {
+      Case c;
+      c.label = "large mean";
+      c.op = &op;
+      c.t = pair.t;
+      c.s = pair.s;
+      c.rows = 8;
+      c.cols = 4096;
+      c.mean = pair.t == ElemType::kFloat32 ? 1e4 : 100.0;
+      c.spread = pair.t == ElemType::kFloat32 ? 1e-2 : 1.0;
+      c.present[kScale] = true;
+      CheckCase(c, rng);
+      c.label = "outliers first";
+      c.rows = 6;
+      c.cols = 300;
+      c.mean = 0.0;
+      c.spread = 1.0;
+      c.outliers = true;
+      CheckCase(c, rng);
+      cases += 2;
+    }
+  }
+  // Calls large enough to stream their outputs (cpu::kStreamMinBytes moved or more): misaligned,
+  // with Sum on a different alignment than Y, aligned, and short rows that each start on a 64-byte
+  // boundary; each also split into row ranges as the thread pool does.
+  for (ElemType t : {ElemType::kFloat32, ElemType::kFloat16}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      Case c;
+      c.op = &op;
+      c.t = c.s = t;
+      c.label = variant == 0 ? "streamed" : variant == 1 ? "streamed, aligned" : "streamed, short aligned rows";
+      c.cols = variant == 2 ? 128 : 4096 + 24;
+      const int64_t bytes_per_row = c.cols * static_cast<int64_t>(SizeOf(t)) * (residual ? 3 : 2);
+      c.rows = (cpu::kStreamMinBytes + (int64_t{1} << 20)) / bytes_per_row + 1;
+      PresentAll(op, c.present, true);
+      c.misalign = variant == 0 ? 20 : 0;
+      c.sum_misalign = variant == 0 ? 36 : 0;
+      c.order_a = t != ElemType::kFloat32;
+      CheckCase(c, rng);
+      ++cases;
+    }
+  }
+  std::printf("%-18s %4d cases, %5d checks against the reference and across instruction sets: %s\n", op.name,
+              cases, g_checks - checks_before, g_failures == failures_before ? "ok" : "FAILED");
+  return g_failures == failures_before ? 0 : 1;
+}
+
+// The conversions of cpu_internal.h (portable kernels; the vector ones are held to the same bits
+// by the cross-instruction-set checks) against Encode(RoundTo(...)).
+int TestConversions() {
+  const int failures_before = g_failures;
+  int checks = 0;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const double want = Decode(ElemType::kFloat16, h);
+    const float got = cpu::HalfToFloat(static_cast<uint16_t>(h));
+    ++checks;
+    if (!(got == want || (std::isnan(got) && std::isnan(want)))) Fail("float16 -> float32 of " + std::to_string(h));
+    const double want_b = Decode(ElemType::kBFloat16, h);
+    const float got_b = cpu::BFloat16ToFloat(static_cast<uint16_t>(h));
+    ++checks;
+    if (!(got_b == want_b || (std::isnan(got_b) && std::isnan(want_b)))) {
+      Fail("bfloat16 -> float32 of " + std::to_string(h));
+    }
+  }
+  // float32 -> float16 / bfloat16: every exponent with mantissas at and around the rounding
+  // points, both signs, and random values
+  std::vector<uint32_t> samples;
+  const uint32_t mantissas[] = {0u,      1u,      0xfffu,  0x1000u, 0x1001u, 0x1fffu, 0x2000u, 0x3000u,
+                                0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0x17fffu, 0x7fffffu, 0x400000u, 0x401000u};
+  for (uint32_t e = 0; e < 256; ++e) {
+    for (uint32_t m : mantissas) {
+      samples.push_back((e << 23) | m);
+      samples.push_back(0x80000000u | (e << 23) | m);
+    }
+  }
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 2000000; ++i) samples.push_back(static_cast<uint32_t>(rng()));
+  for (uint32_t bits : samples) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    for (ElemType t : {ElemType::kFloat16, ElemType::kBFloat16}) {
+      uint32_t want;
+      if (std::isnan(f)) {
+        // a quiet NaN with the top of the payload, sign kept
+        const Format fm = FormatOf(t);
+        const uint32_t top = (bits & 0x7fffffu) >> (23 - fm.mantissa_bits);
+        want = ((bits >> 31) << (fm.mantissa_bits + fm.exponent_bits)) |
+               (((1u << fm.exponent_bits) - 1) << fm.mantissa_bits) | (1u << (fm.mantissa_bits - 1)) | top;
+      } else {
+        want = Encode(t, RoundTo(t, f));
+      }
+      const uint32_t got = t == ElemType::kFloat16 ? cpu::FloatToHalf(f) : cpu::FloatToBFloat16(f);
+      ++checks;
+      if (got != want) {
+        char buf[120];
+        std::snprintf(buf, sizeof(buf), "float32 %08x -> %s: %04x, want %04x", bits, NameOf(t), got, want);
+        Fail(buf);
+      }
+    }
+  }
+  g_checks += checks;
+  std::printf("%-18s %d values: %s\n", "conversions", checks, g_failures == failures_before ? "ok" : "FAILED");
+  return g_failures == failures_before ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string only_op;
+  bool conversions = false, all = argc == 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--op" && i + 1 < argc) {
+      only_op = argv[++i];
+    } else if (arg == "--conversions") {
+      conversions = true;
+    } else {
+      std::printf("usage: %s [--op NAME] [--conversions]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::printf("instruction sets on this CPU:");
+  for (int level = 0; level <= static_cast<int>(cpu::SupportedIsa()); ++level) {
+    std::printf(" %s", cpu::IsaName(static_cast<cpu::Isa>(level)));
+  }
+  std::printf("\n");
+  int status = 0;
+  if (all || conversions) status |= TestConversions();
+  bool found = only_op.empty();
+  for (const OpSpec& op : onnxnorm::kOps) {
+    if (all || only_op == op.name) {
+      status |= TestOp(op);
+      found = true;
+    }
+  }
+  if (!found) {
+    std::printf("unknown op %s\n", only_op.c_str());
+    return 2;
+  }
+  // a weight type that is neither X's nor float32 has no kernel
+  if (cpu::GetNormRows(NormKind::kRms, ResidualKind::kNone, ElemType::kFloat16, ElemType::kBFloat16) != nullptr) {
+    Fail("a kernel for float16 X with bfloat16 weights");
+    status = 1;
+  }
+  std::printf("%s\n", status == 0 ? "all passed" : "FAILED");
+  return status;
+}
