@@ -81,7 +81,10 @@ class NormKernel final : public Kernel {
     return nullptr;
   }
 
-  void UseCpu(NormRowsFn rows) { cpu_rows_ = rows; }
+  void UseCpu(NormRowsFn rows, NormRowsFn small_call_rows) {
+    cpu_rows_ = rows;
+    cpu_small_call_rows_ = small_call_rows;
+  }
   void UseCuda(CudaLaunchFn launch) { cuda_launch_ = launch; }
 
   OrtStatus* Compute(OrtKernelContext* context) noexcept override {
@@ -113,8 +116,10 @@ class NormKernel final : public Kernel {
   OrtStatus* ComputeImpl(OrtKernelContext* context) {
     const OpSpec& spec = *entry_.spec;
     const char* op = spec.name;
+    size_t input_count = 0;
+    if (OrtStatus* s = api_.KernelContext_GetInputCount(context, &input_count)) return s;
     InputTensor x;
-    if (OrtStatus* s = GetInput(api_, context, 0, &x)) return s;
+    if (OrtStatus* s = GetInput(api_, context, 0, input_count, &x)) return s;
     if (!x.present) return MakeError(api_, ORT_INVALID_ARGUMENT, op, "input X is required");
     if (OrtStatus* s = CheckType("X", x, entry_.t)) return s;
 
@@ -129,7 +134,7 @@ class NormKernel final : public Kernel {
     for (size_t i = 1; i < spec.inputs.size(); ++i) {
       const char* name = spec.inputs[i].name;
       InputTensor input;
-      if (OrtStatus* s = GetInput(api_, context, i, &input)) return s;
+      if (OrtStatus* s = GetInput(api_, context, i, input_count, &input)) return s;
       if (!input.present) {
         if (!spec.inputs[i].optional) {
           return MakeError(api_, ORT_INVALID_ARGUMENT, op, std::string("input ") + name + " is required");
@@ -177,7 +182,9 @@ class NormKernel final : public Kernel {
     }
 
     if (cpu_rows_ != nullptr) {
-      RunRows(api_, context, cpu_rows_, args);
+      // rows * cols is the element count of a tensor that exists, so it does not overflow
+      const bool small = args.rows * args.cols < cpu::kSmallCallElements;
+      RunRows(api_, context, small ? cpu_small_call_rows_ : cpu_rows_, args);
       return nullptr;
     }
     void* stream = nullptr;
@@ -195,6 +202,7 @@ class NormKernel final : public Kernel {
   int residual_slot_ = -1;
   const WeightField* weights_[kMaxInputs] = {};  // by input index
   NormRowsFn cpu_rows_ = nullptr;
+  NormRowsFn cpu_small_call_rows_ = nullptr;  // the same bits, for calls below cpu::kSmallCallElements
   CudaLaunchFn cuda_launch_ = nullptr;
 };
 
@@ -220,13 +228,14 @@ OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const K
   NormKernel* kernel = NewKernel(api, info, entry, &status);
   if (kernel == nullptr) return status;
   NormRowsFn rows = cpu::GetNormRows(entry.spec->norm, entry.spec->residual, entry.t, entry.s);
-  if (rows == nullptr) {
+  NormRowsFn small_call_rows = cpu::GetNormRowsForSmallCalls(entry.spec->norm, entry.spec->residual, entry.t, entry.s);
+  if (rows == nullptr || small_call_rows == nullptr) {
     delete kernel;
     return MakeError(api, ORT_FAIL, entry.spec->name,
                      std::string("no CPU kernel for X of type ") + kElemTypeNames[static_cast<int>(entry.t)] +
                          " with weights of type " + kElemTypeNames[static_cast<int>(entry.s)]);
   }
-  kernel->UseCpu(rows);
+  kernel->UseCpu(rows, small_call_rows);
   *out = kernel;
   return nullptr;
 }

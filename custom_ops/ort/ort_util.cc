@@ -1,7 +1,9 @@
 #include "ort_util.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <type_traits>
 
@@ -37,26 +39,94 @@ std::string FormatShape(const int64_t* dims, size_t rank) {
   return out;
 }
 
-OrtStatus* GetInput(const OrtApi& api, OrtKernelContext* context, size_t index, InputTensor* out) {
+namespace {
+
+using ShapeReferenceFn = OrtStatus*(ORT_API_CALL*)(const OrtValue* value, ONNXTensorElementDataType* type,
+                                                   const int64_t** dims, size_t* rank);
+std::atomic<ShapeReferenceFn> g_shape_reference{nullptr};
+
+// OrtApi::GetTensorElementTypeAndShapeDataReference of ONNX Runtime 1.24 and newer, or nullptr.
+ShapeReferenceFn LookUpShapeReference(const OrtApiBase& base, const OrtApi& api) {
+#if ORT_API_VERSION >= 24
+  (void)base;
+  return api.GetTensorElementTypeAndShapeDataReference;
+#else
+  // Built against older headers: the function is taken from the runtime's table by its place.
+  // OrtApi only ever grows at its end, so the entry of a function never moves; this one is entry
+  // 414 (byte offset 3312 on 64-bit platforms), the last that ONNX Runtime 1.24 added.
+  (void)api;
+  constexpr size_t kEntry = 414;
+  const OrtApi* api24 = base.GetApi(24);
+  if (api24 == nullptr) return nullptr;
+  static_assert(sizeof(ShapeReferenceFn) == sizeof(void*), "function pointers the size of data pointers");
+  ShapeReferenceFn fn = nullptr;
+  std::memcpy(&fn, reinterpret_cast<const unsigned char*>(api24) + kEntry * sizeof(void*), sizeof(fn));
+  return fn;
+#endif
+}
+
+// Type and shape the allocating way.
+OrtStatus* TypeAndShape(const OrtApi& api, const OrtValue* value, ONNXTensorElementDataType* type, Dims* dims) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  if (OrtStatus* s = api.GetTensorTypeAndShape(value, &info)) return s;
+  OrtStatus* status = api.GetTensorElementType(info, type);
+  size_t rank = 0;
+  if (status == nullptr) status = api.GetDimensionsCount(info, &rank);
+  if (status == nullptr && !dims->Resize(rank)) status = api.CreateStatus(ORT_FAIL, "onnxnorm: out of memory");
+  if (status == nullptr) status = api.GetDimensions(info, dims->mutable_data(), rank);
+  api.ReleaseTensorTypeAndShapeInfo(info);
+  return status;
+}
+
+}  // namespace
+
+void EnableShapeReferences(const OrtApiBase& base, const OrtApi& api) {
+  ShapeReferenceFn fn = LookUpShapeReference(base, api);
+  if (fn == nullptr) return;
+  // Asks it about a small tensor, and uses it only if it answers as GetTensorTypeAndShape does.
+  OrtMemoryInfo* memory = nullptr;
+  if (OrtStatus* s = api.CreateCpuMemoryInfo(OrtDeviceAllocator, OrtMemTypeDefault, &memory)) {
+    api.ReleaseStatus(s);
+    return;
+  }
+  float values[6] = {};
+  const int64_t shape[3] = {1, 2, 3};
+  OrtValue* value = nullptr;
+  OrtStatus* status = api.CreateTensorWithDataAsOrtValue(memory, values, sizeof(values), shape, 3,
+                                                         ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &value);
+  bool same = false;
+  if (status == nullptr) {
+    ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, slow_type = type;
+    const int64_t* dims = nullptr;
+    size_t rank = 0;
+    Dims slow;
+    status = fn(value, &type, &dims, &rank);
+    if (status == nullptr) status = TypeAndShape(api, value, &slow_type, &slow);
+    same = status == nullptr && type == slow_type && type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && dims != nullptr &&
+           rank == slow.rank() && rank == 3 && std::memcmp(dims, slow.data(), sizeof(shape)) == 0 &&
+           std::memcmp(dims, shape, sizeof(shape)) == 0;
+  }
+  if (status != nullptr) api.ReleaseStatus(status);
+  if (value != nullptr) api.ReleaseValue(value);
+  api.ReleaseMemoryInfo(memory);
+  if (same) g_shape_reference.store(fn);
+}
+
+OrtStatus* GetInput(const OrtApi& api, OrtKernelContext* context, size_t index, size_t count, InputTensor* out) {
   out->present = false;
-  size_t count = 0;
-  if (OrtStatus* s = api.KernelContext_GetInputCount(context, &count)) return s;
   if (index >= count) return nullptr;
   const OrtValue* value = nullptr;
   if (OrtStatus* s = api.KernelContext_GetInput(context, index, &value)) return s;
   if (value == nullptr) return nullptr;
 
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  if (OrtStatus* s = api.GetTensorTypeAndShape(value, &info)) return s;
-  OrtStatus* status = api.GetTensorElementType(info, &out->type);
-  size_t rank = 0;
-  if (status == nullptr) status = api.GetDimensionsCount(info, &rank);
-  if (status == nullptr && !out->dims.Resize(rank)) {
-    status = api.CreateStatus(ORT_FAIL, "onnxnorm: out of memory");
+  if (ShapeReferenceFn fn = g_shape_reference.load(std::memory_order_relaxed)) {
+    const int64_t* dims = nullptr;
+    size_t rank = 0;
+    if (OrtStatus* s = fn(value, &out->type, &dims, &rank)) return s;
+    out->dims.Borrow(dims, rank);
+  } else {
+    if (OrtStatus* s = TypeAndShape(api, value, &out->type, &out->dims)) return s;
   }
-  if (status == nullptr) status = api.GetDimensions(info, out->dims.data(), rank);
-  api.ReleaseTensorTypeAndShapeInfo(info);
-  if (status != nullptr) return status;
 
   // The C API hands out input data through a non-const OrtValue; it is only read here.
   void* data = nullptr;

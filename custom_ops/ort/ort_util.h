@@ -38,23 +38,31 @@ class StatusHolder {
   OrtStatus* status_;
 };
 
-// Tensor dimensions without a heap allocation up to kInline dimensions.
+// Tensor dimensions: ORT's own shape array of a tensor, lent for the duration of a call, or a
+// copy without a heap allocation up to kInline dimensions.
 class Dims {
  public:
   static constexpr size_t kInline = 8;
   Dims() = default;
   Dims(const Dims&) = delete;
   Dims& operator=(const Dims&) = delete;
-  // Sets the rank; the values are then written through data(). False if out of memory.
+  // Sets the rank of an owned copy; the values are then written through mutable_data(). False if
+  // out of memory.
   bool Resize(size_t rank);
+  // Refers to dims[0, rank), owned by someone else, instead.
+  void Borrow(const int64_t* dims, size_t rank) {
+    borrowed_ = dims;
+    rank_ = rank;
+  }
   size_t rank() const { return rank_; }
-  int64_t* data() { return heap_ ? heap_.get() : inline_; }
-  const int64_t* data() const { return heap_ ? heap_.get() : inline_; }
+  int64_t* mutable_data() { return heap_ ? heap_.get() : inline_; }
+  const int64_t* data() const { return borrowed_ != nullptr ? borrowed_ : heap_ ? heap_.get() : inline_; }
   int64_t operator[](size_t i) const { return data()[i]; }
 
  private:
   int64_t inline_[kInline] = {};
   std::unique_ptr<int64_t[]> heap_;
+  const int64_t* borrowed_ = nullptr;
   size_t rank_ = 0;
 };
 
@@ -70,9 +78,16 @@ struct InputTensor {
   const void* data = nullptr;
 };
 
-// Reads input `index`; an omitted optional input (or one past the node's inputs) gives
-// present == false.
-OrtStatus* GetInput(const OrtApi& api, OrtKernelContext* context, size_t index, InputTensor* out);
+// Reads input `index` of the `count` inputs the context has (KernelContext_GetInputCount); an
+// omitted optional input (or one past the node's inputs) gives present == false. Its dims are
+// ORT's own where the runtime lends them (see EnableShapeReferences), valid during the call.
+OrtStatus* GetInput(const OrtApi& api, OrtKernelContext* context, size_t index, size_t count, InputTensor* out);
+
+// Called once at registration. ONNX Runtime 1.24 added OrtApi::GetTensorElementTypeAndShapeDataReference,
+// which reads a tensor's element type and shape without allocating; GetTensorTypeAndShape, the
+// only way before it, allocates and frees an info object for every input of every call. Where the
+// runtime has it (and it answers a test tensor as GetTensorTypeAndShape does), GetInput uses it.
+void EnableShapeReferences(const OrtApiBase& base, const OrtApi& api);
 
 // Reads an attribute of the node, or its default when the node does not set it. A value of the
 // wrong kind (a float for an int attribute, ...) or one that fails spec.check is an error

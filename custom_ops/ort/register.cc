@@ -10,6 +10,7 @@
 #include "onnxnorm/kernels.h"
 #include "onnxruntime_c_api.h"
 #include "op_table.h"
+#include "ort_util.h"
 
 #define ONNXNORM_STR2(x) #x
 #define ONNXNORM_STR(x) ONNXNORM_STR2(x)
@@ -20,8 +21,9 @@ namespace {
 constexpr const char* kBuiltFor =
     "ONNX Runtime C API " ONNXNORM_STR(ORT_API_VERSION) " (headers 1." ONNXNORM_STR(ORT_API_VERSION) ")";
 
-OrtStatus* Register(OrtSessionOptions* options, const OrtApi& api, const char* runtime_version) {
+OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase& base, const OrtApi& api, const char* runtime_version) {
   onnxnorm::ort::SetRegisteredApi(&api);
+  onnxnorm::ort::EnableShapeReferences(base, api);
   const bool shape_inference = onnxnorm::ort::RuntimeAtLeast(runtime_version, 1, 24);  // see custom_op.h
   // The CUDA kernels join the domain when their library is built next to this one; it is loaded
   // only once ORT creates a kernel on the CUDA execution provider.
@@ -56,7 +58,7 @@ extern "C" ONNXNORM_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionO
     }
   }
   try {
-    return Register(options, *api, runtime);
+    return Register(options, *api_base, *api, runtime);
   } catch (...) {
     // Register reports errors as statuses; this is only reached on std::bad_alloc and the like.
     return api->CreateStatus(ORT_FAIL, "onnxnorm: registration of the custom ops failed (out of memory?)");
