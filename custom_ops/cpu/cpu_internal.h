@@ -12,6 +12,18 @@
 
 #include "onnxnorm/kernels.h"
 
+// The kernels are small functions over vectors that must be inlined into their loops; a translation
+// unit with many kernel instances can exhaust the compiler's inlining budget, and a vector passed
+// to an out-of-line call goes through memory (the portable kernels' vectors are structs).
+#if !defined(ONNXNORM_INLINE)
+#if defined(__GNUC__)
+#define ONNXNORM_INLINE inline __attribute__((always_inline))
+#else
+#define ONNXNORM_INLINE inline
+#endif
+#endif
+
+
 namespace onnxnorm {
 namespace cpu {
 

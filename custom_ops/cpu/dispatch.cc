@@ -1,6 +1,7 @@
 // Chooses the row kernels' instruction set once per process, from what the CPU and the operating
 // system support (cpuid / xgetbv), optionally lowered by the environment variable
 // ONNXNORM_CPU_ISA (portable | avx2 | avx512) for testing and comparisons.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -50,7 +51,13 @@ Isa Chosen() {
   return isa;
 }
 
+std::atomic<int64_t> g_stream_min_bytes{kStreamMinBytes};
+
 }  // namespace
+
+int64_t StreamMinBytes() { return g_stream_min_bytes.load(std::memory_order_relaxed); }
+
+void SetStreamMinBytes(int64_t bytes) { g_stream_min_bytes.store(bytes, std::memory_order_relaxed); }
 
 Isa SupportedIsa() {
   static const Isa isa = Detected();

@@ -5,7 +5,16 @@
 // results are bit for bit those of the AVX2 and AVX-512 kernels (norm_rows.h).
 #include <cstring>
 
+// Plain inline: forced inlining of these vector structs everywhere made this file take minutes to
+// compile, for no faster code.
+#define ONNXNORM_INLINE inline
 #include "cpu_internal.h"
+
+#if defined(__GNUC__)
+#define ONNXNORM_NOINLINE_FN __attribute__((noinline))
+#else
+#define ONNXNORM_NOINLINE_FN
+#endif
 
 namespace onnxnorm {
 namespace cpu {
@@ -56,21 +65,22 @@ struct Isa {
     std::memcpy(a.v, b.u, sizeof(a.v));
     return a;
   }
-  static V Widen(F16, const uint16_t* p) {
+  // (Out of line: inlined into every use, the conversions made this file take minutes to compile.)
+  ONNXNORM_NOINLINE_FN static V Widen(F16, const uint16_t* p) {
     Bits b;
     for (int k = 0; k < W; ++k) b.u[k] = HalfBitsToFloatBits(p[k]);
     return VOfBits(b);
   }
-  static V Widen(BF16, const uint16_t* p) {
+  ONNXNORM_NOINLINE_FN static V Widen(BF16, const uint16_t* p) {
     Bits b;
     for (int k = 0; k < W; ++k) b.u[k] = BFloat16BitsToFloatBits(p[k]);
     return VOfBits(b);
   }
-  static void Narrow(F16, uint16_t* p, V a) {
+  ONNXNORM_NOINLINE_FN static void Narrow(F16, uint16_t* p, V a) {
     const Bits b = BitsOfV(a);
     for (int k = 0; k < W; ++k) p[k] = static_cast<uint16_t>(FloatBitsToHalfBits(b.u[k]));
   }
-  static void Narrow(BF16, uint16_t* p, V a) {
+  ONNXNORM_NOINLINE_FN static void Narrow(BF16, uint16_t* p, V a) {
     const Bits b = BitsOfV(a);
     for (int k = 0; k < W; ++k) p[k] = static_cast<uint16_t>(FloatBitsToBFloat16Bits(b.u[k]));
   }

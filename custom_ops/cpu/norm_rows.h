@@ -14,8 +14,8 @@
 // Every instruction set gives the same bits: each element goes through the same float32
 // operations (no fused multiply-add: a product is rounded before it is added, as the
 // portable code does), and the row sums are taken in one order that does not depend on W: element
-// j of each block of 64 (sum of squares) or 32 (the LayerNorm sums) is added into lane j of its
-// own accumulator, and the lanes are then folded in halves (lane k + lane k + 32, + 16, ..., + 1).
+// j of each block of 32 is added into lane j of its own accumulator, and the lanes are then
+// folded in halves (lane k + lane k + 16, + 8, ..., + 1).
 //
 // Per row, the algorithm is:
 //   RMSNorm:   pass 1 sum of squares; pass 2 Y = X * inv_rms * (Scale + offset) + Bias.
@@ -28,13 +28,15 @@
 //   Skip:      Z = alpha * Residual + X (+ XBias), rounded to X's type.
 //   Sandwich:  Z = Residual + InnerNorm(X), rounded to X's type; a first pass takes the inner
 //              statistics of X.
-//   For both, the statistics pass computes Z from the inputs and, when Sum is wanted, writes it
-//   there; the last pass reads Z back from Sum (from cache). When Sum is not wanted, or is streamed,
-//   every pass computes Z again from the (cached) inputs, and the last pass writes Sum.
+//   For both, the statistics pass computes Z once and keeps it, in float32, in a row buffer on
+//   the stack, from which the last pass writes Sum and Y (rows wider than kBufferCols: Z goes to
+//   Sum, or is computed again when Sum is not wanted or is streamed).
+//   A range of rows that share their weights prepares them once (converted to float32, the
+//   offset added, rounded as the order wants) in stack buffers, instead of in every row.
 //   So every op reads its inputs from memory once and writes each output once. The last pass
 //   writes each row from Y's first 64-byte boundary on a whole vector at a time (the few elements
-//   before it first), and calls that move kStreamBytes or more stream their outputs past the cache
-//   (non-temporal stores).
+//   before it first), and calls that move StreamMinBytes() or more stream their outputs past the
+//   cache (non-temporal stores).
 #pragma once
 
 #include <math.h>
@@ -51,12 +53,7 @@ namespace {
 using V = Isa::V;
 constexpr int W = Isa::W;
 
-// The widths of the two kinds of row sums (see the top of this file): each a multiple of every W.
-constexpr int kSquareLanes = 64;
-constexpr int kCentredLanes = 32;
-static_assert(kSquareLanes % W == 0 && kCentredLanes % W == 0, "lanes of the row sums");
-
-// Calls that move at least kStreamMinBytes (onnxnorm/kernels.h; inputs read and outputs written)
+// Calls that move at least StreamMinBytes() (onnxnorm/kernels.h; inputs read and outputs written)
 // write their outputs with non-temporal stores where the instruction set has them: the outputs
 // would not stay in the cache anyway, and streaming them saves reading every output line before
 // it is written. Below it, ordinary stores keep the tensors in the last-level cache, which is
@@ -64,8 +61,14 @@ static_assert(kSquareLanes % W == 0 && kCentredLanes % W == 0, "lanes of the row
 // least kStreamMinRowBytes long, or that each start on a 64-byte boundary, are streamed: a row
 // that starts or ends inside a cache line writes that line with ordinary stores, which a short
 // row would do for a large share of its lines.
-constexpr int64_t kStreamBytes = kStreamMinBytes;
 constexpr int64_t kStreamRowBytes = kStreamMinRowBytes;
+
+// The stack buffers of a range of rows (a row's Z, the prepared Scale and Bias) hold rows of up
+// to this many elements (16 KiB each). Wider rows keep their weights as stored: prepared in
+// float32 they would take the room in the L1 cache that the row itself needs.
+constexpr int64_t kBufferCols = 4096;
+// Ranges of at least this many rows prepare shared weights once for all of them.
+constexpr int64_t kPrepareRows = 2;
 
 struct RowParams {
   int64_t n;
@@ -81,7 +84,7 @@ struct Stats {
 
 // A weight vector rounded to X's type (order A rounds Scale and Bias to X's type first).
 template <class E, class S>
-inline V RoundWeight(V w) {
+ONNXNORM_INLINE V RoundWeight(V w) {
   if constexpr (std::is_same<E, S>::value || std::is_same<E, F32>::value) {
     return w;
   } else {
@@ -89,65 +92,106 @@ inline V RoundWeight(V w) {
   }
 }
 
-// Y from Z for one row: Norm(Z) * (Scale + offset) + Bias in the rounding order kOrderA (for
-// 16-bit X; float32 always takes order B, where the two agree).
-template <NormKind NK, class E, class S, bool kOrderA>
-struct Normalizer {
-  V vh, vl, vinv, voff, vconst;
-  Normalizer(const Stats& st, float offset)
-      : vh(Isa::Set1(st.hi)), vl(Isa::Set1(st.lo)), vinv(Isa::Set1(st.inv)) {
-    if (kOrderA) {
-      const float o = RoundScalar<E>(offset);
-      voff = Isa::Set1(o);
-      vconst = Isa::Set1(RoundScalar<E>(1.f + o));
-    } else {
-      voff = Isa::Set1(offset);
-      vconst = Isa::Set1(1.f + offset);
-    }
+// What a Scale and a Bias value become before they meet the normalized value, in the rounding
+// order kOrderA (for 16-bit X; float32 always takes order B, where the two agree): Scale + offset
+// (order A: each rounded to X's type first, and the sum), and Bias (order A: rounded to X's type).
+template <class E, class S, bool kOrderA>
+struct WeightPrep {
+  V voff;
+  explicit WeightPrep(float offset) : voff(Isa::Set1(kOrderA ? RoundScalar<E>(offset) : offset)) {}
+  ONNXNORM_INLINE V Scale(V sv) const {
+    return kOrderA ? Isa::Round(E{}, Isa::Add(RoundWeight<E, S>(sv), voff)) : Isa::Add(sv, voff);
   }
+  ONNXNORM_INLINE V Bias(V bv) const { return kOrderA ? RoundWeight<E, S>(bv) : bv; }
+};
+
+// A row's Scale and Bias as stored, prepared vector by vector, or prepared beforehand in float32.
+template <class E, class S, bool kOrderA>
+struct StoredWeights {
+  const typename S::St* scale;  // nullptr: absent
+  const typename S::St* bias;   // nullptr: absent
+  WeightPrep<E, S, kOrderA> prep;
+  ONNXNORM_INLINE V Scale(int64_t i) const { return prep.Scale(Isa::Load(S{}, scale + i)); }
+  ONNXNORM_INLINE V ScaleN(int64_t i, int rem) const { return prep.Scale(Isa::LoadN(S{}, scale + i, rem)); }
+  ONNXNORM_INLINE V Bias(int64_t i) const { return prep.Bias(Isa::Load(S{}, bias + i)); }
+  ONNXNORM_INLINE V BiasN(int64_t i, int rem) const { return prep.Bias(Isa::LoadN(S{}, bias + i, rem)); }
+};
+
+struct PreparedWeights {
+  const float* scale;
+  const float* bias;
+  ONNXNORM_INLINE V Scale(int64_t i) const { return Isa::Load(F32{}, scale + i); }
+  ONNXNORM_INLINE V ScaleN(int64_t i, int rem) const { return Isa::LoadN(F32{}, scale + i, rem); }
+  ONNXNORM_INLINE V Bias(int64_t i) const { return Isa::Load(F32{}, bias + i); }
+  ONNXNORM_INLINE V BiasN(int64_t i, int rem) const { return Isa::LoadN(F32{}, bias + i, rem); }
+};
+
+// Writes the prepared Scale and Bias of one weight row into float32 buffers (nullptr: absent).
+template <class E, class S, bool kOrderA>
+void PrepareWeights(const typename S::St* scale, const typename S::St* bias, int64_t n, float offset,
+                    float* scale_out, float* bias_out) {
+  const WeightPrep<E, S, kOrderA> prep(offset);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    if (scale != nullptr) Isa::Store(F32{}, scale_out + i, prep.Scale(Isa::Load(S{}, scale + i)));
+    if (bias != nullptr) Isa::Store(F32{}, bias_out + i, prep.Bias(Isa::Load(S{}, bias + i)));
+  }
+  if (i < n) {
+    const int rem = static_cast<int>(n - i);
+    if (scale != nullptr) Isa::StoreN(F32{}, scale_out + i, prep.Scale(Isa::LoadN(S{}, scale + i, rem)), rem);
+    if (bias != nullptr) Isa::StoreN(F32{}, bias_out + i, prep.Bias(Isa::LoadN(S{}, bias + i, rem)), rem);
+  }
+}
+
+// Y from Z for one row, from its statistics: Norm(Z) * s + b with s and b as WeightPrep makes
+// them, in the rounding order kOrderA.
+template <NormKind NK, class E, bool kOrderA>
+struct Normalizer {
+  V vh, vl, vinv, vconst;
+  Normalizer(const Stats& st, float offset)
+      : vh(Isa::Set1(st.hi)),
+        vl(Isa::Set1(st.lo)),
+        vinv(Isa::Set1(st.inv)),
+        vconst(Isa::Set1(kOrderA ? RoundScalar<E>(1.f + RoundScalar<E>(offset)) : 1.f + offset)) {}
   template <bool kScale, bool kBias>
-  V Apply(V zv, V sv, V bv) const {
+  ONNXNORM_INLINE V Apply(V zv, V s, V b) const {
     V h = NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(zv, vh), vl), vinv) : Isa::Mul(zv, vinv);
-    if (!kOrderA) {
-      const V s = kScale ? Isa::Add(sv, voff) : vconst;
-      return kBias ? Isa::Add(Isa::Mul(h, s), bv) : Isa::Mul(h, s);
-    }
-    h = Isa::Round(E{}, h);
-    const V s = kScale ? Isa::Round(E{}, Isa::Add(RoundWeight<E, S>(sv), voff)) : vconst;
-    const V out = Isa::Round(E{}, Isa::Mul(h, s));
-    return kBias ? Isa::Add(out, RoundWeight<E, S>(bv)) : out;  // the store rounds the sum
+    if (!kScale) s = vconst;
+    if (!kOrderA) return kBias ? Isa::Add(Isa::Mul(h, s), b) : Isa::Mul(h, s);
+    const V out = Isa::Round(E{}, Isa::Mul(Isa::Round(E{}, h), s));
+    return kBias ? Isa::Add(out, b) : out;  // the store rounds the sum
   }
 };
 
 // Where a row's values Z come from: X itself, Skip's alpha * Residual + X (+ XBias), or the
-// Sandwich's Residual + InnerNorm(X), the last two rounded to X's type and recomputed on every
-// pass from the (cached) inputs instead of written and read back.
+// Sandwich's Residual + InnerNorm(X), the last two rounded to X's type.
 template <class E>
 struct PlainSource {
   const typename E::St* x;
-  V Load(int64_t i) const { return Isa::Load(E{}, x + i); }
-  V LoadN(int64_t i, int rem) const { return Isa::LoadN(E{}, x + i, rem); }
+  ONNXNORM_INLINE V Load(int64_t i) const { return Isa::Load(E{}, x + i); }
+  ONNXNORM_INLINE V LoadN(int64_t i, int rem) const { return Isa::LoadN(E{}, x + i, rem); }
 };
 
-// kAlpha: alpha is not 1 (1 * Residual is Residual, so the product is left out then).
-template <class E, class S, bool kXBias, bool kAlpha>
+// (1 * Residual is Residual: the product is left out when alpha is 1.)
+template <class E, class S>
 struct SkipSource {
   const typename E::St* x;
   const typename E::St* residual;
-  const typename S::St* xbias;
+  const typename S::St* xbias;  // nullptr: absent
   V alpha;
-  V Load(int64_t i) const {
+  bool scaled;  // alpha is not 1
+  ONNXNORM_INLINE V Load(int64_t i) const {
     V r = Isa::Load(E{}, residual + i);
-    if (kAlpha) r = Isa::Mul(alpha, r);
+    if (scaled) r = Isa::Mul(alpha, r);
     V v = Isa::Add(r, Isa::Load(E{}, x + i));
-    if (kXBias) v = Isa::Add(v, Isa::Load(S{}, xbias + i));
+    if (xbias != nullptr) v = Isa::Add(v, Isa::Load(S{}, xbias + i));
     return Isa::Round(E{}, v);
   }
-  V LoadN(int64_t i, int rem) const {
+  ONNXNORM_INLINE V LoadN(int64_t i, int rem) const {
     V r = Isa::LoadN(E{}, residual + i, rem);
-    if (kAlpha) r = Isa::Mul(alpha, r);
+    if (scaled) r = Isa::Mul(alpha, r);
     V v = Isa::Add(r, Isa::LoadN(E{}, x + i, rem));
-    if (kXBias) v = Isa::Add(v, Isa::LoadN(S{}, xbias + i, rem));
+    if (xbias != nullptr) v = Isa::Add(v, Isa::LoadN(S{}, xbias + i, rem));
     return Isa::Round(E{}, v);
   }
 };
@@ -156,38 +200,94 @@ template <NormKind NK, class E, class S, bool kOrderA>
 struct SandwichSource {
   const typename E::St* x;
   const typename E::St* residual;
-  const typename S::St* inner_scale;  // nullptr: absent
-  const typename S::St* inner_bias;   // nullptr: absent
-  Normalizer<NK, E, S, kOrderA> inner;
-  V Inner(V xv, V sv, V bv) const {
-    if (inner_scale != nullptr) {
-      return inner_bias != nullptr ? inner.template Apply<true, true>(xv, sv, bv)
-                                   : inner.template Apply<true, false>(xv, sv, bv);
+  StoredWeights<E, S, kOrderA> inner_weights;  // nullptr where absent
+  Normalizer<NK, E, kOrderA> inner;
+  ONNXNORM_INLINE V Inner(V xv, V s, V b) const {
+    if (inner_weights.scale != nullptr) {
+      return inner_weights.bias != nullptr ? inner.template Apply<true, true>(xv, s, b)
+                                           : inner.template Apply<true, false>(xv, s, b);
     }
-    return inner_bias != nullptr ? inner.template Apply<false, true>(xv, sv, bv)
-                                 : inner.template Apply<false, false>(xv, sv, bv);
+    return inner_weights.bias != nullptr ? inner.template Apply<false, true>(xv, s, b)
+                                         : inner.template Apply<false, false>(xv, s, b);
   }
-  V Load(int64_t i) const {
-    const V sv = inner_scale != nullptr ? Isa::Load(S{}, inner_scale + i) : Isa::Zero();
-    const V bv = inner_bias != nullptr ? Isa::Load(S{}, inner_bias + i) : Isa::Zero();
-    const V h = Isa::Round(E{}, Inner(Isa::Load(E{}, x + i), sv, bv));
+  ONNXNORM_INLINE V Load(int64_t i) const {
+    const V s = inner_weights.scale != nullptr ? inner_weights.Scale(i) : Isa::Zero();
+    const V b = inner_weights.bias != nullptr ? inner_weights.Bias(i) : Isa::Zero();
+    const V h = Isa::Round(E{}, Inner(Isa::Load(E{}, x + i), s, b));
     return Isa::Round(E{}, Isa::Add(h, Isa::Load(E{}, residual + i)));
   }
-  V LoadN(int64_t i, int rem) const {
-    const V sv = inner_scale != nullptr ? Isa::LoadN(S{}, inner_scale + i, rem) : Isa::Zero();
-    const V bv = inner_bias != nullptr ? Isa::LoadN(S{}, inner_bias + i, rem) : Isa::Zero();
-    const V h = Isa::Round(E{}, Inner(Isa::LoadN(E{}, x + i, rem), sv, bv));
+  ONNXNORM_INLINE V LoadN(int64_t i, int rem) const {
+    const V s = inner_weights.scale != nullptr ? inner_weights.ScaleN(i, rem) : Isa::Zero();
+    const V b = inner_weights.bias != nullptr ? inner_weights.BiasN(i, rem) : Isa::Zero();
+    const V h = Isa::Round(E{}, Inner(Isa::LoadN(E{}, x + i, rem), s, b));
     return Isa::Round(E{}, Isa::Add(h, Isa::LoadN(E{}, residual + i, rem)));
   }
 };
 
-// The K accumulators of a row sum folded in halves into one vector (lane k + lane k + K*W/2, ...).
-template <int K>
-inline V Fold(V* a) {
-  for (int half = K / 2; half >= 1; half /= 2) {
-    for (int k = 0; k < half; ++k) a[k] = Isa::Add(a[k], a[k + half]);
+// A source that also writes each Z it gives, in float32 to a row buffer (E = F32) or in X's type
+// to Sum (ordinary stores), for the last pass to read back from cache.
+template <class E, class Src>
+struct StoringSource {
+  Src src;
+  typename E::St* out;
+  ONNXNORM_INLINE V Load(int64_t i) const {
+    const V z = src.Load(i);
+    Isa::Store(E{}, out + i, z);
+    return z;
   }
-  return a[0];
+  ONNXNORM_INLINE V LoadN(int64_t i, int rem) const {
+    const V z = src.LoadN(i, rem);
+    Isa::StoreN(E{}, out + i, z, rem);
+    return z;
+  }
+};
+
+// The accumulators of a row sum: kLanes / W vectors (2 or 4), as named variables so that they
+// stay in registers, added to one vector by folding them in halves (accumulator k + accumulator
+// k + K/2), which is lane j + lane j + kLanes/2 across them.
+constexpr int kLanes = 32;
+constexpr int K = kLanes / W;
+static_assert(K == 2 || K == 4, "two or four accumulators");
+
+struct Accumulators {
+  V a0 = Isa::Zero(), a1 = Isa::Zero(), a2 = Isa::Zero(), a3 = Isa::Zero();
+  // Adds v into accumulator k (a constant after inlining).
+  ONNXNORM_INLINE void Add(int k, V v) {
+    if (k == 0) a0 = Isa::Add(a0, v);
+    if (k == 1) a1 = Isa::Add(a1, v);
+    if (K == 4 && k == 2) a2 = Isa::Add(a2, v);
+    if (K == 4 && k == 3) a3 = Isa::Add(a3, v);
+  }
+  ONNXNORM_INLINE float Sum() const {
+    if (K == 4) return Isa::HSum(Isa::Add(Isa::Add(a0, a2), Isa::Add(a1, a3)));
+    return Isa::HSum(Isa::Add(a0, a1));
+  }
+};
+
+// Sum over the row of term(z): element j of each block of kLanes into lane j of accumulator
+// j / W; the masked tail adds zeros in its other lanes.
+template <class Src, class Term>
+ONNXNORM_INLINE float RowSum(const Src& src, int64_t n, Term term, Accumulators* acc) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    acc->Add(0, term(src.Load(i)));
+    acc->Add(1, term(src.Load(i + W)));
+    if (K == 4) {
+      acc->Add(2, term(src.Load(i + 2 * W)));
+      acc->Add(3, term(src.Load(i + 3 * W)));
+    }
+  }
+  for (int k = 0; k < K && i < n; ++k) {
+    if (i + W <= n) {
+      acc->Add(k, term(src.Load(i)));
+      i += W;
+    } else {
+      const int rem = static_cast<int>(n - i);
+      acc->Add(k, Isa::MaskN(term(src.LoadN(i, rem)), rem));
+      i = n;
+    }
+  }
+  return acc->Sum();
 }
 
 // Sum over the row of z * z.
@@ -196,62 +296,42 @@ inline V Fold(V* a) {
 template <class Src>
 inline float SumOfSquares(const Src& source, int64_t n) {
   const Src src = source;
-  constexpr int K = kSquareLanes / W;
-  V a[K];
-  for (V& v : a) v = Isa::Zero();
-  int64_t i = 0;
-  for (; i + kSquareLanes <= n; i += kSquareLanes) {
-    for (int k = 0; k < K; ++k) {
-      const V z = src.Load(i + k * W);
-      a[k] = Isa::Add(a[k], Isa::Mul(z, z));
-    }
-  }
-  for (int k = 0; k < K && i < n; ++k) {
-    if (i + W <= n) {
-      const V z = src.Load(i);
-      a[k] = Isa::Add(a[k], Isa::Mul(z, z));
-      i += W;
-    } else {
-      const int rem = static_cast<int>(n - i);
-      const V z = src.LoadN(i, rem);
-      a[k] = Isa::Add(a[k], Isa::MaskN(Isa::Mul(z, z), rem));
-      i = n;
-    }
-  }
-  return Isa::HSum(Fold<K>(a));
+  Accumulators acc;
+  return RowSum(src, n, [](V z) { return Isa::Mul(z, z); }, &acc);
 }
 
-// Sums of D and D^2 over the row, D = (z - hi) - lo.
-template <class Src>
+// Sums of D and D^2 over the row, D = (z - hi) - lo (kLo), or D = z - hi.
+template <bool kLo, class Src>
 inline void CentredSums(const Src& source, int64_t n, float hi, float lo, float* sum_d, float* sum_dd) {
   const Src src = source;
-  constexpr int K = kCentredLanes / W;
   const V vh = Isa::Set1(hi), vl = Isa::Set1(lo);
-  V d[K], q[K];
-  for (int k = 0; k < K; ++k) d[k] = q[k] = Isa::Zero();
+  auto centre = [&](V z) { return kLo ? Isa::Sub(Isa::Sub(z, vh), vl) : Isa::Sub(z, vh); };
+  Accumulators d, q;
+  auto both = [&](int k, V a) {
+    d.Add(k, a);
+    q.Add(k, Isa::Mul(a, a));
+  };
   int64_t i = 0;
-  for (; i + kCentredLanes <= n; i += kCentredLanes) {
-    for (int k = 0; k < K; ++k) {
-      const V a = Isa::Sub(Isa::Sub(src.Load(i + k * W), vh), vl);
-      d[k] = Isa::Add(d[k], a);
-      q[k] = Isa::Add(q[k], Isa::Mul(a, a));
+  for (; i + kLanes <= n; i += kLanes) {
+    both(0, centre(src.Load(i)));
+    both(1, centre(src.Load(i + W)));
+    if (K == 4) {
+      both(2, centre(src.Load(i + 2 * W)));
+      both(3, centre(src.Load(i + 3 * W)));
     }
   }
   for (int k = 0; k < K && i < n; ++k) {
-    V a;
     if (i + W <= n) {
-      a = Isa::Sub(Isa::Sub(src.Load(i), vh), vl);
+      both(k, centre(src.Load(i)));
       i += W;
     } else {
       const int rem = static_cast<int>(n - i);
-      a = Isa::MaskN(Isa::Sub(Isa::Sub(src.LoadN(i, rem), vh), vl), rem);
+      both(k, Isa::MaskN(centre(src.LoadN(i, rem)), rem));
       i = n;
     }
-    d[k] = Isa::Add(d[k], a);
-    q[k] = Isa::Add(q[k], Isa::Mul(a, a));
   }
-  *sum_d = Isa::HSum(Fold<K>(d));
-  *sum_dd = Isa::HSum(Fold<K>(q));
+  *sum_d = d.Sum();
+  *sum_dd = q.Sum();
 }
 
 template <NormKind NK, class Src>
@@ -262,13 +342,14 @@ inline Stats RowStats(const Src& src, const RowParams& p) {
     // mean, so z - shift is exact for rows with a large mean and the sums do not cancel), and a
     // second pass around the mean it gives only when the shift turned out far from the mean
     // (E[d^2] > 4 var: at most two of the row's digits lost to cancellation), or for NaN/Inf.
+    // (z - shift is z - shift - 0 exactly, so the first pass leaves the 0 out.)
     const int first = p.n < 8 ? static_cast<int>(p.n) : 8;
     float head[W];
     Isa::Store(F32{}, head, src.LoadN(0, first));
     const float head_sum = ((head[0] + head[4]) + (head[2] + head[6])) + ((head[1] + head[5]) + (head[3] + head[7]));
     const float shift = head_sum / static_cast<float>(first);
     float sum_d = 0.f, sum_dd = 0.f;
-    CentredSums(src, p.n, shift, 0.f, &sum_d, &sum_dd);
+    CentredSums<false>(src, p.n, shift, 0.f, &sum_d, &sum_dd);
     double mean_d = static_cast<double>(sum_d) * p.inv_n;
     double mean_dd = static_cast<double>(sum_dd) * p.inv_n;
     double var = mean_dd - mean_d * mean_d;
@@ -276,7 +357,7 @@ inline Stats RowStats(const Src& src, const RowParams& p) {
     float h = static_cast<float>(mean);
     float l = static_cast<float>(mean - static_cast<double>(h));
     if (!(mean_dd <= 4.0 * var)) {
-      CentredSums(src, p.n, h, l, &sum_d, &sum_dd);
+      CentredSums<true>(src, p.n, h, l, &sum_d, &sum_dd);
       mean_d = static_cast<double>(sum_d) * p.inv_n;
       var = static_cast<double>(sum_dd) * p.inv_n - mean_d * mean_d;
       mean += mean_d;
@@ -314,17 +395,18 @@ inline int64_t ElementsToLine(const T* p) {
 constexpr int64_t kAlignRowVectors = 4;
 
 // The pass over a row that writes Y (and Z to sum, when not null) from the statistics.
-template <bool kScale, bool kBias, class E, class S, class Nz, class Src>
-void FinishRow(const Src& source, const Nz& normalizer, typename E::St* y, typename E::St* sum,
-               const typename S::St* scale, const typename S::St* bias, int64_t n, const OutputPlan& plan) {
+template <bool kScale, bool kBias, class E, class Nz, class Wt, class Src>
+void FinishRow(const Src& source, const Nz& normalizer, const Wt& weights, typename E::St* y, typename E::St* sum,
+               int64_t n, const OutputPlan& plan) {
   const Src src = source;
   const Nz nz = normalizer;
+  const Wt wt = weights;
   const V zero = Isa::Zero();
   auto partial = [&](int64_t i, int rem) {
     const V zv = src.LoadN(i, rem);
     if (sum != nullptr) Isa::StoreN(E{}, sum + i, zv, rem);
-    const V sv = kScale ? Isa::LoadN(S{}, scale + i, rem) : zero;
-    const V bv = kBias ? Isa::LoadN(S{}, bias + i, rem) : zero;
+    const V sv = kScale ? wt.ScaleN(i, rem) : zero;
+    const V bv = kBias ? wt.BiasN(i, rem) : zero;
     Isa::StoreN(E{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv), rem);
   };
   int64_t i = 0;
@@ -337,9 +419,10 @@ void FinishRow(const Src& source, const Nz& normalizer, typename E::St* y, typen
       i += rem;
     }
   }
+  const int64_t full_end = i + (n - i) / W * W;
   if constexpr (Isa::kHasStream) {
     if (plan.stream_y) {
-      for (; i + W <= n; i += W) {
+      for (; i < full_end; i += W) {
         const V zv = src.Load(i);
         if (sum != nullptr) {
           if (plan.stream_sum) {
@@ -348,73 +431,59 @@ void FinishRow(const Src& source, const Nz& normalizer, typename E::St* y, typen
             Isa::Store(E{}, sum + i, zv);
           }
         }
-        const V sv = kScale ? Isa::Load(S{}, scale + i) : zero;
-        const V bv = kBias ? Isa::Load(S{}, bias + i) : zero;
+        const V sv = kScale ? wt.Scale(i) : zero;
+        const V bv = kBias ? wt.Bias(i) : zero;
         Isa::Stream(E{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv));
       }
       if (i < n) partial(i, static_cast<int>(n - i));
       return;
     }
   }
-  for (; i + W <= n; i += W) {
+  for (; i < full_end; i += W) {
     const V zv = src.Load(i);
     if (sum != nullptr) Isa::Store(E{}, sum + i, zv);
-    const V sv = kScale ? Isa::Load(S{}, scale + i) : zero;
-    const V bv = kBias ? Isa::Load(S{}, bias + i) : zero;
+    const V sv = kScale ? wt.Scale(i) : zero;
+    const V bv = kBias ? wt.Bias(i) : zero;
     Isa::Store(E{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv));
   }
   if (i < n) partial(i, static_cast<int>(n - i));
 }
 
-// One normalized row: Y = Norm(Z) * (Scale + offset) + Bias, and Sum = Z when sum is not null.
-template <NormKind NK, class E, class S, bool kOrderA, class Src, class FinishSrc>
-inline void NormRowFrom(const Src& stats_src, const FinishSrc& finish_src, typename E::St* y, typename E::St* sum,
-                        const typename S::St* scale, const typename S::St* bias, const RowParams& p,
+// One normalized row: the statistics from stats_src, then Y = Norm(Z) * (Scale + offset) + Bias
+// (and Sum = Z when sum is not null) from finish_src.
+template <NormKind NK, class E, bool kOrderA, class Wt, class Src, class FinishSrc>
+inline void NormRowFrom(const Src& stats_src, const FinishSrc& finish_src, const Wt& weights, bool has_scale,
+                        bool has_bias, typename E::St* y, typename E::St* sum, const RowParams& p,
                         const OutputPlan& plan) {
-  const Normalizer<NK, E, S, kOrderA> nz(RowStats<NK>(stats_src, p), p.offset);
-  if (scale != nullptr) {
-    if (bias != nullptr) {
-      FinishRow<true, true, E, S>(finish_src, nz, y, sum, scale, bias, p.n, plan);
+  const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(stats_src, p), p.offset);
+  if (has_scale) {
+    if (has_bias) {
+      FinishRow<true, true, E>(finish_src, nz, weights, y, sum, p.n, plan);
     } else {
-      FinishRow<true, false, E, S>(finish_src, nz, y, sum, scale, bias, p.n, plan);
+      FinishRow<true, false, E>(finish_src, nz, weights, y, sum, p.n, plan);
     }
-  } else if (bias != nullptr) {
-    FinishRow<false, true, E, S>(finish_src, nz, y, sum, scale, bias, p.n, plan);
+  } else if (has_bias) {
+    FinishRow<false, true, E>(finish_src, nz, weights, y, sum, p.n, plan);
   } else {
-    FinishRow<false, false, E, S>(finish_src, nz, y, sum, scale, bias, p.n, plan);
+    FinishRow<false, false, E>(finish_src, nz, weights, y, sum, p.n, plan);
   }
 }
 
-// A source that also writes each Z it gives to sum (ordinary stores): the statistics pass of a
-// residual op writes Sum, and the last pass reads Z back from there (from cache).
-template <class E, class Src>
-struct StoringSource {
-  Src src;
-  typename E::St* sum;
-  V Load(int64_t i) const {
-    const V z = src.Load(i);
-    Isa::Store(E{}, sum + i, z);
-    return z;
-  }
-  V LoadN(int64_t i, int rem) const {
-    const V z = src.LoadN(i, rem);
-    Isa::StoreN(E{}, sum + i, z, rem);
-    return z;
-  }
-};
-
-// NormRowFrom for a row whose Z is computed from several inputs (Skip, Sandwich). With Sum wanted
-// and not streamed, Z is written to Sum by the statistics pass and read back by the last pass (two
-// loads fewer per element than computing it again); otherwise every pass computes it again, and
-// the last pass writes (streams) Sum.
-template <NormKind NK, class E, class S, bool kOrderA, class Src>
-inline void NormRow(const Src& src, typename E::St* y, typename E::St* sum, const typename S::St* scale,
-                    const typename S::St* bias, const RowParams& p, const OutputPlan& plan) {
+// One row of a residual op, whose Z is computed from several inputs (Skip, Sandwich): written to
+// Sum by the statistics pass and read back by the last pass when Sum is wanted and not streamed;
+// else computed once into the float32 row buffer z_buffer when there is one; else computed again
+// by every pass.
+template <NormKind NK, class E, bool kOrderA, class Wt, class Src>
+inline void ResidualRow(const Src& src, float* z_buffer, const Wt& weights, bool has_scale, bool has_bias,
+                        typename E::St* y, typename E::St* sum, const RowParams& p, const OutputPlan& plan) {
   if (sum != nullptr && !plan.stream_y) {
-    NormRowFrom<NK, E, S, kOrderA>(StoringSource<E, Src>{src, sum}, PlainSource<E>{sum}, y, nullptr, scale, bias, p,
-                                   plan);
+    NormRowFrom<NK, E, kOrderA>(StoringSource<E, Src>{src, sum}, PlainSource<E>{sum}, weights, has_scale, has_bias,
+                                y, static_cast<typename E::St*>(nullptr), p, plan);
+  } else if (z_buffer != nullptr) {
+    NormRowFrom<NK, E, kOrderA>(StoringSource<F32, Src>{src, z_buffer}, PlainSource<F32>{z_buffer}, weights,
+                                has_scale, has_bias, y, sum, p, plan);
   } else {
-    NormRowFrom<NK, E, S, kOrderA>(src, src, y, sum, scale, bias, p, plan);
+    NormRowFrom<NK, E, kOrderA>(src, src, weights, has_scale, has_bias, y, sum, p, plan);
   }
 }
 
@@ -426,6 +495,7 @@ class WeightRows {
   WeightRows(const void* weight, int64_t rows, int64_t n, int64_t first_row)
       : base_(static_cast<const T*>(weight)), rows_(rows > 1 ? rows : 1), n_(n), row_(rows > 1 ? first_row % rows : 0) {}
   const T* Get() const { return base_ == nullptr ? nullptr : base_ + row_ * n_; }
+  bool Shared() const { return rows_ == 1; }
   void Next() {
     if (++row_ == rows_) row_ = 0;
   }
@@ -435,73 +505,122 @@ class WeightRows {
   int64_t rows_, n_, row_;
 };
 
+#if defined(__GNUC__)
+#define ONNXNORM_NOINLINE __attribute__((noinline))
+#else
+#define ONNXNORM_NOINLINE
+#endif
+
+// Rows [row_begin, row_end) of a call. prepared_scale / prepared_bias: the weights prepared for
+// every row (nullptr: as stored); z_buffer: a float32 row buffer for a residual op's Z (nullptr:
+// none).
 template <NormKind NK, ResidualKind RK, class E, class S, bool kOrderA>
-void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
+void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowParams& p, const OutputPlan& plan,
+              const float* prepared_scale, const float* prepared_bias, float* z_buffer) {
   using T = typename E::St;
   using WT = typename S::St;
-  const int64_t n = a.cols;
-  RowParams p;
-  p.n = n;
-  p.inv_n = 1.0 / static_cast<double>(n);
-  p.epsilon = static_cast<double>(a.epsilon);
-  p.offset = a.scale_offset;
+  const int64_t n = p.n;
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   const T* residual = static_cast<const T*>(a.residual);
   T* sum = static_cast<T*>(a.sum);
-
-  OutputPlan plan;
-  const int64_t tensors = RK == ResidualKind::kNone ? 2 : (sum != nullptr ? 4 : 3);
-  const int64_t row_bytes = n * static_cast<int64_t>(sizeof(T));
-  const bool whole_lines = row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0;
-  plan.stream_y = Isa::kHasStream && a.rows * row_bytes * tensors >= kStreamBytes &&
-                  reinterpret_cast<uintptr_t>(y) % sizeof(T) == 0 && (row_bytes >= kStreamRowBytes || whole_lines);
-  plan.stream_sum = plan.stream_y && sum != nullptr &&
-                    (reinterpret_cast<uintptr_t>(sum) - reinterpret_cast<uintptr_t>(y)) % 64 == 0;
-
   WeightRows<WT> scale(a.scale, a.scale_rows, n, row_begin), bias(a.bias, a.bias_rows, n, row_begin);
   WeightRows<WT> xbias(a.xbias, a.xbias_rows, n, row_begin);
   WeightRows<WT> inner_scale(a.inner_scale, a.inner_scale_rows, n, row_begin);
   WeightRows<WT> inner_bias(a.inner_bias, a.inner_bias_rows, n, row_begin);
+  const bool has_scale = a.scale != nullptr, has_bias = a.bias != nullptr;
+  const WeightPrep<E, S, kOrderA> prep(p.offset);
   const V alpha = Isa::Set1(a.alpha);
+
+  // One row of X (or Z), with its weights prepared or as stored.
+  auto row = [&](const auto& src, T* yr, T* sr) {
+    auto with = [&](const auto& weights) {
+      if constexpr (RK != ResidualKind::kNone) {
+        ResidualRow<NK, E, kOrderA>(src, z_buffer, weights, has_scale, has_bias, yr, sr, p, plan);
+      } else {
+        NormRowFrom<NK, E, kOrderA>(src, src, weights, has_scale, has_bias, yr, sr, p, plan);
+      }
+    };
+    if (prepared_scale != nullptr) {
+      with(PreparedWeights{prepared_scale, prepared_bias});
+    } else {
+      with(StoredWeights<E, S, kOrderA>{scale.Get(), bias.Get(), prep});
+    }
+  };
+
   for (int64_t r = row_begin; r < row_end; ++r) {
     const T* xr = x + r * n;
     T* yr = y + r * n;
     T* sr = sum != nullptr ? sum + r * n : nullptr;
     if constexpr (RK == ResidualKind::kNone) {
-      const PlainSource<E> src{xr};
-      NormRowFrom<NK, E, S, kOrderA>(src, src, yr, nullptr, scale.Get(), bias.Get(), p, plan);
+      row(PlainSource<E>{xr}, yr, nullptr);
     } else if constexpr (RK == ResidualKind::kSkip) {
-      const T* rr = residual + r * n;
-      const WT* xb = xbias.Get();
-      if (a.alpha != 1.f) {
-        if (xb != nullptr) {
-          NormRow<NK, E, S, kOrderA>(SkipSource<E, S, true, true>{xr, rr, xb, alpha}, yr, sr, scale.Get(),
-                                     bias.Get(), p, plan);
-        } else {
-          NormRow<NK, E, S, kOrderA>(SkipSource<E, S, false, true>{xr, rr, xb, alpha}, yr, sr, scale.Get(),
-                                     bias.Get(), p, plan);
-        }
-      } else if (xb != nullptr) {
-        NormRow<NK, E, S, kOrderA>(SkipSource<E, S, true, false>{xr, rr, xb, alpha}, yr, sr, scale.Get(),
-                                   bias.Get(), p, plan);
-      } else {
-        NormRow<NK, E, S, kOrderA>(SkipSource<E, S, false, false>{xr, rr, xb, alpha}, yr, sr, scale.Get(),
-                                   bias.Get(), p, plan);
-      }
+      row(SkipSource<E, S>{xr, residual + r * n, xbias.Get(), alpha, a.alpha != 1.f}, yr, sr);
       xbias.Next();
     } else {
       const Stats inner = RowStats<NK>(PlainSource<E>{xr}, p);
-      const SandwichSource<NK, E, S, kOrderA> src{xr, residual + r * n, inner_scale.Get(), inner_bias.Get(),
-                                                  Normalizer<NK, E, S, kOrderA>(inner, p.offset)};
-      NormRow<NK, E, S, kOrderA>(src, yr, sr, scale.Get(), bias.Get(), p, plan);
+      const SandwichSource<NK, E, S, kOrderA> src{
+          xr, residual + r * n, StoredWeights<E, S, kOrderA>{inner_scale.Get(), inner_bias.Get(), prep},
+          Normalizer<NK, E, kOrderA>(inner, p.offset)};
+      row(src, yr, sr);
       inner_scale.Next();
       inner_bias.Next();
     }
     scale.Next();
     bias.Next();
   }
-  if (plan.stream_y) Isa::Fence();  // the streamed stores are visible before the pool reports done
+}
+
+// RowsLoop with the row buffers on the stack (a function of its own, so that calls without them
+// do not reserve them).
+template <NormKind NK, ResidualKind RK, class E, class S, bool kOrderA>
+ONNXNORM_NOINLINE void RowsBuffered(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowParams& p,
+                                    const OutputPlan& plan, bool prepare) {
+  constexpr bool kResidual = RK != ResidualKind::kNone;
+  alignas(64) float prepared[2][kBufferCols];
+  alignas(64) float z_row[kResidual ? kBufferCols : 1];
+  if (prepare) {
+    PrepareWeights<E, S, kOrderA>(static_cast<const typename S::St*>(a.scale),
+                                  static_cast<const typename S::St*>(a.bias), p.n, p.offset, prepared[0],
+                                  prepared[1]);
+  }
+  RowsLoop<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare ? prepared[0] : nullptr,
+                                  prepare ? prepared[1] : nullptr, kResidual ? z_row : nullptr);
+}
+
+template <NormKind NK, ResidualKind RK, class E, class S, bool kOrderA>
+void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
+  using T = typename E::St;
+  const int64_t n = a.cols;
+  RowParams p;
+  p.n = n;
+  p.inv_n = 1.0 / static_cast<double>(n);
+  p.epsilon = static_cast<double>(a.epsilon);
+  p.offset = a.scale_offset;
+  const auto y = reinterpret_cast<uintptr_t>(a.y);
+
+  OutputPlan plan;
+  const int64_t tensors = RK == ResidualKind::kNone ? 2 : (a.sum != nullptr ? 4 : 3);
+  const int64_t row_bytes = n * static_cast<int64_t>(sizeof(T));
+  const bool whole_lines = row_bytes % 64 == 0 && y % 64 == 0;
+  plan.stream_y = Isa::kHasStream && a.rows * row_bytes * tensors >= StreamMinBytes() && y % sizeof(T) == 0 &&
+                  (row_bytes >= kStreamRowBytes || whole_lines);
+  plan.stream_sum = plan.stream_y && a.sum != nullptr && (reinterpret_cast<uintptr_t>(a.sum) - y) % 64 == 0;
+
+  // Ranges of several rows of at most kBufferCols use the stack buffers: a residual op's Z, and
+  // the weights prepared once when every row shares them.
+  if (n <= kBufferCols && row_end - row_begin >= kPrepareRows) {
+    const bool shared = (a.scale == nullptr || a.scale_rows <= 1) && (a.bias == nullptr || a.bias_rows <= 1);
+    const bool prepare = shared && (a.scale != nullptr || a.bias != nullptr);
+    const bool buffer_z = RK != ResidualKind::kNone && (a.sum == nullptr || plan.stream_y);
+    if (prepare || buffer_z) {
+      RowsBuffered<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare);
+      if (plan.stream_y) Isa::Fence();  // the streamed stores are visible before the pool reports done
+      return;
+    }
+  }
+  RowsLoop<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, nullptr, nullptr, nullptr);
+  if (plan.stream_y) Isa::Fence();
 }
 
 template <NormKind NK, ResidualKind RK, class E, class S>

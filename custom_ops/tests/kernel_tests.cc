@@ -612,26 +612,38 @@ int TestOp(const OpSpec& op) {
       cases += 2;
     }
   }
-  // Calls large enough to stream their outputs (cpu::kStreamMinBytes moved or more): misaligned,
-  // with Sum on a different alignment than Y, aligned, and short rows that each start on a 64-byte
-  // boundary; each also split into row ranges as the thread pool does.
+  // Calls that stream their outputs (the threshold lowered to 1 MiB for them): misaligned, with Sum
+  // on a different alignment than Y, aligned, and short rows that each start on a 64-byte
+  // boundary; each also split into row ranges as the thread pool does. And a call just below
+  // the threshold, which does not stream, for the same bits.
+  cpu::SetStreamMinBytes(int64_t{1} << 20);
   for (ElemType t : {ElemType::kFloat32, ElemType::kFloat16}) {
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 4; ++variant) {
       Case c;
       c.op = &op;
       c.t = c.s = t;
-      c.label = variant == 0 ? "streamed" : variant == 1 ? "streamed, aligned" : "streamed, short aligned rows";
+      c.label = variant == 0   ? "streamed"
+                : variant == 1 ? "streamed, aligned"
+                : variant == 2 ? "streamed, short aligned rows"
+                               : "below the streaming threshold";
       c.cols = variant == 2 ? 128 : 4096 + 24;
       const int64_t bytes_per_row = c.cols * static_cast<int64_t>(SizeOf(t)) * (residual ? 3 : 2);
-      c.rows = (cpu::kStreamMinBytes + (int64_t{1} << 20)) / bytes_per_row + 1;
+      c.rows = (int64_t{1} << 20) / bytes_per_row + (variant == 3 ? -1 : 2);
       PresentAll(op, c.present, true);
-      c.misalign = variant == 0 ? 20 : 0;
+      c.misalign = variant == 0 || variant == 3 ? 20 : 0;
       c.sum_misalign = variant == 0 ? 36 : 0;
+      c.with_sum = true;
       c.order_a = t != ElemType::kFloat32;
       CheckCase(c, rng);
       ++cases;
+      if (residual) {  // and without Sum
+        c.with_sum = false;
+        CheckCase(c, rng);
+        ++cases;
+      }
     }
   }
+  cpu::SetStreamMinBytes(cpu::kStreamMinBytes);
   std::printf("%-18s %4d cases, %5d checks against the reference and across instruction sets: %s\n", op.name,
               cases, g_checks - checks_before, g_failures == failures_before ? "ok" : "FAILED");
   return g_failures == failures_before ? 0 : 1;

@@ -53,11 +53,15 @@ inline constexpr int64_t kSmallCallElements = 64 * 1024;
 // Gives the same bits as GetNormRows.
 NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type);
 
-// Calls that move at least kStreamMinBytes (inputs read and outputs written) write their outputs
-// with non-temporal stores where the instruction set has them, when their rows are at least
-// kStreamMinRowBytes long or each starts on a 64-byte boundary (custom_ops/cpu/norm_rows.h).
-inline constexpr int64_t kStreamMinBytes = int64_t{48} << 20;
+// Calls that move at least StreamMinBytes() (inputs read and outputs written; kStreamMinBytes
+// unless changed) write their outputs with non-temporal stores where the instruction set has
+// them, when their rows are at least kStreamMinRowBytes long or each starts on a 64-byte boundary
+// (custom_ops/cpu/norm_rows.h).
+inline constexpr int64_t kStreamMinBytes = int64_t{96} << 20;
 inline constexpr int64_t kStreamMinRowBytes = 2048;
+int64_t StreamMinBytes();
+// Sets StreamMinBytes() for the whole process: for tests, which stream small tensors with it.
+void SetStreamMinBytes(int64_t bytes);
 
 // GetNormRows for one instruction set (for tests and comparisons): nullptr also when isa is above
 // SupportedIsa().
