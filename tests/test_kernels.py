@@ -303,6 +303,8 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     data = json.loads((tmp_path / "run.json").read_text())
     (row,) = data["results"]
     assert row["median_seconds"]["onnxnorm"] > 0 and row["best_ort"] == "ort:SkipSimplifiedLayerNormalization"
+    assert row["median_seconds"]["floor"] > 0 and row["ratio_to_ort_floor"] > 0
+    assert data["environment"]["warmup_seconds"] == 0.01 and len(data["environment"]["load_average"]) == 3
     assert (tmp_path / "run.png").stat().st_size > 10000
     assert kernels.load_results(str(tmp_path / "run.json"))[0].op == "SkipRMSNorm"
 
@@ -313,6 +315,7 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     (["--dtypes", "int8"], "argument --dtypes: unknown int8"),
     (["--threads", "0"], "--threads and --repeats must be at least 1"),
     (["--repeats", "-1"], "--threads and --repeats must be at least 1"),
+    (["--warmup", "-1"], "--warmup must be 0 or more"),
     (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
     (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
 ])

@@ -39,6 +39,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     kernels.add_argument("--repeats", type=int, default=9, help="interleaved repetitions (default 9)")
     kernels.add_argument("--min-sample", type=float, default=0.002,
                          help="each timed sample loops until it lasts this many seconds (default 0.002)")
+    kernels.add_argument("--warmup", type=float, default=0.01,
+                         help="before each timed sample, run the same contender untimed for this many seconds "
+                              "(default 0.01)")
     kernels.add_argument("--json", metavar="PATH", help="write the results as JSON")
     kernels.add_argument("--plot", metavar="PATH", help="draw a PNG plot of the ratios")
     kernels.set_defaults(run=_run_kernels)
@@ -50,6 +53,8 @@ def _run_kernels(args: argparse.Namespace) -> int:
 
     if args.threads < 1 or args.repeats < 1:
         raise OnnxNormError("--threads and --repeats must be at least 1")
+    if args.warmup < 0:
+        raise OnnxNormError("--warmup must be 0 or more")
     for path in (args.json, args.plot):
         if path:
             check_output(path)
@@ -59,5 +64,5 @@ def _run_kernels(args: argparse.Namespace) -> int:
     from onnxnorm.bench import kernels
 
     kernels.run(args.ops, args.shapes, args.dtypes, threads=args.threads, repeats=args.repeats,
-                min_sample=args.min_sample, json_path=args.json, plot_path=args.plot)
+                min_sample=args.min_sample, json_path=args.json, plot_path=args.plot, warmup=args.warmup)
     return 0
