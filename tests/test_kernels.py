@@ -294,8 +294,11 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
 
     parser = __import__("argparse").ArgumentParser()
     cli.register(parser.add_subparsers(dest="command", required=True))
+    from onnxnorm import runtime
+
     args = parser.parse_args(["bench", "kernels", "--ops", "SkipRMSNorm", "--shapes", "1x1x4096",
                               "--dtypes", "float16", "--repeats", "2", "--min-sample", "0.0005",
+                              "--compare-library", f"same={runtime.library_path()}",
                               "--json", str(tmp_path / "run.json"), "--plot", str(tmp_path / "run.png")])
     assert args.run(args) == 0
     out = capsys.readouterr().out
@@ -304,6 +307,7 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     (row,) = data["results"]
     assert row["median_seconds"]["onnxnorm"] > 0 and row["best_ort"] == "ort:SkipSimplifiedLayerNormalization"
     assert row["median_seconds"]["floor"] > 0 and row["ratio_to_ort_floor"] > 0
+    assert row["median_seconds"]["onnxnorm@same"] > 0 and "| same µs | same / ORT |" in out
     assert data["environment"]["warmup_seconds"] == 0.01 and len(data["environment"]["load_average"]) == 3
     assert (tmp_path / "run.png").stat().st_size > 10000
     assert kernels.load_results(str(tmp_path / "run.json"))[0].op == "SkipRMSNorm"
@@ -316,6 +320,7 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     (["--threads", "0"], "--threads and --repeats must be at least 1"),
     (["--repeats", "-1"], "--threads and --repeats must be at least 1"),
     (["--warmup", "-1"], "--warmup must be 0 or more"),
+    (["--compare-library", "old=/nonexistent.so"], "--compare-library old=/nonexistent.so: give NAME=PATH"),
     (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
     (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
 ])

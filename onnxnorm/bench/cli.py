@@ -42,6 +42,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     kernels.add_argument("--warmup", type=float, default=0.01,
                          help="before each timed sample, run the same contender untimed for this many seconds "
                               "(default 0.01)")
+    kernels.add_argument("--compare-library", metavar="NAME=PATH", action="append", default=[],
+                         help="also time this other build of libonnxnorm_ops.so (a copy of an older one, say) "
+                              "in the same run, as contender onnxnorm@NAME; repeatable")
     kernels.add_argument("--json", metavar="PATH", help="write the results as JSON")
     kernels.add_argument("--plot", metavar="PATH", help="draw a PNG plot of the ratios")
     kernels.set_defaults(run=_run_kernels)
@@ -55,6 +58,14 @@ def _run_kernels(args: argparse.Namespace) -> int:
         raise OnnxNormError("--threads and --repeats must be at least 1")
     if args.warmup < 0:
         raise OnnxNormError("--warmup must be 0 or more")
+    import os
+
+    compare = {}
+    for item in args.compare_library:
+        name, _, path = item.partition("=")
+        if not name or not path or not os.path.isfile(path):
+            raise OnnxNormError(f"--compare-library {item}: give NAME=PATH of a library file")
+        compare[name] = path
     for path in (args.json, args.plot):
         if path:
             check_output(path)
@@ -64,5 +75,6 @@ def _run_kernels(args: argparse.Namespace) -> int:
     from onnxnorm.bench import kernels
 
     kernels.run(args.ops, args.shapes, args.dtypes, threads=args.threads, repeats=args.repeats,
-                min_sample=args.min_sample, json_path=args.json, plot_path=args.plot, warmup=args.warmup)
+                min_sample=args.min_sample, json_path=args.json, plot_path=args.plot, warmup=args.warmup,
+                compare=compare)
     return 0

@@ -358,12 +358,18 @@ def _ortvalue(array: np.ndarray):
 
 
 def _ort_runner(model, arrays: dict[str, np.ndarray], threads: int, with_library: bool,
-                keep: list, output_shape: tuple[int, ...] | None = None) -> Callable[[], None]:
+                keep: list, output_shape: tuple[int, ...] | None = None, library: str | None = None
+                ) -> Callable[[], None]:
+    """A call of the model through IO binding; with_library registers the onnxnorm library,
+    `library` (a path) another build of it instead."""
     import onnxruntime as ort
 
     from onnxnorm import runtime
 
     options = ort.SessionOptions()
+    if library is not None:
+        options.register_custom_ops_library(library)
+        with_library = False
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     # Contenders run interleaved: a pool left spinning after its call would steal a core from
@@ -423,7 +429,7 @@ def _time_interleaved(fns: dict[str, Callable[[], None]], repeats: int, min_samp
 
 def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int, min_sample: float,
                rng: np.random.Generator, log: Callable[[str], None] = lambda s: None,
-               warmup: float = 0.01) -> Result:
+               warmup: float = 0.01, compare: dict[str, str] | None = None) -> Result:
     import torch
 
     shape = SHAPES[shape_name]
@@ -453,6 +459,9 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
             log(f"  {name}: n/a ({notes[name]})")
 
     add("onnxnorm", lambda: _ort_runner(_onnxnorm_model(op, dtype, shape, d), arrays, threads, True, keep))
+    for name, path in (compare or {}).items():  # other builds of the library, for before/after
+        add(f"onnxnorm@{name}", lambda path=path: _ort_runner(_onnxnorm_model(op, dtype, shape, d), arrays, threads,
+                                                              False, keep, library=path))
     for label in _ORT_BUILTINS[op]:
         add("ort:" + label, lambda label=label: _ort_runner(_ort_builtin_model(label, dtype, shape, d), arrays,
                                                             threads, False, keep))
@@ -522,6 +531,24 @@ def markdown_table(results: list[Result]) -> str:
                      f"{_us(best)} | {ratio} | {ratio_best} | {_us(floor)} | {to_floor} | "
                      f"{_us(r.times.get('decomposed'))} | {_us(r.times.get('torch'))} | {_us(copy)} | {bw} | "
                      f"{r.verdict()} |")
+    return "\n".join(lines)
+
+
+def comparison_table(results: list[Result], names: list[str]) -> str:
+    """onnxnorm against other builds of the library (--compare-library) in the same run: median
+    times, and the ratios to ORT's fastest built-in and to the copy bound."""
+    head = "| op | shape | dtype | " + " | ".join(
+        f"{n} µs | {n} / ORT | {n} % of copy" for n in [*names, "this build"]) + " |"
+    lines = [head, "|" + "|".join(["---"] * (3 + 3 * (len(names) + 1))) + "|"]
+    for r in results:
+        _, best = r.best_ort()
+        copy = r.times.get("copy")
+        cells = []
+        for key in [*(f"onnxnorm@{n}" for n in names), "onnxnorm"]:
+            t = r.times.get(key)
+            cells += [_us(t), f"{t / best:.2f}x" if t and best else "n/a",
+                      f"{100 * copy / t:.0f}%" if t and copy else "n/a"]
+        lines.append(f"| {r.op} | {r.shape} | {r.dtype} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -621,7 +648,7 @@ def environment(threads: int, warmup: float = 0.01) -> dict[str, Any]:
 
 def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, repeats: int = 9,
         min_sample: float = 0.002, json_path: str | None = None, plot_path: str | None = None,
-        verbose: bool = True, warmup: float = 0.01) -> list[Result]:
+        verbose: bool = True, warmup: float = 0.01, compare: dict[str, str] | None = None) -> list[Result]:
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -639,7 +666,7 @@ def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, 
         for dtype in dtypes:
             for shape in shapes:
                 start = time.perf_counter()
-                result = bench_case(op, shape, dtype, threads, repeats, min_sample, rng, log, warmup)
+                result = bench_case(op, shape, dtype, threads, repeats, min_sample, rng, log, warmup, compare)
                 results.append(result)
                 name, best = result.best_ort()
                 log(f"{op} {shape} {dtype}: onnxnorm {_us(result.onnxnorm)} µs, {name} {_us(best)} µs "
@@ -648,6 +675,10 @@ def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, 
     log(f"# load average at the end {env['load_average_after']}")
     table = markdown_table(results)
     print(table)
+    if compare:
+        env["compare_libraries"] = dict(compare)
+        print()
+        print(comparison_table(results, list(compare)))
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"environment": env, "results": [r.to_dict() for r in results]}, f, indent=1)
