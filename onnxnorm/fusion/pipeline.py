@@ -145,6 +145,41 @@ def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
     return norm_count, adds
 
 
+def unique_value_names(model: ir.Model) -> int:
+    """Renames the values of subgraphs whose names another graph of the model also defines
+    (the two branches of Optimum's merged decoders, an If, define the same names), so that
+    each name means one value in the whole model; returns how many were renamed. onnx's shape
+    inference propagates data by name across sibling graphs: with names shared, it writes the
+    shape of one branch's value into the other branch's value of that name, a model ONNX
+    Runtime then refuses ("Incompatible dimensions"), and the rules, which check shapes, miss
+    norms and adds there. The main graph keeps its names; a subgraph's inputs and outputs are
+    positional, so renaming them changes nothing a caller sees."""
+    graphs = [model.graph, *model.graph.subgraphs()]
+
+    def defined(graph: ir.Graph):
+        yield from graph.inputs
+        yield from graph.initializers.values()
+        for node in graph:
+            yield from node.outputs
+
+    taken = {value.name for graph in graphs for value in defined(graph) if value.name}
+    seen: set[str] = set()
+    renamed = 0
+    for graph in graphs:
+        for value in list(defined(graph)):
+            if not value.name:
+                continue
+            if value.name in seen and graph is not model.graph:
+                index = 1
+                while f"{value.name}_{index}" in taken:
+                    index += 1
+                value.name = f"{value.name}_{index}"
+                taken.add(value.name)
+                renamed += 1
+            seen.add(value.name)
+    return renamed
+
+
 def remove_noop_casts(model: ir.Model) -> int:
     """Casts to the type their input already has (TorchScript writes them around norms) are
     bypassed, so that the value they copy is seen as one."""
@@ -203,6 +238,8 @@ def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
             strict_precision: bool = False) -> Tracker:
     """Runs every stage on ``model`` in place; returns the tracker."""
     tracker = tracker or Tracker()
+    # one value per name, or shape inference mixes up the branches of an If
+    unique_value_names(model)
     # the checks need element types and shapes, which exporters do not always write out
     common_passes.ShapeInferencePass(strict_mode=False)(model)
     symbolic_shapes(model)
