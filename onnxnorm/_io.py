@@ -185,6 +185,13 @@ def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.Model
         raise OnnxNormError(f"{path}: not a readable ONNX model ({_first_line(error)})") from None
     if not model.ir_version or not model.HasField("graph"):
         raise OnnxNormError(f"{path}: not an ONNX model (no IR version or graph)")
+    from onnxnorm._validate import ModelProblem, check_external_data, check_model
+
+    try:  # before any external data is read
+        check_external_data(model, path.parent, own=path)
+        check_model(model)
+    except ModelProblem as problem:
+        raise OnnxNormError(f"{path}: {problem}") from None
     try:
         for tensor in list(_external_tensors(model)):
             if load_weights or _nbytes(tensor) < SMALL_TENSOR:

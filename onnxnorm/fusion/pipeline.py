@@ -333,6 +333,18 @@ def _serialize_detached(model: ir.Model, originals: dict[str, onnx.TensorProto]
     return proto, detached
 
 
+def _check(model: onnx.ModelProto, base_dir: str | None) -> None:
+    """Refuses a broken or hostile model (``onnxnorm._validate``) before any weight is read."""
+    from onnxnorm._io import OnnxNormError
+    from onnxnorm._validate import ModelProblem, check_external_data, check_model
+
+    try:
+        check_model(model)
+        check_external_data(model, base_dir or ".")
+    except ModelProblem as problem:
+        raise OnnxNormError(str(problem)) from None
+
+
 def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None,
                   strict_precision: bool = False
                   ) -> tuple[onnx.ModelProto, list[onnx.TensorProto], FusionReport]:
@@ -342,6 +354,7 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
     references into ``base_dir`` and are read only where a rule needs their values."""
     if target not in TARGETS:
         raise ValueError(f"unknown fusion target {target!r}; supported: {', '.join(TARGETS)}")
+    _check(model, base_dir)
     graph, originals = _deserialize_apart(model, base_dir)
     before = count_norms(graph)
     tracker = fuse_ir(graph, strict_precision=strict_precision)

@@ -188,7 +188,10 @@ def _structure(model) -> onnx.ModelProto:
     import os
 
     if isinstance(model, (str, os.PathLike)):
-        return onnx.load(os.fspath(model), load_external_data=False)
+        from onnxnorm._io import load_model
+
+        # checked and parsed as `onnxnorm fuse` does: a bad file is one OnnxNormError
+        return load_model(model, load_weights=False)
     return model
 
 

@@ -77,6 +77,7 @@ def _reference_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
         raise OnnxNormError(f"{args.model}: not a directory or .json file, and {error.args[0]}") from None
     except ValueError as error:
         raise OnnxNormError(f"bad decoder configuration: {error}") from None
+    _check_fits(decoder.size_in_parameters(config), label)
     model = decoder.build(config)
     x = decoder.example_input(config, args.batch, args.seq)
     return model, (x,), f"{label}: {config}"
@@ -105,6 +106,30 @@ class _Logits:
         return Logits(model)
 
 
+def _available_memory() -> int | None:
+    """Bytes of memory available now (Linux: MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_fits(parameters: int, label: str) -> None:
+    """Refuses, before any weight is allocated, a model whose float32 weights alone exceed the
+    memory available (a config with absurd sizes would otherwise be built until the system
+    kills the process)."""
+    available = _available_memory()
+    size = 4 * parameters
+    if available is not None and size > available:
+        raise OnnxNormError(f"{label}: {parameters:,} weights need {size / 2**30:.1f} GiB, more "
+                            f"than the {available / 2**30:.1f} GiB of memory available; choose "
+                            "smaller sizes")
+
+
 def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
     path = Path(args.model)
     if path.is_dir() and not (path / "config.json").is_file():
@@ -126,6 +151,12 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
     model, problems = None, []
     for cls in classes:
         try:
+            if not has_weights:
+                with torch.device("meta"):  # its size first, nothing allocated
+                    shape = cls.from_config(config, attn_implementation="eager")
+                _check_fits(sum(p.numel() for p in shape.parameters()),
+                            f"{path}: {type(shape).__name__}")
+                del shape
             # eager attention: some models' SDPA paths do not trace (T5 in transformers 5.24)
             if has_weights:
                 model = cls.from_pretrained(str(path), local_files_only=True,
@@ -134,7 +165,8 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
                 torch.manual_seed(0)
                 model = cls.from_config(config, attn_implementation="eager")
             break
-        except (ValueError, KeyError, OSError) as error:
+        except (ValueError, KeyError, OSError, RuntimeError, TypeError) as error:
+            # RuntimeError, TypeError: sizes torch cannot make tensors of (negative, not ints)
             problems.append(str(error).splitlines()[0] if str(error) else type(error).__name__)
     if model is None:
         raise OnnxNormError(f"{path}: transformers cannot build a model of type "
