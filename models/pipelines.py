@@ -15,7 +15,10 @@ sources:
 - ``ort_optimized``: ONNX Runtime's transformers optimizer (contrib norm ops);
 - ``simplified``: onnxsim and onnxslim;
 - ``kv_cache``: a Llama decoder exported by ``torch.onnx.export(dynamo=True)`` with its past
-  keys and values as inputs and outputs.
+  keys and values as inputs and outputs;
+- ``optimum``: Optimum folders (``optimum-cli export onnx``) of Llama, Gemma 2, T5 and Whisper
+  checkpoints, exported on an overlay with the older transformers optimum-onnx requires
+  (``models/optimum_export.py``).
 
 ``python -m models.pipelines [-o docs/pipelines.md]`` measures every source with onnxnorm, ONNX
 Runtime's transformers optimizer and onnxscript's ort_fusions and writes the page.
@@ -335,6 +338,61 @@ SOURCES = {
 }
 
 
+# --- Optimum ----------------------------------------------------------------------------------
+
+#: optimum-onnx (its only release) requires transformers < 4.58, older than this environment's;
+#: these go to an overlay folder put before site-packages for the export only (torch, onnx
+#: and the rest come from this environment)
+OPTIMUM_PACKAGES = ("optimum-onnx==0.1.0", "optimum==2.1.0", "transformers==4.57.6",
+                    "huggingface_hub==0.36.2", "tokenizers==0.22.2", "requests==2.34.2",
+                    "charset-normalizer==3.5.3", "urllib3==2.8.0", "certifi==2026.10.19.post1")
+OVERLAY = Path(__file__).resolve().parent.parent / "build" / "optimum-overlay"
+#: family -> (the task optimum-cli is given, the files of its folder)
+OPTIMUM_FAMILIES = {
+    "llama": ("text-generation-with-past", ("model.onnx",)),
+    "gemma2": ("text-generation-with-past", ("model.onnx",)),
+    "t5": ("text2text-generation-with-past",
+           ("decoder_model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx",
+            "encoder_model.onnx")),
+    "whisper": ("automatic-speech-recognition-with-past",
+                ("decoder_model.onnx", "decoder_model_merged.onnx",
+                 "decoder_with_past_model.onnx", "encoder_model.onnx")),
+}
+
+
+def optimum_overlay(path: Path = OVERLAY) -> Path:
+    """The overlay folder with :data:`OPTIMUM_PACKAGES` (``pip install --target``, no
+    dependencies), installed once and reused while the list is unchanged."""
+    import subprocess
+
+    stamp = path / ".packages"
+    wanted = "\n".join(OPTIMUM_PACKAGES)
+    if stamp.is_file() and stamp.read_text() == wanted:
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    "--no-deps", "--target", str(path), *OPTIMUM_PACKAGES], check=True,
+                   stdout=subprocess.DEVNULL)
+    stamp.write_text(wanted)
+    return path
+
+
+def optimum_folders(root: Path, families=tuple(OPTIMUM_FAMILIES)) -> dict[str, Path]:
+    """Optimum folders of tiny random-weight checkpoints (``models/optimum_export.py``: what
+    ``optimum-cli export onnx --model CKPT --task TASK OUT`` does), one per family, exported
+    in one interpreter on the overlay; folders already there are reused."""
+    import subprocess
+
+    missing = [f for f in families if not (root / f / OPTIMUM_FAMILIES[f][1][0]).is_file()]
+    if missing:
+        overlay = optimum_overlay()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(overlay), str(Path(__file__).resolve().parent.parent)]))
+        subprocess.run([sys.executable, "-m", "models.optimum_export", str(root), *missing],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+    return {f: root / f for f in families}
+
+
 # --- measuring ----------------------------------------------------------------------------------
 
 def _tools(model: onnx.ModelProto, folder: Path, sizes=None) -> dict:
@@ -402,6 +460,76 @@ def measure_genai(families=GENAI_FAMILIES, precisions=GENAI_PRECISIONS, log=prin
     return rows
 
 
+def count_all(model: onnx.ModelProto) -> tuple[int, int]:
+    """:func:`models.compare.count` over every graph, the branches of a merged decoder's If
+    included."""
+    from onnxnorm.ops.functions import _all_graphs
+
+    norms = adds = 0
+    for graph in _all_graphs(model.graph):
+        for node in graph.node:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            n, a = compare.NORM_OPS.get((domain, node.op_type), (0, 0))
+            norms, adds = norms + n, adds + a
+    return norms, adds
+
+
+def _file_parity(original: Path, optimized: Path) -> str:
+    from onnxnorm.fusion.folder import verify_file
+
+    try:
+        checks = verify_file(original, optimized)
+    except Exception as error:  # noqa: BLE001 - reported in the table
+        return f"does not run ({str(error).strip().splitlines()[0][:110]})"
+    worst = max(c.max_abs for c in checks)
+    return f"{'ok' if all(c.ok for c in checks) else 'MISMATCH'} ({worst:.1e})"
+
+
+def _other_tool(tool: str, path: Path, family: str, out: Path) -> None:
+    """ORT's transformers optimizer or onnxscript's ``optimize_for_ort`` on the file ``path``,
+    the result saved to ``out`` as their users save it."""
+    if tool == "ort":
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        optimize_model(str(path), model_type=compare.ORT_MODEL_TYPE.get(family, "gpt2"),
+                       num_heads=0, hidden_size=0, opt_level=0).save_model_to_file(str(out))
+    else:
+        onnx.save(compare._run_onnxscript(None, path), out)
+
+
+def measure_optimum(families=tuple(OPTIMUM_FAMILIES), log=print) -> list[dict]:
+    """Per file of each Optimum folder: what ``onnxnorm fuse DIR -o OUT`` (its
+    :func:`~onnxnorm.fusion.folder.fuse_folder`) fused and its parity (a merged decoder: both
+    branches), next to ORT's optimizer and onnxscript on the same file."""
+    from onnxnorm.fusion.folder import fuse_folder
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for family, folder in optimum_folders(root, families).items():
+            report = fuse_folder(folder, root / f"{family}_onnxnorm")
+            for result in report.files:
+                path = folder / result.name
+                row = {"family": family, "file": result.name, "onnxnorm_norms":
+                       result.report.norms, "onnxnorm_adds": result.report.residual_adds,
+                       "onnxnorm_parity": result.parity().replace("max abs error ", "")}
+                for tool in ("ort", "onnxscript"):
+                    out = root / f"{family}_{tool}_{result.name}"
+                    try:
+                        with contextlib.redirect_stdout(io.StringIO()), \
+                                warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            _other_tool(tool, path, family, out)
+                    except Exception as error:  # noqa: BLE001 - a tool's failure is a result
+                        row[f"{tool}_error"] = f"{type(error).__name__}: {str(error).strip()[:60]}"
+                        continue
+                    row[f"{tool}_norms"], row[f"{tool}_adds"] = count_all(onnx.load(out))
+                    row[f"{tool}_parity"] = _file_parity(path, out)
+                log(json.dumps(row))
+                rows.append(row)
+    return rows
+
+
 # --- docs/pipelines.md ----------------------------------------------------------------------------
 
 def _cells(row, tool):
@@ -413,7 +541,17 @@ def _cells(row, tool):
 TEMPLATE = Path(__file__).with_name("pipelines.md.in")
 
 
-def markdown(genai_rows, source_rows) -> str:
+def _optimum_table(rows) -> str:
+    lines = ["| model | file | onnxnorm norms | adds | parity | ORT opt. norms | adds | parity | "
+             "onnxscript norms | adds | parity |",
+             "|---|---|---:|---:|---|---:|---:|---|---:|---:|---|"]
+    for r in rows:
+        cells = [c for tool in ("onnxnorm", "ort", "onnxscript") for c in _cells(r, tool)]
+        lines.append(f"| {r['family']} | {r['file']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown(genai_rows, source_rows, optimum_rows=()) -> str:
     import onnxruntime_genai
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -438,7 +576,8 @@ def markdown(genai_rows, source_rows) -> str:
     text = TEMPLATE.read_text()
     return (text.replace("GENERATED", f"Generated by `python -m models.pipelines` on {now}; "
                                       f"{versions}.")
-            .replace("GENAI_TABLE", "\n".join(genai)).replace("SOURCES_TABLE", "\n".join(sources)))
+            .replace("GENAI_TABLE", "\n".join(genai)).replace("SOURCES_TABLE", "\n".join(sources))
+            .replace("OPTIMUM_TABLE", _optimum_table(optimum_rows)))
 
 
 def main(argv=None) -> int:
@@ -448,7 +587,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     genai_rows = measure_genai()
     source_rows = measure_sources()
-    Path(args.output).write_text(markdown(genai_rows, source_rows))
+    optimum_rows = measure_optimum()
+    Path(args.output).write_text(markdown(genai_rows, source_rows, optimum_rows))
     print(f"wrote {args.output}")
     return 0
 

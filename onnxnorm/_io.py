@@ -170,6 +170,39 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
     return path
 
 
+def check_output_folder(source: str | os.PathLike, output: str | os.PathLike,
+                        overwrite: bool = False) -> Path:
+    """Refuses, in one line and before any work, an output folder that is, holds or lies in the
+    input folder ``source``, that exists (unless ``overwrite``; then it must be a folder), or
+    whose parent is missing or not writable."""
+    source, output = Path(source), Path(output)
+    src, out = source.resolve(), output.resolve()
+    if out == src or src in out.parents or out in src.parents:
+        raise OnnxNormError(f"cannot write {output}: it is, holds or lies inside the input "
+                            f"folder {source}; the input is never modified, choose another output")
+    if output.exists() or output.is_symlink():
+        if not overwrite:
+            raise OnnxNormError(f"{output} exists; pass --overwrite to replace it")
+        if not output.is_dir():
+            raise OnnxNormError(f"cannot write {output}: it exists and is not a folder")
+    parent = output.parent
+    if not parent.is_dir():
+        raise OnnxNormError(f"cannot write {output}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OnnxNormError(f"cannot write {output}: folder {parent} is not writable")
+    return output
+
+
+def external_files(model: onnx.ModelProto, folder: str | os.PathLike) -> set[Path]:
+    """The resolved paths of the external data files ``model`` (read from ``folder``) names."""
+    files = set()
+    for tensor in _external_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                files.add((Path(folder) / entry.value).resolve())
+    return files
+
+
 def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.ModelProto:
     """Reads a model. With ``load_weights=False`` no weight is read into memory: tensors in
     external data stay there, and the raw data of initializers inside the file becomes an

@@ -106,9 +106,12 @@ def test_failed_write_leaves_nothing_half_written(decomposed, tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
 
 
-def test_directory_input_is_refused(tmp_path):
-    result = _run("fuse", tmp_path, "-o", tmp_path / "out.onnx")
-    _assert_one_line_error(result, f"{tmp_path}: is a directory")
+def test_directory_without_models_is_refused(tmp_path):
+    """A folder is fused file by file (tests/test_optimum.py); one without .onnx files is
+    refused in one line."""
+    result = _run("fuse", tmp_path, "-o", tmp_path / "out")
+    _assert_one_line_error(result, f"{tmp_path}: no .onnx file in this folder (nor in its "
+                                   "subfolders)")
     assert result.stdout == "" and list(tmp_path.iterdir()) == []
 
 

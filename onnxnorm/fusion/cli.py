@@ -7,29 +7,63 @@ import json
 import sys
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def add_fusion_options(parser: argparse.ArgumentParser, *, output_help: str,
+                       verify_help: str, verify_default: bool | None = False) -> None:
+    """The options ``onnxnorm fuse`` and ``onnxnorm genai`` share: the output, the target,
+    --verify (``verify_default`` None: --verify/--no-verify, the default decided by the
+    command), --overwrite, --strict-precision and --json."""
     from onnxnorm.targets import DEFAULT, TARGETS, help_text
 
+    parser.add_argument("-o", "--output", required=True, help=output_help)
+    parser.add_argument("--target", choices=TARGETS, default=DEFAULT, help=help_text())
+    if verify_default is None:
+        parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
+                            help=verify_help)
+    else:
+        parser.add_argument("--verify", action="store_true", help=verify_help)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the output folder if it exists (a single output file is "
+                             "always replaced)")
+    parser.add_argument("--strict-precision", action="store_true",
+                        help="leave norms whose statistics the original computes in float16/"
+                             "bfloat16 as they are (by default they are fused with float32 "
+                             "statistics, as onnxnorm's ops compute them, and the report says "
+                             "so)")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON "
+                                                       "('-' for standard output)")
+
+
+def write_json(result: dict, path: str | None) -> None:
+    """The report as JSON to ``path`` ('-': standard output), when a path is given."""
+    if not path:
+        return
+    text = json.dumps(result, indent=2)
+    if path == "-":
+        print(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
     fuse = commands.add_parser(
         "fuse", help="replace norm patterns with fused onnxnorm ops",
         description="Find the norms of an exported ONNX model (decomposed, or single ops of "
                     "ONNX or ONNX Runtime), fuse each with its residual add where exact, and "
                     "write them for a target. The input file is never modified; the output is "
                     "written atomically (with external data when the input has it or is over "
-                    "2 GB).")
-    fuse.add_argument("input", help="the ONNX model to read")
-    fuse.add_argument("-o", "--output", required=True, help="where to write the fused model")
-    fuse.add_argument("--target", choices=TARGETS, default=DEFAULT, help=help_text())
-    fuse.add_argument("--verify", action="store_true",
-                      help="run the original and the fused model in onnxruntime on generated "
-                           "inputs, print the max abs/rel error per output; exit 3 when over "
-                           "tolerance")
-    fuse.add_argument("--strict-precision", action="store_true",
-                      help="leave norms whose statistics the original computes in float16/"
-                           "bfloat16 as they are (by default they are fused with float32 "
-                           "statistics, as onnxnorm's ops compute them, and the report says so)")
-    fuse.add_argument("--json", metavar="PATH", help="also write the fusion report as JSON "
-                                                     "('-' for standard output)")
+                    "2 GB). Given a folder (an Optimum export: model.onnx, or encoder_model."
+                    "onnx, decoder_model.onnx, decoder_with_past_model.onnx and decoder_model_"
+                    "merged.onnx), it writes a copy of the folder with every .onnx file fused "
+                    "and verified and the other files copied.")
+    fuse.add_argument("input", help="the ONNX model, or the folder of ONNX models, to read")
+    add_fusion_options(
+        fuse, output_help="where to write the fused model (for a folder: the folder to write)",
+        verify_default=None,
+        verify_help="run the original and the fused model in onnxruntime on generated inputs, "
+                    "print the max abs/rel error per output; exit 3 (output not kept) when over "
+                    "tolerance. Default: on for a folder (each file; a merged decoder in both "
+                    "branches), off for a file")
     fuse.set_defaults(run=run)
 
 
@@ -65,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from onnxnorm._io import OnnxNormError, check_input, check_output, load_model, save_model
     from onnxnorm.fusion.pipeline import fuse_detached
 
+    if Path(args.input).is_dir():
+        return run_folder(args)
     source = check_input(args.input)
     check_output(args.output, inputs=[source])
     if args.json and args.json != "-":
@@ -101,16 +137,32 @@ def run(args: argparse.Namespace) -> int:
             _remove(args.output)
             status = 3
     del model
-    if args.json:
-        text = json.dumps(result, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+    write_json(result, args.json)
     if status == 0:
         print(f"wrote {args.output}")
     return status
+
+
+def run_folder(args: argparse.Namespace) -> int:
+    """``onnxnorm fuse DIR -o OUT_DIR``: :func:`onnxnorm.fusion.folder.fuse_folder`."""
+    from onnxnorm._io import check_output
+    from onnxnorm.fusion.folder import fuse_folder, onnx_files
+
+    onnx_files(args.input)
+    if args.json and args.json != "-":
+        check_output(args.json)
+    report = fuse_folder(args.input, args.output, target=args.target,
+                         verify=args.verify is not False, overwrite=args.overwrite,
+                         strict_precision=args.strict_precision)
+    print(report)
+    write_json(report.to_dict(), args.json)
+    if not report.written:
+        failed = ", ".join(f.name for f in report.files if not f.ok)
+        print(f"onnxnorm: verify failed: {failed} differ beyond tolerance; {args.output} not "
+              "written", file=sys.stderr)
+        return 3
+    print(f"wrote {args.output}")
+    return 0
 
 
 def _genai_sizes(source, model) -> dict[str, int] | None:

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from onnxnorm._io import OnnxNormError
+from onnxnorm._io import OnnxNormError, check_output_folder, external_files
 
 CONFIG = "genai_config.json"
 
@@ -123,35 +123,6 @@ def components(config: dict[str, Any]) -> Iterator[tuple[str, dict, dict]]:
     yield from walk(config["model"], "model", None)
 
 
-def _external_files(model, folder: Path) -> set[Path]:
-    from onnx import external_data_helper
-
-    files = set()
-    for tensor in external_data_helper._get_all_tensors(model):
-        if external_data_helper.uses_external_data(tensor):
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    files.add((folder / entry.value).resolve())
-    return files
-
-
-def _check_output(source: Path, output: Path, overwrite: bool) -> None:
-    src, out = source.resolve(), output.resolve()
-    if out == src or src in out.parents or out in src.parents:
-        raise OnnxNormError(f"cannot write {output}: it is, holds or lies inside the input "
-                            f"folder {source}; the input is never modified, choose another output")
-    if output.exists() or output.is_symlink():
-        if not overwrite:
-            raise OnnxNormError(f"{output} exists; pass --overwrite to replace it")
-        if not output.is_dir():
-            raise OnnxNormError(f"cannot write {output}: it exists and is not a folder")
-    parent = output.parent
-    if not parent.is_dir():
-        raise OnnxNormError(f"cannot write {output}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OnnxNormError(f"cannot write {output}: folder {parent} is not writable")
-
-
 def _libraries(cuda: bool) -> list[Path]:
     """The onnxnorm library to register and, for a folder whose sessions run on CUDA, the CUDA
     library beside it where it is built (the CPU library registers the CUDA kernels when that
@@ -190,7 +161,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
         raise OnnxNormError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
     source, output = Path(source), Path(output)
     config = read_config(source)
-    _check_output(source, output, overwrite)
+    check_output_folder(source, output, overwrite)
     found = list(components(config))
     if not found:
         raise OnnxNormError(f"{source / CONFIG}: names no ONNX model (no \"filename\")")
@@ -206,7 +177,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
             if progress:
                 progress(f"fusing {key} ({name})")
             model = load_model(source / name, load_weights=False)
-            skip |= _external_files(model, source)
+            skip |= external_files(model, source)
             fused, weights, report = fuse_detached(
                 model, target=target, base_dir=str((source / name).parent),
                 strict_precision=strict_precision)

@@ -5,7 +5,6 @@ optional; ``--verify`` needs onnxruntime-genai and says so in one line when it i
 from __future__ import annotations
 
 import argparse
-import json
 
 #: the prompt and length of --verify's greedy generation
 VERIFY_PROMPT = [1, 5, 9, 33, 17, 4, 77, 100]
@@ -13,7 +12,7 @@ VERIFY_TOKENS = 32
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    from onnxnorm.targets import DEFAULT, TARGETS, help_text
+    from onnxnorm.fusion.cli import add_fusion_options
 
     genai = commands.add_parser(
         "genai", help="fuse the norms of an onnxruntime-genai model folder",
@@ -24,19 +23,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "the model's folder), so that onnxruntime-genai runs onnxnorm's kernels. The "
                     "input folder is never modified.")
     genai.add_argument("input", help="the model folder to read (holds genai_config.json)")
-    genai.add_argument("-o", "--output", required=True, help="the folder to write")
-    genai.add_argument("--target", choices=TARGETS, default=DEFAULT, help=help_text())
-    genai.add_argument("--overwrite", action="store_true",
-                       help="replace the output folder if it exists")
-    genai.add_argument("--strict-precision", action="store_true",
-                       help="leave norms whose statistics the original computes in float16/"
-                            "bfloat16 as they are")
-    genai.add_argument("--verify", action="store_true",
-                       help="run both folders in onnxruntime-genai (greedy generation of "
-                            f"{VERIFY_TOKENS} tokens from a fixed prompt) and fail (exit 3, "
-                            "output removed) when the tokens differ; needs onnxruntime-genai")
-    genai.add_argument("--json", metavar="PATH", help="also write the report as JSON "
-                                                      "('-' for standard output)")
+    add_fusion_options(
+        genai, output_help="the folder to write",
+        verify_help="run both folders in onnxruntime-genai (greedy generation of "
+                    f"{VERIFY_TOKENS} tokens from a fixed prompt) and fail (exit 3, output "
+                    "removed) when the tokens differ; needs onnxruntime-genai")
     genai.set_defaults(run=run)
 
 
@@ -47,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from onnxnorm._deps import require
     from onnxnorm._io import check_output
+    from onnxnorm.fusion.cli import write_json
     from onnxnorm.genai import convert, read_config
 
     read_config(args.input)
@@ -72,12 +64,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             shutil.rmtree(Path(args.output))
             status = 3
-    if args.json:
-        text = json.dumps(result, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+    write_json(result, args.json)
     if status == 0:
         print(f"wrote {args.output}")
     return status
