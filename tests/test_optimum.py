@@ -22,8 +22,6 @@ from models import pipelines  # noqa: E402
 from onnxnorm.fusion.folder import fuse_folder  # noqa: E402
 from onnxnorm.ops.functions import _all_graphs  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 #: (family, file) -> (norms, residual adds): every norm, and every residual add that feeds a
 #: norm (Gemma 2's as Sandwich ops; Whisper's decoder also its token + position add, while its
 #: encoder's position add broadcasts a 2-D table over the batch, which no Skip op does)
@@ -56,6 +54,7 @@ def _ops(path: Path) -> list[str]:
     return [n.op_type for g in _all_graphs(model.graph) for n in g.node]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(pipelines.OPTIMUM_FAMILIES))
 def test_folder_fused_with_parity(folders, family, tmp_path):
     folder = folders[family]
@@ -88,6 +87,7 @@ def test_folder_fused_with_parity(folders, family, tmp_path):
                if not name.endswith(".onnx"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(pipelines.OPTIMUM_FAMILIES))
 def test_at_least_as_many_as_other_tools(folders, family, tmp_path):
     """Per file, onnxnorm holds at least as many norms and residual adds in single ops as ORT's
@@ -109,6 +109,7 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_command_and_bad_input(folders, tmp_path):
     folder = folders["t5"]
     before = _files(folder)
@@ -144,6 +145,7 @@ def test_command_and_bad_input(folders, tmp_path):
     assert _files(folder) == before
 
 
+@pytest.mark.slow
 def test_external_data_kept(folders, tmp_path):
     """A file with external data (Optimum writes ``model.onnx_data`` for large models) is
     written with its own data file next to it; the input's data file is not copied."""
@@ -167,3 +169,56 @@ def test_docs_page_shows_what_the_tests_measure():
     assert "optimum-cli export onnx --model ./llama-ckpt --task text-generation-with-past" in text
     for (family, name), (norms, adds) in COUNTS.items():
         assert f"| {family} | {name} | {norms} | {adds} | ok (" in text, (family, name)
+
+
+def _branch(name: str, flat: bool):
+    """A branch that defines s, z, e, w and y: ``s`` the shape of x ([2, 3, 8]) or, flat, of x
+    reshaped to [6, 8]; z = ConstantOfShape(s)."""
+    from onnx import TensorProto, helper
+
+    source, nodes = "x", []
+    if flat:
+        nodes.append(helper.make_node("Reshape", ["x", "flat"], ["r"]))
+        source = "r"
+    nodes += [helper.make_node("Shape", [source], ["s"]),
+              helper.make_node("ConstantOfShape", ["s"], ["z"],
+                               value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+              helper.make_node("Equal", ["z", source], ["e"]),
+              helper.make_node("Where", ["e", "z", source], ["w"]),
+              helper.make_node("Reshape", ["w", "full"], ["y"])]
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, None)])
+
+
+def test_branches_that_share_names_keep_their_own_shapes(tmp_path):
+    """The two branches of an If define the same names (as Optimum's merged decoders do) with
+    values of other shapes: each keeps its own. onnx's data propagation, keyed by name, gave
+    the flat branch's z the other branch's [2, 3, 8]; the fused model held those shapes."""
+    from onnx import TensorProto, helper
+
+    from onnxnorm.fusion import fuse
+    from onnxnorm.fusion.folder import verify_file
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["out"], then_branch=_branch("plain", False),
+                          else_branch=_branch("flat", True))],
+        "m", [helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3, 8])],
+        [helper.make_tensor("flat", TensorProto.INT64, [2], [6, 8]),
+         helper.make_tensor("full", TensorProto.INT64, [3], [2, 3, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    fused, _ = fuse(model)
+    branches = {a.g.name: a.g for a in fused.graph.node[0].attribute}
+    shapes = {name: {v.name.split("_")[0]: [d.dim_value or d.dim_param
+                                            for d in v.type.tensor_type.shape.dim]
+                     for v in g.value_info} for name, g in branches.items()}
+    # the flat branch's values are 2-D (the reshape's target is an outer constant, so its dims
+    # stay symbolic), the other branch's [2, 3, 8]
+    assert len(shapes["flat"]["z"]) == len(shapes["flat"]["e"]) == 2, shapes
+    assert shapes["plain"]["z"] == shapes["plain"]["e"] == [2, 3, 8], shapes
+    onnx.save(model, tmp_path / "m.onnx")
+    onnx.save(fused, tmp_path / "f.onnx")
+    checks = verify_file(tmp_path / "m.onnx", tmp_path / "f.onnx")
+    assert [c.name for c in checks] == ["out [flag=false]", "out [flag=true]"]
+    assert all(c.ok and c.max_abs == 0 for c in checks)
