@@ -26,7 +26,8 @@ from models import corpus
 
 #: ORT's optimizer needs a model type; these are its closest ones for each family
 ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "gpt_neox": "gpt_neox",
-                  "qwen3": "qwen3", "phi3": "phi"}
+                  "qwen3": "qwen3", "phi3": "phi", "bert_encoder": "bert", "vit": "vit",
+                  "clip_text": "clip", "clip_vision": "clip", "whisper_encoder": "bert"}
 #: the norm ops each tool writes: op type -> (norms, residual adds)
 NORM_OPS = {
     ("", "LayerNormalization"): (1, 0), ("", "SimplifiedLayerNormalization"): (1, 0),

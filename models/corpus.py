@@ -22,6 +22,8 @@ SEQ = 7
 class Entry:
     name: str
     build: Callable[[], Any]  # () -> (torch module, example inputs tuple, input names)
+    #: per input, its dynamic dims (index -> name); empty: every dim static
+    dynamic: tuple = ()
 
 
 def _hf(config_name: str, model_name: str, **overrides) -> Callable[[], Any]:
@@ -165,6 +167,53 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in [
 ]}
 
 
+def _encoder(config_name: str, model_name: str, inputs: str, **overrides) -> Callable[[], Any]:
+    """An encoder of transformers (text: token ids of BATCH x SEQ; vision: BATCH images of
+    32 x 32 pixels in patches of 8; audio: BATCH log-mel spectrograms of 16 bins x 40 frames),
+    hidden 32, 2 layers, random norm weights."""
+    def build():
+        import torch
+        import transformers
+
+        config = getattr(transformers, config_name)(**overrides)
+        config._attn_implementation = "eager"
+        torch.manual_seed(0)
+        model = getattr(transformers, model_name)(config)
+        model = (model.get_encoder() if model_name == "WhisperModel" else model).eval()
+        _randomize_norms(model)
+        example = {"input_ids": lambda: torch.randint(0, VOCAB, (ENCODER_BATCH, SEQ)),
+                   "pixel_values": lambda: torch.randn(ENCODER_BATCH, 3, 32, 32),
+                   "input_features": lambda: torch.randn(ENCODER_BATCH, 16, 40)}[inputs]()
+        return _Outputs(model, [inputs]), (example,), [inputs]
+
+    return build
+
+
+ENCODER_BATCH = 2
+_TEXT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+             intermediate_size=64, max_position_embeddings=64)
+_VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+               image_size=32, patch_size=8)
+#: encoders (Post-Norm BERT; Pre-Norm ViT, CLIP, Whisper), exported with a dynamic batch and,
+#: for text, a dynamic sequence: the residual adds' shapes are symbolic
+ENCODERS: dict[str, Entry] = {e.name: e for e in [
+    Entry("bert_encoder", _encoder("BertConfig", "BertModel", "input_ids", **_TEXT),
+          ({0: "batch", 1: "sequence"},)),
+    Entry("vit", _encoder("ViTConfig", "ViTModel", "pixel_values", **_VISION), ({0: "batch"},)),
+    Entry("clip_text", _encoder("CLIPTextConfig", "CLIPTextModel", "input_ids", **_TEXT,
+                                pad_token_id=0, bos_token_id=1, eos_token_id=2),
+          ({0: "batch", 1: "sequence"},)),
+    Entry("clip_vision", _encoder("CLIPVisionConfig", "CLIPVisionModel", "pixel_values",
+                                  **_VISION), ({0: "batch"},)),
+    Entry("whisper_encoder", _encoder(
+        "WhisperConfig", "WhisperModel", "input_features", vocab_size=VOCAB, d_model=32,
+        encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=20,
+        max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=1), ({0: "batch"},)),
+]}
+
+
 def count_norm_calls(model, inputs) -> int:
     """How many times a norm module runs in one forward pass."""
     import torch
@@ -193,7 +242,8 @@ def export(name: str, exporter: str, dtype: str = "float32", opset: int | None =
 
     from onnxnorm.nn.export import quiet_export
 
-    model, inputs, names = ENTRIES[name].build()
+    entry = ENTRIES[name] if name in ENTRIES else ENCODERS[name]
+    model, inputs, names = entry.build()
     if dtype != "float32":
         model = model.to(getattr(torch, dtype))
         inputs = tuple(i.to(getattr(torch, dtype)) if i.is_floating_point() else i for i in inputs)
@@ -204,10 +254,12 @@ def export(name: str, exporter: str, dtype: str = "float32", opset: int | None =
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
             program = torch.onnx.export(model, inputs, input_names=names, dynamo=True,
-                                        opset_version=opset, optimize=True)
+                                        opset_version=opset, optimize=True,
+                                        dynamic_shapes=(entry.dynamic,) if entry.dynamic else None)
             proto = program.model_proto
         else:
             torch.onnx.export(model, inputs, buffer, input_names=names, dynamo=False,
-                              opset_version=opset)
+                              opset_version=opset,
+                              dynamic_axes=dict(zip(names, entry.dynamic)) or None)
             proto = onnx.load_from_string(buffer.getvalue())
     return proto, count

@@ -215,22 +215,95 @@ def _symbolic_shape_inference():
     return sys.modules[name].SymbolicShapeInference
 
 
+#: ops whose output shape ORT's symbolic inference takes from onnx's, broadcasting their inputs
+_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Sum", "Max", "Min", "MatMul"}
+
+
+def _infer_symbolic(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """ORT's symbolic shape inference of ``proto``, made sound for the residual rules, which
+    take two equal dims as proof that an Add does not broadcast. Upstream, an op that
+    broadcasts two dims it cannot prove equal either stops the inference or, with
+    ``auto_merge``, declares them equal, though one may be 1 at run time. Here no broadcast
+    merges dims: such an output dim gets a name of its own, equal to nothing else, and the
+    inference goes on past the op (``infer_shapes`` would also save the model to the working
+    directory where it stops; here the shapes found so far are kept)."""
+    import sympy
+
+    class Inference(_symbolic_shape_inference()):
+        def _fresh(self) -> str:
+            name = f"onnxnorm_unknown_{len(self.symbolic_dims_)}"
+            self.symbolic_dims_[name] = sympy.Symbol(name, integer=True, nonnegative=True)
+            return name
+
+        def _check_merged_dims(self, dims, allow_broadcast=True):
+            if not allow_broadcast:  # dims an op requires to be equal (Concat, MatMul's inner)
+                super()._check_merged_dims(dims, allow_broadcast)
+
+        def _broadcast_shapes(self, shape1, shape2):
+            shape = super()._broadcast_shapes(shape1, shape2)
+            return [self._fresh() if dim is None else dim for dim in shape]
+
+        def _onnx_infer_single_node(self, node):
+            super()._onnx_infer_single_node(node)
+            if node.op_type not in _BROADCASTING or node.domain not in ("", "ai.onnx"):
+                return
+            for name in node.output:
+                info = self.known_vi_.get(name)
+                if info is None or not info.type.HasField("tensor_type"):
+                    continue
+                for dim in info.type.tensor_type.shape.dim:
+                    if not dim.HasField("dim_value") and (
+                            not dim.dim_param or dim.dim_param.startswith("unk__")):
+                        dim.dim_param = self._fresh()
+
+    inference = Inference(2**31 - 1, False, False, 0)
+    inference._preprocess(proto)
+    while inference.run_:
+        if not inference._infer_impl():
+            break
+    inference._update_output_from_vi()
+    return inference.out_mp_
+
+
 def symbolic_shapes(model: ir.Model) -> bool:
-    """ONNX Runtime's symbolic shape inference, which proves dims equal where onnx's own
-    inference leaves them unknown (TorchScript exports), merged into ``model``; weights are
-    left out of the copy it works on. Best effort: False when it fails."""
+    """ONNX Runtime's symbolic shape inference (``_infer_symbolic``), which proves dims equal
+    where onnx's own inference leaves them unknown (TorchScript exports), run on a copy without
+    the weights. Each value keeps onnx's shape and gets ORT's in
+    ``value.meta[residual.SYMBOLIC_SHAPE]``:
+    the two name their dims each in its own way, so a proof compares two shapes of one source.
+    Where onnx has no shape at all the value takes ORT's, its dims renamed ``ort:<name>``.
+    Best effort: False when it fails."""
+    import logging
+
     try:
         from onnx_ir.passes.common import _c_api_utils
-        from onnx_ir.passes.common.shape_inference import _merge_func
 
-        SymbolicShapeInference = _symbolic_shape_inference()
-
-        inferred = _c_api_utils.call_onnx_api(
-            lambda proto: SymbolicShapeInference.infer_shapes(proto, auto_merge=True), model)
-        _merge_func(model, inferred)
-        return True
+        logger = logging.getLogger("_onnxnorm_symbolic_shape_infer")
+        level = logger.level
+        logger.setLevel(logging.ERROR)  # "unsupported broadcast": reported by the rules instead
+        try:
+            inferred = ir.serde.deserialize_model(
+                _c_api_utils.call_onnx_api(_infer_symbolic, model))
+        finally:
+            logger.setLevel(level)
     except Exception:  # noqa: BLE001 - unknown ops, odd graphs: keep onnx's shapes
         return False
+    for graph, other in zip(model.graphs(), inferred.graphs()):
+        theirs = ir.convenience.create_value_mapping(other)
+        for name, value in ir.convenience.create_value_mapping(graph).items():
+            found = theirs.get(name)
+            if found is None or found.shape is None:
+                continue
+            # onnx's names for dims it cannot name are fresh per call: not a proof here
+            dims = [None if isinstance(d, ir.SymbolicDim) and (d.value or "").startswith("unk__")
+                    else d for d in found.shape.dims]
+            value.meta[residual.SYMBOLIC_SHAPE] = ir.Shape(dims)
+            if value.shape is None:
+                value.shape = ir.Shape([f"ort:{d.value}" if isinstance(d, ir.SymbolicDim)
+                                        and d.value is not None else d for d in dims])
+            if value.dtype is None and found.dtype is not None:
+                value.dtype = found.dtype
+    return True
 
 
 def fuse_ir(model: ir.Model, tracker: Tracker | None = None,

@@ -18,18 +18,70 @@ from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
 
 
-def _same_shape(a: ir.Value, b: ir.Value, what: str) -> None:
-    if a.shape is None or b.shape is None:
-        raise Rejected(f"the shapes of {what} are unknown")
-    dims_a, dims_b = list(a.shape.dims), list(b.shape.dims)
+#: ``value.meta`` key of the shape ORT's symbolic inference gave a value
+#: (``pipeline.symbolic_shapes``)
+SYMBOLIC_SHAPE = "onnxnorm.symbolic_shape"
+
+
+def _dim(d) -> str:
+    return str(d) if isinstance(d, int) or d.value is not None else "unknown"
+
+
+def _symbolic(value: ir.Value) -> ir.Shape | None:
+    """The shape ORT's symbolic inference gave ``value`` (``pipeline.symbolic_shapes``); for an
+    output of an onnxnorm node written since, the shape of that node's X, which its Y and Sum
+    have."""
+    while value is not None:
+        if SYMBOLIC_SHAPE in value.meta:
+            return value.meta[SYMBOLIC_SHAPE]
+        node = value.producer()
+        if node is None or node.domain != catalogue.DOMAIN:
+            return None
+        value = node.inputs[0]
+    return None
+
+
+def _compare(dims_a: list, dims_b: list, what: str) -> str | None:
+    """None when the dims prove the shapes equal; else why not. Raises where they prove that
+    the Add broadcasts."""
     if len(dims_a) != len(dims_b):
-        raise Rejected(f"{what} differ in rank: the Add broadcasts")
-    for da, db in zip(dims_a, dims_b):
+        raise Rejected(f"{what} differ in rank ({len(dims_a)} and {len(dims_b)}): the Add "
+                       "broadcasts")
+    for i, (da, db) in enumerate(zip(dims_a, dims_b)):
         if isinstance(da, int) and isinstance(db, int):
             if da != db:
-                raise Rejected(f"{what} differ in shape: the Add broadcasts")
-        elif not (isinstance(da, ir.SymbolicDim) and da.value is not None and da == db):
-            raise Rejected(f"cannot prove that {what} have the same shape")
+                raise Rejected(f"{what} differ in shape (dim {i}: {da} and {db}): the Add "
+                               "broadcasts")
+    for i, (da, db) in enumerate(zip(dims_a, dims_b)):
+        if isinstance(da, int) and isinstance(db, int):
+            continue
+        if isinstance(da, ir.SymbolicDim) and da.value is not None and da == db:
+            continue
+        shapes = f"[{', '.join(map(_dim, dims_a))}] and [{', '.join(map(_dim, dims_b))}]"
+        if 1 in (da, db):
+            return (f"{what} may broadcast: dim {i} is 1 in one and {_dim(db if da == 1 else da)}"
+                    f" in the other ({shapes})")
+        return f"cannot prove that {what} have the same shape: dim {i} is {_dim(da)} and " \
+               f"{_dim(db)} ({shapes})"
+    return None
+
+
+def _same_shape(a: ir.Value, b: ir.Value, what: str) -> None:
+    """Proves that an Add of ``a`` and ``b`` does not broadcast, or says exactly why not. Dims
+    are equal when they are equal integers or the same symbol of one inference: onnx's (the
+    values' shapes) or ORT's symbolic inference (which never merges two dims that an op
+    broadcasts, see ``pipeline._infer_symbolic``)."""
+    reasons = []
+    for dims_a, dims_b in ((a.shape, b.shape), (_symbolic(a), _symbolic(b))):
+        if dims_a is not None and dims_b is not None:
+            reason = _compare(list(dims_a.dims), list(dims_b.dims), what)
+            if reason is None:
+                return
+            reasons.append(reason)
+    if not reasons:
+        unknown = " and ".join(repr(v.name) for v in (a, b) if v.shape is None)
+        raise Rejected(f"the shapes of {what} are unknown ({unknown})")
+    raise Rejected(reasons[-1])
 
 
 class SkipFusion(FusionRule):
