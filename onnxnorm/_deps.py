@@ -21,6 +21,7 @@ EXTRAS = {
     "transformers": ("torch", "pip install 'onnxnorm[torch]'"),
     "matplotlib": ("bench", "pip install 'onnxnorm[bench]'"),
     "onnxruntime_genai": ("genai", "pip install 'onnxnorm[genai]'"),
+    "olive": ("olive", "pip install 'onnxnorm[olive]'"),
 }
 
 

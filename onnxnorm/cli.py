@@ -23,6 +23,7 @@ COMMANDS = {
     "export": ("onnxnorm.nn.cli", "export a model with one onnxnorm node per norm"),
     "fuse": ("onnxnorm.fusion.cli", "replace norm patterns with fused onnxnorm ops"),
     "genai": ("onnxnorm.genai.cli", "fuse the norms of an onnxruntime-genai model folder"),
+    "olive": ("onnxnorm.olive.cli", "run an Olive workflow with onnxnorm's pass and surgeon"),
     "bench": ("onnxnorm.bench.cli", "benchmarks: onnxnorm against ORT, torch and a memory copy"),
 }
 
