@@ -152,12 +152,13 @@ _EPSILON = {("", op) for op in ("LayerNormalization", "RMSNormalization", "Batch
 _AXIS = {("", "LayerNormalization"), ("", "RMSNormalization"),
          ("com.microsoft", "LayerNormalization"), ("com.microsoft", "SimplifiedLayerNormalization")}
 _KIND = {"int": AttributeProto.INT, "float": AttributeProto.FLOAT}
+_ONNXNORM = "onnxnorm"  # catalogue.DOMAIN, without importing the catalogue for every model
 
 
-def _check_attributes(node: onnx.NodeProto, label: str, ranks: dict[str, int]) -> None:
+def _check_attributes(node: onnx.NodeProto, domain: str, label: str,
+                      ranks: dict[str, int]) -> None:
     from onnxnorm.ops import catalogue
 
-    domain = "" if node.domain == "ai.onnx" else node.domain
     attrs = {a.name: a for a in node.attribute}
     if domain == catalogue.DOMAIN:
         if node.op_type not in catalogue.OPS:
@@ -226,46 +227,54 @@ def _check_graph(graph: onnx.GraphProto, outer: set[str], domains: set[str], wha
         if not external_data_helper.uses_external_data(tensor):
             _check_inline(tensor)
     given = inputs | initializers
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in (*graph.input, *graph.value_info, *graph.output)
+             if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+    ranks.update({t.name: len(t.dims) for t in graph.initializer})
+    label = lambda i: _label(graph.node[i], i)  # noqa: E731 - messages only
     producer: dict[str, int] = {}
+    nodes = []  # (reads, subgraphs) of each node
     for index, node in enumerate(graph.node):
-        label = _label(node, index)
-        domain = "" if node.domain == "ai.onnx" else node.domain
+        domain = node.domain
+        if domain == "ai.onnx":
+            domain = ""
         if domain not in domains:
-            raise ModelProblem(f"{what}: {label}: domain {node.domain!r} is not imported by the "
-                               "model (opset_import)")
+            raise ModelProblem(f"{what}: {label(index)}: domain {node.domain!r} is not imported "
+                               "by the model (opset_import)")
         for name in node.output:
             if not name:
                 continue
             if name in producer:
                 raise ModelProblem(f"{what}: value {name!r} is produced twice, by "
-                                   f"{_label(graph.node[producer[name]], producer[name])} and "
-                                   f"{label}")
+                                   f"{label(producer[name])} and {label(index)}")
             if name in given:
                 raise ModelProblem(f"{what}: value {name!r} is a graph input or initializer "
-                                   f"and also produced by {label}")
+                                   f"and also produced by {label(index)}")
             producer[name] = index
-        for attr in node.attribute:
-            if (attr.type == AttributeProto.TENSOR
-                    and not external_data_helper.uses_external_data(attr.t)):
-                _check_inline(attr.t)
+        subgraphs = []
+        if node.attribute:
+            for attr in node.attribute:
+                if (attr.type == AttributeProto.TENSOR
+                        and not external_data_helper.uses_external_data(attr.t)):
+                    _check_inline(attr.t)
+            subgraphs = list(_subgraphs(node))
+            if (domain, node.op_type) in _EPSILON or (domain, node.op_type) in _AXIS \
+                    or domain == _ONNXNORM:
+                _check_attributes(node, domain, label(index), ranks)
+        elif domain == _ONNXNORM:
+            _check_attributes(node, domain, label(index), ranks)
+        nodes.append(([name for name in node.input if name], subgraphs))
     visible = outer | given | set(producer)
-    ranks = {v.name: len(v.type.tensor_type.shape.dim)
-             for v in (*graph.input, *graph.value_info, *graph.output)
-             if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
-    ranks.update({t.name: len(t.dims) for t in graph.initializer})
     depends: list[set[int]] = []
-    for index, node in enumerate(graph.node):
-        label = _label(node, index)
-        reads = [name for name in node.input if name]
-        for sub in _subgraphs(node):
-            _check_graph(sub, visible, domains, f"{what}, subgraph {sub.name!r} of {label}")
+    for index, (reads, subgraphs) in enumerate(nodes):
+        for sub in subgraphs:
+            _check_graph(sub, visible, domains, f"{what}, subgraph {sub.name!r} of {label(index)}")
             reads += sorted(_free_names(sub))
         for name in reads:
             if name not in visible:
-                raise ModelProblem(f"{what}: {label} reads {name!r}, which no node, graph input "
-                                   "or initializer provides")
+                raise ModelProblem(f"{what}: {label(index)} reads {name!r}, which no node, graph "
+                                   "input or initializer provides")
         depends.append({producer[name] for name in reads if name in producer})
-        _check_attributes(node, label, ranks)
     for value in graph.output:
         if value.name not in visible:
             raise ModelProblem(f"{what}: output {value.name!r} is produced by no node, graph "
