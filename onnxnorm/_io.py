@@ -6,7 +6,9 @@ where they are (only those under 1 KiB, which rules read as constants, are loade
 copying them, one at a time, into the output's own data file; a model over 2 GB, or one that
 came with external data, is written with external data (``<output>.data``). Files are written
 under temporary names in the output folder and renamed into place (data first, the model
-last), so no half-written file ever carries the output's name.
+last), so no half-written file ever carries the output's name; a run killed while writing
+leaves only its temporary files (``.<output>.<pid>.*.tmp``), which the next write of the same
+output removes.
 """
 
 from __future__ import annotations
@@ -270,9 +272,12 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
                     or any(external_data_helper.uses_external_data(t) for t in extra)
                     or _size(model, extra) > _PROTOBUF_LIMIT)
     temps: list[str] = []
+    _remove_stale_temps(folder, path.name)
 
     def temp(suffix: str) -> tuple[int, str]:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=folder)
+        # named after this process, so that a later run can tell it was killed
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=suffix,
+                                    dir=folder)
         temps.append(name)
         umask = os.umask(0)
         os.umask(umask)
@@ -340,6 +345,10 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
         fd, tmp_model = temp(".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(out.SerializeToString())
+        if path.exists():
+            # a run killed between the two renames leaves no model, never the old model beside
+            # the new data
+            os.unlink(path)
         os.replace(tmp_data, folder / data_name)
         os.replace(tmp_model, path)
         return path
@@ -351,6 +360,27 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
         for name in temps:
             if os.path.exists(name):
                 os.unlink(name)
+
+
+def _remove_stale_temps(folder: Path, name: str) -> None:
+    """Removes the temporary files that a killed run writing ``name`` left in ``folder`` (those
+    named after a process that no longer exists); a run still writing keeps its own."""
+    prefix = f".{name}."
+    for entry in os.scandir(folder):
+        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+            continue
+        pid = entry.name[len(prefix):].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+        except PermissionError:  # another user's live process
+            pass
 
 
 def _encode_varint(value: int) -> bytes:

@@ -131,6 +131,9 @@ def _session(model, with_library: bool):
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    # each session runs once: packing the MatMul weights would only copy them (seconds and a
+    # second copy of the weights in memory for a large model)
+    options.add_session_config_entry("session.disable_prepacking", "1")
     if with_library:
         return runtime.session(model, options, with_library=True)
     data = os.fspath(model) if isinstance(model, (str, os.PathLike)) else model.SerializeToString()
