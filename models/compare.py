@@ -135,10 +135,11 @@ _TIMED = {
     "ORT transformers optimizer": (
         "from onnxruntime.transformers.optimizer import optimize_model; "
         "m = optimize_model(SRC, model_type='gpt2', num_heads=0, hidden_size=0, opt_level=0); "
-        "m.save_model_to_file(DST); rc = 0"),
+        "m.save_model_to_file(DST, use_external_data_format=EXT); rc = 0"),
     "onnxscript optimize_for_ort": (
-        "import onnx_ir as ir; from onnxscript.rewriter.ort_fusions import optimize_for_ort; "
-        "m = ir.load(SRC); m, _ = optimize_for_ort(m); ir.save(m, DST); rc = 0"),
+        "import os, onnx_ir as ir; from onnxscript.rewriter.ort_fusions import optimize_for_ort; "
+        "m = ir.load(SRC); m, _ = optimize_for_ort(m); "
+        "ir.save(m, DST, external_data=os.path.basename(DST) + '.data' if EXT else None); rc = 0"),
 }
 
 
@@ -150,13 +151,15 @@ _PEAK = ("def _peak():\n"
          "            return int(line.split()[1]) / 1024\n")
 
 
-def _timed(code: str, src: Path, dst: Path) -> tuple[float, float]:
+def _timed(code: str, src: Path, dst: Path, external: bool = False) -> tuple[float, float]:
     """(seconds, peak RSS MiB) of ``code`` in a fresh interpreter, imports excluded from the
-    time (they are the same for every run of a tool and small against the pass)."""
+    time (they are the same for every run of a tool and small against the pass); ``external``:
+    the output is written with external data."""
     script = (_PEAK + "import sys, time, logging, warnings; warnings.simplefilter('ignore'); "
               "logging.disable(logging.WARNING); "
               "import onnx, onnx_ir, onnxscript, onnxruntime, numpy; "
-              f"SRC, DST = {str(src)!r}, {str(dst)!r}; t = time.perf_counter(); "
+              f"SRC, DST, EXT = {str(src)!r}, {str(dst)!r}, {external!r}; "
+              "t = time.perf_counter(); "
               f"{code}; t = time.perf_counter() - t; "
               "print('RESULT', t, _peak()); "
               "sys.exit(rc)")
@@ -177,18 +180,23 @@ def _import_baseline() -> float:
     return float(result.stdout.strip().splitlines()[-1])
 
 
-def decoder_export(folder: Path, layers: int = 8, hidden: int = 1024) -> Path:
+def decoder_export(folder: Path, layers: int = 8, hidden: int = 1024,
+                   external: bool = False) -> Path:
+    """A Llama-style decoder from ``models/llama.py`` exported with the dynamo exporter, its
+    weights inside the file or (``external``) in ``<name>.onnx.data`` beside it."""
     import torch
 
     from models import llama
     from onnxnorm.nn.export import quiet_export
 
+    torch.manual_seed(0)
     model = llama.build(llama.LlamaConfig(hidden=hidden, heads=hidden // 64,
                                           intermediate=hidden * 11 // 4, layers=layers)).eval()
-    path = folder / f"decoder_{layers}x{hidden}.onnx"
+    path = folder / f"decoder_{layers}x{hidden}{'_external' if external else ''}.onnx"
     with quiet_export(), torch.no_grad():
-        torch.onnx.export(model, (torch.randn(1, 16, hidden),), str(path), dynamo=True,
-                          external_data=False)
+        program = torch.onnx.export(model, (torch.randn(1, 16, hidden),), dynamo=True)
+    del model
+    program.save(str(path), external_data=external)
     return path
 
 
@@ -210,6 +218,107 @@ def timing_rows(folder: Path, log=print) -> tuple[list[dict], float, float]:
     return rows, size, baseline
 
 
+def filesystem(folder: Path) -> str:
+    """The type of the file system ``folder`` lies on (the mount with the longest matching
+    path in /proc/mounts), "unknown" where that cannot be read."""
+    best, kind = "", "unknown"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    path = str(folder.resolve())
+    for line in mounts:
+        fields = line.split()
+        if len(fields) > 2:
+            mount = fields[1].replace("\\040", " ")
+            if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+                best, kind = mount, fields[2]
+    return kind
+
+
+def large_timing(folders: list[Path], layers: int = 12, hidden: int = 2048, runs: int = 3,
+                 ort_runs: int = 1, log=print) -> list[dict]:
+    """The three tools on a decoder with its weights in external data (12 x 2048: 2.47 GB),
+    exported once and copied to each of ``folders`` (on different file systems); per tool the
+    median time of ``runs`` runs (ORT's optimizer: ``ort_runs``) and the highest peak RSS.
+    Written data is flushed to disk (sync) between runs, so that no run pays for the last
+    one's writeback."""
+    import shutil
+    import statistics
+
+    blocks = []
+    source = decoder_export(folders[0], layers, hidden, external=True)
+    for folder in folders:
+        path = folder / source.name
+        if folder != folders[0]:
+            for file in (source, Path(f"{source}.data")):
+                shutil.copyfile(file, folder / file.name)
+        size = (path.stat().st_size + Path(f"{path}.data").stat().st_size) / 2**20
+        block = {"filesystem": filesystem(folder), "size_mib": size, "layers": layers,
+                 "hidden": hidden, "rows": []}
+        for tool, code in _TIMED.items():
+            row = {"tool": tool, "runs": []}
+            try:
+                for _ in range(ort_runs if tool.startswith("ORT") else runs):
+                    seconds, peak = _timed(code, path, folder / "out.onnx", external=True)
+                    row["runs"].append(seconds)
+                    row["peak_mib"] = max(peak, row.get("peak_mib", 0.0))
+                    for leftover in folder.glob("out.onnx*"):
+                        leftover.unlink()
+                    os.sync()
+                row["seconds"] = statistics.median(row["runs"])
+            except Exception as error:  # noqa: BLE001
+                row["error"] = str(error)[:100]
+            for leftover in folder.glob("out.onnx*"):
+                leftover.unlink()
+            log(json.dumps({**row, "filesystem": block["filesystem"]}))
+            block["rows"].append(row)
+        blocks.append(block)
+        if folder != folders[0]:
+            for file in (path, Path(f"{path}.data")):
+                file.unlink()
+    for file in (source, Path(f"{source}.data")):
+        file.unlink()
+    return blocks
+
+
+def _large_markdown(blocks: list[dict], baseline: float) -> list[str]:
+    if not blocks:
+        return []
+    first = blocks[0]
+    out = [
+        "## Speed and memory on a decoder with external data",
+        "",
+        f"The same decoder with {first['layers']} layers of hidden {first['hidden']}, its "
+        f"weights in external data ({first['size_mib'] / 1024:.2f} GiB), run as above on each "
+        "file system: the median of the runs shown, peak RSS the highest. The output's data "
+        "file starts as the input's: on a file system that shares extents between files (XFS, "
+        "btrfs: FICLONE, copy on write) no byte of the unchanged weights is copied and the "
+        "output takes no space for them; elsewhere (ext4) the kernel copies the file "
+        "(copy_file_range). Either way the input is never written to.",
+        "",
+    ]
+    for block in blocks:
+        out += [f"**{block['filesystem']}**", "",
+                "| tool | time (s) | runs (s) | peak RSS (MiB) | peak above imports (MiB) |",
+                "|---|---:|---|---:|---:|"]
+        for row in block["rows"]:
+            runs = ", ".join(f"{r:.2f}" for r in row["runs"])
+            if "error" in row:
+                out.append(f"| {row['tool']} | fails: {row['error']} | {runs} | | |")
+            else:
+                out.append(f"| {row['tool']} | {row['seconds']:.2f} | {runs} | "
+                           f"{row['peak_mib']:.0f} | {row['peak_mib'] - baseline:.0f} |")
+        ok = [r for r in block["rows"] if "error" not in r]
+        mine = [r["seconds"] for r in ok if r["tool"] == "onnxnorm fuse"]
+        others = [r["seconds"] for r in ok if r["tool"] != "onnxnorm fuse"]
+        if mine and others:
+            out += ["", f"onnxnorm is {min(others) / mine[0]:.1f}x faster than the faster of "
+                        "the other two."]
+        out.append("")
+    return out
+
+
 # --- docs/fusion.md -------------------------------------------------------------------------------
 
 def _versions() -> str:
@@ -229,7 +338,7 @@ def _cell(row: dict, tool: str) -> tuple[str, str, str]:
     return str(row[f"{tool}_norms"]), str(row[f"{tool}_adds"]), row[f"{tool}_parity"]
 
 
-def markdown(rows, timing, size, baseline) -> str:
+def markdown(rows, timing, size, baseline, large=()) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [
         "# Fusion: onnxnorm against ORT's transformers optimizer and onnxscript's ort_fusions",
@@ -278,8 +387,12 @@ def markdown(rows, timing, size, baseline) -> str:
         "",
         "Large models: the CLI reads the model without its external data (tensors under 1 KiB "
         "excepted), the fused graph is serialized without the input's unchanged weights, and "
-        "the output is written with those weights streamed from the input (external data copied "
-        "in 16 MiB chunks into `<output>.data`), through temporary files renamed into place.",
+        "the output is written through temporary files renamed into place. Its data file "
+        "`<output>.data` starts as the input's data file, so the unchanged weights keep their "
+        "offsets: shared with the input where the file system can (FICLONE: XFS, btrfs; copy on "
+        "write, so writing either file never changes the other), else copied by the kernel "
+        "(copy_file_range); ranges no tensor uses become holes, and only new tensors are "
+        "written. Weights inside the input file are streamed into the output (copy_file_range).",
         "",
         "## Corpus",
         "",
@@ -355,15 +468,20 @@ def markdown(rows, timing, size, baseline) -> str:
             out += ["", f"onnxnorm is {min(others) / mine[0]['seconds']:.1f}x faster than the "
                         "faster of the other two."]
         out.append("")
+    out += _large_markdown(list(large), baseline)
     return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.compare",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(corpus.ENTRIES))
+    parser.add_argument("--models", default=",".join([*corpus.ENTRIES, *corpus.ENCODERS]))
     parser.add_argument("--exporters", default="dynamo,torchscript")
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--large", metavar="FOLDERS",
+                        help="also time the tools on a 2.47 GB external-data decoder in each of "
+                             "these folders (comma-separated; e.g. one on ext4, one on XFS)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per tool for --large")
     parser.add_argument("-o", "--output", default="docs/fusion.md")
     parser.add_argument("--json", help="also write the raw rows as JSON")
     args = parser.parse_args(argv)
@@ -374,10 +492,14 @@ def main(argv=None) -> int:
         folder = Path(tmp)
         rows = corpus_rows(args.models.split(","), args.exporters.split(","), folder)
         timing, size, baseline = ([], 0.0, 0.0) if args.no_timing else timing_rows(folder)
-    Path(args.output).write_text(markdown(rows, timing, size, baseline))
+        large = (large_timing([Path(f) for f in args.large.split(",")], runs=args.runs)
+                 if args.large else [])
+        if large and not baseline:
+            baseline = _import_baseline()
+    Path(args.output).write_text(markdown(rows, timing, size, baseline, large))
     if args.json:
         Path(args.json).write_text(json.dumps({"corpus": rows, "timing": timing, "size_mib": size,
-                                               "import_mib": baseline}, indent=2))
+                                               "import_mib": baseline, "large": large}, indent=2))
     print(f"wrote {args.output}")
     return 0
 
