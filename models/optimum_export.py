@@ -48,15 +48,18 @@ def _configs():
     }
 
 
-def _tokenizer():
+def tokenizer():
+    """A word-level tokenizer of :data:`VOCAB` tokens (t3 ... t199 after <unk>, <s>, </s>), as
+    a transformers fast tokenizer that ``save_pretrained`` writes (models/pipelines.py's genai
+    checkpoints use it too)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="<unk>")
 
 
 def _randomize_norms(model) -> None:
@@ -80,7 +83,7 @@ def export(root: Path, family: str) -> Path:
     _randomize_norms(model)
     checkpoint = root / f"{family}_ckpt"
     model.save_pretrained(checkpoint)
-    _tokenizer().save_pretrained(checkpoint)  # Optimum copies it into the folder
+    tokenizer().save_pretrained(checkpoint)  # Optimum copies it into the folder
     main_export(model_name_or_path=str(checkpoint), output=str(root / family), task=task)
     return root / family
 

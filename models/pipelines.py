@@ -41,6 +41,7 @@ from pathlib import Path
 import onnx
 
 from models import compare, corpus
+from models.optimum_export import tokenizer as _tokenizer
 
 # --- onnxruntime-genai ------------------------------------------------------------------------
 
@@ -49,17 +50,6 @@ GENAI_FAMILIES = ("llama", "qwen3", "gemma2", "phi3", "phi")
 GENAI_PRECISIONS = ("fp32", "int4", "fp16")
 PROMPT = [1, 5, 9, 33, 17, 4, 77, 100]
 NEW_TOKENS = 32
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<unk>")
 
 
 def genai_checkpoint(family: str, folder: Path) -> Path:

@@ -205,6 +205,42 @@ def external_files(model: onnx.ModelProto, folder: str | os.PathLike) -> set[Pat
     return files
 
 
+def copy_rest(source: Path, work: Path, skip: set[Path]) -> None:
+    """Copies every file and folder below ``source`` into ``work`` but those whose resolved
+    path is in ``skip`` and those ``work`` already holds."""
+    import shutil
+
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if path.resolve() in skip or (work / relative).exists():
+            continue
+        if path.is_dir():
+            (work / relative).mkdir(parents=True, exist_ok=True)
+        else:
+            (work / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, work / relative)
+
+
+def write_folder(output: Path, build) -> bool:
+    """Builds a folder with ``build(work)`` in a temporary folder beside ``output`` and renames
+    it into place (replacing ``output``) when ``build`` returns True; removes it when ``build``
+    returns False (then returns False) or raises."""
+    import shutil
+
+    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        if not build(work):
+            shutil.rmtree(work)
+            return False
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(work, output)
+        return True
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
 def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.ModelProto:
     """Reads a model. With ``load_weights=False`` no weight is read into memory: tensors in
     external data stay there, and the raw data of initializers inside the file becomes an

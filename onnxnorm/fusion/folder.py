@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -125,6 +123,24 @@ def verify_file(original: Path, fused: Path) -> list:
     return checks
 
 
+def fuse_file(source: Path, output: Path, *, target: str = "function",
+              strict_precision: bool = False) -> tuple[Any, set[Path]]:
+    """Fuses the model file ``source`` into ``output`` (its folder made where missing), as
+    ``onnxnorm fuse`` does; returns the fusion report and the resolved paths of the input's
+    external data files (not to be copied beside the output)."""
+    from onnxnorm._io import external_files, load_model, save_model
+    from onnxnorm.fusion.pipeline import fuse_detached
+
+    model = load_model(source, load_weights=False)
+    data = external_files(model, source.parent)
+    fused, weights, report = fuse_detached(model, target=target, base_dir=str(source.parent),
+                                           strict_precision=strict_precision)
+    del model
+    output.parent.mkdir(parents=True, exist_ok=True)
+    save_model(fused, output, source=source, extra=weights)
+    return report, data
+
+
 def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
                 target: str = "function", verify: bool = True, overwrite: bool = False,
                 strict_precision: bool = False,
@@ -134,8 +150,7 @@ def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
     copied. ``verify``: run each fused file against its original (the default); when one is
     over tolerance, nothing is written and the report says which (``written`` False).
     ``output`` must not exist unless ``overwrite``; ``source`` is never modified."""
-    from onnxnorm._io import external_files, load_model, save_model
-    from onnxnorm.fusion.pipeline import fuse_detached
+    from onnxnorm._io import copy_rest, write_folder
     from onnxnorm.targets import TARGETS
 
     if target not in TARGETS:
@@ -143,52 +158,34 @@ def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
     source, output = Path(source), Path(output)
     names = onnx_files(source)
     check_output_folder(source, output, overwrite)
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        results, skip = [], set()
+    report = FolderReport([])
+
+    def build(work: Path) -> bool:
+        skip = set()
         for name in names:
             if progress:
                 progress(f"fusing {name}")
-            model = load_model(source / name, load_weights=False)
-            skip |= external_files(model, (source / name).parent)
-            fused, weights, report = fuse_detached(
-                model, target=target, base_dir=str((source / name).parent),
-                strict_precision=strict_precision)
-            (work / name).parent.mkdir(parents=True, exist_ok=True)
-            save_model(fused, work / name, source=source / name, extra=weights)
-            del model, fused, weights
-            result = FileResult(str(name), report)
-            if verify:
-                if progress:
-                    progress(f"verifying {name}")
-                try:
-                    result.checks = verify_file(source / name, work / name)
-                except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
-                    text = str(error).strip()
-                    raise OnnxNormError(
-                        f"{name}: could not run it in onnxruntime to verify it: "
-                        f"{text.splitlines()[0] if text else type(error).__name__}; "
-                        f"{output} not written") from None
-            results.append(result)
-            skip.add((source / name).resolve())
-        report = FolderReport(results)
-        if not report.ok:
-            report.written = False
-            shutil.rmtree(work)
-            return report
-        for path in sorted(source.rglob("*")):
-            relative = path.relative_to(source)
-            if path.resolve() in skip or (work / relative).exists():
+            fused, data = fuse_file(source / name, work / name, target=target,
+                                    strict_precision=strict_precision)
+            skip |= data | {(source / name).resolve()}
+            result = FileResult(str(name), fused)
+            report.files.append(result)
+            if not verify:
                 continue
-            if path.is_dir():
-                (work / relative).mkdir(parents=True, exist_ok=True)
-            else:
-                (work / relative).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, work / relative)
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(work, output)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+            if progress:
+                progress(f"verifying {name}")
+            try:
+                result.checks = verify_file(source / name, work / name)
+            except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
+                text = str(error).strip()
+                raise OnnxNormError(
+                    f"{name}: could not run it in onnxruntime to verify it: "
+                    f"{text.splitlines()[0] if text else type(error).__name__}; "
+                    f"{output} not written") from None
+        if not report.ok:
+            return False
+        copy_rest(source, work, skip)
+        return True
+
+    report.written = write_folder(output, build)
     return report

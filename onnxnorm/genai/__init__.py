@@ -25,11 +25,10 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from onnxnorm._io import OnnxNormError, check_output_folder, external_files
+from onnxnorm._io import OnnxNormError, check_output_folder
 
 CONFIG = "genai_config.json"
 
@@ -152,8 +151,8 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
     library where the models hold onnxnorm nodes. ``source`` is never modified; ``output``
     must not exist unless ``overwrite``. The folder is built beside ``output`` under a
     temporary name and renamed into place."""
-    from onnxnorm._io import load_model, save_model
-    from onnxnorm.fusion.pipeline import fuse_detached
+    from onnxnorm._io import copy_rest, load_model, write_folder
+    from onnxnorm.fusion.folder import fuse_file
     from onnxnorm.fusion.verify import uses_onnxnorm
     from onnxnorm.targets import TARGETS
 
@@ -169,33 +168,22 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
         if not (source / entry["filename"]).is_file():
             raise OnnxNormError(f"{source}: {key} names {entry['filename']}, which is not there")
 
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        results, skip = [], set()
+    results: list[Component] = []
+    library = None
+
+    def build(work: Path) -> bool:
+        nonlocal library
+        skip = {(source / CONFIG).resolve()}
         for key, entry, options in found:
             name = entry["filename"]
             if progress:
                 progress(f"fusing {key} ({name})")
-            model = load_model(source / name, load_weights=False)
-            skip |= external_files(model, source)
-            fused, weights, report = fuse_detached(
-                model, target=target, base_dir=str((source / name).parent),
-                strict_precision=strict_precision)
-            (work / name).parent.mkdir(parents=True, exist_ok=True)
-            save_model(fused, work / name, source=source / name, extra=weights)
+            report, data = fuse_file(source / name, work / name, target=target,
+                                     strict_precision=strict_precision)
+            fused = load_model(work / name, load_weights=False)
             results.append(Component(key, name, report, uses_onnxnorm(fused)))
-            skip.add((source / name).resolve())
-            del model, fused, weights
-        for path in sorted(source.rglob("*")):
-            relative = path.relative_to(source)
-            if path.resolve() in skip or (work / relative).exists() or relative.name == CONFIG:
-                continue
-            if path.is_dir():
-                (work / relative).mkdir(parents=True, exist_ok=True)
-            else:
-                (work / relative).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, work / relative)
-        library = None
+            skip |= data | {(source / name).resolve()}
+        copy_rest(source, work, skip)
         needing = [c for c in results if c.needs_library]
         if needing:
             files = _libraries(any(_uses_cuda(options) for key, _, options in found
@@ -215,12 +203,9 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
             for file in files:
                 shutil.copy2(file, work / file.name)
         (work / CONFIG).write_text(json.dumps(config, indent=4) + "\n")
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(work, output)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        return True
+
+    write_folder(output, build)
     return GenaiReport(results, library)
 
 
