@@ -117,6 +117,16 @@ def test_pass_fuses_with_parity_and_olive_evaluates_the_fused_model(llama, tmp_p
     assert best.metrics_value["latency-avg"]["value"] > 0
     with pytest.raises(Exception, match="onnxnorm"):
         ort.InferenceSession(best.model_path)
+    # and a session of its own keeps the session options Olive's inference settings give
+    settings = {"session_options": {"intra_op_num_threads": 1, "graph_optimization_level": 0,
+                                    "extra_session_config": {"session.intra_op.allow_spinning":
+                                                             "0"}}}
+    session = integration.OnnxNormModelHandler(
+        model_path=best.model_path, inference_settings=settings).prepare_session()
+    options = session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert _files(llama.parent) == before
 
 
