@@ -1,5 +1,6 @@
-"""``onnxnorm bench``: benchmarks (``onnxnorm bench kernels``: the CPU kernels; the CUDA kernels'
-bandwidth is ``python -m onnxnorm.bench.cuda``, on a GPU machine)."""
+"""``onnxnorm bench``: benchmarks (``onnxnorm bench kernels``: the CPU kernels; ``onnxnorm bench
+e2e``: generation with a KV cache, end to end; the CUDA kernels' bandwidth is
+``python -m onnxnorm.bench.cuda``, on a GPU machine)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     kernels.add_argument("--json", metavar="PATH", help="write the results as JSON")
     kernels.add_argument("--plot", metavar="PATH", help="draw a PNG plot of the ratios")
     kernels.set_defaults(run=_run_kernels)
+
+    from onnxnorm.bench import e2e
+
+    e2e.add_parser(which)
 
 
 def _run_kernels(args: argparse.Namespace) -> int:

@@ -1,0 +1,143 @@
+"""``onnxnorm bench e2e``: a tiny decoder through the whole command (every variant, the genai
+rows, the table, JSON and plot), the pieces it stands on, and its one-line argument errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from onnxnorm import cli
+from onnxnorm.bench import e2e
+
+TINY = ["--layers", "2", "--hidden", "64", "--vocab", "128", "--prompt", "8", "--new-tokens", "4",
+        "--repeats", "1"]
+
+
+@pytest.mark.slow
+def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxruntime_genai")
+    out_json, out_png = tmp_path / "e2e.json", tmp_path / "e2e.png"
+    status = cli.main(["bench", "e2e", "--models", "llama", "--dtypes", "float32", "--genai", "fp32",
+                       *TINY, "--json", str(out_json), "--plot", str(out_png)])
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "#### llama, float32, onnxruntime, cpu" in out
+    assert "#### llama, float32, onnxruntime-genai, cpu" in out
+    assert "| variant | nodes | norm ops | prefill ms |" in out
+    data = json.loads(out_json.read_text())
+    assert data["complete"] is True
+    assert data["config"] == {"layers": 2, "hidden": 64, "vocab": 128, "prompt": 8, "new_tokens": 4,
+                              "repeats": 1, "threads": 2}
+    assert {"date", "cpu", "onnxruntime", "torch", "transformers", "load_average"} <= set(data["environment"])
+    ort_group, genai_group = data["groups"]
+    assert list(ort_group["variants"]) == list(e2e.VARIANTS)
+    assert list(genai_group["variants"]) == list(e2e.GENAI_VARIANTS)
+    config = e2e.Config(**data["config"])
+    want = _torch_greedy(e2e.hf_model("llama", config), config.prompt_ids(), 4)
+    assert ort_group["variants"]["export"]["tokens"] == want
+    for group in data["groups"]:
+        assert group["tokens_identical"] is True
+        tokens = [v["tokens"] for v in group["variants"].values()]
+        assert all(t == tokens[0] and len(t) == 4 for t in tokens)
+        for name, v in group["variants"].items():
+            assert v["prefill_ms"] > 0 and v["decode_ms_p90"] >= v["decode_ms_median"] > 0, name
+            assert len(v["generation_s_samples"]) == 1 and v["tokens_per_s"] > 0
+            assert 0 <= v["norm_share"]["all"] <= 1 and v["peak_rss_mib"] > v["baseline_rss_mib"] > 0
+    v = ort_group["variants"]
+    # the fused variants hold onnxnorm ops (5 norms of a 2-layer Llama: 2 per layer and the
+    # final one; the residual adds go into Skip ops when fused from the graph), the others none
+    assert v["onnxnorm-fused"]["norm_ops"] == {"onnxnorm.SkipRMSNorm": 4, "onnxnorm.RMSNorm": 1}
+    assert v["onnxnorm-export"]["norm_ops"] == {"onnxnorm.RMSNorm": 5}
+    assert v["onnxnorm-ort"]["norm_ops"] == {"com.microsoft.SkipSimplifiedLayerNormalization": 4,
+                                             "ai.onnx.SimplifiedLayerNormalization": 1}
+    assert v["export"]["norm_ops"] == {}
+    assert set(ort_group["gains"]) == set(e2e.ONNXNORM_VARIANTS)
+    assert set(ort_group["gains"]["onnxnorm-fused"]) == set(e2e.VARIANTS) - {"onnxnorm-fused"}
+    g = genai_group["variants"]
+    assert g["genai+onnxnorm"]["norm_ops"] == {"onnxnorm.SkipRMSNorm": 4, "onnxnorm.RMSNorm": 1}
+    assert not any(k.startswith("onnxnorm.") for k in g["genai"]["norm_ops"])
+    assert set(genai_group["gains"]["genai+onnxnorm"]) == {"genai"}
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out_png.stat().st_size > 10000
+
+
+def _torch_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
+    import torch
+
+    model.generation_config.eos_token_id = None  # the benchmark's loop never stops early
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.slow
+def test_generation_loop_matches_torch_greedy_generation(tmp_path):
+    """The loop every variant runs (prefill, then the present fed back as past) generates the
+    tokens torch's own greedy generation does (Gemma 2 here, the Llama export in the test of
+    the whole command)."""
+    pytest.importorskip("transformers")
+    import onnx
+
+    config = e2e.Config(layers=1, hidden=32, vocab=48, prompt=6, new_tokens=5)
+    prompt = config.prompt_ids()
+    for family in ("gemma2",):
+        model = e2e.hf_model(family, config)
+        path = tmp_path / f"{family}.onnx"
+        onnx.save(e2e.export(model, config), path)
+        tokens, prefill, steps = e2e.Generator(str(path), False, config).generate(prompt, 5)
+        assert tokens == _torch_greedy(model, prompt, 5), family
+        assert prefill > 0 and len(steps) == 4
+
+
+def test_norm_share_counts_norm_ops_and_named_nodes_and_splits_decode():
+    events = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 100},
+        {"cat": "Node", "name": "a_kernel_time", "ts": 10, "dur": 30, "args": {"op_name": "MatMul"}},
+        {"cat": "Node", "name": "n_kernel_time", "ts": 50, "dur": 10, "args": {"op_name": "RMSNorm"}},
+        {"cat": "Session", "name": "model_run", "ts": 200, "dur": 100},
+        {"cat": "Node", "name": "a_kernel_time", "ts": 210, "dur": 20, "args": {"op_name": "MatMul"}},
+        {"cat": "Node", "name": "pow_kernel_time", "ts": 240, "dur": 20, "args": {"op_name": "Pow"}},
+        {"cat": "Node", "name": "pow_fence_before", "ts": 240, "dur": 0, "args": {"op_name": "Pow"}},
+    ]
+    share = e2e.norm_share(events, {"pow"})
+    assert share == {"all": pytest.approx(30 / 80), "decode": pytest.approx(0.5)}
+
+
+def test_gains_are_paired_ratios_of_generation_times():
+    a = e2e.Row("onnxnorm-fused", {}, prefill=[1.0, 1.0], steps=[[1.0], [3.0]], tokens=[1])
+    b = e2e.Row("export", {}, prefill=[1.0, 1.0], steps=[[3.0], [3.0]], tokens=[1])
+    g = e2e.gains({"onnxnorm-fused": a, "export": b}, ("onnxnorm-fused",))
+    assert g == {"onnxnorm-fused": {"export": {"median": pytest.approx(1.5), "min": 1.0, "max": 2.0,
+                                               "decode_median": pytest.approx(2.0)}}}
+    summary = {"onnxnorm-fused": a.summary(), "export": b.summary()}
+    assert e2e.verdict(summary, ("onnxnorm-fused",)) == {"onnxnorm-fused": "met"}
+    assert summary["export"]["decode_ms_median"] == 3000.0
+    assert np.isclose(summary["onnxnorm-fused"]["generation_s"], 3.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "mistral"], "argument --models: unknown mistral"),
+    (["--dtypes", "bfloat16"], "argument --dtypes: unknown bfloat16"),
+    (["--variants", "onnxnorm"], "argument --variants: unknown onnxnorm"),
+    (["--devices", "tpu"], "argument --devices: unknown tpu"),
+    (["--genai", "none,fp32"], "--genai none cannot be combined with precisions"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--new-tokens", "0"], "--new-tokens must be at least 1"),
+    (["--prompt", "-3"], "--prompt must be at least 1"),
+    (["--hidden", "100"], "--hidden must be a multiple of 16, at least 32"),
+    (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
+    (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
+    (["--keep", "/nonexistent-folder/models"], "--keep /nonexistent-folder/models: folder /nonexistent-folder does not exist"),
+])
+def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path):
+    try:
+        status = cli.main(["bench", "e2e", *argv])
+    except SystemExit as exit_:  # argparse's own errors
+        status = exit_.code
+    assert status != 0
+    err = capsys.readouterr().err
+    assert message in err.strip().splitlines()[-1] and "Traceback" not in err
+    if not message.startswith("argument"):  # argparse's own errors come after its usage lines
+        assert len(err.strip().splitlines()) == 1
