@@ -470,7 +470,8 @@ def _file_parity(original: Path, optimized: Path) -> str:
     try:
         checks = verify_file(original, optimized)
     except Exception as error:  # noqa: BLE001 - reported in the table
-        return f"does not run ({str(error).strip().splitlines()[0][:110]})"
+        text = str(error).strip().replace(f"{optimized}: ", "")  # no temporary paths
+        return f"does not run ({text.splitlines()[0][:110]})"
     worst = max(c.max_abs for c in checks)
     return f"{'ok' if all(c.ok for c in checks) else 'MISMATCH'} ({worst:.1e})"
 

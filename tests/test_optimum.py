@@ -111,25 +111,26 @@ def _cli(*args):
 
 @pytest.mark.slow
 def test_command_and_bad_input(folders, tmp_path):
-    folder = folders["t5"]
+    folder = folders["llama"]
     before = _files(folder)
-    out = tmp_path / "t5-onnxnorm"
+    out = tmp_path / "llama-onnxnorm"
     result = _cli(folder, "-o", out, "--json", tmp_path / "r.json")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    table = lines[lines.index("file                          norms  adds  parity") + 1:-1]
-    assert [line.split()[:3] for line in table] == [
-        [name, *map(str, COUNTS["t5", name])] for name in pipelines.OPTIMUM_FAMILIES["t5"][1]]
-    assert all(" ok (max abs error " in line for line in table) and lines[-1] == f"wrote {out}"
+    header = next(i for i, line in enumerate(lines) if line.split() == ["file", "norms", "adds",
+                                                                          "parity"])
+    assert lines[header + 1].split()[:4] == ["model.onnx", "5", "4", "ok"]
+    assert " ok (max abs error " in lines[header + 1] and lines[-1] == f"wrote {out}"
     data = json.loads((tmp_path / "r.json").read_text())
-    assert (data["norms"], data["residual_adds"], data["ok"]) == (33, 28, True)
+    assert (data["norms"], data["residual_adds"], data["ok"]) == (5, 4, True)
+    assert len(data["files"][0]["verify"]) == 5  # the logits and each present key and value
     assert _files(folder) == before
 
     result = _cli(folder, "-o", out)  # exists
     assert result.returncode == 1 and result.stderr.strip() == \
         f"onnxnorm: error: {out} exists; pass --overwrite to replace it"
     result = _cli(folder, "-o", out, "--overwrite", "--no-verify")
-    assert result.returncode == 0 and result.stdout.count("not verified") == 4
+    assert result.returncode == 0 and result.stdout.count("not verified") == 1
 
     empty = tmp_path / "empty"
     (empty / "sub").mkdir(parents=True)
