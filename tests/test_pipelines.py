@@ -7,6 +7,7 @@ residual adds as ORT's transformers optimizer and onnxscript's ort_fusions."""
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import subprocess
@@ -224,16 +225,36 @@ def test_ort_optimized_to_standard_onnx(built, tmp_path):
     _ok(verify(opset23, lowered))
 
 
-@pytest.mark.parametrize("past", [0, 3])
-def test_kv_cache_decoder(built, past):
-    model = built("KV-cache decoder (dynamo)")
+#: KV-cache family -> (norms, residual adds, onnxnorm ops): every norm (Qwen3's Q/K norms
+#: included) and every residual add before a norm; Gemma 2's post-sublayer norm, residual add
+#: and next norm are one Sandwich op each
+KV_COUNTS = {
+    "llama": (5, 4, {"RMSNorm": 1, "SkipRMSNorm": 4}),
+    "qwen3": (9, 4, {"RMSNorm": 5, "SkipRMSNorm": 4}),
+    "gemma2": (9, 4, {"RMSNorm": 1, "SandwichRMSNorm": 4}),
+    "phi3": (5, 4, {"RMSNorm": 1, "SkipRMSNorm": 4}),
+}
+
+
+def _kv_source(family):
+    return "KV-cache decoder (dynamo)" if family == "llama" else f"KV-cache {family} (dynamo)"
+
+
+@pytest.mark.parametrize("family", list(KV_COUNTS))
+def test_kv_cache_decoder(built, family):
+    model = built(_kv_source(family))
     names = [i.name for i in model.graph.input]
     assert names[2:] == [f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
     fused, report = fuse(model)
-    assert (report.norms, report.residual_adds) == (5, 4), str(report)
-    checks = verify(model, fused, sizes={"past_sequence_length": past})
-    _ok(checks)
-    assert len(checks) == 5  # the hidden state and every present key and value
+    norms, adds, ops = KV_COUNTS[family]
+    assert (report.norms, report.residual_adds) == (norms, adds), str(report)
+    assert not any(r.skips for r in report.rules), str(report)
+    have = collections.Counter(n.op_type for n in fused.graph.node if n.domain == "onnxnorm")
+    assert have == ops
+    for past in (0, 3):
+        checks = verify(model, fused, sizes={"past_sequence_length": past})
+        _ok(checks)
+        assert len(checks) == 5  # the hidden state and every present key and value
 
 
 @pytest.mark.parametrize("name", list(pipelines.SOURCES))
