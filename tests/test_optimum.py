@@ -223,3 +223,27 @@ def test_branches_that_share_names_keep_their_own_shapes(tmp_path):
     checks = verify_file(tmp_path / "m.onnx", tmp_path / "f.onnx")
     assert [c.name for c in checks] == ["out [flag=false]", "out [flag=true]"]
     assert all(c.ok and c.max_abs == 0 for c in checks)
+
+
+@pytest.mark.slow
+def test_verify_failure_writes_nothing(folders, tmp_path, monkeypatch, capsys):
+    """A file over tolerance (here: a tolerance of 0, which float32 rounding differences
+    exceed) leaves no output folder and no temporary folder; the command exits 3."""
+    from onnxnorm import cli
+    from onnxnorm.fusion import folder as folder_module
+    from onnxnorm.fusion.verify import verify
+
+    def exact(original, fused):
+        return verify(original, fused, tolerance={"float32": (0.0, 0.0)})
+
+    monkeypatch.setattr(folder_module, "verify_file", exact)
+    out = tmp_path / "out"
+    report = fuse_folder(folders["llama"], out)
+    assert not report.written and not report.ok and report.files[0].checks
+    assert "OVER TOLERANCE" in report.table()
+    assert list(tmp_path.iterdir()) == []
+    assert cli.main(["fuse", str(folders["llama"]), "-o", str(out)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == (f"onnxnorm: verify failed: outputs over tolerance in model.onnx; {out} not "
+                   "written")
+    assert list(tmp_path.iterdir()) == []

@@ -158,7 +158,7 @@ def run_folder(args: argparse.Namespace) -> int:
     write_json(report.to_dict(), args.json)
     if not report.written:
         failed = ", ".join(f.name for f in report.files if not f.ok)
-        print(f"onnxnorm: verify failed: {failed} differ beyond tolerance; {args.output} not "
+        print(f"onnxnorm: verify failed: outputs over tolerance in {failed}; {args.output} not "
               "written", file=sys.stderr)
         return 3
     print(f"wrote {args.output}")
