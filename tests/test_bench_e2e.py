@@ -19,9 +19,10 @@ TINY = ["--layers", "2", "--hidden", "64", "--vocab", "128", "--prompt", "8", "-
 def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
     pytest.importorskip("transformers")
     pytest.importorskip("onnxruntime_genai")
-    out_json, out_png = tmp_path / "e2e.json", tmp_path / "e2e.png"
-    status = cli.main(["bench", "e2e", "--models", "llama", "--dtypes", "float32", "--genai", "fp32",
-                       *TINY, "--json", str(out_json), "--plot", str(out_png)])
+    out_json, out_png, keep = tmp_path / "e2e.json", tmp_path / "e2e.png", tmp_path / "models"
+    argv = ["bench", "e2e", "--models", "llama", "--dtypes", "float32", "--genai", "fp32", *TINY,
+            "--keep", str(keep)]
+    status = cli.main([*argv, "--json", str(out_json), "--plot", str(out_png)])
     assert status == 0
     out = capsys.readouterr().out
     assert "#### llama, float32, onnxruntime, cpu" in out
@@ -61,6 +62,16 @@ def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
     assert not any(k.startswith("onnxnorm.") for k in g["genai"]["norm_ops"])
     assert set(genai_group["gains"]["genai+onnxnorm"]) == {"genai"}
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out_png.stat().st_size > 10000
+
+    # the kept models are used again by a run of the same sizes, refused by one of others
+    made = {p: p.stat().st_mtime_ns for p in keep.rglob("*.onnx")}
+    assert len(made) == 6 + 2 and cli.main([*argv, "--prepare-only"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in keep.rglob("*.onnx")} == made
+    capsys.readouterr()
+    assert cli.main([*argv[:-2], "--layers", "3", "--keep", str(keep)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"onnxnorm: error: --keep {keep}: holds models made for another configuration "
+        "(e2e-config.json); choose another folder")
 
 
 def _torch_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
@@ -129,7 +140,10 @@ def test_gains_are_paired_ratios_of_generation_times():
     (["--hidden", "100"], "--hidden must be a multiple of 16, at least 32"),
     (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
     (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
-    (["--keep", "/nonexistent-folder/models"], "--keep /nonexistent-folder/models: folder /nonexistent-folder does not exist"),
+    (["--keep", "/nonexistent-folder/models"],
+     "--keep /nonexistent-folder/models: folder /nonexistent-folder does not exist"),
+    (["--prepare-only"], "--prepare-only needs --keep FOLDER (where the models are kept)"),
+    (["--keep", "/etc"], "--keep /etc: the folder is not empty and holds no e2e-config.json"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path):
     try:

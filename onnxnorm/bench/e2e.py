@@ -264,21 +264,28 @@ def _quietly(fn: Callable[[], Any]) -> Any:
 
 def make_variants(model, config: Config, folder: Path, names: list[str],
                   log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
-    """Writes every variant's model into ``folder``: name -> {"path", "library", "prepare_s"}
-    or {"error"} where the tool fails."""
+    """Writes every variant's model into ``folder``: name -> {"path", "library", "prepare_s",
+    node counts} or {"error"} where the tool fails. What a variant's ``<name>.json`` in
+    ``folder`` records (an earlier run's, see ``--keep``) is used as it is."""
     import onnx
 
     from onnxnorm.fusion import fuse
 
-    started = time.perf_counter()
-    exported = export(model, config)
     source = folder / "export.onnx"
-    onnx.save(exported, source)
-    log(f"  exported in {time.perf_counter() - started:.0f} s")
+    exported: list = []
+
+    def plain():
+        if not exported:
+            started = time.perf_counter()
+            exported.append(export(model, config))
+            onnx.save(exported[0], source)
+            log(f"  exported in {time.perf_counter() - started:.0f} s")
+        return exported[0]
 
     def ort_optimizer(path):
         from onnxruntime.transformers.optimizer import optimize_model
 
+        plain()
         optimize_model(str(source), model_type="gpt2", num_heads=0, hidden_size=0,
                        opt_level=0).save_model_to_file(str(path))
 
@@ -286,19 +293,24 @@ def make_variants(model, config: Config, folder: Path, names: list[str],
         import onnx_ir as ir
         from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
+        plain()
         optimized, _ = optimize_for_ort(ir.load(str(source)))
         ir.save(optimized, str(path))
 
     makers = {
-        "export": lambda path: None,
+        "export": lambda path: plain(),
         "ort-optimizer": ort_optimizer,
         "onnxscript": onnxscript,
-        "onnxnorm-ort": lambda path: onnx.save(fuse(exported, "ort")[0], path),
-        "onnxnorm-fused": lambda path: onnx.save(fuse(exported, "fused")[0], path),
+        "onnxnorm-ort": lambda path: onnx.save(fuse(plain(), "ort")[0], path),
+        "onnxnorm-fused": lambda path: onnx.save(fuse(plain(), "fused")[0], path),
         "onnxnorm-export": lambda path: onnx.save(export_onnxnorm(model, config), path),
     }
     variants: dict[str, dict[str, Any]] = {}
     for name in names:
+        record = folder / f"{name}.json"
+        if record.is_file():
+            variants[name] = json.loads(record.read_text())
+            continue
         path = source if name == "export" else folder / f"{name}.onnx"
         started = time.perf_counter()
         try:
@@ -306,10 +318,11 @@ def make_variants(model, config: Config, folder: Path, names: list[str],
         except Exception as error:  # noqa: BLE001 - a tool's failure is a result
             variants[name] = {"error": f"{type(error).__name__}: {_first_line(error)}"}
             log(f"  {name}: fails ({variants[name]['error']})")
-            continue
-        variants[name] = {"path": str(path), "library": name in ("onnxnorm-fused", "onnxnorm-export"),
-                          "prepare_s": time.perf_counter() - started}
-        variants[name].update(node_counts(onnx.load(path, load_external_data=False)))
+        else:
+            variants[name] = {"path": str(path), "library": name in ("onnxnorm-fused", "onnxnorm-export"),
+                              "prepare_s": time.perf_counter() - started,
+                              **node_counts(onnx.load(path, load_external_data=False))}
+        record.write_text(json.dumps(variants[name]))
     return variants
 
 
@@ -451,16 +464,21 @@ def genai_folders(model, config: Config, precisions: list[str], folder: Path, de
 
     from onnxnorm.genai import convert
 
+    record = folder / "genai.json"  # what an earlier run with --keep made here
+    found: dict[str, dict[str, Any]] = json.loads(record.read_text()) if record.is_file() else {}
+    todo = [p for p in precisions if any(f"{p} {v}" not in found for v in GENAI_VARIANTS)]
     checkpoint = folder / "hf"
-    if getattr(model.config, "sliding_window", None):
-        # onnxruntime-genai's KV cache holds the generation's length, and its CPU attention
-        # wants the window within it; a window of that length still covers every sequence
-        model.config.sliding_window = config.max_length
-    _quietly(lambda: (model.save_pretrained(checkpoint), _tokenizer(config.vocab).save_pretrained(checkpoint)))
+    if todo:
+        if getattr(model.config, "sliding_window", None):
+            # onnxruntime-genai's KV cache holds the generation's length, and its CPU attention
+            # wants the window within it; a window of that length still covers every sequence
+            model.config.sliding_window = config.max_length
+        _quietly(lambda: (model.save_pretrained(checkpoint),
+                          _tokenizer(config.vocab).save_pretrained(checkpoint)))
     provider = "cuda" if device.startswith("cuda") else "cpu"
-    found: dict[str, dict[str, Any]] = {}
-    for precision in precisions:
+    for precision in todo:
         built = folder / f"genai-{precision}"
+        shutil.rmtree(built, ignore_errors=True)
         try:
             _quietly(lambda: _build(checkpoint, built, precision, provider))
             config_path = built / "genai_config.json"
@@ -475,8 +493,10 @@ def genai_folders(model, config: Config, precisions: list[str], folder: Path, de
             for variant in GENAI_VARIANTS:
                 found[f"{precision} {variant}"] = {"error": f"model builder: {_first_line(error)}"}
             log(f"  genai {precision}: the model builder fails ({_first_line(error)})")
+            record.write_text(json.dumps(found))
             continue
         fused = folder / f"genai-{precision}-onnxnorm"
+        shutil.rmtree(fused, ignore_errors=True)
         try:
             _quietly(lambda: convert(built, fused))
         except Exception as error:  # noqa: BLE001
@@ -487,7 +507,8 @@ def genai_folders(model, config: Config, precisions: list[str], folder: Path, de
                 continue
             proto = onnx.load(path / "model.onnx", load_external_data=False)
             found[f"{precision} {variant}"] = {"path": str(path), **node_counts(proto)}
-    return found
+        record.write_text(json.dumps(found))
+    return {key: value for key, value in found.items() if key.split()[0] in precisions}
 
 
 def _build(checkpoint: Path, folder: Path, precision: str, provider: str) -> None:
@@ -960,11 +981,43 @@ def _write_json(path: str | None, env: dict[str, Any], config: Config, groups: l
         f.write("\n")
 
 
+#: the file in a --keep folder that records the configuration its models were made for
+STAMP = "e2e-config.json"
+
+
+def _stamp(config: Config) -> dict[str, Any]:
+    made = dataclasses.asdict(config)
+    made.pop("repeats")
+    return made
+
+
+def check_keep(keep: str, config: Config) -> None:
+    """A --keep folder must be new, empty, or hold models made for the same configuration."""
+    from onnxnorm._io import OnnxNormError
+
+    folder = Path(keep)
+    if not folder.exists():
+        if not folder.resolve().parent.is_dir():
+            raise OnnxNormError(f"--keep {keep}: folder {folder.parent} does not exist")
+        return
+    if not folder.is_dir():
+        raise OnnxNormError(f"--keep {keep}: not a folder")
+    stamp = folder / STAMP
+    if stamp.is_file():
+        if json.loads(stamp.read_text()) != _stamp(config):
+            raise OnnxNormError(f"--keep {keep}: holds models made for another configuration "
+                                f"({stamp.name}); choose another folder")
+    elif any(folder.iterdir()):
+        raise OnnxNormError(f"--keep {keep}: the folder is not empty and holds no {STAMP}")
+
+
 def run(families: list[str], dtypes: list[str], variants: list[str], config: Config,
         devices: list[str], genai: list[str], json_path: str | None = None,
-        plot_path: str | None = None, keep: str | None = None,
+        plot_path: str | None = None, keep: str | None = None, prepare_only: bool = False,
         log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Measures every group and prints the tables; ``keep`` keeps the models in that folder."""
+    """Measures every group and prints the tables. ``keep``: the folder where the models are
+    written and kept (models an earlier run made there are used again); ``prepare_only``: make
+    the models there, measure nothing."""
     import onnxruntime as ort
 
     from onnxnorm.bench import kernels
@@ -984,6 +1037,7 @@ def run(families: list[str], dtypes: list[str], variants: list[str], config: Con
     groups: list[dict[str, Any]] = []
     root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="onnxnorm-e2e-"))
     root.mkdir(parents=True, exist_ok=True)
+    (root / STAMP).write_text(json.dumps(_stamp(config)))
     try:
         for family in families:
             for device in usable:
@@ -993,6 +1047,9 @@ def run(families: list[str], dtypes: list[str], variants: list[str], config: Con
                     log(f"{family} {dtype} onnxruntime {device}:")
                     folder = root / f"{family}-{dtype}-{device}"
                     folder.mkdir(exist_ok=True)
+                    if prepare_only:
+                        make_variants(hf_model(family, config, dtype), config, folder, variants, log)
+                        continue
                     groups.append(ort_group(family, dtype, device, config, variants, folder, log))
                     _write_json(json_path, env, config, groups)
                     if not keep:
@@ -1002,7 +1059,7 @@ def run(families: list[str], dtypes: list[str], variants: list[str], config: Con
                     folder = root / f"{family}-genai-{device}"
                     folder.mkdir(exist_ok=True)
                     found = genai_folders(hf_model(family, config), config, genai, folder, device, log)
-                    for precision in genai:
+                    for precision in genai if not prepare_only else ():
                         groups.append(genai_group(family, precision, device, config, found, folder, log))
                         _write_json(json_path, env, config, groups)
                     if not keep:
@@ -1010,6 +1067,9 @@ def run(families: list[str], dtypes: list[str], variants: list[str], config: Con
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+    if prepare_only:
+        log(f"# the models are in {root}")
+        return groups
     env["load_average_after"] = kernels._load_average()
     log(f"# load average at the end {env['load_average_after']}")
     print(markdown(groups, config))
@@ -1059,7 +1119,12 @@ def add_parser(which) -> None:
     e2e.add_argument("--repeats", type=int, default=Config.repeats,
                      help="interleaved repetitions (default 5)")
     e2e.add_argument("--threads", type=int, default=Config.threads, help="intra-op threads (default 2)")
-    e2e.add_argument("--keep", metavar="FOLDER", help="keep the models in this folder")
+    e2e.add_argument("--keep", metavar="FOLDER",
+                     help="write the models into this folder and keep them; a later run with the same "
+                          "folder and sizes uses them again (their making is not timed)")
+    e2e.add_argument("--prepare-only", action="store_true",
+                     help="with --keep: make the models, measure nothing (a busy machine can make "
+                          "them; the measuring run wants a quiet one)")
     e2e.add_argument("--json", metavar="PATH", help="write the results as JSON")
     e2e.add_argument("--plot", metavar="PATH", help="draw a PNG plot of the latencies")
     e2e.set_defaults(run=_run)
@@ -1075,10 +1140,10 @@ def _run(args) -> int:
     genai = [] if "none" in args.genai else args.genai
     if "none" in args.genai and len(args.genai) > 1:
         raise OnnxNormError("--genai none cannot be combined with precisions")
-    if args.keep and Path(args.keep).exists() and any(Path(args.keep).iterdir()):
-        raise OnnxNormError(f"--keep {args.keep}: the folder exists and is not empty")
-    if args.keep and not Path(args.keep).resolve().parent.is_dir():
-        raise OnnxNormError(f"--keep {args.keep}: folder {Path(args.keep).parent} does not exist")
+    if args.prepare_only and not args.keep:
+        raise OnnxNormError("--prepare-only needs --keep FOLDER (where the models are kept)")
+    if args.keep:
+        check_keep(args.keep, config)
     for path in (args.json, args.plot):
         if path:
             check_output(path)
@@ -1096,5 +1161,5 @@ def _run(args) -> int:
     warnings.filterwarnings("ignore")
     logging.getLogger("torch").setLevel(logging.ERROR)
     run(args.models, args.dtypes, args.variants, config, devices, genai, json_path=args.json,
-        plot_path=args.plot, keep=args.keep)
+        plot_path=args.plot, keep=args.keep, prepare_only=args.prepare_only)
     return 0
