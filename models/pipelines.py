@@ -245,25 +245,37 @@ def simplified(model: onnx.ModelProto, tool: str) -> onnx.ModelProto:
 
 
 KV_LAYERS = 2
+#: family -> (config class, model class, config overrides) of the KV-cache exports: Llama, Qwen3
+#: (Q/K norms), Gemma 2 (sandwich norms, 1 + w scales, a sliding window the past stays inside),
+#: Phi-3 (fused QKV and gate-up projections)
+KV_FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaModel", {}),
+    "qwen3": ("Qwen3Config", "Qwen3Model", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", "Gemma2Model", {"head_dim": 16, "sliding_window": 32}),
+    "phi3": ("Phi3Config", "Phi3Model", {"pad_token_id": 0}),
+}
 
 
-def kv_cache() -> onnx.ModelProto:
-    """A 2-layer Llama decoder with its KV cache as inputs (``past_key_values.N.key/value``)
-    and outputs, exported by the dynamo exporter with dynamic sequence, past and total lengths."""
+def kv_cache(family: str = "llama") -> onnx.ModelProto:
+    """A 2-layer decoder of ``family`` with its KV cache as inputs
+    (``past_key_values.N.key/value``) and outputs, exported by the dynamo exporter with dynamic
+    sequence, past and total lengths."""
     import torch
     import transformers
     from transformers import DynamicCache
 
     from onnxnorm.nn.export import quiet_export
 
-    config = transformers.LlamaConfig(vocab_size=corpus.VOCAB, hidden_size=32,
-                                      num_hidden_layers=KV_LAYERS, num_attention_heads=2,
-                                      num_key_value_heads=1, intermediate_size=64,
-                                      max_position_embeddings=64)
+    config_name, model_name, overrides = KV_FAMILIES[family]
+    config = getattr(transformers, config_name)(**{
+        "vocab_size": corpus.VOCAB, "hidden_size": 32, "num_hidden_layers": KV_LAYERS,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 64,
+        "max_position_embeddings": 64, **overrides})
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    decoder = transformers.LlamaModel(config).eval()
+    decoder = getattr(transformers, model_name)(config).eval()
     corpus._randomize_norms(decoder)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // 2
 
     class WithCache(torch.nn.Module):
         def __init__(self):
@@ -282,10 +294,10 @@ def kv_cache() -> onnx.ModelProto:
     past, seq = 3, 4
     ids = torch.randint(0, corpus.VOCAB, (1, seq))
     mask = torch.ones(1, past + seq, dtype=torch.int64)
-    cache = [torch.randn(1, 1, past, 16) for _ in range(2 * KV_LAYERS)]
+    cache = [torch.randn(1, 1, past, head_dim) for _ in range(2 * KV_LAYERS)]
     dim = torch.export.Dim
-    p, s, t = (dim("past_sequence_length", max=60), dim("sequence_length", max=60),
-               dim("total_sequence_length", max=120))
+    p, s, t = (dim("past_sequence_length", max=28), dim("sequence_length", max=28),
+               dim("total_sequence_length", max=56))
     names = ["input_ids", "attention_mask"] + [f"past_key_values.{i}.{kv}"
                                                for i in range(KV_LAYERS) for kv in ("key", "value")]
     with quiet_export(), warnings.catch_warnings(), torch.no_grad():
@@ -325,6 +337,10 @@ SOURCES = {
     "KV-cache decoder (dynamo)": (
         "torch.onnx.export(decoder_with_cache, (ids, mask, *past), dynamo=True, dynamic_shapes=...)",
         lambda folder: kv_cache()),
+    **{f"KV-cache {family} (dynamo)": (
+        f"the same with a {family} decoder",
+        lambda folder, family=family: kv_cache(family)) for family in KV_FAMILIES
+       if family != "llama"},
 }
 
 
