@@ -40,6 +40,16 @@ def source(tmp_path_factory) -> Path:
                                   external=True)
 
 
+def _with_unused_tail(source: Path, tmp_path: Path) -> Path:
+    """A copy of ``source`` whose data file ends in 40 MiB that no tensor uses."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    copy = folder / source.name
+    copy.write_bytes(source.read_bytes())
+    Path(f"{copy}.data").write_bytes(Path(f"{source}.data").read_bytes() + b"\x01" * (40 << 20))
+    return copy
+
+
 def _fuse(source: Path, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "onnxnorm", "fuse", str(source), "-o", str(out),
                            "--verify"], capture_output=True, text=True, timeout=600)
@@ -69,12 +79,7 @@ def test_output_shares_no_writes_with_the_input(source, tmp_path):
 
 def test_a_data_file_mostly_unused_is_not_copied_whole(source, tmp_path):
     """Tensors that fill less than 90% of their file are copied one by one, the rest left."""
-    folder = tmp_path / "in"
-    folder.mkdir()
-    copy = folder / source.name
-    copy.write_bytes(source.read_bytes())
-    data = Path(f"{copy}.data")
-    data.write_bytes(Path(f"{source}.data").read_bytes() + b"\x01" * (40 << 20))
+    copy = _with_unused_tail(source, tmp_path)
     out = tmp_path / "fused.onnx"
     result = _fuse(copy, out)
     assert result.returncode == 0, result.stderr
@@ -99,17 +104,13 @@ def test_a_clone_keeps_offsets_and_releases_unused_ranges(source, tmp_path, monk
         return 0
 
     monkeypatch.setattr(fcntl, "ioctl", clone)
-    folder = tmp_path / "in"
-    folder.mkdir()
-    copy = folder / source.name
-    copy.write_bytes(source.read_bytes())
+    copy = _with_unused_tail(source, tmp_path)
     data = Path(f"{copy}.data")
-    data.write_bytes(Path(f"{source}.data").read_bytes() + b"\x01" * (40 << 20))
     model = _io.load_model(copy, load_weights=False)
     out = tmp_path / "fused.onnx"
     from onnxnorm.fusion.pipeline import fuse_detached
 
-    fused, weights, _ = fuse_detached(model, base_dir=str(folder))
+    fused, weights, _ = fuse_detached(model, base_dir=str(copy.parent))
     _io.save_model(fused, out, source=copy, extra=weights)
     out_data = Path(f"{out}.data")
     theirs, mine = _offsets(copy), _offsets(out)

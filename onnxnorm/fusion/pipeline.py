@@ -261,7 +261,8 @@ def _infer_symbolic(proto: onnx.ModelProto) -> onnx.ModelProto:
     while inference.run_:
         if not inference._infer_impl():
             break
-    inference._update_output_from_vi()
+    if hasattr(inference, "_update_output_from_vi"):  # the graph outputs' shapes, where found
+        inference._update_output_from_vi()
     return inference.out_mp_
 
 
