@@ -365,3 +365,36 @@ def test_strict_precision_keeps_half_statistics_and_says_why():
     assert not _norm_nodes(fused) and report.norms == 0
     assert "the statistics are computed in FLOAT16; onnxnorm computes them in FLOAT " \
            "(strict precision)" in report[LLAMA].skips[0].reason
+
+
+@pytest.mark.parametrize("hidden", [64, 1024])
+def test_ort_target_writes_skip_ops_whatever_the_size_of_the_weights(hidden, rng):
+    """Weights of 1 KiB or more are kept apart from the graph while it is fused; lowering to
+    ``ort`` still sees their types, so a float32 Pre-Norm residual norm becomes one
+    SkipSimplifiedLayerNormalization with its Scale, as with small weights."""
+    f = TensorProto.FLOAT
+    weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+    nodes = [helper.make_node("Add", ["x", "r"], ["sum"]),
+             helper.make_node("Pow", ["sum", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["mean"], keepdims=1),
+             helper.make_node("Add", ["mean", "eps"], ["var"]),
+             helper.make_node("Sqrt", ["var"], ["std"]),
+             helper.make_node("Reciprocal", ["std"], ["inv"]),
+             helper.make_node("Mul", ["sum", "inv"], ["normed"]),
+             helper.make_node("Mul", ["normed", "w"], ["y"])]
+    init = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+            numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+            numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+            numpy_helper.from_array(weight, "w")]
+    shape = [1, 4, hidden]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info(n, f, shape) for n in ("x", "r")],
+                              [helper.make_tensor_value_info(n, f, shape) for n in ("y", "sum")], init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    lowered, report = fuse(model, "ort")
+    assert [n.op_type for n in lowered.graph.node] == ["SkipSimplifiedLayerNormalization"]
+    assert not report.lowering
+    x, r = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x, "r": r})
+    have = ort.InferenceSession(lowered.SerializeToString()).run(None, {"x": x, "r": r})
+    for a, b in zip(have, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -32,7 +32,7 @@ inlined. ``lower_with_notes`` also says, per node, what was emitted and why.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import onnx
 from onnx import TensorProto, helper
@@ -62,7 +62,10 @@ def lower(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
     return lower_with_notes(model, target)[0]
 
 
-def lower_with_notes(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, list[Note]]:
+def lower_with_notes(model: onnx.ModelProto, target: str, weights: Sequence[onnx.TensorProto] = ()
+                     ) -> tuple[onnx.ModelProto, list[Note]]:
+    """:func:`lower`, and a note per node; ``weights``: initializers kept apart from ``model``
+    (``fuse_detached``), whose types and shapes the lowering needs all the same."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
     out = onnx.ModelProto()
@@ -75,7 +78,7 @@ def lower_with_notes(model: onnx.ModelProto, target: str) -> tuple[onnx.ModelPro
     if opset < functions.MIN_OPSET:
         raise ValueError(f"lowering to {target!r} needs an ONNX opset >= {functions.MIN_OPSET}, "
                          f"the model has {opset}")
-    lowerer = _Lowerer(out, target, opset)
+    lowerer = _Lowerer(out, target, opset, weights)
     lowerer.graph(out.graph)
     keep = [f for f in out.functions if f.domain != catalogue.DOMAIN]
     del out.functions[:]
@@ -114,7 +117,8 @@ def _types_and_ranks(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, 
 
 
 class _Lowerer:
-    def __init__(self, model: onnx.ModelProto, target: str, opset: int):
+    def __init__(self, model: onnx.ModelProto, target: str, opset: int,
+                 weights: Sequence[onnx.TensorProto] = ()):
         self.target, self.opset = target, opset
         self.notes: list[Note] = []
         self.uses_ms = False
@@ -129,6 +133,8 @@ class _Lowerer:
                 self.types, self.dims = _types_and_ranks(inferred)
             except Exception:  # noqa: BLE001 - without shapes every node takes the safe path
                 pass
+        for tensor in weights:
+            self.types[tensor.name], self.dims[tensor.name] = tensor.data_type, list(tensor.dims)
 
     # -- emitting nodes -------------------------------------------------------------------
     def _name(self, hint: str) -> str:

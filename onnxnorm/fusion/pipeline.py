@@ -439,7 +439,7 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
         # ORT cannot infer the types of a function call that leaves out an optional output,
         # so the function target keeps Sum, used or not
         drop_unused_sums(fused)
-    lowered, notes = lower_with_notes(fused, target)
+    lowered, notes = lower_with_notes(fused, target, weights)
     report = tracker.report()
     report.norms = after[0] - before[0]
     report.residual_adds = after[1] - before[1]
