@@ -103,9 +103,9 @@ def test_threaded_many_rows(op, types, rng):
 
 @pytest.mark.parametrize("op, dtype", [("RMSNorm", F32), ("SkipLayerNorm", BF16), ("SandwichRMSNorm", F16)])
 def test_large_tensors_with_streamed_outputs(op, dtype, rng):
-    """Calls moving 96 MiB or more write their outputs with non-temporal stores (the C++ tests
+    """Calls moving 48 MiB or more write their outputs with non-temporal stores (the C++ tests
     stream small tensors too, with the threshold lowered)."""
-    rows = 3072 if dtype == F32 or ops.OPS[op].has_residual else 6144
+    rows = 1536 if dtype == F32 or ops.OPS[op].has_residual else 3072
     arrays = _arrays(op, dtype, F32, ("Scale", "Bias", "XBias", "InnerScale"), (rows, 4096), (4096,), rng)
     _check(op, arrays, threads=2)
 

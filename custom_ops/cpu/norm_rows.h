@@ -28,9 +28,9 @@
 //   Skip:      Z = alpha * Residual + X (+ XBias), rounded to X's type.
 //   Sandwich:  Z = Residual + InnerNorm(X), rounded to X's type; a first pass takes the inner
 //              statistics of X.
-//   For both, the statistics pass computes Z once and keeps it, in float32, in a row buffer on
-//   the stack, from which the last pass writes Sum and Y (rows wider than kBufferCols: Z goes to
-//   Sum, or is computed again when Sum is not wanted or is streamed).
+//   For both, the statistics pass computes Z once and keeps it: in Sum when Sum is wanted and not
+//   streamed, else, in float32, in a row buffer on the stack (rows wider than kZBufferCols: Z is
+//   computed again by every pass); the last pass writes Sum and Y from it.
 //   A range of rows that share their weights prepares them once (converted to float32, the
 //   offset added, rounded as the order wants) in stack buffers, instead of in every row.
 //   So every op reads its inputs from memory once and writes each output once. The last pass
@@ -63,10 +63,14 @@ constexpr int W = Isa::W;
 // row would do for a large share of its lines.
 constexpr int64_t kStreamRowBytes = kStreamMinRowBytes;
 
-// The stack buffers of a range of rows (a row's Z, the prepared Scale and Bias) hold rows of up
-// to this many elements (16 KiB each). Wider rows keep their weights as stored: prepared in
-// float32 they would take the room in the L1 cache that the row itself needs.
+// The stack buffers of the prepared Scale and Bias hold rows of up to this many elements (16 KiB
+// each). Wider rows keep their weights as stored: prepared in float32 they would take the room in
+// the L1 cache that the row itself needs.
 constexpr int64_t kBufferCols = 4096;
+// A residual op's Z row buffer holds up to this many elements (64 KiB, in L2 at worst): computing
+// Z again costs more than reading it back (a Sandwich op's Z is a whole inner norm), and 8192-wide
+// rows are common.
+constexpr int64_t kZBufferCols = 16384;
 // Ranges of at least this many rows prepare shared weights once for all of them.
 constexpr int64_t kPrepareRows = 2;
 
@@ -578,7 +582,7 @@ ONNXNORM_NOINLINE void RowsBuffered(const NormArgs& a, int64_t row_begin, int64_
                                     const OutputPlan& plan, bool prepare) {
   constexpr bool kResidual = RK != ResidualKind::kNone;
   alignas(64) float prepared[2][kBufferCols];
-  alignas(64) float z_row[kResidual ? kBufferCols : 1];
+  alignas(64) float z_row[kResidual ? kZBufferCols : 1];
   if (prepare) {
     PrepareWeights<E, S, kOrderA>(static_cast<const typename S::St*>(a.scale),
                                   static_cast<const typename S::St*>(a.bias), p.n, p.offset, prepared[0],
@@ -607,17 +611,17 @@ void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
                   (row_bytes >= kStreamRowBytes || whole_lines);
   plan.stream_sum = plan.stream_y && a.sum != nullptr && (reinterpret_cast<uintptr_t>(a.sum) - y) % 64 == 0;
 
-  // Ranges of several rows of at most kBufferCols use the stack buffers: a residual op's Z, and
-  // the weights prepared once when every row shares them.
-  if (n <= kBufferCols && row_end - row_begin >= kPrepareRows) {
-    const bool shared = (a.scale == nullptr || a.scale_rows <= 1) && (a.bias == nullptr || a.bias_rows <= 1);
-    const bool prepare = shared && (a.scale != nullptr || a.bias != nullptr);
-    const bool buffer_z = RK != ResidualKind::kNone && (a.sum == nullptr || plan.stream_y);
-    if (prepare || buffer_z) {
-      RowsBuffered<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare);
-      if (plan.stream_y) Isa::Fence();  // the streamed stores are visible before the pool reports done
-      return;
-    }
+  // The stack buffers: a residual op's Z when Sum is streamed or not wanted (rows of at most
+  // kZBufferCols), and the weights prepared once when every row of a range of several rows of at
+  // most kBufferCols shares them.
+  const bool shared = (a.scale == nullptr || a.scale_rows <= 1) && (a.bias == nullptr || a.bias_rows <= 1);
+  const bool prepare = n <= kBufferCols && row_end - row_begin >= kPrepareRows && shared &&
+                       (a.scale != nullptr || a.bias != nullptr);
+  const bool buffer_z = RK != ResidualKind::kNone && n <= kZBufferCols && (a.sum == nullptr || plan.stream_y);
+  if (prepare || buffer_z) {
+    RowsBuffered<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare);
+    if (plan.stream_y) Isa::Fence();  // the streamed stores are visible before the pool reports done
+    return;
   }
   RowsLoop<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, nullptr, nullptr, nullptr);
   if (plan.stream_y) Isa::Fence();

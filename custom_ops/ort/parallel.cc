@@ -32,6 +32,7 @@ void RunRows(const OrtApi& api, OrtKernelContext* context, NormRowsFn fn, const 
     return;
   }
   int64_t rows_per_block = std::max<int64_t>(1, kParallelBlockElements / cols);
+  rows_per_block = std::min(rows_per_block, std::max<int64_t>(1, (rows + kParallelMinBlocks - 1) / kParallelMinBlocks));
   rows_per_block = std::max(rows_per_block, (rows + kParallelMaxBlocks - 1) / kParallelMaxBlocks);
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
   if (blocks <= 1) {

@@ -12,8 +12,11 @@ namespace ort {
 
 // Below this many elements (rows * cols) a call runs on the calling thread.
 inline constexpr int64_t kParallelMinElements = 64 * 1024;
-// Each task of the pool gets whole rows, about this many elements or more.
-inline constexpr int64_t kParallelBlockElements = 16 * 1024;
+// Each task of the pool gets whole rows, about this many elements or more (each task prepares
+// the shared weights of its rows once: larger tasks pay that less often), unless that leaves
+// fewer than kParallelMinBlocks tasks.
+inline constexpr int64_t kParallelBlockElements = 64 * 1024;
+inline constexpr int64_t kParallelMinBlocks = 8;
 // At most this many tasks per call, however large the tensor.
 inline constexpr int64_t kParallelMaxBlocks = 1024;
 

@@ -529,6 +529,23 @@ int TestOp(const OpSpec& op) {
       ++cases;
       ++k;
     }
+    // a residual op without Sum keeps Z in a float32 row buffer up to its width, and computes it
+    // again in every pass above it: both sides of that width
+    for (int64_t cols : {int64_t{5000}, int64_t{16400}}) {
+      if (!residual) break;
+      Case c;
+      c.label = "wide, no Sum";
+      c.op = &op;
+      c.t = pair.t;
+      c.s = pair.s;
+      c.rows = 2;
+      c.cols = cols;
+      PresentAll(op, c.present, true);
+      c.order_a = cols > 10000;
+      c.with_sum = false;
+      CheckCase(c, rng);
+      ++cases;
+    }
     // every subset of the optional weights, with and without Sum, in both orders, per-head weights
     int subset_count = 1 << kSlots;
     for (int subset = 0; subset < subset_count; ++subset) {

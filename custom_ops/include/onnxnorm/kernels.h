@@ -46,10 +46,11 @@ const char* IsaName(Isa isa);
 // Calls of fewer elements (rows * cols) than this are small: see GetNormRowsForSmallCalls.
 inline constexpr int64_t kSmallCallElements = 64 * 1024;
 
-// The kernel for small calls: GetNormRows's, except that where that is the AVX-512 kernel, the
-// AVX2 one. After a stretch of other code (a framework's work between two calls), a core runs its
-// first 512-bit instructions slowly while it powers the upper half of its vector units up, which
-// costs a single-token call more than the wider vectors save (docs/benchmarks.md measures it).
+// The kernel for small calls: GetNormRows's, except that where that is the AVX-512 kernel of a
+// float32 or float16 X, the AVX2 one. After a stretch of other code (a framework's work between
+// two calls), a core runs its first 512-bit instructions slowly while it powers the upper half of
+// its vector units up, which costs a single-token call more than the wider vectors save there;
+// bfloat16, converted in integer instructions, saves more (docs/benchmarks.md measures both).
 // Gives the same bits as GetNormRows.
 NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type);
 
@@ -57,7 +58,7 @@ NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemTy
 // unless changed) write their outputs with non-temporal stores where the instruction set has
 // them, when their rows are at least kStreamMinRowBytes long or each starts on a 64-byte boundary
 // (custom_ops/cpu/norm_rows.h).
-inline constexpr int64_t kStreamMinBytes = int64_t{96} << 20;
+inline constexpr int64_t kStreamMinBytes = int64_t{48} << 20;
 inline constexpr int64_t kStreamMinRowBytes = 2048;
 int64_t StreamMinBytes();
 // Sets StreamMinBytes() for the whole process: for tests, which stream small tensors with it.
