@@ -1,0 +1,294 @@
+// A microbenchmark of the CPU row kernels through their C++ API (onnxnorm/kernels.h), without
+// ONNX Runtime: for profiling (perf record, valgrind) and for telling the kernels' own time apart
+// from the cost of ONNX Runtime's call path and thread pool. Not a test; docs/benchmarks.md uses it.
+//
+//   onnxnorm_kernel_bench --op RMSNorm --dtype float32 --shape 2048x4096 [--threads 2]
+//       [--isa avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds 0.5] [--calls N]
+//
+// Prints, per call: the median microseconds of the kernel over the tensors (rows split into the
+// same blocks as the ORT glue's, claimed by the threads from a shared counter, as ORT's pool
+// does), the bytes it moves per microsecond, and the same for memcpy of the same bytes on the same
+// threads (X [and Residual] into Y [and Sum]). Threads spin between calls, so the hand-off costs
+// next to nothing here: the difference to `onnxnorm bench kernels` is ORT's.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "onnxnorm/kernels.h"
+
+namespace {
+
+using onnxnorm::ElemType;
+using onnxnorm::NormArgs;
+using onnxnorm::NormRowsFn;
+using onnxnorm::OpSpec;
+namespace cpu = onnxnorm::cpu;
+
+// The ORT glue's blocks (custom_ops/ort/parallel.h; --block-elements changes the first).
+int64_t kBlockElements = 64 * 1024;
+constexpr int64_t kMinBlocks = 8;
+constexpr int64_t kMaxBlocks = 1024;
+constexpr int64_t kParallelMinElements = 64 * 1024;
+
+struct Buffer {
+  explicit Buffer(size_t bytes) : size(bytes), data(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
+  ~Buffer() { std::free(data); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  size_t size;
+  char* data;
+};
+
+// Fills with small random values of the type (float16 / bfloat16 bits of values in [-2, 2)).
+void Fill(Buffer& b, ElemType t, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-2.f, 2.f);
+  if (t == ElemType::kFloat32) {
+    auto* p = reinterpret_cast<float*>(b.data);
+    for (size_t i = 0; i < b.size / 4; ++i) p[i] = dist(rng);
+    return;
+  }
+  auto* p = reinterpret_cast<uint16_t*>(b.data);
+  for (size_t i = 0; i < b.size / 2; ++i) {
+    const float f = dist(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    // bfloat16: the top half; float16 of a value in [-2, 2): a coarse but valid encoding
+    p[i] = t == ElemType::kBFloat16 ? static_cast<uint16_t>(u >> 16)
+                                    : static_cast<uint16_t>(((u >> 16) & 0x8000u) | (0x3800u + (rng() & 0x7ffu)));
+  }
+}
+
+// Persistent worker threads that spin on a generation counter; Run(job) runs job(thread index) on
+// every thread (the caller is thread 0) and returns when all are done.
+class Team {
+ public:
+  explicit Team(int threads) : threads_(threads) {
+    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { Loop(t); });
+  }
+  ~Team() {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    for (auto& w : workers_) w.join();
+  }
+  void Run(const std::function<void(int)>& job) {
+    job_ = &job;
+    pending_.store(threads_ - 1);
+    generation_.fetch_add(1, std::memory_order_release);
+    job(0);
+    while (pending_.load(std::memory_order_acquire) != 0) {
+    }
+  }
+
+ private:
+  void Loop(int t) {
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t g;
+      while ((g = generation_.load(std::memory_order_acquire)) == seen) {
+      }
+      seen = g;
+      if (stop_.load()) return;
+      (*job_)(t);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+  int threads_;
+  std::vector<std::thread> workers_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(int)>* job_ = nullptr;
+};
+
+struct Timing {
+  double median_us;  // wall clock, median sample
+  double best_us;    // wall clock, fastest sample
+  double cpu_us;     // CPU time of the process per call and thread, fastest sample (time the
+                     // threads were scheduled out does not count: a fairer number on a busy machine)
+};
+
+double CpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Times fn over samples of `calls` calls each (0: as many as last 2 ms), for about `seconds`.
+Timing TimeCalls(const std::function<void()>& fn, double seconds, int64_t calls, int threads) {
+  using Clock = std::chrono::steady_clock;
+  for (int i = 0; i < 3; ++i) fn();
+  if (calls <= 0) {
+    const auto t0 = Clock::now();
+    fn();
+    const double once = std::chrono::duration<double>(Clock::now() - t0).count();
+    calls = std::max<int64_t>(1, static_cast<int64_t>(0.002 / std::max(once, 1e-7)));
+  }
+  std::vector<double> samples;
+  double cpu_best = 1e300;
+  const auto start = Clock::now();
+  while (samples.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
+    const double c0 = CpuSeconds();
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < calls; ++i) fn();
+    const double wall = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    cpu_best = std::min(cpu_best, (CpuSeconds() - c0) * 1e6 / threads);
+    samples.push_back(wall / static_cast<double>(calls));
+  }
+  std::sort(samples.begin(), samples.end());
+  return {samples[samples.size() / 2], samples.front(), cpu_best / static_cast<double>(calls)};
+}
+
+int Usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s --op NAME --dtype float32|float16|bfloat16 --shape ROWSxCOLS [--threads N] "
+               "[--isa avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds S] [--calls N]\n",
+               argv0);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string op_name, dtype = "float32", shape, isa_name;
+  int threads = 1;
+  double seconds = 0.5;
+  int64_t calls = 0, stream_min = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 >= argc) return Usage(argv[0]);
+    const char* value = argv[++i];
+    if (arg == "--op") {
+      op_name = value;
+    } else if (arg == "--dtype") {
+      dtype = value;
+    } else if (arg == "--shape") {
+      shape = value;
+    } else if (arg == "--threads") {
+      threads = std::atoi(value);
+    } else if (arg == "--isa") {
+      isa_name = value;
+    } else if (arg == "--stream-min") {
+      stream_min = std::atoll(value);
+    } else if (arg == "--seconds") {
+      seconds = std::atof(value);
+    } else if (arg == "--block-elements") {
+      kBlockElements = std::atoll(value);
+    } else if (arg == "--calls") {
+      calls = std::atoll(value);
+    } else {
+      return Usage(argv[0]);
+    }
+  }
+  const OpSpec* op = nullptr;
+  for (const OpSpec& o : onnxnorm::kOps) {
+    if (op_name == o.name) op = &o;
+  }
+  const ElemType t = dtype == "float32" ? ElemType::kFloat32
+                     : dtype == "float16" ? ElemType::kFloat16
+                     : dtype == "bfloat16" ? ElemType::kBFloat16
+                                           : static_cast<ElemType>(-1);
+  long long rows = 0, cols = 0;
+  if (op == nullptr || static_cast<int>(t) < 0 || std::sscanf(shape.c_str(), "%lldx%lld", &rows, &cols) != 2 ||
+      rows <= 0 || cols <= 0 || threads < 1) {
+    return Usage(argv[0]);
+  }
+  cpu::Isa isa = cpu::SupportedIsa();
+  if (isa_name == "avx2") isa = cpu::Isa::kAvx2;
+  if (isa_name == "portable") isa = cpu::Isa::kPortable;
+  if (stream_min >= 0) cpu::SetStreamMinBytes(stream_min);
+  const NormRowsFn fn = cpu::GetNormRowsFor(isa, op->norm, op->residual, t, t);
+  if (fn == nullptr) {
+    std::fprintf(stderr, "no %s kernel for %s on this CPU\n", cpu::IsaName(isa), op_name.c_str());
+    return 2;
+  }
+
+  const size_t elem = t == ElemType::kFloat32 ? 4 : 2;
+  const size_t tensor = static_cast<size_t>(rows) * static_cast<size_t>(cols) * elem;
+  const bool residual = op->residual != onnxnorm::ResidualKind::kNone;
+  std::mt19937 rng(1);
+  Buffer x(tensor), r(residual ? tensor : 64), y(tensor), sum(residual ? tensor : 64);
+  Buffer scale(static_cast<size_t>(cols) * elem), bias(static_cast<size_t>(cols) * elem);
+  Fill(x, t, rng);
+  Fill(r, t, rng);
+  Fill(scale, t, rng);
+  Fill(bias, t, rng);
+  std::memset(y.data, 0, y.size);
+  std::memset(sum.data, 0, sum.size);
+
+  NormArgs a;
+  a.op = op->id;
+  a.x_type = a.weight_type = t;
+  a.rows = rows;
+  a.cols = cols;
+  a.x = x.data;
+  a.y = y.data;
+  for (size_t i = 0; i < op->inputs.size(); ++i) {
+    const std::string name = op->inputs[i].name;
+    if (name == "Scale" || name == "InnerScale") (name == "Scale" ? a.scale : a.inner_scale) = scale.data;
+    // as `onnxnorm bench kernels` feeds them: Bias only for the LayerNorm family
+    const bool layer = op->norm == onnxnorm::NormKind::kLayer;
+    if (layer && (name == "Bias" || name == "InnerBias")) (name == "Bias" ? a.bias : a.inner_bias) = bias.data;
+    if (name == "Residual") a.residual = r.data;
+  }
+  if (residual) a.sum = sum.data;
+
+  // The glue's blocks, claimed from a shared counter as ORT's pool does.
+  const int64_t elements = static_cast<int64_t>(rows) * cols;
+  int64_t rows_per_block = std::max<int64_t>(1, kBlockElements / cols);
+  rows_per_block = std::min<int64_t>(rows_per_block, std::max<int64_t>(1, (rows + kMinBlocks - 1) / kMinBlocks));
+  rows_per_block = std::max(rows_per_block, (static_cast<int64_t>(rows) + kMaxBlocks - 1) / kMaxBlocks);
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  // (with one thread the glue still runs a large call block by block: ORT's ParallelFor without
+  // a pool runs the blocks in order on the calling thread)
+  const bool parallel = rows > 1 && elements >= kParallelMinElements && blocks > 1;
+  if (!parallel) threads = 1;
+  Team team(threads);
+  std::atomic<int64_t> next{0};
+  const std::function<void(int)> kernel_job = [&](int) {
+    for (int64_t b; (b = next.fetch_add(1, std::memory_order_relaxed)) < blocks;) {
+      fn(a, b * rows_per_block, std::min<int64_t>((b + 1) * rows_per_block, rows));
+    }
+  };
+  const Timing kernel = TimeCalls(
+      [&] {
+        if (!parallel) {
+          fn(a, 0, rows);
+          return;
+        }
+        next.store(0, std::memory_order_relaxed);
+        team.Run(kernel_job);
+      },
+      seconds, calls, threads);
+
+  // memcpy of the same bytes, each thread its share of every tensor
+  const int copy_threads = threads;
+  const std::function<void(int)> copy_job = [&](int i) {
+    const size_t begin = tensor / 64 * static_cast<size_t>(i) / static_cast<size_t>(copy_threads) * 64;
+    const size_t end = i + 1 == copy_threads ? tensor : tensor / 64 * static_cast<size_t>(i + 1) / static_cast<size_t>(copy_threads) * 64;
+    std::memcpy(y.data + begin, x.data + begin, end - begin);
+    if (residual) std::memcpy(sum.data + begin, r.data + begin, end - begin);
+  };
+  const Timing copy = TimeCalls([&] { team.Run(copy_job); }, seconds, calls, copy_threads);
+
+  const double moved = static_cast<double>(tensor) * (residual ? 4 : 2);
+  auto gbs = [&](double us) { return moved / us / 1e3; };
+  std::printf("%s %s %lldx%lld %s threads=%d, %.0f MB moved\n", op_name.c_str(), dtype.c_str(), rows, cols,
+              cpu::IsaName(isa), threads, moved / 1e6);
+  std::printf("  kernel: median %9.2f us (%5.1f GB/s), best %9.2f us (%5.1f GB/s), cpu %9.2f us\n", kernel.median_us,
+              gbs(kernel.median_us), kernel.best_us, gbs(kernel.best_us), kernel.cpu_us);
+  std::printf("  memcpy: median %9.2f us (%5.1f GB/s), best %9.2f us (%5.1f GB/s), cpu %9.2f us\n", copy.median_us,
+              gbs(copy.median_us), copy.best_us, gbs(copy.best_us), copy.cpu_us);
+  std::printf("  kernel / memcpy: median %.2fx, best %.2fx, cpu %.2fx\n", kernel.median_us / copy.median_us,
+              kernel.best_us / copy.best_us, kernel.cpu_us / copy.cpu_us);
+  return 0;
+}
