@@ -349,7 +349,9 @@ inline Stats RowStats(const Src& src, const RowParams& p) {
     // (z - shift is z - shift - 0 exactly, so the first pass leaves the 0 out.)
     const int first = p.n < 8 ? static_cast<int>(p.n) : 8;
     float head[W];
-    Isa::Store(F32{}, head, src.LoadN(0, first));
+    // (masked: a Sandwich source's lanes past the row hold the inner norm of 0, not 0; in
+    // float16 that overflowed to Inf and made rows narrower than 8 NaN)
+    Isa::Store(F32{}, head, Isa::MaskN(src.LoadN(0, first), first));
     const float head_sum = ((head[0] + head[4]) + (head[2] + head[6])) + ((head[1] + head[5]) + (head[3] + head[7]));
     const float shift = head_sum / static_cast<float>(first);
     float sum_d = 0.f, sum_dd = 0.f;
