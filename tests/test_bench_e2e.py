@@ -138,6 +138,7 @@ def test_gains_are_paired_ratios_of_generation_times():
     (["--new-tokens", "0"], "--new-tokens must be at least 1"),
     (["--prompt", "-3"], "--prompt must be at least 1"),
     (["--hidden", "100"], "--hidden must be a multiple of 16, at least 32"),
+    (["--vocab", "1024"], "--vocab must differ from the widths of the decoder's linear layers (256, 1024, 2816)"),
     (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
     (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
     (["--keep", "/nonexistent-folder/models"],

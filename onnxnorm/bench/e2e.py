@@ -86,7 +86,7 @@ class Config:
 
     layers: int = 8
     hidden: int = 1024
-    vocab: int = 1024
+    vocab: int = 2048
     prompt: int = 512
     new_tokens: int = 128
     repeats: int = 5
@@ -122,6 +122,12 @@ class Config:
             raise OnnxNormError("--hidden must be a multiple of 16, at least 32")
         if self.vocab < 8:
             raise OnnxNormError("--vocab must be at least 8")
+        widths = {self.hidden, self.intermediate, self.kv_heads * self.head_dim}
+        if self.vocab in widths:
+            # onnxruntime-genai's model builder takes the first Linear of vocabulary width for
+            # the LM head
+            raise OnnxNormError(f"--vocab must differ from the widths of the decoder's linear layers "
+                                f"({', '.join(map(str, sorted(widths)))})")
 
     def prompt_ids(self) -> list[int]:
         """The prompt: fixed pseudo-random token ids (no end-of-text id among them)."""
@@ -1112,7 +1118,7 @@ def add_parser(which) -> None:
                           "CUDA provider (default)")
     e2e.add_argument("--layers", type=int, default=Config.layers, help="decoder layers (default 8)")
     e2e.add_argument("--hidden", type=int, default=Config.hidden, help="hidden size (default 1024)")
-    e2e.add_argument("--vocab", type=int, default=Config.vocab, help="vocabulary size (default 1024)")
+    e2e.add_argument("--vocab", type=int, default=Config.vocab, help="vocabulary size (default 2048)")
     e2e.add_argument("--prompt", type=int, default=Config.prompt, help="prompt tokens (default 512)")
     e2e.add_argument("--new-tokens", type=int, default=Config.new_tokens,
                      help="tokens to generate (default 128)")
