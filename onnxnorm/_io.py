@@ -381,11 +381,20 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
         fd, tmp_model = temp(".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(out.SerializeToString())
+        aside = None
         if path.exists():
-            # a run killed between the two renames leaves no model, never the old model beside
-            # the new data
-            os.unlink(path)
-        os.replace(tmp_data, folder / data_name)
+            # the old model steps aside first: a run killed before the new model is in place
+            # leaves no model, never the old model beside the new data; a failed rename puts
+            # it back
+            fd, aside = temp(".old.tmp")
+            os.close(fd)
+            os.replace(path, aside)
+        try:
+            os.replace(tmp_data, folder / data_name)
+        except OSError:
+            if aside is not None:
+                os.replace(aside, path)
+            raise
         os.replace(tmp_model, path)
         return path
     except OnnxNormError:

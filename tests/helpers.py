@@ -75,3 +75,20 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype=None) -> None:
     """Compares in float32 within the reference's tolerance for ``dtype`` (default: want's)."""
     rtol, atol = ops.reference.tolerance(dtype or want.dtype)
     np.testing.assert_allclose(np.asarray(got, np.float32), want.astype(np.float32), rtol, atol)
+
+
+def fuse_peak_rss(*argv: str) -> tuple[float, float]:
+    """(peak resident MiB, seconds) of ``onnxnorm fuse *argv`` run in a child process."""
+    import subprocess
+    import sys
+
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the (large) forking process
+    code = ("import sys, time; from onnxnorm import cli; t = time.perf_counter(); "
+            f"rc = cli.main(['fuse', *{list(argv)!r}]); t = time.perf_counter() - t; "
+            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]; "
+            "print(int(hwm.split()[1]) / 1024, t); sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr
+    peak, seconds = result.stdout.strip().splitlines()[-1].split()
+    return float(peak), float(seconds)

