@@ -352,30 +352,31 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
         data_name = path.name + ".data"
         fd, tmp_data = temp(".data.tmp")
         out = _shell(model)
-        offset = 0
+        tensors = list(itertools.chain(model.graph.initializer, extra))
         with os.fdopen(fd, "wb") as data:
-            for theirs in itertools.chain(model.graph.initializer, extra):
+            # the unchanged tensors' data file shared (or copied) whole: they keep their offsets
+            base = _base_data(tensors, source_dir, data)
+            offset = data.tell()
+            for theirs in tensors:
                 mine = out.graph.initializer.add()
                 if external_data_helper.uses_external_data(theirs):
                     location, start, length = _location(theirs)
-                    written = _copy_range(source_dir / location, start, length, data)
+                    file = source_dir / location
+                    if base is not None and file.resolve() == base:
+                        if length is None:
+                            length = os.path.getsize(file) - start
+                        _set_external(mine, theirs, data_name, start, length)
+                        continue
+                    written = _copy_range(file, start, length, data)
                 elif theirs.HasField("raw_data") and theirs.ByteSize() >= EXTERNAL_THRESHOLD:
                     data.write(theirs.raw_data)
                     written = data.tell() - offset
                 else:
                     mine.CopyFrom(theirs)
                     continue
-                mine.name, mine.data_type = theirs.name, theirs.data_type
-                mine.dims.extend(theirs.dims)
-                if theirs.doc_string:
-                    mine.doc_string = theirs.doc_string
-                for key, value in (("location", data_name), ("offset", str(offset)),
-                                   ("length", str(written))):
-                    entry = mine.external_data.add()
-                    entry.key, entry.value = key, value
-                mine.data_location = TensorProto.EXTERNAL
+                _set_external(mine, theirs, data_name, offset, written)
                 offset += written
-                pad = -offset % 64  # aligned for memory mapping
+                pad = -offset % (_BLOCK if written >= _BLOCK else 64)  # for mmap and clones
                 data.write(b"\0" * pad)
                 offset += pad
         fd, tmp_model = temp(".tmp")
@@ -405,6 +406,94 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
         for name in temps:
             if os.path.exists(name):
                 os.unlink(name)
+
+
+_BLOCK = 4096
+#: ioctl numbers (Linux): FICLONE shares all of a file's extents with another file, copy on
+#: write (btrfs, XFS, bcachefs, OCFS2, ZFS with block cloning)
+_FICLONE = 0x40049409
+#: the whole data file is copied, where it cannot be shared, when the tensors use this much of it
+_WHOLE_FILE_COPY = 0.9
+
+
+def _set_external(mine: TensorProto, theirs: TensorProto, location: str, offset: int,
+                  length: int) -> None:
+    mine.name, mine.data_type = theirs.name, theirs.data_type
+    mine.dims.extend(theirs.dims)
+    if theirs.doc_string:
+        mine.doc_string = theirs.doc_string
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = mine.external_data.add()
+        entry.key, entry.value = key, value
+    mine.data_location = TensorProto.EXTERNAL
+
+
+def _base_data(tensors: list[TensorProto], source_dir: Path, data) -> Path | None:
+    """Starts the output's data file (``data``, empty) as the one file that the external
+    ``tensors`` lie in, so that they keep their offsets: shared where the file system can
+    (FICLONE: the two files share extents, copy on write, so writing one never changes the
+    other; never a hard link), else copied in the kernel when the tensors fill most of the
+    file. Ranges no tensor uses are then released (holes). Returns the file (resolved), or
+    None where the tensors lie in several files or fill too little of one: they are then copied
+    one by one."""
+    import fcntl
+
+    ranges: dict[Path, list[tuple[int, int]]] = {}
+    for tensor in tensors:
+        if external_data_helper.uses_external_data(tensor):
+            location, start, length = _location(tensor)
+            file = (source_dir / location).resolve()
+            if length is None:
+                length = os.path.getsize(file) - start
+            ranges.setdefault(file, []).append((start, start + length))
+    if len(ranges) != 1:
+        return None
+    (file, used), = ranges.items()
+    size = os.path.getsize(file)
+    with open(file, "rb") as f:
+        data.flush()
+        try:
+            fcntl.ioctl(data.fileno(), _FICLONE, f.fileno())
+        except OSError:
+            filled = sum(b - a for a, b in _merged(used))
+            if size == 0 or filled < _WHOLE_FILE_COPY * size:
+                return None
+            data.seek(0)
+            data.truncate()
+            if _copy_range(file, 0, size, data) != size:
+                raise OSError(f"{file} changed while it was copied")
+    data.seek(0, os.SEEK_END)
+    _release_unused(data, _merged(used), size)
+    data.write(b"\0" * (-size % _BLOCK))
+    return file
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _release_unused(data, used: list[tuple[int, int]], size: int) -> None:
+    """Punches holes where no tensor lies, where the file system can: whole blocks are
+    released, the rest of a block is zeroed."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        fallocate = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    punch = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+    edges = [0] + [x for r in used for x in r] + [size]
+    for start, end in zip(edges[0::2], edges[1::2]):
+        if end > start and fallocate(data.fileno(), punch, start, end - start) != 0:
+            return  # not supported here: the bytes stay
 
 
 def _remove_stale_temps(folder: Path, name: str) -> None:
