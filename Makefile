@@ -12,7 +12,7 @@ HEADERS := third_party/.headers
 NATIVE := CMakeLists.txt pyproject.toml $(shell find custom_ops -type f 2>/dev/null)
 PYTEST_ARGS ?=
 
-.PHONY: all setup install demo test fuzz wheel clean
+.PHONY: all setup install demo test fuzz sanitize wheel clean
 
 all: install
 
@@ -56,6 +56,12 @@ fuzz: $(VENV)/.installed
 	ONNXNORM_HYPOTHESIS_PROFILE=fuzz ONNXNORM_HYPOTHESIS_EXAMPLES=$(FUZZ_EXAMPLES) \
 		ONNXNORM_FUZZ_SEED=$(FUZZ_SEED) ONNXNORM_FUZZ_COUNTS=build/fuzz/counts.json \
 		$(PY) -m pytest -q -p no:cacheprovider -n auto tests/test_properties.py --hypothesis-seed=$(FUZZ_SEED)
+
+# The native library and its C++ kernel tests built with AddressSanitizer and
+# UndefinedBehaviorSanitizer in build/sanitize: ctest, then a short property-test campaign
+# against that library (tools/sanitize.sh). Any report fails it.
+sanitize: $(VENV)/.installed
+	PYTHON=$(PY) bash tools/sanitize.sh
 
 # The wheel: built like pip builds it (CUDA library too where nvcc is found, unless
 # ONNXNORM_CUDA=OFF), then checked and tagged manylinux by auditwheel, which refuses a library
