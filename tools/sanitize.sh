@@ -43,6 +43,9 @@ if [ ! -f "$runtime" ]; then
   echo "sanitize: cannot find the AddressSanitizer runtime of $cxx" >&2
   exit 1
 fi
+# (libstdc++ too: the ASan runtime resolves its C++ exception interceptor when it loads, and
+# ONNX Runtime's Python module throws)
+runtime="$runtime $("$cxx" -print-file-name=libstdc++.so)"
 library="$build/onnxnorm/lib/libonnxnorm_ops.so"
 echo "== property tests through ONNX Runtime against $library, sanitized"
 LD_PRELOAD="$runtime" ASAN_OPTIONS=detect_leaks=0 ONNXNORM_LIBRARY="$library" \
