@@ -29,6 +29,8 @@ import fcntl
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +40,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from helpers import BF16, run, single_node_model
+from test_kernels import _tool
 from onnxnorm import ops
 from onnxnorm.ops import reference
 
@@ -477,3 +480,21 @@ def test_rows_narrower_than_8_of_large_constant_values(op):
             if ops.OPS[op].has_residual:
                 arrays["Residual"] = np.linspace(-0.05, 0.05, 4 * cols).reshape(4, cols).astype(x_type)
             check_call(call, arrays)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(any(_tool(t) is None for t in ("cmake", "ctest", "g++")), reason="needs cmake, ctest and g++")
+def test_sanitized_build_gives_no_reports():
+    """make sanitize with a shorter campaign: the library and the C++ kernel tests built with
+    AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize), ctest, and the property
+    tests through ONNX Runtime against that library (tools/sanitize.sh). Any report fails it."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONNXNORM_HYPOTHESIS", "ONNXNORM_FUZZ"))}
+    env.update(PYTHON=sys.executable, ONNXNORM_HYPOTHESIS_EXAMPLES="25")
+    result = subprocess.run(["bash", str(root / "tools" / "sanitize.sh")], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=3600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "100% tests passed" in result.stdout and "12 passed" in result.stdout, output[-3000:]
+    assert "ERROR: AddressSanitizer" not in output and "runtime error:" not in output
+    assert result.stdout.rstrip().endswith("sanitize: no reports")
