@@ -484,6 +484,9 @@ def test_rows_narrower_than_8_of_large_constant_values(op):
 
 @pytest.mark.slow
 @pytest.mark.skipif(any(_tool(t) is None for t in ("cmake", "ctest", "g++")), reason="needs cmake, ctest and g++")
+@pytest.mark.skipif(os.environ.get("ONNXNORM_SANITIZE_TEST") != "1",
+                    reason="the sanitized build takes about 4 minutes on 2 cores, more than the suite's "
+                           "time budget leaves; run it with ONNXNORM_SANITIZE_TEST=1 or make sanitize")
 def test_sanitized_build_gives_no_reports():
     """make sanitize with a shorter campaign: the library and the C++ kernel tests built with
     AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize), ctest, and the property
