@@ -13,3 +13,18 @@ if str(ROOT) not in sys.path:
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+# The files that build wheels, virtual environments or exported models go first, so that with
+# one worker per core (make test) the many short files fill in beside them at the end instead of
+# one long file running alone last.
+_LONG_FILES = ("test_install.py", "test_versions.py", "test_optimum.py", "test_pipelines.py",
+               "test_encoders.py", "test_cuda.py", "test_large_files.py", "test_olive.py",
+               "test_bench_e2e.py", "test_external_data.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        name = item.path.name
+        return _LONG_FILES.index(name) if name in _LONG_FILES else len(_LONG_FILES)
+    items.sort(key=rank)  # stable: the order within a file is kept
