@@ -543,8 +543,10 @@ class GenaiGenerator:
     def generate(self, prompt: list[int], new_tokens: int) -> tuple[list[int], float, list[float]]:
         og = self.og
         params = og.GeneratorParams(self.model)
-        params.set_search_options(max_length=len(prompt) + new_tokens, min_length=len(prompt) + new_tokens,
-                                  do_sample=False)
+        # the KV cache always holds the whole generation's length (a shorter one would be
+        # smaller than Gemma 2's window, which the CPU attention refuses); the loop stops early
+        length = max(self.config.max_length, len(prompt) + new_tokens)
+        params.set_search_options(max_length=length, min_length=length, do_sample=False)
         generator = og.Generator(self.model, params)
         started = time.perf_counter()
         generator.append_tokens(np.asarray([prompt], np.int32))
