@@ -152,9 +152,12 @@ def test_every_command_outside_the_checkout(wheel, tmp_path):
               "needs torch", "onnxnorm[torch]")
     _one_line(_sh(onnxnorm, "bench", "kernels", cwd=work, check=False),
               "needs torch", "onnxnorm[torch]")
+    (work / "empty").mkdir()
+    _one_line(_sh(onnxnorm, "fuse", "empty", "-o", "out", cwd=work, check=False),
+              "no .onnx file in this folder")
     _one_line(_sh(onnxnorm, "fuse", str(work), "-o", "o.onnx", cwd=work, check=False),
-              "is a directory")
-    assert not (work / "m.onnx").exists() and not (work / "o.onnx").exists()
+              "lies inside the input folder")
+    assert not any((work / name).exists() for name in ("m.onnx", "o.onnx", "out"))
 
     # torch and transformers of the test environment, behind the wheel's own packages
     site = Path(_sh(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"
