@@ -191,6 +191,22 @@ def test_reference_rejects_scale_that_does_not_fit(rng):
         reference.run("RMSNorm", x, np.ones(3, np.float32))
 
 
+@pytest.mark.parametrize("op", list(ops.OPS))
+def test_reference_outputs_keep_x_shape_with_weights_of_higher_rank(op, rng):
+    """Weights may carry leading 1s beyond X's rank (a (1, 1, 8) Scale for an X of (4, 8)): the
+    outputs keep X's shape and equal those with the weights squeezed."""
+    spec = ops.OPS[op]
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    given = {p.name: rng.standard_normal((1, 1, 8)).astype(np.float32) for p in spec.inputs}
+    given["X"] = x
+    given["Residual"] = rng.standard_normal((4, 8)).astype(np.float32)
+    inputs = [given[p.name] for p in spec.inputs]
+    squeezed = [v if v.shape == (4, 8) else v.reshape(8) for v in inputs]
+    for got, want in zip(reference.run(op, *inputs), reference.run(op, *squeezed)):
+        assert got.shape == (4, 8)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_overload_names_variant():
     spec = ops.OPS["SkipRMSNorm"]
     assert functions.overload(spec, ["Scale", "XBias"], 1) == "scale_xbias_a"

@@ -77,6 +77,8 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
                 raise TypeError(f"{op}: {p.name} must be of X's type {t} or float32, "
                                 f"got {value.dtype}")
             check_suffix(p.name, value.shape, x.shape, axis, op)
+            # leading 1s beyond X's rank broadcast to nothing: Y keeps X's shape
+            given[p.name] = value.reshape(value.shape[max(0, value.ndim - x.ndim):])
 
     axes = tuple(range(axis, x.ndim))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
