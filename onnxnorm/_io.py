@@ -131,6 +131,14 @@ def _load_weights_as_references(path: Path) -> onnx.ModelProto:
     return model
 
 
+def model_dir(path: str | os.PathLike) -> Path:
+    """The folder a model file's external data is read from: the folder holding the path as
+    given, not the target of a symbolic link (as onnx and ONNX Runtime read it). A Hugging Face
+    cache snapshot links model.onnx and its data file into the repository's blobs folder, where
+    the data file's name is not."""
+    return Path(path).absolute().parent
+
+
 def check_input(path: str | os.PathLike) -> Path:
     """Refuses, in one line, an input path that is not a readable regular file."""
     path = Path(path)
@@ -266,7 +274,7 @@ def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.Model
     try:
         for tensor in list(_external_tensors(model)):
             if load_weights or _nbytes(tensor) < SMALL_TENSOR:
-                external_data_helper.load_external_data_for_tensor(tensor, str(path.parent))
+                _read_external(tensor, path.parent)
                 tensor.data_location = TensorProto.DEFAULT
                 del tensor.external_data[:]
     except (OSError, ValueError) as error:
@@ -279,6 +287,19 @@ def has_external_data(model: onnx.ModelProto, source: str | os.PathLike | None =
     which :func:`load_model` makes for inline weights, do not count)."""
     own = Path(source).name if source else None
     return any(_location(t)[0] != own for t in _external_tensors(model))
+
+
+def _read_external(tensor: TensorProto, folder: Path) -> None:
+    """Reads an external tensor's bytes into its raw data, from the file that
+    :func:`onnxnorm._validate.check_external_data` let through (onnx's own reader refuses every
+    symbolic link, a Hugging Face cache snapshot's among them)."""
+    location, start, length = _location(tensor)
+    with open(folder / location, "rb") as f:
+        f.seek(start)
+        data = f.read() if length is None else f.read(length)
+    if length is not None and len(data) != length:
+        raise ValueError(f"tensor {tensor.name!r}: {location} ends before its data")
+    tensor.raw_data = data
 
 
 def _location(tensor: TensorProto) -> tuple[str, int, int | None]:
@@ -302,7 +323,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
     path = check_output(path)
     folder = path.parent
     source = source or like
-    source_dir = Path(source).resolve().parent if source else folder.resolve()
+    source_dir = model_dir(source) if source else folder.resolve()
     if external is None:
         external = (has_external_data(model, source)
                     or any(external_data_helper.uses_external_data(t) for t in extra)

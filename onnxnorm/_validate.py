@@ -77,6 +77,19 @@ def _external_info(tensor: TensorProto) -> tuple[str, int, int | None]:
     return location, offset, length
 
 
+def _hugging_face_blob(root: Path, location: str, resolved: Path) -> bool:
+    """A file of a Hugging Face hub cache: the model's folder is a snapshot
+    (``<repo>/snapshots/<revision>``), the reference names a link right in it, and the link
+    leads to a regular file right in the same repository's ``blobs`` folder, itself a real
+    folder. That is how the hub's downloads lay a repository out; the file stays inside the
+    downloaded repository."""
+    if root.parent.name != "snapshots" or len(PurePath(location).parts) != 1:
+        return False
+    blobs = root.parent.parent / "blobs"
+    return (blobs.is_dir() and not blobs.is_symlink() and resolved.parent == blobs
+            and (root / location).is_symlink())
+
+
 def check_external_data(model: onnx.ModelProto, folder: str | os.PathLike,
                         own: str | os.PathLike | None = None) -> None:
     """Refuses external-data references that leave ``folder`` or do not fit their file,
@@ -100,9 +113,10 @@ def check_external_data(model: onnx.ModelProto, folder: str | os.PathLike,
         resolved = (root / location).resolve()
         if own is not None and location == own.name:
             resolved = own
-        elif root not in resolved.parents:
+        elif root not in resolved.parents and not _hugging_face_blob(root, location, resolved):
             raise ModelProblem(f"{where} is a symbolic link to {resolved}, outside the model's "
-                               "folder (refused, not read)")
+                               "folder (refused, not read); to read a link you trust, copy "
+                               "the folder with `cp -rL`")
         if location not in sizes:
             if not resolved.exists():
                 raise ModelProblem(f"{where}: no such file in the model's folder")

@@ -125,3 +125,35 @@ def test_a_clone_keeps_offsets_and_releases_unused_ranges(source, tmp_path, monk
 
     checks = verify(onnx.load(copy), onnx.load(out))
     assert checks and all(c.ok for c in checks)
+
+
+def _hub_snapshot(source: Path, root: Path) -> Path:
+    """``source`` laid out as the Hugging Face hub caches a download: the files in
+    ``<repo>/blobs`` under their hashes, linked from ``<repo>/snapshots/<revision>`` by name."""
+    blobs, snapshot = root / "models--org--name" / "blobs", root / "models--org--name" / "snapshots" / "0123abc"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in (source, Path(f"{source}.data")):
+        blob = blobs / _sha(path)
+        blob.write_bytes(path.read_bytes())
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / path.name)
+    return snapshot / source.name
+
+
+def test_a_hugging_face_cache_snapshot_is_read_through_its_links(source, tmp_path):
+    """The links of a hub snapshot lead into the same repository's blobs folder: followed,
+    the output has the input's values; a link to anywhere else is still refused."""
+    model = _hub_snapshot(source, tmp_path / "hub")
+    out = tmp_path / "fused.onnx"
+    result = _fuse(model, out)
+    assert result.returncode == 0, result.stderr
+    assert "5 norm(s) and 4 residual add(s) now in onnxnorm ops" in result.stdout
+    assert "verify: " in result.stdout and Path(f"{out}.data").stat().st_size > 0
+    # the same layout whose blobs folder is itself a link is not the hub's: refused
+    other = tmp_path / "elsewhere"
+    (tmp_path / "hub" / "models--org--name" / "blobs").rename(other)
+    os.symlink(other, tmp_path / "hub" / "models--org--name" / "blobs")
+    result = _fuse(model, tmp_path / "refused.onnx")
+    assert result.returncode != 0
+    assert "is a symbolic link to" in result.stderr and "outside the model's folder" in result.stderr
+    assert not (tmp_path / "refused.onnx").exists()

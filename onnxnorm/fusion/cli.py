@@ -96,7 +96,8 @@ def _problems(model, folder) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from onnxnorm._io import OnnxNormError, check_input, check_output, load_model, save_model
+    from onnxnorm._io import (OnnxNormError, check_input, check_output, load_model, model_dir,
+                              save_model)
     from onnxnorm.fusion.pipeline import fuse_detached
 
     if Path(args.input).is_dir():
@@ -106,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.json != "-":
         check_output(args.json, inputs=[source, args.output])
     model = load_model(source, load_weights=False)
-    notes = _problems(model, source.resolve().parent)
+    notes = _problems(model, model_dir(source))
     for note in notes:
         print(f"note: {note}")
     fused, weights, report = fuse_detached(model, target=args.target,
-                                           base_dir=str(source.resolve().parent),
+                                           base_dir=str(model_dir(source)),
                                            strict_precision=args.strict_precision)
     print(report)
     result = report.to_dict()
@@ -168,12 +169,13 @@ def run_folder(args: argparse.Namespace) -> int:
 def _genai_sizes(source, model) -> dict[str, int] | None:
     """For a model in an onnxruntime-genai folder, the sizes of the KV cache's dims from its
     genai_config.json (generated inputs cannot guess the head size)."""
+    from onnxnorm._io import model_dir
     from onnxnorm.genai import CONFIG, dim_sizes, read_config
 
-    if not (source.resolve().parent / CONFIG).is_file():
+    if not (model_dir(source) / CONFIG).is_file():
         return None
     try:
-        return dim_sizes(read_config(source.resolve().parent), model)
+        return dim_sizes(read_config(model_dir(source)), model)
     except Exception:  # noqa: BLE001 - a config it cannot read: generated sizes as for any model
         return None
 
