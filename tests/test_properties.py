@@ -29,8 +29,6 @@ import fcntl
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -40,7 +38,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from helpers import BF16, run, single_node_model
-from test_kernels import _tool
 from onnxnorm import ops
 from onnxnorm.ops import reference
 
@@ -449,7 +446,7 @@ def _write_counts():
 # ---------------------------------------------------------------------------------------------
 # The properties
 
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_op_matches_reference(op):
     @settings(settings.get_profile(PROFILE))
     @given(call=calls(op))
@@ -464,7 +461,7 @@ def test_op_matches_reference(op):
         COUNTS[op]["seconds"] += round(time.perf_counter() - start)
 
 
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_rows_narrower_than_8_of_large_constant_values(op):
     """Found by this campaign: LayerNorm's first statistics pass shifts by the mean of the row's
     first 8 values, and for rows narrower than 8 it summed the lanes past the row too. A
@@ -480,24 +477,3 @@ def test_rows_narrower_than_8_of_large_constant_values(op):
             if ops.OPS[op].has_residual:
                 arrays["Residual"] = np.linspace(-0.05, 0.05, 4 * cols).reshape(4, cols).astype(x_type)
             check_call(call, arrays)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(any(_tool(t) is None for t in ("cmake", "ctest", "g++")), reason="needs cmake, ctest and g++")
-@pytest.mark.skipif(os.environ.get("ONNXNORM_SANITIZE_TEST") != "1",
-                    reason="the sanitized build takes about 4 minutes on 2 cores, more than the suite's "
-                           "time budget leaves; run it with ONNXNORM_SANITIZE_TEST=1 or make sanitize")
-def test_sanitized_build_gives_no_reports():
-    """make sanitize with a shorter campaign: the library and the C++ kernel tests built with
-    AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize), ctest, and the property
-    tests through ONNX Runtime against that library (tools/sanitize.sh). Any report fails it."""
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONNXNORM_HYPOTHESIS", "ONNXNORM_FUZZ"))}
-    env.update(PYTHON=sys.executable, ONNXNORM_HYPOTHESIS_EXAMPLES="25")
-    result = subprocess.run(["bash", str(root / "tools" / "sanitize.sh")], cwd=root, env=env,
-                            capture_output=True, text=True, timeout=3600)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert "100% tests passed" in result.stdout and "12 passed" in result.stdout, output[-3000:]
-    assert "ERROR: AddressSanitizer" not in output and "runtime error:" not in output
-    assert result.stdout.rstrip().endswith("sanitize: no reports")

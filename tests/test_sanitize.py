@@ -1,0 +1,37 @@
+"""The native library and the C++ kernel tests built with AddressSanitizer and
+UndefinedBehaviorSanitizer, run by the test command (tools/sanitize.sh, docs/reliability.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_kernels import _tool
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(any(_tool(t) is None for t in ("cmake", "ctest", "g++")),
+                    reason="needs cmake, ctest and g++")
+def test_sanitized_build_gives_no_reports():
+    """make sanitize with a shorter campaign, built at -O0 (a third of the compile time of -O1,
+    every access checked as written) in build/sanitize-test: ctest over every op, type pair,
+    optional input, width and instruction set, then the property tests through ONNX Runtime
+    against the sanitized library, which also drives the ORT glue. Any report fails it."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ONNXNORM_HYPOTHESIS", "ONNXNORM_FUZZ", "ONNXNORM_SANITIZE"))}
+    env.update(PYTHON=sys.executable, ONNXNORM_HYPOTHESIS_EXAMPLES="25",
+               ONNXNORM_SANITIZE_BUILD=str(ROOT / "build" / "sanitize-test"),
+               ONNXNORM_SANITIZE_FLAGS="-O0 -g0")
+    result = subprocess.run(["bash", str(ROOT / "tools" / "sanitize.sh")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=3600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "100% tests passed" in result.stdout and "12 passed" in result.stdout, output[-3000:]
+    assert "ERROR: AddressSanitizer" not in output and "runtime error:" not in output
+    assert result.stdout.rstrip().endswith("sanitize: no reports")
