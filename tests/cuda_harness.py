@@ -93,7 +93,7 @@ def cases(quick: bool = False) -> list[Case]:
     if not quick:
         widths += [(9, 32), (3, 2048), (1, 24576), (1, 40000), (2, 1, 4, 8)]
     type_pairs = [(cuda.elem_type_name(t), cuda.elem_type_name(s)) for t, s in catalogue.TYPE_PAIRS]
-    for op, spec in catalogue.OPS.items():
+    for op, spec in catalogue.FLOAT_OPS.items():
         rms = spec.norm == "rms"
         skip = spec.residual == "skip"
         for (dt, wt), order in itertools.product(type_pairs, (0, 1)):

@@ -13,7 +13,9 @@ from onnxnorm import ops, runtime
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT,
               np.dtype(np.float16): onnx.TensorProto.FLOAT16,
-              BF16: onnx.TensorProto.BFLOAT16}
+              BF16: onnx.TensorProto.BFLOAT16,
+              np.dtype(np.uint8): onnx.TensorProto.UINT8,
+              np.dtype(np.int8): onnx.TensorProto.INT8}
 
 
 def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None = None,
@@ -21,28 +23,47 @@ def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None
                       optional_outputs: bool = True) -> onnx.ModelProto:
     """A model holding one onnxnorm node of ``op``; each present input is a graph input named
     after its parameter (lower case); Sum is an output for ops with a Residual unless
-    ``optional_outputs`` is False. bfloat16 outputs are cast to float32 (exactly) because ORT's
-    Python API cannot return bfloat16 arrays."""
+    ``optional_outputs`` is False (a set of names: those optional outputs). bfloat16 outputs are
+    cast to float32 (exactly) because ORT's Python API cannot return bfloat16 arrays. Input
+    names: "Y_zero_point" -> "y_zero_point"; a quantized op's outputs are named after theirs
+    with "_out" (Y_scale is an input and an output of the quantized ops)."""
     spec = ops.OPS[op]
     inputs = [p.name.lower() if p.name in arrays else "" for p in spec.inputs]
     while inputs and not inputs[-1]:
         inputs.pop()
-    outputs = [p.name.lower() for p in spec.outputs if optional_outputs or not p.optional]
+    quantized = spec.quantize != "none"
+    wanted = [p for p in spec.outputs
+              if not p.optional or optional_outputs is True
+              or (not isinstance(optional_outputs, bool) and p.name in optional_outputs)]
     x_type = NP_TO_ONNX[arrays["X"].dtype]
-    cast = x_type == onnx.TensorProto.BFLOAT16
-    nodes = [helper.make_node(op, inputs, [o + "_raw" if cast else o for o in outputs],
-                              domain=ops.DOMAIN, **(attrs or {}))]
-    if cast:
-        nodes += [helper.make_node("Cast", [o + "_raw"], [o], to=onnx.TensorProto.FLOAT)
-                  for o in outputs]
+    q_type = NP_TO_ONNX[arrays["Y_zero_point"].dtype] if "Y_zero_point" in arrays else \
+        onnx.TensorProto.UINT8
     shape = arrays["X"].shape
+    cast = x_type == onnx.TensorProto.BFLOAT16
+    names, nodes, infos = [], [], []
+    for p in spec.outputs:
+        if p not in wanted:
+            names.append("")
+            continue
+        name = p.name.lower() + ("_out" if quantized else "")
+        elem = {"T": x_type, "Q": q_type, "F": onnx.TensorProto.FLOAT}[p.type_var]
+        dims = shape if p.type_var == "T" or p.name == "Y" else []
+        if cast and p.type_var == "T":
+            names.append(name + "_raw")
+            nodes.append(helper.make_node("Cast", [name + "_raw"], [name], to=onnx.TensorProto.FLOAT))
+            elem = onnx.TensorProto.FLOAT
+        else:
+            names.append(name)
+        infos.append(helper.make_tensor_value_info(name, elem, dims))
+    while names and not names[-1]:
+        names.pop()
+    nodes.insert(0, helper.make_node(op, inputs, names, domain=ops.DOMAIN, **(attrs or {})))
     graph = helper.make_graph(
         nodes, op,
         [helper.make_tensor_value_info(p.name.lower(), NP_TO_ONNX[arrays[p.name].dtype],
                                        arrays[p.name].shape)
          for p in spec.inputs if p.name in arrays],
-        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT if cast else x_type, shape)
-         for o in outputs])
+        infos)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
                                                     helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
     return ops.attach_functions(model) if functions else model

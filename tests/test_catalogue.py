@@ -42,7 +42,7 @@ DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 
 
 def _cases():
-    for name, spec in ops.OPS.items():
+    for name, spec in ops.catalogue.FLOAT_OPS.items():
         presences = [()] + [(n,) for n in spec.optional_inputs] + [spec.optional_inputs]
         for present, attrs, opset, dtype, order in itertools.product(
                 presences, _attribute_cases(spec), (17, 18, 23), DTYPES, (0, 1)):
@@ -148,7 +148,7 @@ def test_reference_matches_torch_functional(dtype, rng):
                  .astype(ln.dtype))
 
 
-@pytest.mark.parametrize("op", ops.OPS)
+@pytest.mark.parametrize("op", ops.catalogue.FLOAT_OPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_torch_eager_matches_reference(op, dtype, rng):
     """onnxnorm.nn.call in eager mode (plain torch math) against the reference, every input."""
@@ -191,7 +191,7 @@ def test_reference_rejects_scale_that_does_not_fit(rng):
         reference.run("RMSNorm", x, np.ones(3, np.float32))
 
 
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_reference_outputs_keep_x_shape_with_weights_of_higher_rank(op, rng):
     """Weights may carry leading 1s beyond X's rank (a (1, 1, 8) Scale for an X of (4, 8)): the
     outputs keep X's shape and equal those with the weights squeezed."""
@@ -214,7 +214,8 @@ def test_overload_names_variant():
     assert functions.overload(spec, [], 0, 1.0, with_sum=False) == "none_offset_nosum"
 
 
-@pytest.mark.parametrize("op", [name for name, spec in ops.OPS.items() if spec.has_residual])
+@pytest.mark.parametrize("op", [name for name, spec in ops.catalogue.FLOAT_OPS.items()
+                                if spec.has_residual])
 def test_function_body_without_sum_output(op, rng):
     """A Skip or Sandwich node that leaves out Sum gets an overload without it, which ORT runs."""
     arrays = _arrays(op, ("Scale",), rng)

@@ -206,7 +206,7 @@ if mode != "runs":
 rng = np.random.default_rng(0)
 types = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 checked = 0
-for op, spec in ops.OPS.items():
+for op, spec in ops.catalogue.FLOAT_OPS.items():
     for t, s in ops.catalogue.TYPE_PAIRS:
         t, s = types[cuda.elem_type_name(t)], types[cuda.elem_type_name(s)]
         # per-head weights [4, 64] for X [2, 3, 4, 64]: the register kernels; width 40: the general one
@@ -268,7 +268,7 @@ def test_cuda_glue_in_host_emulation(tmp_path):
         return result.stdout
 
     out = glue(with_cuda, "runs")
-    assert f"RESULT: {len(ops.OPS) * len(ops.catalogue.TYPE_PAIRS) * 2} checked, CUDA library loaded: True" in out
+    assert f"RESULT: {len(ops.catalogue.FLOAT_OPS) * len(ops.catalogue.TYPE_PAIRS) * 2} checked, CUDA library loaded: True" in out
     assert "Status Message: onnxnorm::RMSNorm: Scale of shape [7] does not fit X of shape [2,8]" in out, out
     # no CUDA library: no CUDA rows, and this build has no CPU rows: the domain holds no op
     assert "onnxnorm:RMSNorm(-1) is not a registered function/op" in glue(without, "error")
@@ -296,7 +296,7 @@ def test_cuda_library_has_the_args_layout_of_the_mirror(kernels):
 
 
 @needs_gpu
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_cuda_kernels_match_reference(kernels, op):
     failures = cuda_harness.check(kernels, ops=[op])
     assert not failures, "\n".join(failures[:20])
@@ -349,7 +349,7 @@ needs_ort_cuda = pytest.mark.skipif(not (_gpu() and _cuda_library() is not None 
 
 
 @needs_ort_cuda
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_ort_custom_ops_on_cuda_provider(op, dtype):
     import ml_dtypes

@@ -86,7 +86,7 @@ def _check(op, arrays, attrs=None, threads=1, with_sum=True):
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("types", TYPE_PAIRS, ids=TYPE_IDS)
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_matrix(op, types, case, rng):
     present, attrs, with_sum, x_shape, w_shape = CASES[case]
     attrs = _attrs(op, attrs)
@@ -95,7 +95,7 @@ def test_matrix(op, types, case, rng):
 
 
 @pytest.mark.parametrize("types", TYPE_PAIRS, ids=TYPE_IDS)
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_threaded_many_rows(op, types, rng):
     arrays = _arrays(op, *types, WEIGHTS, (4, 300, 256), (256,), rng)
     _check(op, arrays, _attrs(op, {"alpha": 0.7}), threads=2)
@@ -155,7 +155,7 @@ def test_layer_norm_rows_whose_first_values_are_outliers(dtype, rng):
 
 
 def test_nan_and_inf_propagate_as_in_reference(rng):
-    for op in ops.OPS:
+    for op in ops.catalogue.FLOAT_OPS:
         for dtype in (F32, F16, BF16):
             arrays = _arrays(op, dtype, dtype, ("Scale", "Bias"), (4, 40), (40,), rng)
             x = arrays["X"].astype(np.float32)
@@ -172,7 +172,7 @@ def test_nan_and_inf_propagate_as_in_reference(rng):
                 np.testing.assert_allclose(g[finite], w[finite], rtol, atol)
 
 
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_empty_batch_gives_empty_outputs(op, rng):
     arrays = _arrays(op, F16, F32, WEIGHTS, (0, 3, 16), (16,), rng)
     got = _run_kernel(op, arrays)
@@ -185,7 +185,7 @@ def _bad(op, arrays, attrs=None, message="", with_sum=True):
         _run_kernel(op, arrays, attrs, with_sum=with_sum)
 
 
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_bad_shapes_and_axis_are_clear_errors(op):
     spec = ops.OPS[op]
     base = {"X": (2, 16)}
@@ -206,7 +206,7 @@ def test_bad_shapes_and_axis_are_clear_errors(op):
         _bad(op, {**base, "Residual": (2, 16, 1)}, message=rf"{name}: Residual of shape \[2,16,1\] must have")
 
 
-@pytest.mark.parametrize("op", list(ops.OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_mixed_types_are_refused(op):
     spec = ops.OPS[op]
     f16 = lambda shape: np.ones(shape, np.float16)  # noqa: E731
@@ -240,7 +240,7 @@ import numpy as np, sys
 sys.path.insert(0, "tests")
 import test_kernels as t
 rng = np.random.default_rng(7)
-for op in t.ops.OPS:
+for op in t.ops.catalogue.FLOAT_OPS:
     for types in t.TYPE_PAIRS:
         for case, (present, attrs, with_sum, xs, ws) in t.CASES.items():
             arrays = t._arrays(op, *types, present, xs, ws, rng)

@@ -24,9 +24,10 @@ _ELEM_TYPES = {
     "tensor(float)": ("kFloat32", "float32"),
     "tensor(float16)": ("kFloat16", "float16"),
     "tensor(bfloat16)": ("kBFloat16", "bfloat16"),
+    "tensor(uint8)": ("kUInt8", "uint8"),
+    "tensor(int8)": ("kInt8", "int8"),
 }
 _ATTR_KINDS = ("int", "float")
-_TYPE_VARS = ("T", "S")
 
 
 def load_catalogue():
@@ -81,10 +82,10 @@ def _shared_defaults(catalogue) -> dict[str, object]:
 
 def render(catalogue=None) -> str:
     catalogue = catalogue or load_catalogue()
-    unknown = [t for t in catalogue.DATA_TYPES if t not in _ELEM_TYPES]
+    unknown = [t for t in catalogue.DATA_TYPES + catalogue.QUANT_TYPES if t not in _ELEM_TYPES]
     if unknown:
         raise ValueError(f"no native element type for {unknown}")
-    elem = {t: _ELEM_TYPES[t] for t in catalogue.DATA_TYPES}
+    elem = {t: _ELEM_TYPES[t] for t in catalogue.DATA_TYPES + catalogue.QUANT_TYPES}
     checks = list(catalogue.CHECKS.values())
     attributes = _shared_defaults(catalogue)
 
@@ -106,14 +107,18 @@ def render(catalogue=None) -> str:
         f"inline constexpr int kDomainVersion = {int(catalogue.VERSION)};",
         "",
     ]
-    out += _enum("ElemType", "Element types of X, Residual, Y and Sum (catalogue.DATA_TYPES); "
-                 "weights are of X's type or float32.", [n for _, n in elem.values()],
+    out += _enum("ElemType", "Element types: X's (catalogue.DATA_TYPES), then the quantized "
+                 "ones (catalogue.QUANT_TYPES).", [n for _, n in elem.values()],
                  [e for e, _ in elem.values()])
-    out += [f"inline constexpr int kElemTypeCount = {len(elem)};", ""]
+    out += ["// The float types (X's) are the first kElemTypeCount; the quantized types follow.",
+            f"inline constexpr int kElemTypeCount = {len(catalogue.DATA_TYPES)};",
+            f"inline constexpr int kQuantTypeCount = {len(catalogue.QUANT_TYPES)};", ""]
     out += _enum("NormKind", "The statistics (catalogue.NORM_KINDS): mean and variance, or root "
                  "mean square.", list(catalogue.NORM_KINDS)) + [""]
     out += _enum("ResidualKind", "What comes before the norm (catalogue.RESIDUAL_KINDS).",
                  list(catalogue.RESIDUAL_KINDS)) + [""]
+    out += _enum("QuantizeKind", "What follows the norm (catalogue.QUANTIZE_KINDS): nothing, "
+                 "QuantizeLinear or DynamicQuantizeLinear.", list(catalogue.QUANTIZE_KINDS)) + [""]
     out += _enum("OpId", "The ops of the domain, in catalogue order.", list(catalogue.OPS))
     out += [f"inline constexpr int kOpCount = {len(catalogue.OPS)};", ""]
     out += _enum("AttrKind", "Kinds of attribute values.", list(_ATTR_KINDS)) + [""]
@@ -125,8 +130,10 @@ def render(catalogue=None) -> str:
             "inline constexpr const char* kAttrCheckRequirements[kAttrCheckCount] = {"]
     out += [f"    {_string(c.requirement)}," for c in checks]
     out += ["};", ""]
-    out += _enum("TypeVar", "The type of an input or output: T (X's type) or S (the weights' "
-                 "type: T or float32).", list(_TYPE_VARS), ["kT", "kS"]) + [""]
+    type_var = _enum("TypeVar", "The type of an input or output (catalogue.TYPE_VARS):",
+                     list(catalogue.TYPE_VARS), ["k" + v for v in catalogue.TYPE_VARS])
+    out += type_var[:1] + [f"//   {v}: {doc}" for v, doc in catalogue.TYPE_VARS.items()]
+    out += type_var[1:] + [""]
     out += [
         "// A read-only view of a constant array.",
         "template <typename T>",
@@ -162,6 +169,8 @@ def render(catalogue=None) -> str:
         "  Span<ParamSpec> inputs;",
         "  Span<ParamSpec> outputs;",
         "  Span<AttrSpec> attributes;",
+        "  QuantizeKind quantize;",
+        "  Span<ElemType> quant_types;  // the types of TypeVar::kQ (empty: the op has none)",
         "};",
         "",
         "// An element type for T and one for S that an op accepts.",
@@ -201,14 +210,20 @@ def render(catalogue=None) -> str:
             out.append(f"inline constexpr {kind} k{name}{suffix}[] = {{")
             out += [f"    {fmt(item)}," for item in items]
             out.append("};")
+        if spec.quant_types:
+            out.append(f"inline constexpr ElemType k{name}QuantTypes[] = {{"
+                       + ", ".join(f"ElemType::{elem[q][0]}" for q in spec.quant_types) + "};")
         out.append("")
     out += ["}  // namespace generated", "", "inline constexpr OpSpec kOps[kOpCount] = {"]
     for name, spec in catalogue.OPS.items():
         out.append(f"    {{{_string(name)}, OpId::{_camel(name)}, {int(catalogue.VERSION)}, "
                    f"NormKind::{_camel(spec.norm)}, ResidualKind::{_camel(spec.residual)},")
-        out += [f"     {{generated::k{name}{s}, {len(items)}}}{'}' if s == 'Attributes' else ''},"
+        out += [f"     {{generated::k{name}{s}, {len(items)}}},"
                 for s, items in (("Inputs", spec.inputs), ("Outputs", spec.outputs),
                                  ("Attributes", spec.attributes))]
+        quant = (f"{{generated::k{name}QuantTypes, {len(spec.quant_types)}}}" if spec.quant_types
+                 else "{nullptr, 0}")
+        out.append(f"     QuantizeKind::{_camel(spec.quantize)}, {quant}}},")
     out += ["};", ""]
     out += ["// Every (T, S) an op accepts (catalogue.TYPE_PAIRS).",
             "inline constexpr TypePair kTypePairs[] = {"]

@@ -39,7 +39,13 @@ struct TableOp : OrtCustomOp {
 const KernelEntry& EntryOf(const OrtCustomOp* op) { return *static_cast<const TableOp*>(op)->entry; }
 
 ONNXTensorElementDataType TypeOf(const KernelEntry& e, const ParamSpec& p) {
-  return OnnxType(p.type == TypeVar::kT ? e.t : e.s);
+  switch (p.type) {
+    case TypeVar::kT: return OnnxType(e.t);
+    case TypeVar::kS: return OnnxType(e.s);
+    case TypeVar::kQ: return OnnxType(e.q);
+    case TypeVar::kF: return OnnxType(ElemType::kFloat32);
+  }
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }
 
 OrtCustomOpInputOutputCharacteristic CharacteristicOf(const ParamSpec& p) {
@@ -109,9 +115,11 @@ int ORT_API_CALL GetStartVersion(const OrtCustomOp* op) { return EntryOf(op).spe
 
 // Shape inference at model load. Any failure here only means less shape information, never an
 // error.
-OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp*, OrtShapeInferContext* context) {
+OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferContext* context) {
   const OrtApi* api = g_api.load();
   if (api == nullptr) return nullptr;
+  // A quantized op's Y has its own type (ORT's types from the kernel rows stand)
+  if (EntryOf(op).spec->quantize != QuantizeKind::kNone) return nullptr;
   size_t inputs = 0;
   if (OrtStatus* s = api->ShapeInferContext_GetInputCount(context, &inputs)) {
     api->ReleaseStatus(s);

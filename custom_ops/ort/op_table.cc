@@ -9,18 +9,40 @@ namespace ort {
 namespace {
 
 constexpr Provider kProviders[] = {Provider::kCpu, Provider::kCuda};
-constexpr size_t kKernelCount = kOpCount * kTypePairCount * (sizeof(kProviders) / sizeof(kProviders[0]));
 
-// Each op for every (T, S) its schema allows on every provider. Once the library is registered
-// ORT never falls back to the function body, so no combination may be missing.
+// Whether the op has kernels on the provider: the quantized ops have none yet (ORT runs their
+// function bodies).
+constexpr bool Served(const OpSpec& spec, Provider) { return spec.quantize == QuantizeKind::kNone; }
+
+// The quantized types an op's rows span: its TypeVar::kQ types, or one placeholder.
+constexpr size_t QuantRows(const OpSpec& spec) { return spec.quant_types.size() > 0 ? spec.quant_types.size() : 1; }
+
+constexpr size_t CountKernels() {
+  size_t count = 0;
+  for (const OpSpec& spec : kOps) {
+    for (Provider provider : kProviders) {
+      if (Served(spec, provider)) count += kTypePairCount * QuantRows(spec);
+    }
+  }
+  return count;
+}
+constexpr size_t kKernelCount = CountKernels();
+
+// Each op for every (T, S) (and Q) its schema allows on every provider that serves it. Once the
+// library is registered ORT never falls back to the function body, so no combination may be
+// missing.
 constexpr std::array<KernelEntry, kKernelCount> BuildTable() {
   std::array<KernelEntry, kKernelCount> table{};
   size_t i = 0;
   for (const OpSpec& spec : kOps) {
     for (Provider provider : kProviders) {
+      if (!Served(spec, provider)) continue;
       for (const TypePair& pair : kTypePairs) {
-        table[i++] = KernelEntry{&spec, pair.t, pair.s, provider,
-                                 provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel};
+        for (size_t q = 0; q < QuantRows(spec); ++q) {
+          const ElemType q_type = spec.quant_types.size() > 0 ? spec.quant_types[q] : ElemType::kUInt8;
+          table[i++] = KernelEntry{&spec, pair.t, pair.s, q_type, provider,
+                                   provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel};
+        }
       }
     }
   }
@@ -94,7 +116,11 @@ std::string BuildManifest() {
   out += ",\"version\":" + std::to_string(kDomainVersion);
   out += ",\"ort_api_version\":" + std::to_string(ORT_API_VERSION);
   out += ",\"elem_types\":";
-  AppendJsonList(out, kElemTypeNames, [](std::string& o, const char* name) { AppendJsonString(o, name); });
+  AppendJsonList(out, Span<const char*>{kElemTypeNames, kElemTypeCount},
+                 [](std::string& o, const char* name) { AppendJsonString(o, name); });
+  out += ",\"quant_types\":";
+  AppendJsonList(out, Span<const char*>{kElemTypeNames + kElemTypeCount, kQuantTypeCount},
+                 [](std::string& o, const char* name) { AppendJsonString(o, name); });
   out += ",\"ops\":";
   AppendJsonList(out, kOps, [](std::string& o, const OpSpec& spec) {
     o += "{\"name\":";
@@ -111,7 +137,12 @@ std::string BuildManifest() {
     AppendJsonList(o, spec.outputs, AppendParam);
     o += ",\"attributes\":";
     AppendJsonList(o, spec.attributes, AppendAttribute);
-    // [provider, T, S] of every row of the table for this op
+    o += ",\"quantize\":";
+    AppendJsonString(o, kQuantizeKindNames[static_cast<int>(spec.quantize)]);
+    o += ",\"quant_types\":";
+    AppendJsonList(o, spec.quant_types,
+                   [](std::string& o2, ElemType q) { AppendJsonString(o2, kElemTypeNames[static_cast<int>(q)]); });
+    // [provider, T, S] (and Q for the quantized ops) of every row of the table for this op
     o += ",\"kernels\":[";
     bool first = true;
     for (const KernelEntry& e : kKernels) {
@@ -123,6 +154,10 @@ std::string BuildManifest() {
       AppendJsonString(o, kElemTypeNames[static_cast<int>(e.t)]);
       o += ',';
       AppendJsonString(o, kElemTypeNames[static_cast<int>(e.s)]);
+      if (spec.quantize != QuantizeKind::kNone) {
+        o += ',';
+        AppendJsonString(o, kElemTypeNames[static_cast<int>(e.q)]);
+      }
       o += ']';
     }
     o += "]}";
@@ -149,6 +184,7 @@ const char* TypeName(ONNXTensorElementDataType type) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN: return "float8e4m3fn";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "uint8";
@@ -169,6 +205,8 @@ ONNXTensorElementDataType OnnxType(ElemType type) {
     case ElemType::kFloat32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     case ElemType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     case ElemType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+    case ElemType::kUInt8: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    case ElemType::kInt8: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
   }
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }

@@ -30,11 +30,13 @@ struct KernelEntry;
 using KernelFactory = OrtStatus* (*)(const OrtApi& api, const OrtKernelInfo* info,
                                      const KernelEntry& entry, Kernel** out);
 
-// One line of the registration table: an op for one (T, S) on one execution provider.
+// One line of the registration table: an op for one (T, S) (and Q, for the quantized ops) on one
+// execution provider.
 struct KernelEntry {
   const OpSpec* spec;
   ElemType t;  // type of the TypeVar::kT inputs and outputs
   ElemType s;  // type of the TypeVar::kS inputs
+  ElemType q;  // type of the TypeVar::kQ inputs and outputs (quantized ops; else kUInt8, unused)
   Provider provider;
   KernelFactory create;
 };
@@ -45,7 +47,8 @@ struct KernelEntry {
 OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 OrtStatus* CreateCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 
-// Every op x type pair x provider.
+// Every op x type pair (x quantized type) x provider, for the ops with kernels (not yet the
+// quantized ops: ORT runs their function bodies).
 Span<KernelEntry> KernelTable();
 
 // "CPUExecutionProvider", "CUDAExecutionProvider".

@@ -119,7 +119,8 @@ def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
     return getattr(torch.ops.onnxnorm, name), translate
 
 
-_OPS = {spec.name: _define(spec) for spec in catalogue.OPS.values()}
+# The float ops: the quantized ones come from fusing a quantized graph, not from torch modules.
+_OPS = {spec.name: _define(spec) for spec in catalogue.FLOAT_OPS.values()}
 
 #: torch op overload -> onnxscript translation, for ``torch.onnx.export(custom_translation_table=)``
 TRANSLATION_TABLE = {op.default: translate for op, translate in _OPS.values()}

@@ -22,9 +22,25 @@ VERSION = 1
 DATA_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
 #: Every (T, S) an op accepts: X's type, and the type of its weights (S: X's type or float32).
 TYPE_PAIRS = tuple((t, s) for t in DATA_TYPES for s in dict.fromkeys((t, "tensor(float)")))
-#: The values of OpSpec.norm and OpSpec.residual, in the order the native enums number them.
+#: Element types of a quantized output and its zero point (type variable Q): the 8-bit integers
+#: of ONNX's QuantizeLinear, in the order the native element enum numbers them after DATA_TYPES.
+#: (QuantizeLinear's float8 types are not supported yet.)
+QUANT_TYPES = ("tensor(uint8)", "tensor(int8)")
+#: The values of OpSpec.norm, OpSpec.residual and OpSpec.quantize, in the order the native enums
+#: number them. quantize: "none" (Y in X's type), "static" (Y quantized as QuantizeLinear does
+#: with a given scale and zero point), "dynamic" (as DynamicQuantizeLinear does: uint8, scale and
+#: zero point from Y's range).
 NORM_KINDS = ("layer", "rms")
 RESIDUAL_KINDS = ("none", "skip", "sandwich")
+QUANTIZE_KINDS = ("none", "static", "dynamic")
+#: The type variables of inputs and outputs, in the order the native enum numbers them, with what
+#: each stands for.
+TYPE_VARS = {
+    "T": "X's type: float32, float16 or bfloat16, one per node",
+    "S": "T or float32 (weights)",
+    "Q": "the quantized type: uint8 or int8 (the op's quant_types)",
+    "F": "float32",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +85,8 @@ class Attribute:
 @dataclasses.dataclass(frozen=True)
 class Param:
     name: str
-    #: "T" (the node's data type) or "S" (T or float32: Scale and Bias)
+    #: a key of TYPE_VARS: "T" (the node's data type), "S" (T or float32: Scale and Bias), "Q"
+    #: (a quantized output and its zero point), "F" (float32 always)
     type_var: str
     doc: str
     optional: bool = False
@@ -88,6 +105,31 @@ class OpSpec:
     inputs: tuple[Param, ...]
     outputs: tuple[Param, ...]
     attributes: tuple[Attribute, ...]
+    #: a value of QUANTIZE_KINDS: whether (and how) Y is quantized
+    quantize: str = "none"
+    #: the types Q may take (quantized ops only), the first where nothing names it
+    quant_types: tuple[str, ...] = ()
+    #: the op whose norm a quantized op computes ("SkipRMSNorm" for SkipRMSNormQuantizeLinear)
+    base: str | None = None
+
+    @property
+    def norm_op(self) -> str:
+        """The op whose float output this op computes (itself for an op without quantization)."""
+        return self.base or self.name
+
+    @property
+    def type_constraints(self) -> dict[str, tuple[str, ...]]:
+        """The types each type variable the op uses may take, in TYPE_VARS order."""
+        allowed = {"T": DATA_TYPES, "S": DATA_TYPES, "Q": self.quant_types, "F": ("tensor(float)",)}
+        used = {p.type_var for p in self.inputs + self.outputs}
+        return {var: allowed[var] for var in TYPE_VARS if var in used}
+
+    def output_index(self, name: str) -> int | None:
+        """The position of output ``name``, or None when the op has no such output."""
+        for index, p in enumerate(self.outputs):
+            if p.name == name:
+                return index
+        return None
 
     @property
     def has_residual(self) -> bool:
@@ -172,7 +214,34 @@ _SANDWICH_SUM = Param("Sum", "T", "Residual + Norm(X) in X's type: the new resid
                       optional=True)
 
 
-def _spec(name: str, norm: str, residual: str, summary: str) -> OpSpec:
+_QUANT_FORMULA = {
+    "static": "Y = saturate(round_half_even(float32(Y_float) / float32(Y_scale)) + "
+              "Y_zero_point)  (QuantizeLinear of Y_float rounded to X's type; NaN gives Q's "
+              "minimum)",
+    "dynamic": "Y, Y_scale, Y_zero_point = DynamicQuantizeLinear(float32(Y_float))  (Y_float "
+               "rounded to X's type; uint8; ONNX Runtime's rule: Y_scale = 1 where Y_float is "
+               "all 0; NaN is left out of the range and gives 0)",
+}
+_Y_SCALE_IN = Param(
+    "Y_scale", "T", "QuantizeLinear's scale, per tensor: a scalar or one-element tensor of X's "
+    "type.")
+_Y_ZERO_POINT_IN = Param(
+    "Y_zero_point", "Q", "QuantizeLinear's zero point, per tensor: a scalar or one-element tensor "
+    "of uint8 or int8, which is Y's type. Absent means uint8 0.", optional=True)
+_YQ_STATIC = Param("Y", "Q", "The norm's output rounded to X's type, quantized as "
+                   "QuantizeLinear quantizes it; same shape as X.")
+_YQ_DYNAMIC = Param("Y", "Q", "The norm's output rounded to X's type, then to float32, quantized "
+                    "as DynamicQuantizeLinear quantizes it (uint8); same shape as X.")
+_Y_SCALE_OUT = Param("Y_scale", "F", "(max(0, max Y_float) - min(0, min Y_float)) / 255 in "
+                     "float32, a scalar; 1 where both are 0.")
+_Y_ZERO_POINT_OUT = Param("Y_zero_point", "Q", "round_half_even(clamp(-min(0, min Y_float) / "
+                          "Y_scale, 0, 255)), a scalar.")
+_Y_FLOAT = Param("Y_float", "T", "The norm's output before quantization, in X's type: for graphs "
+                 "where it has other consumers.", optional=True)
+
+
+def _spec(name: str, norm: str, residual: str, summary: str, quantize: str = "none",
+          base: str | None = None) -> OpSpec:
     inputs: tuple[Param, ...] = (_X,)
     outputs: tuple[Param, ...] = (_Y,)
     attributes = (AXIS, EPSILON, CAST_BEFORE_SCALE)
@@ -191,7 +260,28 @@ def _spec(name: str, norm: str, residual: str, summary: str) -> OpSpec:
         inputs += (_SCALE, _BIAS)
         prefix = "Z = X"
     formula = prefix + ";  " + (_LAYER_FORMULA if norm == "layer" else _RMS_FORMULA)
-    return OpSpec(name, norm, residual, summary, formula, inputs, outputs, attributes)
+    quant_types: tuple[str, ...] = ()
+    if quantize == "static":
+        inputs += (_Y_SCALE_IN, _Y_ZERO_POINT_IN)
+        outputs = (_YQ_STATIC,) + outputs[1:] + (_Y_FLOAT,)
+        quant_types = QUANT_TYPES
+    elif quantize == "dynamic":
+        outputs = (_YQ_DYNAMIC, _Y_SCALE_OUT, _Y_ZERO_POINT_OUT) + outputs[1:] + (_Y_FLOAT,)
+        quant_types = ("tensor(uint8)",)
+    if quantize != "none":
+        formula = formula.replace("Y = ", "Y_float = ") + ";  " + _QUANT_FORMULA[quantize]
+    return OpSpec(name, norm, residual, summary, formula, inputs, outputs, attributes, quantize,
+                  quant_types, base)
+
+
+def _quantized(base: OpSpec, quantize: str) -> OpSpec:
+    """``base`` followed by QuantizeLinear (static) or DynamicQuantizeLinear (dynamic)."""
+    suffix = "QuantizeLinear" if quantize == "static" else "DynamicQuantizeLinear"
+    summary = (f"{base.name} with its output quantized as ONNX's {suffix} quantizes it, in one "
+               "pass over memory" if quantize == "static" else
+               f"{base.name} with its output quantized as ONNX's {suffix} quantizes it (uint8, "
+               "scale and zero point from the output's range)")
+    return _spec(base.name + suffix, base.norm, base.residual, summary + ".", quantize, base.name)
 
 
 OPS: dict[str, OpSpec] = {
@@ -213,6 +303,17 @@ OPS: dict[str, OpSpec] = {
               "the next pre-sublayer norm, in one pass over memory."),
     )
 }
+# The quantized forms (ids after every float op: the native enums number ops in this order).
+OPS.update({
+    spec.name: spec
+    for quantize in ("static", "dynamic")
+    for base in ("LayerNorm", "RMSNorm", "SkipLayerNorm", "SkipRMSNorm")
+    for spec in (_quantized(OPS[base], quantize),)
+})
+#: The ops whose Y is in X's type (no quantization).
+FLOAT_OPS = {name: spec for name, spec in OPS.items() if spec.quantize == "none"}
+#: The ops whose Y is quantized.
+QUANTIZED_OPS = {name: spec for name, spec in OPS.items() if spec.quantize != "none"}
 
 
 def get(name: str) -> OpSpec:

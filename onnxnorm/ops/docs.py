@@ -10,7 +10,13 @@ from pathlib import Path
 
 from onnxnorm.ops import catalogue, functions
 
-_TYPES = {"T": "T", "S": "S (T or float32)"}
+_TYPES = {"T": "T", "S": "S (T or float32)", "F": "float32"}
+
+
+def _type(spec: catalogue.OpSpec, var: str) -> str:
+    if var == "Q":
+        return "Q (" + " or ".join(t[len("tensor("):-1] for t in spec.quant_types) + ")"
+    return _TYPES[var]
 
 
 def render() -> str:
@@ -31,14 +37,22 @@ def render() -> str:
         f"their own opset (opset {functions.MIN_OPSET} or newer): plain ONNX Runtime inlines "
         "them, ONNX Runtime with the onnxnorm library runs its kernels.",
         "",
+        "The ops ending in `QuantizeLinear` and `DynamicQuantizeLinear` are a norm followed by "
+        "ONNX's quantizer of that name, per tensor: Y is the norm's output rounded to X's type, "
+        "then quantized exactly as QuantizeLinear / DynamicQuantizeLinear quantize it in ONNX "
+        "Runtime (x / scale in float32, round half to even, plus the zero point, saturated). Q "
+        "is uint8 or int8 (Y_zero_point's type; uint8 when it is absent); QuantizeLinear's "
+        "float8 types are not supported yet. Their optional Y_float is the norm's output in "
+        "X's type, for graphs where it has other consumers.",
+        "",
     ]
     for spec in catalogue.OPS.values():
         lines += [f"## {spec.name}", "", spec.summary, "", "```", spec.formula, "```", "",
                   "| input | type | optional | meaning |", "|---|---|---|---|"]
-        lines += [f"| {p.name} | {_TYPES[p.type_var]} | {'yes' if p.optional else 'no'} | "
+        lines += [f"| {p.name} | {_type(spec, p.type_var)} | {'yes' if p.optional else 'no'} | "
                   f"{p.doc} |" for p in spec.inputs]
         lines += ["", "| output | type | optional | meaning |", "|---|---|---|---|"]
-        lines += [f"| {p.name} | {_TYPES[p.type_var]} | {'yes' if p.optional else 'no'} | "
+        lines += [f"| {p.name} | {_type(spec, p.type_var)} | {'yes' if p.optional else 'no'} | "
                   f"{p.doc} |" for p in spec.outputs]
         lines += ["", "| attribute | type | default | meaning |", "|---|---|---|---|"]
         lines += [f"| {a.name} | {a.kind} | {a.default!r} | {a.doc} |" for a in spec.attributes]

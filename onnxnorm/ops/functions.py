@@ -70,18 +70,37 @@ class _Body:
         return self("ReduceMean", value, axes=[1], keepdims=1)
 
 
+def _part(name: str) -> str:
+    """An input's name in an overload: "Y_zero_point" -> "yzeropoint" ("_" joins the parts)."""
+    return name.lower().replace("_", "")
+
+
 def overload(spec: catalogue.OpSpec, present: Iterable[str], cast_before_scale: int,
-             scale_offset: float = 0.0, with_sum: bool = True) -> str:
+             scale_offset: float = 0.0, with_sum: bool = True, with_float: bool = False) -> str:
     """The function overload naming a node's variant: its optional inputs, whether it has a
     scale offset, its rounding order (``a`` for order A) and, for ops with a Residual, whether
     the node leaves out its Sum output (``nosum``: ORT cannot type a call to a function that
-    has more outputs than the call)."""
+    has more outputs than the call). A quantized op's body has its optional Y_float output
+    (and every output before it) when the node has it (``float``), else ends before it."""
     present = set(present)
-    parts = [name.lower() for name in spec.optional_inputs if name in present] or ["none"]
+    parts = [_part(name) for name in spec.optional_inputs if name in present] or ["none"]
     parts += ["offset"] if scale_offset else []
     parts += ["a"] if cast_before_scale else []
-    parts += ["nosum"] if spec.has_residual and not with_sum else []
+    if spec.quantize != "none" and with_float:
+        parts += ["float"]
+    else:
+        parts += ["nosum"] if spec.has_residual and not with_sum else []
     return "_".join(parts)
+
+
+def _body_outputs(spec: catalogue.OpSpec, parts: set[str]) -> list[str]:
+    """The outputs of the body of an overload (its ``parts``)."""
+    outputs = [p.name for p in spec.outputs]
+    if spec.quantize != "none" and "float" not in parts:
+        outputs.remove("Y_float")
+    if "nosum" in parts:
+        outputs.remove("Sum")
+    return outputs
 
 
 def scale_and_shift(b, y: str, scale: str | None, bias: str | None, offset: float | Ref | None,
@@ -154,7 +173,7 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
         raise ValueError(f"onnxnorm function bodies need opset >= {MIN_OPSET}, the model has {opset}")
     parts = set(variant.split("_"))
     order_a = "a" in parts
-    present = {name for name in spec.optional_inputs if name.lower() in parts}
+    present = {name for name in spec.optional_inputs if _part(name) in parts}
     b = _Body(opset)
     inputs = [p.name for p in spec.inputs]
     offset = Ref("scale_offset") if "offset" in parts else None
@@ -175,16 +194,38 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     elif spec.residual == "sandwich":
         inner = b.float32(norm("X", "InnerScale", "InnerBias"))
         z = b("CastLike", b("Add", b.float32("Residual"), inner), "X", out="Sum")
-    norm(z, "Scale", "Bias", out="Y")
+    outputs = _body_outputs(spec, parts)
+    if spec.quantize == "none":
+        norm(z, "Scale", "Bias", out="Y")
+    else:
+        _quantize(b, spec, norm(z, "Scale", "Bias", out="Y_float" if "Y_float" in outputs else None),
+                  "Y_zero_point" in present)
 
     defaults = [helper.make_attribute(a.name, float(a.default) if a.kind == "float" else a.default)
                 for a in spec.attributes]
     return helper.make_function(
-        catalogue.DOMAIN, op, inputs,
-        [p.name for p in spec.outputs if not (p.name == "Sum" and "nosum" in parts)], b.nodes,
+        catalogue.DOMAIN, op, inputs, outputs, b.nodes,
         [helper.make_opsetid("", opset)], attribute_protos=defaults,
         doc_string=f"{spec.summary} {spec.formula}", overload=variant,
     )
+
+
+def _quantize(b: _Body, spec: catalogue.OpSpec, y: str, with_zero_point: bool) -> None:
+    """Y (and for dynamic quantization Y_scale, Y_zero_point) from the norm's output ``y`` in
+    X's type: QuantizeLinear or DynamicQuantizeLinear of y in float32, as the unfused graph
+    quantizes it (DynamicQuantizeLinear takes float32 only, so a float16 / bfloat16 graph casts
+    before it; QuantizeLinear computes y / scale in float32 for every input type). The scale and
+    zero point are reshaped to scalars: per-tensor quantization whatever the opset's axis rule."""
+    yf = b.float32(y)
+    if spec.quantize == "dynamic":
+        b.nodes.append(helper.make_node("DynamicQuantizeLinear", [yf],
+                                        ["Y", "Y_scale", "Y_zero_point"]))
+        return
+    scalar = b.const(value=helper.make_tensor("scalar_shape", TensorProto.INT64, [0], []))
+    inputs = [yf, b("Reshape", b.float32("Y_scale"), scalar)]
+    if with_zero_point:
+        inputs.append(b("Reshape", "Y_zero_point", scalar))
+    b("QuantizeLinear", *inputs, out="Y")
 
 
 def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -218,9 +259,13 @@ def node_variant(node: onnx.NodeProto) -> str:
     names = [p.name for p in spec.inputs]
     present = [names[i] for i, value in enumerate(node.input) if value and i < len(names)]
     attrs = {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
-    with_sum = len(node.output) > 1 and bool(node.output[1])
+
+    def has(output: str) -> bool:
+        index = spec.output_index(output)
+        return index is not None and len(node.output) > index and bool(node.output[index])
+
     return overload(spec, present, attrs.get("cast_before_scale", 0), attrs.get("scale_offset", 0.0),
-                    with_sum)
+                    has("Sum"), has("Y_float"))
 
 
 def _set_opset(model: onnx.ModelProto, domain: str, version: int) -> None:

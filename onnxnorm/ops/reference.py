@@ -54,7 +54,9 @@ def check_suffix(name: str, shape: tuple[int, ...], x_shape: tuple[int, ...], ax
 
 def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
     """Evaluates catalogue op ``op`` on positional ``inputs`` (None for an absent optional
-    input, trailing ones may be left out). Returns every output (Y, and Sum for ops with a Residual)."""
+    input, trailing ones may be left out). Returns every output, in the op's order (Y, and Sum
+    for ops with a Residual; the quantized ops' Y_scale and Y_zero_point (dynamic), Sum and
+    Y_float)."""
     spec = catalogue.get(op)
     names = [p.name for p in spec.inputs]
     if len(inputs) > len(names):
@@ -81,6 +83,14 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
             given[p.name] = value.reshape(value.shape[max(0, value.ndim - x.ndim):])
 
     axes = tuple(range(axis, x.ndim))
+    outputs = _float_outputs(spec, x, axes, a, given)
+    return outputs if spec.quantize == "none" else _quantized_outputs(spec, outputs, given)
+
+
+def _float_outputs(spec: catalogue.OpSpec, x: np.ndarray, axes: tuple[int, ...], a: dict[str, Any],
+                   given: dict[str, np.ndarray | None]) -> list[np.ndarray]:
+    """Y (and Sum) of the op's norm, in X's type."""
+    op, t = spec.name, x.dtype
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
         if not spec.has_residual:
             return [_norm(spec, x, axes, a, given["Scale"], given["Bias"])]
@@ -97,6 +107,67 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
             total = residual.astype(np.float64) + inner.astype(np.float64)
         z = total.astype(t)
         return [_norm(spec, z, axes, a, given["Scale"], given["Bias"]), z]
+
+
+_QUANT_DTYPES = {"tensor(uint8)": np.dtype(np.uint8), "tensor(int8)": np.dtype(np.int8)}
+
+
+def _per_tensor(op: str, name: str, value: np.ndarray) -> np.ndarray:
+    value = np.asarray(value)
+    if value.size != 1 or value.ndim > 1:
+        raise ValueError(f"{op}: {name} must be a scalar or a one-element 1-D tensor (per-tensor "
+                         f"quantization), got shape {value.shape}")
+    return value.reshape(())
+
+
+def _quantized_outputs(spec: catalogue.OpSpec, outputs: list[np.ndarray],
+                       given: dict[str, np.ndarray | None]) -> list[np.ndarray]:
+    """The quantized op's outputs from its norm's (Y in X's type, and Sum)."""
+    y = outputs[0]
+    if spec.quantize == "static":
+        scale = _per_tensor(spec.name, "Y_scale", given["Y_scale"])
+        if scale.dtype != y.dtype:
+            raise TypeError(f"{spec.name}: Y_scale must be of X's type {y.dtype}, got {scale.dtype}")
+        zero_point = given["Y_zero_point"]
+        if zero_point is None:
+            zero_point = np.zeros((), np.uint8)
+        zero_point = _per_tensor(spec.name, "Y_zero_point", zero_point)
+        if zero_point.dtype not in [_QUANT_DTYPES[q] for q in spec.quant_types]:
+            raise TypeError(f"{spec.name}: Y_zero_point must be uint8 or int8, got {zero_point.dtype}")
+        quantized = [quantize_linear(y, scale, zero_point)]
+    else:
+        quantized = list(dynamic_quantize_linear(y))
+    return quantized + outputs[1:] + [y]
+
+
+def quantize_linear(y: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
+    """ONNX QuantizeLinear per tensor, as ONNX Runtime computes it: float32(y) / float32(scale)
+    in float32, rounded half to even, plus the zero point, saturated to the zero point's type;
+    NaN gives the type's minimum, +-Inf its maximum and minimum."""
+    info = np.iinfo(zero_point.dtype)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        v = y.astype(np.float32) / np.float32(scale)  # float32 division, as the kernels divide
+        v = np.rint(v.astype(np.float64)) + float(zero_point)
+        v = np.where(np.isnan(v), info.min, np.clip(v, info.min, info.max))
+    return v.astype(zero_point.dtype)
+
+
+def dynamic_quantize_linear(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX DynamicQuantizeLinear (uint8) of float32(y), as ONNX Runtime computes it:
+    range [min(0, min y), max(0, max y)] with NaN left out, scale (max - min) / 255 in float32,
+    or 1 where the range is [0, 0] (the ONNX operator text would give 0 and a NaN zero point),
+    zero point round_half_even(clamp(0 - min / scale, 0, 255)) (255 where that is NaN:
+    an infinite range), then QuantizeLinear with them."""
+    f = y.astype(np.float32)
+    numbers = f[~np.isnan(f)]
+    lo = np.float32(min(0.0, numbers.min())) if numbers.size else np.float32(0)
+    hi = np.float32(max(0.0, numbers.max())) if numbers.size else np.float32(0)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        scale = np.float32(1) if hi == lo else np.float32(hi - lo) / np.float32(255)
+        initial = np.float32(0) - lo / scale
+    zero_point = np.uint8(255 if np.isnan(initial) else np.rint(np.clip(initial, 0, 255)))
+    zero_point = np.asarray(zero_point, np.uint8).reshape(())
+    return quantize_linear(f, scale, zero_point), np.asarray(scale, np.float32).reshape(()), zero_point
 
 
 def _norm(spec: catalogue.OpSpec, z: np.ndarray, axes: tuple[int, ...], a: dict[str, Any],

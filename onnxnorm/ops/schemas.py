@@ -12,11 +12,12 @@ _ATTR = {"int": defs.OpSchema.AttrType.INT, "float": defs.OpSchema.AttrType.FLOA
 _OPTION = defs.OpSchema.FormalParameterOption
 
 
-def _type_constraints() -> list[tuple[str, list[str], str]]:
-    return [
-        ("T", list(catalogue.DATA_TYPES), "X, Residual, Y and Sum: one float type per node."),
-        ("S", list(catalogue.DATA_TYPES), "Scale, Bias and XBias: X's type or float32."),
-    ]
+def _type_constraints(spec: catalogue.OpSpec) -> list[tuple[str, list[str], str]]:
+    out = []
+    for var, types in spec.type_constraints.items():
+        names = ", ".join(p.name for p in spec.inputs + spec.outputs if p.type_var == var)
+        out.append((var, list(types), f"{names}: {catalogue.TYPE_VARS[var]}."))
+    return out
 
 
 def _parameter(p: catalogue.Param) -> defs.OpSchema.FormalParameter:
@@ -27,9 +28,19 @@ def _parameter(p: catalogue.Param) -> defs.OpSchema.FormalParameter:
 _FLOAT = onnx.TensorProto.FLOAT
 
 
+def _elem(onnx_type: str) -> int:
+    """"tensor(uint8)" -> TensorProto.UINT8."""
+    return onnx.helper.np_dtype_to_tensor_dtype(onnx.helper.tensor_dtype_to_np_dtype(
+        getattr(onnx.TensorProto, onnx_type[len("tensor("):-1].upper())))
+
+
 def _inference(spec: catalogue.OpSpec):
-    """Type and shape inference: every output has X's type and shape; Residual must have X's
-    type, Scale/Bias/XBias X's type or float32, and axis must fit X's rank."""
+    """Type and shape inference: every output of type T has X's type and shape; a quantized Y
+    has Y_zero_point's type (else the op's first quantized type) and X's shape; DynamicQuantize's
+    Y_scale (float32) and Y_zero_point are scalars. Residual and Y_scale must have X's type,
+    Scale/Bias/XBias X's type or float32, Y_zero_point one of the quantized types, and axis must
+    fit X's rank."""
+    quant_types = [_elem(t) for t in spec.quant_types]
 
     def fail(ctx, message: str) -> None:
         raise onnx.shape_inference.InferenceError(f"{ctx.get_display_name()}: {message}")
@@ -46,7 +57,8 @@ def _inference(spec: catalogue.OpSpec):
             if given is None or not given.HasField("tensor_type"):
                 continue
             elem = given.tensor_type.elem_type
-            allowed = {x_type} if param.type_var == "T" else {x_type, _FLOAT}
+            allowed = {"T": {x_type}, "S": {x_type, _FLOAT}, "Q": set(quant_types),
+                       "F": {_FLOAT}}[param.type_var]
             if elem not in allowed:
                 names = " or ".join(onnx.TensorProto.DataType.Name(t) for t in sorted(allowed))
                 fail(ctx, f"{param.name} must be {names} (X is "
@@ -58,9 +70,25 @@ def _inference(spec: catalogue.OpSpec):
             axis = axis.i if axis is not None else spec.attribute("axis").default
             if not -rank <= axis < rank:
                 fail(ctx, f"axis {axis} is out of range for X of rank {rank}")
-        for index in range(ctx.get_num_outputs()):
-            if ctx.has_output(index):
+        q_type = quant_types[0] if quant_types else None
+        for index, param in enumerate(spec.inputs):
+            if param.type_var == "Q" and index < ctx.get_num_inputs() and ctx.has_input(index):
+                given = ctx.get_input_type(index)
+                if given is not None and given.HasField("tensor_type"):
+                    q_type = given.tensor_type.elem_type
+        for index, param in enumerate(spec.outputs):
+            if index >= ctx.get_num_outputs() or not ctx.has_output(index):
+                continue
+            if param.type_var == "T":
                 ctx.set_output_type(index, x)
+            elif param.name == "Y":
+                out = onnx.TypeProto()
+                out.CopyFrom(x)
+                out.tensor_type.elem_type = q_type
+                ctx.set_output_type(index, out)
+            else:  # DynamicQuantizeLinear's scalar Y_scale and Y_zero_point
+                elem = _FLOAT if param.type_var == "F" else q_type
+                ctx.set_output_type(index, onnx.helper.make_tensor_type_proto(elem, []))
 
     return infer
 
@@ -75,7 +103,7 @@ def op_schema(spec: catalogue.OpSpec) -> defs.OpSchema:
         doc=f"{spec.summary}\n\n{spec.formula}",
         inputs=[_parameter(p) for p in spec.inputs],
         outputs=[_parameter(p) for p in spec.outputs],
-        type_constraints=_type_constraints(),
+        type_constraints=_type_constraints(spec),
         attributes=attributes,
     )
     schema.set_type_and_shape_inference_function(_inference(spec))

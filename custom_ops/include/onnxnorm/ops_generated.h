@@ -14,14 +14,18 @@ namespace onnxnorm {
 inline constexpr const char* kDomain = "onnxnorm";
 inline constexpr int kDomainVersion = 1;
 
-// Element types of X, Residual, Y and Sum (catalogue.DATA_TYPES); weights are of X's type or float32.
+// Element types: X's (catalogue.DATA_TYPES), then the quantized ones (catalogue.QUANT_TYPES).
 enum class ElemType : int32_t {
   kFloat32 = 0,
   kFloat16 = 1,
   kBFloat16 = 2,
+  kUInt8 = 3,
+  kInt8 = 4,
 };
-inline constexpr const char* kElemTypeNames[] = {"float32", "float16", "bfloat16"};
+inline constexpr const char* kElemTypeNames[] = {"float32", "float16", "bfloat16", "uint8", "int8"};
+// The float types (X's) are the first kElemTypeCount; the quantized types follow.
 inline constexpr int kElemTypeCount = 3;
+inline constexpr int kQuantTypeCount = 2;
 
 // The statistics (catalogue.NORM_KINDS): mean and variance, or root mean square.
 enum class NormKind : int32_t {
@@ -38,6 +42,14 @@ enum class ResidualKind : int32_t {
 };
 inline constexpr const char* kResidualKindNames[] = {"none", "skip", "sandwich"};
 
+// What follows the norm (catalogue.QUANTIZE_KINDS): nothing, QuantizeLinear or DynamicQuantizeLinear.
+enum class QuantizeKind : int32_t {
+  kNone = 0,
+  kStatic = 1,
+  kDynamic = 2,
+};
+inline constexpr const char* kQuantizeKindNames[] = {"none", "static", "dynamic"};
+
 // The ops of the domain, in catalogue order.
 enum class OpId : int32_t {
   kLayerNorm = 0,
@@ -46,6 +58,14 @@ enum class OpId : int32_t {
   kSkipRMSNorm = 3,
   kSandwichLayerNorm = 4,
   kSandwichRMSNorm = 5,
+  kLayerNormQuantizeLinear = 6,
+  kRMSNormQuantizeLinear = 7,
+  kSkipLayerNormQuantizeLinear = 8,
+  kSkipRMSNormQuantizeLinear = 9,
+  kLayerNormDynamicQuantizeLinear = 10,
+  kRMSNormDynamicQuantizeLinear = 11,
+  kSkipLayerNormDynamicQuantizeLinear = 12,
+  kSkipRMSNormDynamicQuantizeLinear = 13,
 };
 inline constexpr const char* kOpIdNames[] = {
     "LayerNorm",
@@ -54,8 +74,16 @@ inline constexpr const char* kOpIdNames[] = {
     "SkipRMSNorm",
     "SandwichLayerNorm",
     "SandwichRMSNorm",
+    "LayerNormQuantizeLinear",
+    "RMSNormQuantizeLinear",
+    "SkipLayerNormQuantizeLinear",
+    "SkipRMSNormQuantizeLinear",
+    "LayerNormDynamicQuantizeLinear",
+    "RMSNormDynamicQuantizeLinear",
+    "SkipLayerNormDynamicQuantizeLinear",
+    "SkipRMSNormDynamicQuantizeLinear",
 };
-inline constexpr int kOpCount = 6;
+inline constexpr int kOpCount = 14;
 
 // Kinds of attribute values.
 enum class AttrKind : int32_t {
@@ -86,12 +114,18 @@ inline constexpr const char* kAttrCheckRequirements[kAttrCheckCount] = {
     "0 or 1",
 };
 
-// The type of an input or output: T (X's type) or S (the weights' type: T or float32).
+// The type of an input or output (catalogue.TYPE_VARS):
+//   T: X's type: float32, float16 or bfloat16, one per node
+//   S: T or float32 (weights)
+//   Q: the quantized type: uint8 or int8 (the op's quant_types)
+//   F: float32
 enum class TypeVar : int32_t {
   kT = 0,
   kS = 1,
+  kQ = 2,
+  kF = 3,
 };
-inline constexpr const char* kTypeVarNames[] = {"T", "S"};
+inline constexpr const char* kTypeVarNames[] = {"T", "S", "Q", "F"};
 
 // A read-only view of a constant array.
 template <typename T>
@@ -127,6 +161,8 @@ struct OpSpec {
   Span<ParamSpec> inputs;
   Span<ParamSpec> outputs;
   Span<AttrSpec> attributes;
+  QuantizeKind quantize;
+  Span<ElemType> quant_types;  // the types of TypeVar::kQ (empty: the op has none)
 };
 
 // An element type for T and one for S that an op accepts.
@@ -249,33 +285,243 @@ inline constexpr AttrSpec kSandwichRMSNormAttributes[] = {
     {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
 };
 
+inline constexpr ParamSpec kLayerNormQuantizeLinearInputs[] = {
+    {"X", TypeVar::kT, false},
+    {"Scale", TypeVar::kS, true},
+    {"Bias", TypeVar::kS, true},
+    {"Y_scale", TypeVar::kT, false},
+    {"Y_zero_point", TypeVar::kQ, true},
+};
+inline constexpr ParamSpec kLayerNormQuantizeLinearOutputs[] = {
+    {"Y", TypeVar::kQ, false},
+    {"Y_float", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kLayerNormQuantizeLinearAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+};
+inline constexpr ElemType kLayerNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8};
+
+inline constexpr ParamSpec kRMSNormQuantizeLinearInputs[] = {
+    {"X", TypeVar::kT, false},
+    {"Scale", TypeVar::kS, true},
+    {"Bias", TypeVar::kS, true},
+    {"Y_scale", TypeVar::kT, false},
+    {"Y_zero_point", TypeVar::kQ, true},
+};
+inline constexpr ParamSpec kRMSNormQuantizeLinearOutputs[] = {
+    {"Y", TypeVar::kQ, false},
+    {"Y_float", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kRMSNormQuantizeLinearAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
+};
+inline constexpr ElemType kRMSNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8};
+
+inline constexpr ParamSpec kSkipLayerNormQuantizeLinearInputs[] = {
+    {"X", TypeVar::kT, false},
+    {"Residual", TypeVar::kT, false},
+    {"Scale", TypeVar::kS, true},
+    {"Bias", TypeVar::kS, true},
+    {"XBias", TypeVar::kS, true},
+    {"Y_scale", TypeVar::kT, false},
+    {"Y_zero_point", TypeVar::kQ, true},
+};
+inline constexpr ParamSpec kSkipLayerNormQuantizeLinearOutputs[] = {
+    {"Y", TypeVar::kQ, false},
+    {"Sum", TypeVar::kT, true},
+    {"Y_float", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kSkipLayerNormQuantizeLinearAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
+};
+inline constexpr ElemType kSkipLayerNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8};
+
+inline constexpr ParamSpec kSkipRMSNormQuantizeLinearInputs[] = {
+    {"X", TypeVar::kT, false},
+    {"Residual", TypeVar::kT, false},
+    {"Scale", TypeVar::kS, true},
+    {"Bias", TypeVar::kS, true},
+    {"XBias", TypeVar::kS, true},
+    {"Y_scale", TypeVar::kT, false},
+    {"Y_zero_point", TypeVar::kQ, true},
+};
+inline constexpr ParamSpec kSkipRMSNormQuantizeLinearOutputs[] = {
+    {"Y", TypeVar::kQ, false},
+    {"Sum", TypeVar::kT, true},
+    {"Y_float", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kSkipRMSNormQuantizeLinearAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
+    {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
+};
+inline constexpr ElemType kSkipRMSNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8};
+
+inline constexpr ParamSpec kLayerNormDynamicQuantizeLinearInputs[] = {
+    {"X", TypeVar::kT, false},
+    {"Scale", TypeVar::kS, true},
+    {"Bias", TypeVar::kS, true},
+};
+inline constexpr ParamSpec kLayerNormDynamicQuantizeLinearOutputs[] = {
+    {"Y", TypeVar::kQ, false},
+    {"Y_scale", TypeVar::kF, false},
+    {"Y_zero_point", TypeVar::kQ, false},
+    {"Y_float", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kLayerNormDynamicQuantizeLinearAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+};
+inline constexpr ElemType kLayerNormDynamicQuantizeLinearQuantTypes[] = {ElemType::kUInt8};
+
+inline constexpr ParamSpec kRMSNormDynamicQuantizeLinearInputs[] = {
+    {"X", TypeVar::kT, false},
+    {"Scale", TypeVar::kS, true},
+    {"Bias", TypeVar::kS, true},
+};
+inline constexpr ParamSpec kRMSNormDynamicQuantizeLinearOutputs[] = {
+    {"Y", TypeVar::kQ, false},
+    {"Y_scale", TypeVar::kF, false},
+    {"Y_zero_point", TypeVar::kQ, false},
+    {"Y_float", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kRMSNormDynamicQuantizeLinearAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
+};
+inline constexpr ElemType kRMSNormDynamicQuantizeLinearQuantTypes[] = {ElemType::kUInt8};
+
+inline constexpr ParamSpec kSkipLayerNormDynamicQuantizeLinearInputs[] = {
+    {"X", TypeVar::kT, false},
+    {"Residual", TypeVar::kT, false},
+    {"Scale", TypeVar::kS, true},
+    {"Bias", TypeVar::kS, true},
+    {"XBias", TypeVar::kS, true},
+};
+inline constexpr ParamSpec kSkipLayerNormDynamicQuantizeLinearOutputs[] = {
+    {"Y", TypeVar::kQ, false},
+    {"Y_scale", TypeVar::kF, false},
+    {"Y_zero_point", TypeVar::kQ, false},
+    {"Sum", TypeVar::kT, true},
+    {"Y_float", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kSkipLayerNormDynamicQuantizeLinearAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
+};
+inline constexpr ElemType kSkipLayerNormDynamicQuantizeLinearQuantTypes[] = {ElemType::kUInt8};
+
+inline constexpr ParamSpec kSkipRMSNormDynamicQuantizeLinearInputs[] = {
+    {"X", TypeVar::kT, false},
+    {"Residual", TypeVar::kT, false},
+    {"Scale", TypeVar::kS, true},
+    {"Bias", TypeVar::kS, true},
+    {"XBias", TypeVar::kS, true},
+};
+inline constexpr ParamSpec kSkipRMSNormDynamicQuantizeLinearOutputs[] = {
+    {"Y", TypeVar::kQ, false},
+    {"Y_scale", TypeVar::kF, false},
+    {"Y_zero_point", TypeVar::kQ, false},
+    {"Sum", TypeVar::kT, true},
+    {"Y_float", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kSkipRMSNormDynamicQuantizeLinearAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
+    {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
+};
+inline constexpr ElemType kSkipRMSNormDynamicQuantizeLinearQuantTypes[] = {ElemType::kUInt8};
+
 }  // namespace generated
 
 inline constexpr OpSpec kOps[kOpCount] = {
     {"LayerNorm", OpId::kLayerNorm, 1, NormKind::kLayer, ResidualKind::kNone,
      {generated::kLayerNormInputs, 3},
      {generated::kLayerNormOutputs, 1},
-     {generated::kLayerNormAttributes, 3}},
+     {generated::kLayerNormAttributes, 3},
+     QuantizeKind::kNone, {nullptr, 0}},
     {"RMSNorm", OpId::kRMSNorm, 1, NormKind::kRms, ResidualKind::kNone,
      {generated::kRMSNormInputs, 3},
      {generated::kRMSNormOutputs, 1},
-     {generated::kRMSNormAttributes, 4}},
+     {generated::kRMSNormAttributes, 4},
+     QuantizeKind::kNone, {nullptr, 0}},
     {"SkipLayerNorm", OpId::kSkipLayerNorm, 1, NormKind::kLayer, ResidualKind::kSkip,
      {generated::kSkipLayerNormInputs, 5},
      {generated::kSkipLayerNormOutputs, 2},
-     {generated::kSkipLayerNormAttributes, 4}},
+     {generated::kSkipLayerNormAttributes, 4},
+     QuantizeKind::kNone, {nullptr, 0}},
     {"SkipRMSNorm", OpId::kSkipRMSNorm, 1, NormKind::kRms, ResidualKind::kSkip,
      {generated::kSkipRMSNormInputs, 5},
      {generated::kSkipRMSNormOutputs, 2},
-     {generated::kSkipRMSNormAttributes, 5}},
+     {generated::kSkipRMSNormAttributes, 5},
+     QuantizeKind::kNone, {nullptr, 0}},
     {"SandwichLayerNorm", OpId::kSandwichLayerNorm, 1, NormKind::kLayer, ResidualKind::kSandwich,
      {generated::kSandwichLayerNormInputs, 6},
      {generated::kSandwichLayerNormOutputs, 2},
-     {generated::kSandwichLayerNormAttributes, 3}},
+     {generated::kSandwichLayerNormAttributes, 3},
+     QuantizeKind::kNone, {nullptr, 0}},
     {"SandwichRMSNorm", OpId::kSandwichRMSNorm, 1, NormKind::kRms, ResidualKind::kSandwich,
      {generated::kSandwichRMSNormInputs, 6},
      {generated::kSandwichRMSNormOutputs, 2},
-     {generated::kSandwichRMSNormAttributes, 4}},
+     {generated::kSandwichRMSNormAttributes, 4},
+     QuantizeKind::kNone, {nullptr, 0}},
+    {"LayerNormQuantizeLinear", OpId::kLayerNormQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kNone,
+     {generated::kLayerNormQuantizeLinearInputs, 5},
+     {generated::kLayerNormQuantizeLinearOutputs, 2},
+     {generated::kLayerNormQuantizeLinearAttributes, 3},
+     QuantizeKind::kStatic, {generated::kLayerNormQuantizeLinearQuantTypes, 2}},
+    {"RMSNormQuantizeLinear", OpId::kRMSNormQuantizeLinear, 1, NormKind::kRms, ResidualKind::kNone,
+     {generated::kRMSNormQuantizeLinearInputs, 5},
+     {generated::kRMSNormQuantizeLinearOutputs, 2},
+     {generated::kRMSNormQuantizeLinearAttributes, 4},
+     QuantizeKind::kStatic, {generated::kRMSNormQuantizeLinearQuantTypes, 2}},
+    {"SkipLayerNormQuantizeLinear", OpId::kSkipLayerNormQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kSkip,
+     {generated::kSkipLayerNormQuantizeLinearInputs, 7},
+     {generated::kSkipLayerNormQuantizeLinearOutputs, 3},
+     {generated::kSkipLayerNormQuantizeLinearAttributes, 4},
+     QuantizeKind::kStatic, {generated::kSkipLayerNormQuantizeLinearQuantTypes, 2}},
+    {"SkipRMSNormQuantizeLinear", OpId::kSkipRMSNormQuantizeLinear, 1, NormKind::kRms, ResidualKind::kSkip,
+     {generated::kSkipRMSNormQuantizeLinearInputs, 7},
+     {generated::kSkipRMSNormQuantizeLinearOutputs, 3},
+     {generated::kSkipRMSNormQuantizeLinearAttributes, 5},
+     QuantizeKind::kStatic, {generated::kSkipRMSNormQuantizeLinearQuantTypes, 2}},
+    {"LayerNormDynamicQuantizeLinear", OpId::kLayerNormDynamicQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kNone,
+     {generated::kLayerNormDynamicQuantizeLinearInputs, 3},
+     {generated::kLayerNormDynamicQuantizeLinearOutputs, 4},
+     {generated::kLayerNormDynamicQuantizeLinearAttributes, 3},
+     QuantizeKind::kDynamic, {generated::kLayerNormDynamicQuantizeLinearQuantTypes, 1}},
+    {"RMSNormDynamicQuantizeLinear", OpId::kRMSNormDynamicQuantizeLinear, 1, NormKind::kRms, ResidualKind::kNone,
+     {generated::kRMSNormDynamicQuantizeLinearInputs, 3},
+     {generated::kRMSNormDynamicQuantizeLinearOutputs, 4},
+     {generated::kRMSNormDynamicQuantizeLinearAttributes, 4},
+     QuantizeKind::kDynamic, {generated::kRMSNormDynamicQuantizeLinearQuantTypes, 1}},
+    {"SkipLayerNormDynamicQuantizeLinear", OpId::kSkipLayerNormDynamicQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kSkip,
+     {generated::kSkipLayerNormDynamicQuantizeLinearInputs, 5},
+     {generated::kSkipLayerNormDynamicQuantizeLinearOutputs, 5},
+     {generated::kSkipLayerNormDynamicQuantizeLinearAttributes, 4},
+     QuantizeKind::kDynamic, {generated::kSkipLayerNormDynamicQuantizeLinearQuantTypes, 1}},
+    {"SkipRMSNormDynamicQuantizeLinear", OpId::kSkipRMSNormDynamicQuantizeLinear, 1, NormKind::kRms, ResidualKind::kSkip,
+     {generated::kSkipRMSNormDynamicQuantizeLinearInputs, 5},
+     {generated::kSkipRMSNormDynamicQuantizeLinearOutputs, 5},
+     {generated::kSkipRMSNormDynamicQuantizeLinearAttributes, 5},
+     QuantizeKind::kDynamic, {generated::kSkipRMSNormDynamicQuantizeLinearQuantTypes, 1}},
 };
 
 // Every (T, S) an op accepts (catalogue.TYPE_PAIRS).

@@ -1,0 +1,279 @@
+"""The quantized ops (a norm followed by QuantizeLinear or DynamicQuantizeLinear): the numpy
+reference against ONNX Runtime's own quantizers, the function bodies run by plain ONNX Runtime
+against the reference, the onnx schemas' type inference.
+
+Quantized values are compared exactly. A float kernel (here ORT running the function body) may
+round the norm's output to X's type one unit in the last place away from the reference (float32
+statistics against float64); that can move a quantized value by one step. So each comparison
+first checks that the op quantized its own float output Y_float exactly, then that Y equals the
+reference's wherever the two float outputs are equal, and differs by at most one step where they
+are not."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from helpers import BF16, assert_close, reference_outputs, run, single_node_model
+from onnxnorm import ops
+from onnxnorm.ops import catalogue, reference
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
+STATIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "static"]
+DYNAMIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "dynamic"]
+
+
+def quant_arrays(op, dtype, rng, shape=(2, 3, 64), present=("Scale", "Bias"), zero_point=None,
+                 y_scale=0.02):
+    """Inputs of ``op``: X of spread about 2 (so that a scale of 0.02 saturates some values),
+    the weights in ``present``, and for the static ops Y_scale and Y_zero_point (a numpy scalar
+    of uint8 or int8, or None: absent)."""
+    spec = catalogue.get(op)
+    dtype = np.dtype(dtype)
+    arrays = {"X": (2 * rng.standard_normal(shape) + 0.3).astype(dtype)}
+    if spec.has_residual:
+        arrays["Residual"] = rng.standard_normal(shape).astype(dtype)
+    weights = {p.name for p in spec.inputs if p.type_var == "S"}
+    for name in present:
+        if name in weights:
+            arrays[name] = (1 + 0.5 * rng.standard_normal(shape[-1:])).astype(dtype)
+    if spec.quantize == "static":
+        arrays["Y_scale"] = np.array(y_scale, dtype)
+        if zero_point is not None:
+            arrays["Y_zero_point"] = np.asarray(zero_point)
+    return arrays
+
+
+def outputs_by_name(spec, values, x_dtype):
+    """The outputs by name; float outputs back in X's type (bfloat16 comes back as float32)."""
+    named = {}
+    for p, value in zip(spec.outputs, values):
+        named[p.name] = value.astype(x_dtype) if p.type_var == "T" else value
+    return named
+
+
+def _cases():
+    for op in catalogue.QUANTIZED_OPS:
+        spec = catalogue.get(op)
+        zero_points = ([None, np.uint8(131), np.int8(-5)] if spec.quantize == "static" else [None])
+        for dtype, zero_point, opset, order in itertools.product(DTYPES, zero_points, (17, 21),
+                                                                 (0, 1)):
+            if dtype == "float32" and order:
+                continue
+            zp = "none" if zero_point is None else f"{zero_point.dtype}"
+            yield pytest.param(op, dtype, zero_point, opset, order,
+                               id=f"{op}-{dtype}-zp_{zp}-opset{opset}-order{order}")
+
+
+@pytest.mark.parametrize("op, dtype, zero_point, opset, order", _cases())
+def test_function_body_matches_reference(op, dtype, zero_point, opset, order, rng):
+    """Every quantized op, dtype, zero point type and rounding order: the function body run by
+    plain ONNX Runtime (its own norm ops, QuantizeLinear / DynamicQuantizeLinear) against the
+    reference, quantized values exactly."""
+    spec = catalogue.get(op)
+    present = spec.optional_inputs if order else ("Scale",)
+    arrays = quant_arrays(op, DTYPES[dtype], rng, present=present, zero_point=zero_point)
+    attrs = {"cast_before_scale": order}
+    model = single_node_model(op, arrays, attrs, opset=opset)
+    onnx.checker.check_model(model, full_check=True)
+    got = run(model, arrays)
+    assert_quantized(op, arrays, got, attrs)
+
+
+def assert_quantized(op, arrays, got, attrs=None):
+    """check_quantized against the reference for outputs of a node with every output."""
+    spec = catalogue.get(op)
+    want = reference_outputs(op, arrays, attrs)
+    assert len(got) == len(want) == len(spec.outputs)
+    x_dtype = arrays["X"].dtype
+    g = outputs_by_name(spec, got, x_dtype)
+    w = outputs_by_name(spec, want, x_dtype)
+    assert_close(g["Y_float"], w["Y_float"])
+    if "Sum" in g:
+        assert_close(g["Sum"], w["Sum"])
+    assert g["Y"].dtype == w["Y"].dtype and g["Y"].shape == w["Y"].shape == arrays["X"].shape
+    if spec.quantize == "static":
+        zero_point = np.asarray(arrays.get("Y_zero_point", np.uint8(0)))
+        own = reference.quantize_linear(g["Y_float"], arrays["Y_scale"], zero_point)
+        np.testing.assert_array_equal(g["Y"], own)  # the op quantized its own Y_float exactly
+    else:
+        own = reference.dynamic_quantize_linear(g["Y_float"])
+        assert g["Y_scale"].dtype == np.float32 and g["Y_scale"].shape == ()
+        assert g["Y_zero_point"].dtype == np.uint8 and g["Y_zero_point"].shape == ()
+        for got_value, own_value in zip((g["Y"], g["Y_scale"], g["Y_zero_point"]), own):
+            np.testing.assert_array_equal(got_value, own_value)
+        ranges = [(np.nanmin(v.astype(np.float32)), np.nanmax(v.astype(np.float32)))
+                  for v in (g["Y_float"], w["Y_float"])]
+        if ranges[0] != ranges[1]:
+            return  # the float outputs' extremes differ in the last place: so do the scales
+        np.testing.assert_array_equal(g["Y_scale"], w["Y_scale"])
+        np.testing.assert_array_equal(g["Y_zero_point"], w["Y_zero_point"])
+    # equal to the reference's Y wherever the float outputs are equal, one step at most elsewhere
+    gf, wf = g["Y_float"].astype(np.float32), w["Y_float"].astype(np.float32)
+    same_float = (gf == wf) | (np.isnan(gf) & np.isnan(wf))
+    diff = g["Y"].astype(np.int32) - w["Y"].astype(np.int32)
+    np.testing.assert_array_equal(diff[same_float], 0)
+    assert np.abs(diff).max(initial=0) <= 1
+
+
+@pytest.mark.parametrize("op", list(catalogue.QUANTIZED_OPS))
+def test_function_body_with_fewer_outputs(op, rng):
+    """A node without Y_float (and Sum) gets a body without them; one with Y_float but without
+    Sum names Sum "" in the middle of its outputs. The quantized outputs do not change."""
+    spec = catalogue.get(op)
+    arrays = quant_arrays(op, np.float16, rng, zero_point=np.int8(3))
+    full = run(single_node_model(op, arrays), arrays)
+    quantized = 3 if spec.quantize == "dynamic" else 1
+    variants = [False, {"Y_float"}] + ([{"Sum"}] if spec.has_residual else [])
+    for outputs in variants:
+        model = single_node_model(op, arrays, optional_outputs=outputs)
+        got = run(model, arrays)
+        for g, f in zip(got[:quantized], full[:quantized]):
+            np.testing.assert_array_equal(g, f)
+        if outputs and "Y_float" in outputs:
+            np.testing.assert_array_equal(got[-1], full[-1])
+            assert model.functions[0].overload.endswith("_float")
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference against ONNX Runtime's own QuantizeLinear and DynamicQuantizeLinear
+
+def _ort_quantizer(op, x, *inputs, outputs=(TensorProto.UINT8,), opset=21):
+    names = ["x"] + [f"i{k}" for k in range(len(inputs))]
+    graph = helper.make_graph(
+        [helper.make_node(op, names, [f"o{k}" for k in range(len(outputs))])], "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info(f"o{k}", t, None) for k, t in enumerate(outputs)],
+        [onnx.numpy_helper.from_array(np.asarray(v), f"i{k}") for k, v in enumerate(inputs)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})
+
+
+EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -1.5, 127.5, 128.5,
+                  -128.5, 254.5, 255.5, 300.0, -300.0, 1e-30, 3.4e38], np.float32)
+
+
+@pytest.mark.parametrize("zero_point", [np.uint8(0), np.uint8(200), np.int8(0), np.int8(-7)])
+@pytest.mark.parametrize("scale", [1.0, 0.37, 0.0, 3e-39])
+def test_reference_quantize_linear_is_ort_s(zero_point, scale):
+    """Ties to even, saturation, NaN (the type's minimum), Inf, a zero or subnormal scale."""
+    scale = np.float32(scale)
+    out = TensorProto.INT8 if zero_point.dtype == np.int8 else TensorProto.UINT8
+    want = _ort_quantizer("QuantizeLinear", EDGES, scale, zero_point, outputs=(out,))[0]
+    np.testing.assert_array_equal(reference.quantize_linear(EDGES, scale, np.asarray(zero_point)), want)
+
+
+@pytest.mark.parametrize("values", [
+    np.zeros(37, np.float32),                                 # range [0, 0]: scale 1
+    np.array([1, 2, 3], np.float32),                          # no negative value: zero point 0
+    np.array([-1, -2, -3], np.float32),                       # no positive value: zero point 255
+    np.array([-1, np.nan, 3], np.float32),                    # NaN left out of the range
+    np.array([-1, np.inf, 3], np.float32),                    # an infinite scale
+    np.array([1e-45, 0], np.float32),                         # a scale that underflows to 0
+    np.linspace(-3, 5, 1000, dtype=np.float32),
+    np.linspace(-0.7, 0.1, 333, dtype=np.float32) ** 3,
+])
+def test_reference_dynamic_quantize_linear_is_ort_s(values):
+    want = _ort_quantizer("DynamicQuantizeLinear", values,
+                          outputs=(TensorProto.UINT8, TensorProto.FLOAT, TensorProto.UINT8))
+    got = reference.dynamic_quantize_linear(values)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+def test_all_zero_output_gives_scale_one(rng):
+    """LayerNorm of constant rows without Bias is 0 everywhere: DynamicQuantizeLinear's range
+    is [0, 0], and ONNX Runtime (and so the op) gives scale 1, zero point 0."""
+    arrays = {"X": np.full((3, 16), 2.5, np.float32)}
+    y, scale, zero_point, y_float = reference_outputs("LayerNormDynamicQuantizeLinear", arrays)
+    assert scale == np.float32(1) and zero_point == 0 and not y.any() and not y_float.any()
+    got = run(single_node_model("LayerNormDynamicQuantizeLinear", arrays), arrays)
+    for g, w in zip(got, (y, scale, zero_point, y_float)):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("op", ["RMSNormQuantizeLinear", "SkipLayerNormDynamicQuantizeLinear"])
+def test_nan_rows(op, rng):
+    """A NaN in X makes its row NaN: the static op gives the type's minimum there, the dynamic
+    op leaves the row out of the range."""
+    arrays = quant_arrays(op, np.float32, rng, shape=(4, 32), zero_point=np.int8(4))
+    arrays["X"][1, 3] = np.nan
+    want = reference_outputs(op, arrays)
+    spec = catalogue.get(op)
+    if spec.quantize == "static":
+        assert (want[0][1] == -128).all() and (want[0][0] > -128).any()
+    else:
+        assert np.isfinite(want[1]) and (want[0][1] == 0).all()
+    assert_quantized(op, arrays, run(single_node_model(op, arrays), arrays))
+
+
+def test_saturation(rng):
+    """A scale far too small: nearly every value saturates, as QuantizeLinear saturates it."""
+    arrays = quant_arrays("LayerNormQuantizeLinear", np.float16, rng, y_scale=1e-4,
+                          zero_point=np.int8(0))
+    y = reference_outputs("LayerNormQuantizeLinear", arrays)[0]
+    assert ((y == 127) | (y == -128)).mean() > 0.95 and (y == 127).any() and (y == -128).any()
+    assert_quantized("LayerNormQuantizeLinear", arrays,
+                     run(single_node_model("LayerNormQuantizeLinear", arrays), arrays))
+
+
+def test_reference_refuses_per_axis_and_bad_types(rng):
+    arrays = quant_arrays("RMSNormQuantizeLinear", np.float32, rng, shape=(2, 8))
+    with pytest.raises(ValueError, match="per-tensor"):
+        reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="Y_scale must be of X's type"):
+        reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float16(1))
+    with pytest.raises(TypeError, match="Y_zero_point must be uint8 or int8"):
+        reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float32(1),
+                      np.int16(0))
+    # a one-element 1-D scale is per tensor, as in QuantizeLinear
+    one = reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.ones(1, np.float32))
+    np.testing.assert_array_equal(
+        one[0], reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float32(1))[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Schemas
+
+def _infer(op, inputs, outputs):
+    node = helper.make_node(op, [n for n, _, _ in inputs], outputs, domain=ops.DOMAIN)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, s)
+                                            for n, t, s in inputs if n], [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    return {v.name: (v.type.tensor_type.elem_type,
+                     [d.dim_value for d in v.type.tensor_type.shape.dim])
+            for v in inferred.graph.value_info}
+
+
+def test_schema_infers_quantized_types():
+    x = ("x", TensorProto.FLOAT16, [2, 8])
+    scale = ("s", TensorProto.FLOAT16, [])
+    got = _infer("RMSNormQuantizeLinear", [x, ("", 0, None), ("", 0, None), scale,
+                                            ("zp", TensorProto.INT8, [])], ["y", "yf"])
+    assert got == {"y": (TensorProto.INT8, [2, 8]), "yf": (TensorProto.FLOAT16, [2, 8])}
+    got = _infer("RMSNormQuantizeLinear", [x, ("", 0, None), ("", 0, None), scale], ["y"])
+    assert got == {"y": (TensorProto.UINT8, [2, 8])}
+    got = _infer("SkipLayerNormDynamicQuantizeLinear", [x, ("r", TensorProto.FLOAT16, [2, 8])],
+                 ["y", "ys", "yz", "sum", "yf"])
+    assert got == {"y": (TensorProto.UINT8, [2, 8]), "ys": (TensorProto.FLOAT, []),
+                   "yz": (TensorProto.UINT8, []), "sum": (TensorProto.FLOAT16, [2, 8]),
+                   "yf": (TensorProto.FLOAT16, [2, 8])}
+
+
+def test_schema_refuses_scale_of_another_type():
+    with pytest.raises(onnx.shape_inference.InferenceError, match="Y_scale must be FLOAT16"):
+        _infer("LayerNormQuantizeLinear", [("x", TensorProto.FLOAT16, [2, 8]), ("", 0, None),
+                                           ("", 0, None), ("s", TensorProto.FLOAT, [])], ["y"])
+    with pytest.raises(onnx.shape_inference.InferenceError, match="Y_zero_point must be"):
+        _infer("LayerNormQuantizeLinear", [("x", TensorProto.FLOAT, [2, 8]), ("", 0, None),
+                                           ("", 0, None), ("s", TensorProto.FLOAT, []),
+                                           ("z", TensorProto.INT16, [])], ["y"])
