@@ -104,9 +104,12 @@ def test_manifest_matches_catalogue(manifest):
             else:
                 assert np.float32(got["default"]) == np.float32(a.default), (spec.name, got)
         # every (T, S) the schema allows, on both providers (ORT never falls back to the body);
-        # the quantized ops have no kernels yet: ORT runs their function bodies
-        want = [] if spec.quantize != "none" else [
-            (provider, t, s) for provider in PROVIDERS for t, s in pairs]
+        # the quantized ops for every Q too, on the CPU only (ORT places them there)
+        if spec.quantize == "none":
+            want = [(provider, t, s) for provider in PROVIDERS for t, s in pairs]
+        else:
+            want = [("CPUExecutionProvider", t, s, cuda.elem_type_name(q))
+                    for t, s in pairs for q in spec.quant_types]
         assert sorted(map(tuple, entry["kernels"])) == sorted(want)
 
 
@@ -114,12 +117,14 @@ def test_manifest_matches_catalogue(manifest):
 _BAD_VALUES = {"finite": float("inf"), "finite_non_negative": -1.0, "zero_or_one": 2}
 
 
-@pytest.mark.parametrize("op", list(catalogue.FLOAT_OPS))
+@pytest.mark.parametrize("op", list(catalogue.OPS))
 def test_attribute_errors_are_worded_as_in_the_catalogue(op):
     spec = catalogue.OPS[op]
     arrays = {"X": np.ones((2, 16), np.float32)}
     if spec.has_residual:
         arrays["Residual"] = np.ones((2, 16), np.float32)
+    if spec.quantize == "static":
+        arrays["Y_scale"] = np.array(0.1, np.float32)
     checked = [a for a in spec.attributes if a.check != "none"]
     assert checked
     for a in checked:

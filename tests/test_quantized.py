@@ -277,3 +277,137 @@ def test_schema_refuses_scale_of_another_type():
         _infer("LayerNormQuantizeLinear", [("x", TensorProto.FLOAT, [2, 8]), ("", 0, None),
                                            ("", 0, None), ("s", TensorProto.FLOAT, []),
                                            ("z", TensorProto.INT16, [])], ["y"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU kernels through ONNX Runtime (models without function bodies: only the kernel can run)
+
+TYPE_PAIRS = [(np.float32, np.float32), (np.float16, np.float16), (np.float16, np.float32),
+              (BF16, BF16), (BF16, np.float32)]
+TYPE_IDS = ["f32", "f16", "f16w32", "bf16", "bf16w32"]
+
+
+def _kernel_cases():
+    for op, spec in catalogue.QUANTIZED_OPS.items():
+        zero_points = [np.uint8(118), np.int8(-4), None] if spec.quantize == "static" else [None]
+        for (t, s), type_id in zip(TYPE_PAIRS, TYPE_IDS):
+            for zero_point in zero_points:
+                zp = "none" if zero_point is None else f"{zero_point.dtype}"
+                yield pytest.param(op, t, s, zero_point, id=f"{op}-{type_id}-zp_{zp}")
+
+
+def _with_weights_of(arrays, s):
+    for name in ("Scale", "Bias", "XBias"):
+        if name in arrays:
+            arrays[name] = arrays[name].astype(np.float32).astype(s)
+    return arrays
+
+
+@pytest.mark.parametrize("op, t, s, zero_point", _kernel_cases())
+@pytest.mark.parametrize("order", [0, 1])
+def test_kernel_matches_reference(op, t, s, zero_point, order, rng):
+    """Every quantized op, type pair, zero point type and rounding order: the library's CPU
+    kernel against the reference, quantized values exactly (one step only where the float
+    outputs differ in their last place); odd widths, the rows split over ORT's thread pool."""
+    if t == np.float32 and order:
+        pytest.skip("one rounding order for float32")
+    spec = catalogue.get(op)
+    for shape in ((3, 7, 65), (300, 520)):
+        arrays = _with_weights_of(quant_arrays(op, t, rng, shape=shape, zero_point=zero_point,
+                                               present=spec.optional_inputs), s)
+        attrs = {"cast_before_scale": order}
+        if "alpha" in spec.defaults:
+            attrs["alpha"] = 0.5
+        model = single_node_model(op, arrays, attrs, functions=False)
+        got = run(model, arrays, with_library=True, threads=2)
+        assert_quantized(op, arrays, got, attrs)
+
+
+@pytest.mark.parametrize("op", list(catalogue.QUANTIZED_OPS))
+def test_kernel_equals_function_body_where_floats_agree(op, rng):
+    """The kernel and the function body quantize the same way: the same quantized values
+    wherever their float outputs are equal."""
+    spec = catalogue.get(op)
+    arrays = quant_arrays(op, np.float32, rng, shape=(16, 256), zero_point=np.int8(2),
+                          present=spec.optional_inputs)
+    kernel = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
+    body = run(single_node_model(op, arrays), arrays)
+    same = kernel[-1] == body[-1]
+    assert same.mean() > 0.5
+    np.testing.assert_array_equal(kernel[0][same], body[0][same])
+    if spec.quantize == "dynamic" and np.array_equal(kernel[-1], body[-1]):
+        np.testing.assert_array_equal(kernel[1], body[1])
+        np.testing.assert_array_equal(kernel[2], body[2])
+
+
+@pytest.mark.parametrize("op", list(catalogue.QUANTIZED_OPS))
+def test_kernel_optional_outputs(op, rng):
+    """Y_float, Sum, both or neither: the quantized outputs do not change."""
+    spec = catalogue.get(op)
+    arrays = quant_arrays(op, np.float16, rng, shape=(40, 96), zero_point=np.uint8(9))
+    full = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
+    quantized = 3 if spec.quantize == "dynamic" else 1
+    for outputs in ([False, {"Y_float"}] + ([{"Sum"}] if spec.has_residual else [])):
+        got = run(single_node_model(op, arrays, functions=False, optional_outputs=outputs), arrays,
+                  with_library=True)
+        for g, f in zip(got[:quantized], full[:quantized]):
+            np.testing.assert_array_equal(g, f)
+        if outputs and "Y_float" in outputs:
+            np.testing.assert_array_equal(got[-1], full[-1])
+        if outputs and "Sum" in outputs:
+            np.testing.assert_array_equal(got[quantized], full[quantized])
+
+
+def test_kernel_edge_cases(rng):
+    """All-zero output (scale 1), NaN rows, saturation, a one-element 1-D scale, an empty X."""
+    arrays = {"X": np.full((3, 16), 2.5, np.float32)}
+    got = run(single_node_model("LayerNormDynamicQuantizeLinear", arrays, functions=False),
+              arrays, with_library=True)
+    want = reference_outputs("LayerNormDynamicQuantizeLinear", arrays)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+    for op in ("RMSNormQuantizeLinear", "SkipLayerNormDynamicQuantizeLinear"):
+        arrays = quant_arrays(op, np.float32, rng, shape=(4, 32), zero_point=np.int8(4))
+        arrays["X"][1, 3] = np.nan
+        got = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
+        assert_quantized(op, arrays, got)
+
+    arrays = quant_arrays("LayerNormQuantizeLinear", np.float16, rng, y_scale=1e-4,
+                          zero_point=np.int8(0))
+    got = run(single_node_model("LayerNormQuantizeLinear", arrays, functions=False), arrays,
+              with_library=True)
+    assert_quantized("LayerNormQuantizeLinear", arrays, got)
+
+    arrays = quant_arrays("RMSNormQuantizeLinear", np.float32, rng, zero_point=np.uint8(3))
+    arrays["Y_scale"] = arrays["Y_scale"].reshape(1)
+    arrays["Y_zero_point"] = arrays["Y_zero_point"].reshape(1)
+    got = run(single_node_model("RMSNormQuantizeLinear", arrays, functions=False), arrays,
+              with_library=True)
+    assert_quantized("RMSNormQuantizeLinear", arrays, got)
+
+    arrays = {"X": np.zeros((0, 8), np.float32), "Residual": np.zeros((0, 8), np.float32)}
+    got = run(single_node_model("SkipRMSNormDynamicQuantizeLinear", arrays, functions=False),
+              arrays, with_library=True)
+    assert got[0].shape == (0, 8) and got[1] == np.float32(1) and got[2] == 0
+
+
+def test_kernel_refuses_per_axis_scale(rng):
+    arrays = quant_arrays("RMSNormQuantizeLinear", np.float32, rng, shape=(2, 8))
+    arrays["Y_scale"] = np.array([0.1, 0.2], np.float32)
+    model = single_node_model("RMSNormQuantizeLinear", arrays, functions=False)
+    with pytest.raises(Exception, match="onnxnorm::RMSNormQuantizeLinear: Y_scale of shape "
+                                        r"\[2\] must be a scalar or a one-element 1-D tensor"):
+        run(model, arrays, with_library=True)
+
+
+def test_kernels_ran(rng):
+    """With the library, a model with function bodies runs the fused kernel, not the body."""
+    from onnxnorm import runtime
+
+    for op in catalogue.QUANTIZED_OPS:
+        arrays = quant_arrays(op, np.float32, rng, shape=(4, 64))
+        model = single_node_model(op, arrays)
+        feeds = {k.lower(): v for k, v in arrays.items()}
+        ran = runtime.executed_ops(model, feeds)
+        assert ran[op] == 1 and not {"QuantizeLinear", "DynamicQuantizeLinear"} & set(ran), ran

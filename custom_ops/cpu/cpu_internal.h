@@ -29,9 +29,14 @@ namespace cpu {
 
 // Entry points of the instruction-set units; nullptr when the combination is not implemented.
 NormRowsFn GetNormRowsPortable(NormKind norm, ResidualKind residual, ElemType x, ElemType w);
+QuantRowsFn GetQuantRowsPortable(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w,
+                                 ElemType q);
 #if defined(ONNXNORM_X86_KERNELS)
 NormRowsFn GetNormRowsAvx2(NormKind norm, ResidualKind residual, ElemType x, ElemType w);
 NormRowsFn GetNormRowsAvx512(NormKind norm, ResidualKind residual, ElemType x, ElemType w);
+QuantRowsFn GetQuantRowsAvx2(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w, ElemType q);
+QuantRowsFn GetQuantRowsAvx512(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w,
+                               ElemType q);
 #endif
 
 namespace {

@@ -1,7 +1,9 @@
 // Chooses the row kernels' instruction set once per process, from what the CPU and the operating
 // system support (cpuid / xgetbv), optionally lowered by the environment variable
 // ONNXNORM_CPU_ISA (portable | avx2 | avx512) for testing and comparisons.
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -98,6 +100,53 @@ NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemTy
 }
 
 const char* ActiveIsa() { return IsaName(Chosen()); }
+
+QuantRowsFn GetQuantRowsFor(Isa isa, NormKind norm, ResidualKind residual, QuantPass pass, ElemType x_type,
+                            ElemType weight_type, ElemType q_type) {
+  if (weight_type != x_type && weight_type != ElemType::kFloat32) return nullptr;
+  if (static_cast<int>(isa) > static_cast<int>(SupportedIsa())) return nullptr;
+  switch (isa) {
+#if defined(ONNXNORM_X86_KERNELS)
+    case Isa::kAvx512: return GetQuantRowsAvx512(norm, residual, pass, x_type, weight_type, q_type);
+    case Isa::kAvx2: return GetQuantRowsAvx2(norm, residual, pass, x_type, weight_type, q_type);
+#endif
+    default: return GetQuantRowsPortable(norm, residual, pass, x_type, weight_type, q_type);
+  }
+}
+
+QuantRowsFn GetQuantRows(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x_type, ElemType weight_type,
+                         ElemType q_type) {
+  return GetQuantRowsFor(Chosen(), norm, residual, pass, x_type, weight_type, q_type);
+}
+
+void DynamicQuantParams(float lo, float hi, float* scale, int32_t* zero_point) {
+  // (std::min / std::max as ONNX Runtime writes them: a NaN operand in second place gives the first)
+  lo = std::min(lo, 0.0f);
+  hi = std::max(hi, 0.0f);
+  const float s = hi == lo ? 1.0f : (hi - lo) / 255.0f;
+  const float initial = 0.0f - lo / s;
+  const float clamped = std::max(0.0f, std::min(255.0f, initial));  // NaN: 255
+  *scale = s;
+  *zero_point = static_cast<int32_t>(std::nearbyint(clamped));
+}
+
+float ScalarToFloat(ElemType type, const void* value) {
+  uint16_t bits = 0;
+  switch (type) {
+    case ElemType::kFloat32: {
+      float f;
+      std::memcpy(&f, value, sizeof(f));
+      return f;
+    }
+    case ElemType::kFloat16:
+      std::memcpy(&bits, value, sizeof(bits));
+      return HalfToFloat(bits);
+    case ElemType::kBFloat16:
+      std::memcpy(&bits, value, sizeof(bits));
+      return BFloat16ToFloat(bits);
+    default: return NAN;
+  }
+}
 
 }  // namespace cpu
 }  // namespace onnxnorm

@@ -2,8 +2,10 @@
 // shapes, outputs, one NormArgs; then the CPU row kernels on ORT's thread pool, or the CUDA
 // launcher on ORT's compute stream. The op's spec (the generated op table) says which inputs and
 // attributes it has.
+#include <cmath>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -72,6 +74,14 @@ class NormKernel final : public Kernel {
         residual_slot_ = static_cast<int>(i);
         continue;
       }
+      if (std::strcmp(name, "Y_scale") == 0) {
+        y_scale_slot_ = static_cast<int>(i);
+        continue;
+      }
+      if (std::strcmp(name, "Y_zero_point") == 0) {
+        y_zero_point_slot_ = static_cast<int>(i);
+        continue;
+      }
       weights_[i] = nullptr;
       for (const WeightField& w : kWeightFields) {
         if (std::strcmp(w.name, name) == 0) weights_[i] = &w;
@@ -86,6 +96,11 @@ class NormKernel final : public Kernel {
     cpu_small_call_rows_ = small_call_rows;
   }
   void UseCuda(CudaLaunchFn launch) { cuda_launch_ = launch; }
+  // A quantized op: its static pass, or its dynamic range and quantize passes.
+  void UseQuant(cpu::QuantRowsFn rows, cpu::QuantRowsFn range) {
+    quant_rows_ = rows;
+    quant_range_ = range;
+  }
 
   OrtStatus* Compute(OrtKernelContext* context) noexcept override {
     try {
@@ -130,6 +145,8 @@ class NormKernel final : public Kernel {
     args.x = x.data;
     args.rows = geometry.rows;
     args.cols = geometry.cols;
+    cpu::QuantArgs quant;
+    quant.q_type = entry_.q;
 
     for (size_t i = 1; i < spec.inputs.size(); ++i) {
       const char* name = spec.inputs[i].name;
@@ -138,6 +155,22 @@ class NormKernel final : public Kernel {
       if (!input.present) {
         if (!spec.inputs[i].optional) {
           return MakeError(api_, ORT_INVALID_ARGUMENT, op, std::string("input ") + name + " is required");
+        }
+        continue;
+      }
+      if (static_cast<int>(i) == y_scale_slot_ || static_cast<int>(i) == y_zero_point_slot_) {
+        const bool is_scale = static_cast<int>(i) == y_scale_slot_;
+        if (OrtStatus* s = CheckType(name, input, is_scale ? entry_.t : entry_.q)) return s;
+        if (input.dims.rank() > 1 || (input.dims.rank() == 1 && input.dims[0] != 1)) {
+          return MakeError(api_, ORT_INVALID_ARGUMENT, op,
+                           std::string(name) + " of shape " + FormatShape(input.dims) +
+                               " must be a scalar or a one-element 1-D tensor (per-tensor quantization)");
+        }
+        if (is_scale) {
+          quant.scale = cpu::ScalarToFloat(entry_.t, input.data);
+        } else {
+          quant.zero_point = entry_.q == ElemType::kInt8 ? *static_cast<const int8_t*>(input.data)
+                                                         : *static_cast<const uint8_t*>(input.data);
         }
         continue;
       }
@@ -160,6 +193,8 @@ class NormKernel final : public Kernel {
       }
       args.*field.data = input.data;
     }
+
+    if (spec.quantize != QuantizeKind::kNone) return ComputeQuantized(context, args, x.dims, quant);
 
     OrtValue* y = nullptr;
     if (OrtStatus* s = api_.KernelContext_GetOutput(context, 0, x.dims.data(), x.dims.rank(), &y)) return s;
@@ -195,11 +230,72 @@ class NormKernel final : public Kernel {
     return api_.CreateStatus(rc == ONNXNORM_CUDA_INVALID_ARGUMENT ? ORT_INVALID_ARGUMENT : ORT_FAIL, message);
   }
 
+  // The data of output `name` of the op (created with dims), or nullptr when the node leaves it out.
+  OrtStatus* Output(OrtKernelContext* context, size_t outputs, const char* name, const int64_t* dims, size_t rank,
+                    void** data) {
+    *data = nullptr;
+    const OpSpec& spec = *entry_.spec;
+    for (size_t k = 0; k < spec.outputs.size() && k < outputs; ++k) {
+      if (std::strcmp(spec.outputs[k].name, name) != 0) continue;
+      OrtValue* value = nullptr;
+      if (OrtStatus* s = api_.KernelContext_GetOutput(context, k, dims, rank, &value)) return s;
+      if (value == nullptr) return nullptr;  // an omitted optional output
+      return api_.GetTensorMutableData(value, data);
+    }
+    return nullptr;
+  }
+
+  // A quantized op, its inputs read into args and quant: the outputs, then the static pass, or
+  // the dynamic range pass, the scale and zero point, and the quantize pass.
+  OrtStatus* ComputeQuantized(OrtKernelContext* context, NormArgs& args, const Dims& dims, cpu::QuantArgs quant) {
+    const bool dynamic = entry_.spec->quantize == QuantizeKind::kDynamic;
+    size_t outputs = 0;
+    if (OrtStatus* s = api_.KernelContext_GetOutputCount(context, &outputs)) return s;
+    void *q = nullptr, *y_float = nullptr, *sum = nullptr, *scale = nullptr, *zero_point = nullptr;
+    if (OrtStatus* s = Output(context, outputs, "Y", dims.data(), dims.rank(), &q)) return s;
+    if (OrtStatus* s = Output(context, outputs, "Y_float", dims.data(), dims.rank(), &y_float)) return s;
+    if (OrtStatus* s = Output(context, outputs, "Sum", dims.data(), dims.rank(), &sum)) return s;
+    if (dynamic) {
+      if (OrtStatus* s = Output(context, outputs, "Y_scale", nullptr, 0, &scale)) return s;
+      if (OrtStatus* s = Output(context, outputs, "Y_zero_point", nullptr, 0, &zero_point)) return s;
+    }
+    args.y = args.rows > 0 ? y_float : nullptr;
+    args.sum = args.rows > 0 ? sum : nullptr;
+    quant.q = q;
+    if (!dynamic) {
+      if (args.rows > 0) RunQuantRows(api_, context, quant_rows_, args, quant);
+      return nullptr;
+    }
+    float lo = INFINITY, hi = -INFINITY;
+    std::unique_ptr<float[]> scratch;
+    if (args.rows > 0) {
+      // (the one allocation of a call: the rows' statistics and ranges between the two passes)
+      scratch.reset(new (std::nothrow) float[static_cast<size_t>(args.rows * cpu::kQuantScratchFloats)]);
+      if (!scratch) return MakeError(api_, ORT_FAIL, entry_.spec->name, "out of memory");
+      quant.row_scratch = scratch.get();
+      RunQuantRows(api_, context, quant_range_, args, quant);
+      for (int64_t r = 0; r < args.rows; ++r) {
+        const float* row = scratch.get() + r * cpu::kQuantScratchFloats;
+        lo = row[3] < lo ? row[3] : lo;
+        hi = row[4] > hi ? row[4] : hi;
+      }
+    }
+    cpu::DynamicQuantParams(lo, hi, &quant.scale, &quant.zero_point);
+    if (scale != nullptr) *static_cast<float*>(scale) = quant.scale;
+    if (zero_point != nullptr) *static_cast<uint8_t*>(zero_point) = static_cast<uint8_t>(quant.zero_point);
+    if (args.rows > 0) RunQuantRows(api_, context, quant_rows_, args, quant);
+    return nullptr;
+  }
+
   const OrtApi& api_;
   const KernelEntry& entry_;
   NormArgs base_;  // op, types and attributes; the rest is filled per call
   int64_t axis_ = attr_default::kAxis;
   int residual_slot_ = -1;
+  int y_scale_slot_ = -1;       // the quantized ops' QuantizeLinear inputs
+  int y_zero_point_slot_ = -1;
+  cpu::QuantRowsFn quant_rows_ = nullptr;   // static pass, or dynamic quantize pass
+  cpu::QuantRowsFn quant_range_ = nullptr;  // dynamic range pass
   const WeightField* weights_[kMaxInputs] = {};  // by input index
   NormRowsFn cpu_rows_ = nullptr;
   NormRowsFn cpu_small_call_rows_ = nullptr;  // the same bits, for calls below cpu::kSmallCallElements
@@ -227,6 +323,26 @@ OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const K
   OrtStatus* status = nullptr;
   NormKernel* kernel = NewKernel(api, info, entry, &status);
   if (kernel == nullptr) return status;
+  const OpSpec& spec = *entry.spec;
+  if (spec.quantize != QuantizeKind::kNone) {
+    const bool dynamic = spec.quantize == QuantizeKind::kDynamic;
+    cpu::QuantRowsFn rows = cpu::GetQuantRows(spec.norm, spec.residual,
+                                              dynamic ? cpu::QuantPass::kQuantize : cpu::QuantPass::kStatic, entry.t,
+                                              entry.s, entry.q);
+    cpu::QuantRowsFn range =
+        dynamic ? cpu::GetQuantRows(spec.norm, spec.residual, cpu::QuantPass::kRange, entry.t, entry.s, entry.q)
+                : nullptr;
+    if (rows == nullptr || (dynamic && range == nullptr)) {
+      delete kernel;
+      return MakeError(api, ORT_FAIL, spec.name,
+                       std::string("no CPU kernel for X of type ") + kElemTypeNames[static_cast<int>(entry.t)] +
+                           " with weights of type " + kElemTypeNames[static_cast<int>(entry.s)] + " and Y of type " +
+                           kElemTypeNames[static_cast<int>(entry.q)]);
+    }
+    kernel->UseQuant(rows, range);
+    *out = kernel;
+    return nullptr;
+  }
   NormRowsFn rows = cpu::GetNormRows(entry.spec->norm, entry.spec->residual, entry.t, entry.s);
   NormRowsFn small_call_rows = cpu::GetNormRowsForSmallCalls(entry.spec->norm, entry.spec->residual, entry.t, entry.s);
   if (rows == nullptr || small_call_rows == nullptr) {

@@ -10,9 +10,11 @@ namespace {
 
 constexpr Provider kProviders[] = {Provider::kCpu, Provider::kCuda};
 
-// Whether the op has kernels on the provider: the quantized ops have none yet (ORT runs their
-// function bodies).
-constexpr bool Served(const OpSpec& spec, Provider) { return spec.quantize == QuantizeKind::kNone; }
+// Whether the op has kernels on the provider: the quantized ops have CPU kernels only (ORT places
+// their nodes on the CPU provider in a CUDA session).
+constexpr bool Served(const OpSpec& spec, Provider provider) {
+  return provider == Provider::kCpu || spec.quantize == QuantizeKind::kNone;
+}
 
 // The quantized types an op's rows span: its TypeVar::kQ types, or one placeholder.
 constexpr size_t QuantRows(const OpSpec& spec) { return spec.quant_types.size() > 0 ? spec.quant_types.size() : 1; }

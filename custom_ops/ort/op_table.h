@@ -47,8 +47,8 @@ struct KernelEntry {
 OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 OrtStatus* CreateCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 
-// Every op x type pair (x quantized type) x provider, for the ops with kernels (not yet the
-// quantized ops: ORT runs their function bodies).
+// Every op x type pair (x quantized type) x provider; the quantized ops on the CPU provider only
+// (the CUDA kernels do not have them yet: ORT places their nodes on the CPU).
 Span<KernelEntry> KernelTable();
 
 // "CPUExecutionProvider", "CUDAExecutionProvider".

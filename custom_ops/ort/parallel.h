@@ -24,5 +24,9 @@ inline constexpr int64_t kParallelMaxBlocks = 1024;
 // run on the calling thread.
 void RunRows(const OrtApi& api, OrtKernelContext* context, NormRowsFn fn, const NormArgs& args) noexcept;
 
+// The same for a pass of a quantized op's row kernel.
+void RunQuantRows(const OrtApi& api, OrtKernelContext* context, cpu::QuantRowsFn fn, const NormArgs& args,
+                  const cpu::QuantArgs& quant) noexcept;
+
 }  // namespace ort
 }  // namespace onnxnorm

@@ -7,11 +7,18 @@
 //                                          scalar float64 reference written here, and every
 //                                          instruction set this CPU has against the others, byte
 //                                          for byte
+//   onnxnorm_kernel_tests --op RMSNormQuantizeLinear
+//                                          a quantized op: its Y_float bit for bit the float op's
+//                                          Y (held to the reference above), its Y quantized from
+//                                          it as QuantizeLinear / DynamicQuantizeLinear do
+//                                          (written here), on every instruction set and row split
+//                                          byte for byte
 //   onnxnorm_kernel_tests --conversions    the float16 / bfloat16 conversions of the portable
 //                                          kernels against a reference written here
 //   onnxnorm_kernel_tests                  all of it
 //
 // Exits 0 when everything passes, 1 otherwise (ctest runs one process per op, see CMakeLists.txt).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -45,7 +52,9 @@ void Fail(const std::string& what) {
 // Element types, written independently of the library: values are doubles, rounding is to
 // nearest even in the type's own value set.
 
-size_t SizeOf(ElemType t) { return t == ElemType::kFloat32 ? 4 : 2; }
+size_t SizeOf(ElemType t) {
+  return t == ElemType::kFloat32 ? 4 : t == ElemType::kUInt8 || t == ElemType::kInt8 ? 1 : 2;
+}
 
 const char* NameOf(ElemType t) { return onnxnorm::kElemTypeNames[static_cast<int>(t)]; }
 
@@ -666,6 +675,264 @@ int TestOp(const OpSpec& op) {
   return g_failures == failures_before ? 0 : 1;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The quantized ops. Their Y_float must be the float op's Y bit for bit (the same instruction
+// set's GetNormRowsFor kernel, which TestOp holds to the reference), and their Y that value
+// quantized as written here; every instruction set and row split gives the same bytes.
+
+// QuantizeLinear of a float32 value as ONNX Runtime computes it: v / scale in float32, NaN to
+// the minimum, rounded half to even, plus the zero point, saturated.
+int32_t QuantizeRef(float v, float scale, int32_t zero_point, ElemType q) {
+  const double lo = q == ElemType::kInt8 ? -128.0 : 0.0, hi = q == ElemType::kInt8 ? 127.0 : 255.0;
+  const float t = v / scale;
+  if (std::isnan(t)) return static_cast<int32_t>(lo);
+  const double r = std::nearbyint(static_cast<double>(t)) + zero_point;
+  return static_cast<int32_t>(std::min(hi, std::max(lo, r)));
+}
+
+// DynamicQuantizeLinear's scale and zero point (uint8) for these values, as ONNX Runtime
+// computes them: the range (NaN left out) widened to hold 0, scale (hi - lo) / 255 in float32
+// (1 for [0, 0]), zero point round(clamp(0 - lo / scale, 0, 255)), 255 where that is NaN.
+void DynamicRef(const std::vector<float>& values, float* scale, int32_t* zero_point) {
+  float lo = 0.f, hi = 0.f;
+  for (float v : values) {
+    if (std::isnan(v)) continue;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  *scale = hi == lo ? 1.f : (hi - lo) / 255.f;
+  const float initial = 0.f - lo / *scale;
+  *zero_point = std::isnan(initial) ? 255 : static_cast<int32_t>(std::nearbyint(std::min(255.f, std::max(0.f, initial))));
+}
+
+struct QuantOutputs {
+  Tensor q, y_float, sum;
+  float scale = 0.f;
+  int32_t zero_point = 0;
+};
+
+// One quantized call on one instruction set: the static pass, or the dynamic range pass, the
+// scale and zero point, and the quantize pass; each over the rows in `splits` ranges.
+QuantOutputs RunQuant(cpu::Isa isa, const OpSpec& op, const Case& c, ElemType qt, const Inputs& in, float scale,
+                      int32_t zero_point, bool with_float, int splits) {
+  const size_t count = static_cast<size_t>(c.rows * c.cols);
+  QuantOutputs out;
+  out.q = Tensor(qt, count, c.misalign);
+  out.q.Fill(0xCD);
+  NormArgs a;
+  a.op = op.id;
+  a.x_type = c.t;
+  a.weight_type = c.s;
+  a.cast_before_scale = c.order_a;
+  a.rows = c.rows;
+  a.cols = c.cols;
+  a.x = in.x.data();
+  if (with_float) {
+    out.y_float = Tensor(c.t, count, c.misalign);
+    out.y_float.Fill(0xCD);
+    a.y = out.y_float.data();
+  }
+  if (op.residual != ResidualKind::kNone) {
+    a.residual = in.residual.data();
+    if (c.with_sum) {
+      out.sum = Tensor(c.t, count, c.sum_misalign);
+      out.sum.Fill(0xCD);
+      a.sum = out.sum.data();
+    }
+  }
+  const void* NormArgs::*data[kSlots] = {&NormArgs::scale, &NormArgs::bias, &NormArgs::xbias, &NormArgs::inner_scale,
+                                         &NormArgs::inner_bias};
+  int64_t NormArgs::*rows[kSlots] = {&NormArgs::scale_rows, &NormArgs::bias_rows, &NormArgs::xbias_rows,
+                                     &NormArgs::inner_scale_rows, &NormArgs::inner_bias_rows};
+  for (int w = 0; w < kSlots; ++w) {
+    if (!c.present[w]) continue;
+    a.*data[w] = in.weights[w].data();
+    a.*rows[w] = c.weight_rows;
+  }
+  a.epsilon = c.epsilon;
+  a.scale_offset = c.offset;
+  a.alpha = c.alpha;
+  cpu::QuantArgs qa;
+  qa.q_type = qt;
+  qa.q = out.q.data();
+  qa.scale = scale;
+  qa.zero_point = zero_point;
+  auto split = [&](cpu::QuantRowsFn fn) {
+    int64_t begin = 0;
+    for (int k = 1; k <= splits; ++k) {
+      const int64_t end = k == splits ? c.rows : c.rows * k * k / (splits * splits);
+      fn(a, qa, begin, end);
+      begin = end > begin ? end : begin;
+    }
+  };
+  const bool dynamic = op.quantize == onnxnorm::QuantizeKind::kDynamic;
+  cpu::QuantRowsFn fn = cpu::GetQuantRowsFor(isa, op.norm, op.residual,
+                                             dynamic ? cpu::QuantPass::kQuantize : cpu::QuantPass::kStatic, c.t,
+                                             c.s, qt);
+  if (fn == nullptr) {
+    Fail(std::string(op.name) + ": no quantized kernel");
+    return out;
+  }
+  std::vector<float> scratch;  // the rows' statistics and ranges between the two passes
+  if (dynamic) {
+    scratch.assign(static_cast<size_t>(c.rows * cpu::kQuantScratchFloats), NAN);
+    qa.row_scratch = scratch.data();
+    split(cpu::GetQuantRowsFor(isa, op.norm, op.residual, cpu::QuantPass::kRange, c.t, c.s, qt));
+    float lo = INFINITY, hi = -INFINITY;
+    for (int64_t r = 0; r < c.rows; ++r) {
+      lo = std::min(lo, scratch[static_cast<size_t>(r * cpu::kQuantScratchFloats + 3)]);
+      hi = std::max(hi, scratch[static_cast<size_t>(r * cpu::kQuantScratchFloats + 4)]);
+    }
+    cpu::DynamicQuantParams(lo, hi, &qa.scale, &qa.zero_point);
+    out.scale = qa.scale;
+    out.zero_point = qa.zero_point;
+  }
+  split(fn);
+  return out;
+}
+
+int32_t QuantAt(const Tensor& q, size_t i) {
+  const auto* p = static_cast<const uint8_t*>(q.data()) + i;
+  return q.type() == ElemType::kInt8 ? static_cast<int32_t>(static_cast<int8_t>(*p)) : static_cast<int32_t>(*p);
+}
+
+// One case of a quantized op on every instruction set.
+void CheckQuantCase(const OpSpec& op, const OpSpec& float_op, const Case& c, ElemType qt, float scale,
+                    int32_t zero_point, std::mt19937_64& rng) {
+  const Inputs in = MakeInputs(c, rng);
+  const bool dynamic = op.quantize == onnxnorm::QuantizeKind::kDynamic;
+  const size_t count = static_cast<size_t>(c.rows * c.cols);
+  QuantOutputs first;
+  const char* first_isa = nullptr;
+  for (int level = 0; level <= static_cast<int>(cpu::SupportedIsa()); ++level) {
+    const auto isa = static_cast<cpu::Isa>(level);
+    const char* isa_name = cpu::IsaName(isa);
+    const std::string what = Describe(c, isa_name) + " " + op.name + "/" + NameOf(qt);
+    // the float op's Y on this instruction set
+    Case fc = c;
+    fc.op = &float_op;
+    const Outputs want = Run(cpu::GetNormRowsFor(isa, float_op.norm, float_op.residual, c.t, c.s), fc, in, 1);
+    std::vector<float> y_values(count);
+    for (size_t i = 0; i < count; ++i) y_values[i] = static_cast<float>(want.y.Get(i));
+    float want_scale = scale;
+    int32_t want_zero_point = zero_point;
+    if (dynamic) DynamicRef(y_values, &want_scale, &want_zero_point);
+    for (int splits : {1, 3}) {
+      if (splits > 1 && c.rows < 3) continue;
+      for (bool with_float : {true, false}) {
+        QuantOutputs out = RunQuant(isa, op, c, qt, in, scale, zero_point, with_float, splits);
+        ++g_checks;
+        if (dynamic && (out.scale != want_scale || out.zero_point != want_zero_point)) {
+          char buf[160];
+          std::snprintf(buf, sizeof(buf), ": scale %.9g zero point %d, want %.9g and %d", out.scale, out.zero_point,
+                        want_scale, want_zero_point);
+          Fail(what + buf);
+        }
+        for (size_t i = 0; i < count; ++i) {
+          const int32_t w = QuantizeRef(y_values[i], want_scale, want_zero_point, qt);
+          if (QuantAt(out.q, i) != w) {
+            char buf[160];
+            std::snprintf(buf, sizeof(buf), ": Y[%zu] = %d, want %d (Y_float %.9g)", i, QuantAt(out.q, i), w,
+                          static_cast<double>(y_values[i]));
+            Fail(what + buf);
+            break;
+          }
+        }
+        if (with_float) {
+          for (size_t i = 0; i < count; ++i) {
+            const double g = out.y_float.Get(i), f = want.y.Get(i);
+            if (!(g == f || (std::isnan(g) && std::isnan(f)))) {
+              Fail(what + ": Y_float[" + std::to_string(i) + "] is not the float op's Y");
+              break;
+            }
+          }
+        }
+        if (c.with_sum && out.sum.count() != 0 && !out.sum.SameBytes(want.sum)) Fail(what + ": Sum is not the float op's");
+        if (!out.q.GuardsIntact() || (with_float && !out.y_float.GuardsIntact()) ||
+            (out.sum.count() != 0 && !out.sum.GuardsIntact())) {
+          Fail(what + ": wrote outside an output");
+        }
+        if (first_isa == nullptr) {
+          first = std::move(out);
+          first_isa = isa_name;
+        } else if (!out.q.SameBytes(first.q)) {
+          Fail(what + ": Y differs from " + first_isa);
+        }
+      }
+    }
+  }
+}
+
+int TestQuantOp(const OpSpec& op) {
+  const int failures_before = g_failures, checks_before = g_checks;
+  std::mt19937_64 rng(0x9a17 + static_cast<int>(op.id));
+  const OpSpec* float_op = nullptr;
+  for (const OpSpec& candidate : onnxnorm::kOps) {
+    if (candidate.quantize == onnxnorm::QuantizeKind::kNone && candidate.norm == op.norm &&
+        candidate.residual == op.residual) {
+      float_op = &candidate;
+    }
+  }
+  const bool rms = op.norm == NormKind::kRms;
+  const bool skip = op.residual == ResidualKind::kSkip;
+  const int64_t widths[] = {1, 7, 16, 33, 100, 257, 1000, 4099};
+  int cases = 0;
+  for (const auto& pair : onnxnorm::kTypePairs) {
+    for (ElemType qt : op.quant_types) {
+      int k = 0;
+      for (int64_t cols : widths) {
+        Case c;
+        c.label = "width";
+        c.op = &op;
+        c.t = pair.t;
+        c.s = pair.s;
+        c.rows = cols >= 1000 ? 3 : 5;
+        c.cols = cols;
+        PresentAll(op, c.present, k % 3 != 2);
+        if (k % 3 == 1) c.present[kBias] = false;
+        c.order_a = k % 2;
+        c.misalign = static_cast<size_t>(k % 4) * 12;
+        c.with_sum = skip && k % 2 == 0;
+        if (rms && k % 4 == 1) c.offset = 1.f;
+        if (skip && k % 3 == 1) c.alpha = 0.5f;
+        // a scale that saturates the largest values, zero points inside the range
+        const float scale = k % 2 ? 0.02f : 0.0137f;
+        const int32_t zero_point = qt == ElemType::kInt8 ? (k % 3) * 5 - 5 : 100 + 20 * (k % 3);
+        CheckQuantCase(op, *float_op, c, qt, scale, zero_point, rng);
+        ++cases;
+        ++k;
+      }
+      // NaN and Inf in X (rows of NaN), per-head weights
+      Case c;
+      c.label = "NaN/Inf, per-head weights";
+      c.op = &op;
+      c.t = pair.t;
+      c.s = pair.s;
+      c.rows = 6;
+      c.cols = 40;
+      c.weight_rows = 3;
+      PresentAll(op, c.present, true);
+      c.specials = true;
+      CheckQuantCase(op, *float_op, c, qt, 0.05f, qt == ElemType::kInt8 ? 3 : 7, rng);
+      ++cases;
+      // constant rows: LayerNorm without Bias is 0 everywhere (DynamicQuantizeLinear's scale 1)
+      if (!rms && !skip) {
+        c.label = "constant rows";
+        c.weight_rows = 1;
+        c.specials = false;
+        c.spread = 0.0;
+        c.mean = 3.0;
+        c.present[kBias] = false;
+        CheckQuantCase(op, *float_op, c, qt, 0.05f, 0, rng);
+        ++cases;
+      }
+    }
+  }
+  std::printf("%-34s %4d cases, %5d checks against the float op and across instruction sets: %s\n", op.name,
+              cases, g_checks - checks_before, g_failures == failures_before ? "ok" : "FAILED");
+  return g_failures == failures_before ? 0 : 1;
+}
+
 // The conversions of cpu_internal.h (portable kernels; the vector ones are held to the same bits
 // by the cross-instruction-set checks) against Encode(RoundTo(...)).
 int TestConversions() {
@@ -750,7 +1017,7 @@ int main(int argc, char** argv) {
   bool found = only_op.empty();
   for (const OpSpec& op : onnxnorm::kOps) {
     if (all || only_op == op.name) {
-      status |= TestOp(op);
+      status |= op.quantize == onnxnorm::QuantizeKind::kNone ? TestOp(op) : TestQuantOp(op);
       found = true;
     }
   }

@@ -143,7 +143,9 @@ def _quantized_outputs(spec: catalogue.OpSpec, outputs: list[np.ndarray],
 def quantize_linear(y: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
     """ONNX QuantizeLinear per tensor, as ONNX Runtime computes it: float32(y) / float32(scale)
     in float32, rounded half to even, plus the zero point, saturated to the zero point's type;
-    NaN gives the type's minimum, +-Inf its maximum and minimum."""
+    NaN gives the type's minimum, +-Inf its maximum and minimum. ``scale`` and ``zero_point``
+    are one-element arrays."""
+    scale, zero_point = np.asarray(scale).reshape(()), np.asarray(zero_point).reshape(())
     info = np.iinfo(zero_point.dtype)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         v = y.astype(np.float32) / np.float32(scale)  # float32 division, as the kernels divide

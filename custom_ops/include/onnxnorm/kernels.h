@@ -68,5 +68,51 @@ void SetStreamMinBytes(int64_t bytes);
 // SupportedIsa().
 NormRowsFn GetNormRowsFor(Isa isa, NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type);
 
+// ---------------------------------------------------------------------------------------------
+// The quantized ops (QuantizeKind::kStatic / kDynamic): the norm's Y, rounded to X's type, then
+// quantized per tensor as ONNX Runtime's QuantizeLinear quantizes a float32 value: v / scale in
+// float32, NaN to the type's minimum, clamped, rounded half to even, plus the zero point
+// (custom_ops/cpu/quant_rows.h). Every instruction set gives the same bits.
+//
+// Static: one pass (kStatic) over the rows. Dynamic (uint8): a first pass (kRange) takes each
+// row's statistics and the range of its Y, into QuantArgs::row_scratch; the caller combines the
+// rows' ranges (DynamicQuantParams) and a second pass (kQuantize) quantizes each row from the
+// statistics kept. NormArgs::y is the float Y (Y_float; nullptr: not wanted) and NormArgs::sum
+// Sum, both written by kStatic and kQuantize only.
+enum class QuantPass : int32_t { kStatic = 0, kRange = 1, kQuantize = 2 };
+
+// Floats of row_scratch per row: the row's statistics (3), then the min and max of its Y (NaN
+// left out; +Inf and -Inf when the row has no other value).
+inline constexpr int64_t kQuantScratchFloats = 8;
+
+struct QuantArgs {
+  ElemType q_type = ElemType::kUInt8;  // of q: kUInt8 or kInt8
+  void* q = nullptr;                   // [rows, cols]: the quantized Y (kStatic, kQuantize)
+  float scale = 1.f;                   // Y_scale in float32
+  int32_t zero_point = 0;              // within q_type's range
+  float* row_scratch = nullptr;        // [rows, kQuantScratchFloats] (kRange writes, kQuantize reads)
+};
+
+// Processes rows [row_begin, row_end); safe to call concurrently on disjoint row ranges. Never
+// throws; never allocates.
+using QuantRowsFn = void (*)(const NormArgs& args, const QuantArgs& quant, int64_t row_begin, int64_t row_end);
+
+// The row kernel of a quantized op's pass, as GetNormRows chooses the instruction set; nullptr
+// when the combination is not implemented (a Sandwich norm; kRange / kQuantize with q other than
+// kUInt8).
+QuantRowsFn GetQuantRows(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x_type,
+                         ElemType weight_type, ElemType q_type);
+QuantRowsFn GetQuantRowsFor(Isa isa, NormKind norm, ResidualKind residual, QuantPass pass, ElemType x_type,
+                            ElemType weight_type, ElemType q_type);
+
+// DynamicQuantizeLinear's (uint8) scale and zero point for the range [lo, hi] of a tensor's
+// values (NaN left out), as ONNX Runtime computes them: the range widened to hold 0, scale
+// (hi - lo) / 255 in float32 or 1 when hi == lo, zero point 0 - lo / scale clamped to [0, 255]
+// (255 when NaN) and rounded half to even.
+void DynamicQuantParams(float lo, float hi, float* scale, int32_t* zero_point);
+
+// The value of a scalar of a float type (X's) as float32: exact.
+float ScalarToFloat(ElemType type, const void* value);
+
 }  // namespace cpu
 }  // namespace onnxnorm

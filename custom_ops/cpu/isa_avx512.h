@@ -1,0 +1,82 @@
+// AVX-512 (F, BW, VL) row kernels (this file alone is compiled with -mavx512f -mavx512bw
+// -mavx512vl; dispatch.cc calls it only on CPUs and operating systems that have them). Row tails
+// use masked loads and stores, so odd widths cost one masked vector.
+//
+// The instruction-set struct Isa of this unit (norm_rows.h documents what it holds), in a header
+// of its own so that the quantized ops' unit (quant_avx512.cc) builds on the same vectors.
+#pragma once
+
+#include "cpu_internal.h"
+
+#if defined(ONNXNORM_X86_KERNELS)
+#include <immintrin.h>
+
+namespace onnxnorm {
+namespace cpu {
+namespace {
+
+struct Isa {
+  static constexpr int W = 16;
+  using V = __m512;
+  static V Zero() { return _mm512_setzero_ps(); }
+  static V Set1(float f) { return _mm512_set1_ps(f); }
+  static V Add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static float HSum(V a) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+  static __mmask16 Mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static V MaskN(V a, int n) { return _mm512_maskz_mov_ps(Mask(n), a); }
+
+  static V FromHalf(__m256i h) { return _mm512_cvtph_ps(h); }
+  static V FromBFloat16(__m256i b) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)); }
+  static V Load(F32, const float* p) { return _mm512_loadu_ps(p); }
+  static V Load(F16, const uint16_t* p) { return FromHalf(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V Load(BF16, const uint16_t* p) {
+    return FromBFloat16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static V LoadN(F32, const float* p, int n) { return _mm512_maskz_loadu_ps(Mask(n), p); }
+  static V LoadN(F16, const uint16_t* p, int n) { return FromHalf(_mm256_maskz_loadu_epi16(Mask(n), p)); }
+  static V LoadN(BF16, const uint16_t* p, int n) { return FromBFloat16(_mm256_maskz_loadu_epi16(Mask(n), p)); }
+
+  // float32 -> bfloat16 bits (in the high half of each 32-bit lane), nearest even, NaN kept quiet.
+  static __m512i BFloat16High(V a) {
+    const __m512i x = _mm512_castps_si512(a);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    const __mmask16 nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+    return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x400000)));
+  }
+  static __m256i ToBFloat16(V a) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(BFloat16High(a), 16)); }
+  static __m256i ToHalf(V a) { return _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT); }
+
+  static void Store(F32, float* p, V a) { _mm512_storeu_ps(p, a); }
+  static void Store(F16, uint16_t* p, V a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ToHalf(a)); }
+  static void Store(BF16, uint16_t* p, V a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ToBFloat16(a)); }
+  static void StoreN(F32, float* p, V a, int n) { _mm512_mask_storeu_ps(p, Mask(n), a); }
+  static void StoreN(F16, uint16_t* p, V a, int n) { _mm256_mask_storeu_epi16(p, Mask(n), ToHalf(a)); }
+  static void StoreN(BF16, uint16_t* p, V a, int n) { _mm256_mask_storeu_epi16(p, Mask(n), ToBFloat16(a)); }
+
+  static constexpr bool kHasStream = true;
+  static void Stream(F32, float* p, V a) { _mm512_stream_ps(p, a); }
+  static void Stream(F16, uint16_t* p, V a) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ToHalf(a)); }
+  static void Stream(BF16, uint16_t* p, V a) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ToBFloat16(a)); }
+  static void Fence() { _mm_sfence(); }
+
+  static V Round(F32, V a) { return a; }
+  static V Round(F16, V a) { return FromHalf(ToHalf(a)); }
+  static V Round(BF16, V a) {
+    return _mm512_castsi512_ps(_mm512_and_si512(BFloat16High(a), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+};
+
+}  // namespace
+}  // namespace cpu
+}  // namespace onnxnorm
+#endif  // ONNXNORM_X86_KERNELS
