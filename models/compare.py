@@ -23,6 +23,7 @@ from pathlib import Path
 import onnx
 
 from models import corpus
+from onnxnorm.ops import catalogue
 
 #: ORT's optimizer needs a model type; these are its closest ones for each family
 ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "gpt_neox": "gpt_neox",
@@ -40,6 +41,9 @@ NORM_OPS = {
     ("onnxnorm", "SkipLayerNorm"): (1, 1), ("onnxnorm", "SkipRMSNorm"): (1, 1),
     ("onnxnorm", "SandwichLayerNorm"): (2, 1), ("onnxnorm", "SandwichRMSNorm"): (2, 1),
 }
+# a norm fused with the quantizer after it counts as its norm
+NORM_OPS.update({("onnxnorm", name): NORM_OPS[("onnxnorm", spec.norm_op)]
+                 for name, spec in catalogue.QUANTIZED_OPS.items()})
 
 
 def count(model: onnx.ModelProto, standard_counts: bool = True) -> tuple[int, int]:

@@ -26,7 +26,10 @@ Scale and Bias is emitted only where every reading gives the same bits:
   arithmetic, written by the builder of its function bodies (``functions.scale_and_shift``).
 
 Where a target has no op at all (RMSNorm at opset < 23 for ``onnx``), the function body is
-inlined. ``lower_with_notes`` also says, per node, what was emitted and why.
+inlined. A quantized op becomes its norm, lowered as above, and the QuantizeLinear or
+DynamicQuantizeLinear it stands for (after a Cast to float32 for a float16 / bfloat16 X, where
+the quantizer computes in float32 anyway). ``lower_with_notes`` also says, per node, what was
+emitted and why.
 """
 
 from __future__ import annotations
@@ -198,6 +201,12 @@ class _Lowerer:
         if self._core_op(spec) is None:
             return self._inline(node, f"opset {self.opset} has no standard "
                                       f"{'RMSNormalization (needs 23)' if spec.norm == 'rms' else 'LayerNormalization (needs 17)'}")
+        if spec.quantize != "none":
+            return self._quantized(spec, attrs, args, outs)
+        return self._float(spec, attrs, args, outs)
+
+    def _float(self, spec, attrs, args, outs) -> tuple[str, str]:
+        t = self.t
         if spec.residual == "none":
             return self._norm(spec, attrs, args["X"], args["Scale"], args["Bias"], outs["Y"]), ""
         if spec.residual == "skip":
@@ -208,6 +217,26 @@ class _Lowerer:
         fake = dict(args, X=inner, XBias=None)
         k2, _ = self._skip(spec, {**attrs, "alpha": 1.0}, fake, outs)
         return f"{k1} + {k2}", ""
+
+    def _quantized(self, spec, attrs, args, outs) -> tuple[str, str]:
+        """The norm (its Y in X's type: Y_float, or a new value), then the quantizer."""
+        base = catalogue.get(spec.norm_op)
+        y_float = outs["Y_float"] or self._name("y_float")
+        self.types[y_float], self.dims[y_float] = self.t, self.dims.get(args["X"])
+        norm_args = {p.name: args[p.name] for p in base.inputs}
+        norm_outs = {"Y": y_float, "Sum": outs.get("Sum")}
+        emitted, reason = self._float(base, {a.name: attrs[a.name] for a in base.attributes},
+                                      norm_args, norm_outs)
+        value = self.float32(y_float)
+        if spec.quantize == "dynamic":
+            self.emit("DynamicQuantizeLinear", [value],
+                      outs=[outs["Y"], outs["Y_scale"] or "", outs["Y_zero_point"] or ""])
+            return f"{emitted} + DynamicQuantizeLinear", reason
+        inputs = [value, self.float32(args["Y_scale"])]
+        if args["Y_zero_point"] is not None:
+            inputs.append(args["Y_zero_point"])
+        self.emit("QuantizeLinear", inputs, outs=[outs["Y"]])
+        return f"{emitted} + QuantizeLinear", reason
 
     def _core_op(self, spec: catalogue.OpSpec) -> str | None:
         """The target's op for the norm (None: it has none); all are in the ONNX domain."""

@@ -7,7 +7,9 @@ Stages, each applied until nothing changes:
 2. sandwich: norm -> residual add -> norm becomes a Sandwich op (``residual.py``);
 3. skip: the residual add (DeepNorm: with its alpha Mul) before a norm becomes a Skip op;
 4. xbias: the sublayer's bias Add before a Skip op becomes its XBias;
-5. BatchNormalization folded into the Conv/Gemm before it (``batch_norm.py``);
+5. a LayerNorm/RMSNorm (or Skip) op and the QuantizeLinear or DynamicQuantizeLinear after it
+   become the op's quantized form (``quantized.py``);
+6. BatchNormalization folded into the Conv/Gemm before it (``batch_norm.py``);
 
 then the nodes the rewrites left unused are removed, unused Sum outputs dropped, and the
 onnxnorm nodes lowered to the target (``lowering.py``).
@@ -324,6 +326,9 @@ def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
         if progress:
             progress(name)
         _fixpoint(model, rule_set)
+    if progress:
+        progress("quantize")
+    quantized.fuse_quantizers(model, tracker)
     quantized.report_quantized_norms(model, tracker)
     batch_norm.fold(model, tracker)
     ir.passes.PassManager([
@@ -335,8 +340,9 @@ def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
     return tracker
 
 
-def drop_unused_sums(model: onnx.ModelProto) -> None:
-    """Removes the Sum output of Skip/Sandwich nodes where nothing reads it (Post-Norm)."""
+def drop_unused_sums(model: onnx.ModelProto, outputs: tuple[str, ...] = ("Sum",)) -> None:
+    """Removes the Sum output of Skip/Sandwich nodes where nothing reads it (Post-Norm); with
+    ``outputs``, those optional outputs instead (a quantized op's Y_float)."""
     from onnxnorm.ops.functions import _all_graphs
 
     used: set[str] = set()
@@ -351,9 +357,15 @@ def drop_unused_sums(model: onnx.ModelProto) -> None:
                             used.update(n.input)
     for graph in _all_graphs(model.graph):
         for node in graph.node:
-            if (node.domain == catalogue.DOMAIN and catalogue.get(node.op_type).has_residual
-                    and len(node.output) > 1 and node.output[1] not in used):
-                del node.output[1]
+            if node.domain != catalogue.DOMAIN:
+                continue
+            spec = catalogue.get(node.op_type)
+            for name in outputs:
+                index = spec.output_index(name)
+                if index is not None and index < len(node.output) and node.output[index] not in used:
+                    node.output[index] = ""
+            while node.output and not node.output[-1]:
+                del node.output[-1]
 
 
 def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None
@@ -439,6 +451,8 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
         # ORT cannot infer the types of a function call that leaves out an optional output,
         # so the function target keeps Sum, used or not
         drop_unused_sums(fused)
+    # a quantized op's Y_float where nothing reads it: its overload's body ends before it
+    drop_unused_sums(fused, ("Y_float",))
     lowered, notes = lower_with_notes(fused, target, weights)
     report = tracker.report()
     report.norms = after[0] - before[0]

@@ -1,4 +1,11 @@
-"""Norms that a static quantizer cut into pieces: why they are not fused.
+"""Quantized models: norms followed by a quantizer become one quantized op; norms that a static
+quantizer cut into pieces are reported with why they are not fused.
+
+``fuse_quantizers``: a fused LayerNorm / RMSNorm / SkipLayerNorm / SkipRMSNorm whose output goes
+straight into a QuantizeLinear (static quantization; the DequantizeLinear after it stays) or,
+after a Cast to float32 in a float16 / bfloat16 graph, into a DynamicQuantizeLinear (dynamic
+quantization) becomes the catalogue's quantized form of the norm, which computes exactly that
+pair (docs/design.md).
 
 ONNX Runtime's static quantization in QDQ format, asked to quantize every op it can, puts a
 QuantizeLinear/DequantizeLinear pair after the norm's ReduceMean and Add and stores epsilon and
@@ -7,14 +14,17 @@ rounded to the quantizer's steps between ReduceMean, Add and Sqrt, which no fuse
 so no rule matches: this pass finds such norms after the rules ran and reports each one under
 its core rule with the reason, instead of the report's plain "no norm pattern". Q/DQ pairs
 around a norm (on its input and output, as MatMul-only quantization writes them) do not stop
-fusion: the norm between them is fused and the pairs stay as they are.
+fusion: the norm between them is fused, the QuantizeLinear after it joins it, and the
+DequantizeLinear nodes stay as they are.
 """
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
+from onnxnorm.fusion._base import FLOAT, Rejected, attribute
 from onnxnorm.fusion.report import Tracker
+from onnxnorm.ops import catalogue
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -86,3 +96,158 @@ def report_quantized_norms(model: ir.Model, tracker: Tracker) -> int:
             "ReduceMean, Add, Pow, Sqrt, or their nodes in nodes_to_exclude) to fuse it"))
         count += 1
     return count
+
+
+# ---------------------------------------------------------------------------------------------
+# A norm followed by its quantizer: one quantized onnxnorm op
+
+_FLOAT_OPS_WITH_QUANTIZED_FORMS = {
+    (spec.base, spec.quantize): name for name, spec in catalogue.QUANTIZED_OPS.items()}
+_QUANT_TYPES = frozenset(ir.DataType[t[len("tensor("):-1].upper()] for t in catalogue.QUANT_TYPES)
+
+
+def _one_element(value: ir.Value, what: str) -> None:
+    """``value`` must hold one element (a scalar or a 1-D tensor of one): per-tensor."""
+    shape = value.shape
+    if shape is None:
+        raise Rejected(f"the shape of {what} ({value.name!r}) is unknown")
+    dims = list(shape.dims)
+    if len(dims) > 1 or any(d != 1 for d in dims):
+        raise Rejected(f"{what} of shape {list(dims)} is not per tensor: the fused op quantizes "
+                       "per tensor only")
+
+
+def _quantized_source(quantizer: ir.Node) -> tuple[ir.Node, ir.Node | None] | None:
+    """(the onnxnorm norm whose Y the quantizer reads, the Cast to float32 between them or None),
+    or None when the quantizer reads no such norm."""
+    value = quantizer.inputs[0] if quantizer.inputs else None
+    if value is None:
+        return None
+    cast = None
+    producer = value.producer()
+    if _op(producer, "Cast") and producer.domain in ("", "ai.onnx"):
+        to = producer.attributes.get("to")
+        if to is None or to.value != ir.DataType.FLOAT:
+            return None
+        cast, value = producer, producer.inputs[0]
+        producer = value.producer() if value is not None else None
+    if producer is None or producer.domain != catalogue.DOMAIN or not producer.outputs \
+            or producer.outputs[0] is not value:
+        return None
+    quantize = "static" if quantizer.op_type == "QuantizeLinear" else "dynamic"
+    if (producer.op_type, quantize) not in _FLOAT_OPS_WITH_QUANTIZED_FORMS:
+        return None
+    return producer, cast
+
+
+def _inspect(quantizer: ir.Node, norm: ir.Node, cast: ir.Node | None) -> list[ir.Value | None]:
+    """The quantizer's inputs that the fused op takes (Y_scale, Y_zero_point), or raises
+    Rejected when the pair is not the fused op's semantics."""
+    x_type = norm.inputs[0].dtype if norm.inputs and norm.inputs[0] is not None else None
+    if x_type is None:
+        raise Rejected("the element type of the norm's X is unknown; run shape inference first")
+    if quantizer.op_type == "DynamicQuantizeLinear":
+        if x_type != FLOAT and cast is None:
+            raise Rejected(f"DynamicQuantizeLinear of a {x_type.name} value")
+        return []
+    if cast is not None and x_type != FLOAT:
+        raise Rejected(f"QuantizeLinear takes the {x_type.name} norm's output cast to FLOAT: the "
+                       "fused op's Y_scale has X's type")
+    if attribute(quantizer, "block_size", 0):
+        raise Rejected("blocked quantization (block_size): the fused op quantizes per tensor")
+    scale = quantizer.inputs[1] if len(quantizer.inputs) > 1 else None
+    zero_point = quantizer.inputs[2] if len(quantizer.inputs) > 2 else None
+    if scale is None:
+        raise Rejected("QuantizeLinear without y_scale")
+    if scale.dtype != x_type:
+        raise Rejected(f"y_scale of type {scale.dtype.name if scale.dtype else 'unknown'} for a "
+                       f"{x_type.name} norm: the fused op's Y_scale has X's type")
+    _one_element(scale, "y_scale")
+    q_type = ir.DataType.UINT8
+    if zero_point is not None:
+        q_type = zero_point.dtype
+        if q_type not in _QUANT_TYPES:
+            raise Rejected(f"y_zero_point of type {q_type.name if q_type else 'unknown'}: the "
+                           "fused op quantizes to UINT8 or INT8 (no float8 yet)")
+        _one_element(zero_point, "y_zero_point")
+    output_dtype = attribute(quantizer, "output_dtype", 0)
+    if output_dtype and ir.DataType(output_dtype) != q_type:
+        raise Rejected(f"output_dtype {ir.DataType(output_dtype).name}: the fused op quantizes "
+                       f"to its zero point's type {q_type.name}")
+    return [scale, zero_point]
+
+
+def _used_outside(value: ir.Value, nodes: set[ir.Node]) -> bool:
+    return value.is_graph_output() or any(user not in nodes for user in value.consumers())
+
+
+def fuse_quantizers(model: ir.Model, tracker: Tracker) -> int:
+    """Turns each onnxnorm LayerNorm / RMSNorm / SkipLayerNorm / SkipRMSNorm followed by a
+    QuantizeLinear (static QDQ: the DequantizeLinear after it stays) or a DynamicQuantizeLinear
+    (after a Cast to float32 in a float16 / bfloat16 graph) into the quantized op. Where the
+    norm's float output has other readers (or is a graph output) the fused op gives it as
+    Y_float, and its Sum takes the norm's; a Cast with other readers stays and reads Y_float.
+    Returns how many it fused."""
+    count = 0
+    for graph in model.graphs():
+        for quantizer in list(graph):
+            if quantizer.graph is not graph or not _op(quantizer, "QuantizeLinear",
+                                                         "DynamicQuantizeLinear"):
+                continue
+            if quantizer.domain not in ("", "ai.onnx"):
+                continue
+            found = _quantized_source(quantizer)
+            if found is None:
+                continue
+            norm, cast = found
+            quantize = "static" if quantizer.op_type == "QuantizeLinear" else "dynamic"
+            title = f"{norm.op_type} + {quantizer.op_type}"
+            tracker.register(title)
+            if norm.graph is not graph or (cast is not None and cast.graph is not graph):
+                tracker.checked(title, quantizer, "the norm is in another graph")
+                continue
+            try:
+                quant_inputs = _inspect(quantizer, norm, cast)
+            except Rejected as e:
+                tracker.checked(title, quantizer, str(e))
+                continue
+            tracker.checked(title, quantizer, None)
+            _rewrite(graph, quantizer, norm, cast, _FLOAT_OPS_WITH_QUANTIZED_FORMS[
+                (norm.op_type, quantize)], quant_inputs)
+            tracker.fused(title, quantizer)
+            count += 1
+    return count
+
+
+def _rewrite(graph: ir.Graph, quantizer: ir.Node, norm: ir.Node, cast: ir.Node | None, op: str,
+             quant_inputs: list[ir.Value | None]) -> None:
+    spec = catalogue.get(op)
+    base = catalogue.get(norm.op_type)
+    inputs = list(norm.inputs) + [None] * (len(base.inputs) - len(norm.inputs)) + quant_inputs
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    name = f"{norm.name}/{op}" if norm.name else None
+    fused = ir.Node(catalogue.DOMAIN, op, inputs,
+                    attributes=[ir.Attr(a.name, a.type, a.value) for a in norm.attributes.values()],
+                    num_outputs=len(spec.outputs), name=name)
+    removed = {quantizer, norm}
+    cast_removed = cast is not None and not _used_outside(cast.outputs[0], {quantizer})
+    if cast_removed:
+        removed.add(cast)
+    old_values, new_values = list(quantizer.outputs), list(fused.outputs[:len(quantizer.outputs)])
+    y = norm.outputs[0]
+    if _used_outside(y, removed):
+        old_values.append(y)
+        new_values.append(fused.outputs[spec.output_index("Y_float")])
+    total = spec.output_index("Sum")
+    if total is not None and len(norm.outputs) > 1 and norm.outputs[1] is not None:
+        old_values.append(norm.outputs[1])
+        new_values.append(fused.outputs[total])
+    for index, value in enumerate(fused.outputs):
+        # outputs nothing reads get names and types too; the pipeline drops the unused ones
+        value.name = f"{name or op}/{spec.outputs[index].name}_{id(fused)}"
+        if spec.outputs[index].type_var == "T":
+            value.type, value.shape = y.type, y.shape
+    ir.convenience.replace_nodes_and_values(graph, norm, [n for n in (norm, cast, quantizer)
+                                                          if n in removed],
+                                            [fused], old_values, new_values)
