@@ -139,6 +139,9 @@ void RangeRow(const Src& source, const Nz& normalizer, const Wt& weights, int64_
     hi[k] = -INFINITY;
   }
   auto take = [&](int count) {
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 1
+#endif
     for (int k = 0; k < count; ++k) {
       lo[k] = block[k] < lo[k] ? block[k] : lo[k];  // (false for NaN: left out)
       hi[k] = block[k] > hi[k] ? block[k] : hi[k];
