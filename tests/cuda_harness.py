@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import itertools
 import os
 import shutil
@@ -270,10 +271,23 @@ def build_emulation(folder: str | os.PathLike) -> Path:
     command = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
                f"-I{CUDA_DIR / 'emulation'}", f"-I{CUDA_DIR}", f"-I{ROOT / 'custom_ops' / 'include'}",
                "-DONNXNORM_CUDA_ARCHS=host-emulation", str(CUDA_DIR / "emulation" / "host_emulation.cc"),
-               "-x", "c++", str(CUDA_DIR / "launch.cu"), "-o", str(out)]
-    build = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if build.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)}\n{build.stderr[-4000:]}")
+               "-x", "c++", str(CUDA_DIR / "launch.cu")]
+    # one build per content of the sources and the command, kept in build/ (the kernel-logic
+    # and glue tests both need it; a compile takes most of a minute)
+    digest = hashlib.sha256(" ".join(command).encode())
+    for source in sorted([*CUDA_DIR.rglob("*"), *(ROOT / "custom_ops" / "include").rglob("*")]):
+        if source.is_file():
+            digest.update(source.name.encode() + source.read_bytes())
+    cached = ROOT / "build" / "cuda-emulation" / digest.hexdigest()[:16] / out.name
+    if not cached.is_file():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f"{out.name}.{os.getpid()}.tmp")
+        build = subprocess.run(command + ["-o", str(partial)], capture_output=True, text=True,
+                               timeout=600)
+        if build.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)}\n{build.stderr[-4000:]}")
+        os.replace(partial, cached)
+    shutil.copyfile(cached, out)
     return out
 
 

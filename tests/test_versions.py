@@ -4,10 +4,10 @@ Fast: every runtime dependency in pyproject.toml (``dependencies`` and the ``cpu
 extras, which choose the ONNX Runtime) has a lower bound, and README.md's supported-versions
 table names the same ones.
 
-Slow: a virtual environment with exactly those lower bounds (read from pyproject.toml, so the
-test and the declaration cannot drift) and a wheel built from the tree, in which the fusion
-command, every target, its ``--verify`` and the library's kernels work. Needs PyPI; about 15 s,
-plus about 35 s (2 cores) when its build folder is new.
+Slow (``test_install.py``, which builds the wheel it installs): a virtual environment with
+exactly those lower bounds (read from pyproject.toml by :func:`minimum_versions`, so the test and
+the declaration cannot drift), in which the fusion command, every target, its ``--verify`` and
+the library's kernels work. ``CHECK`` is what it runs there. Needs PyPI.
 
 What breaks just below each bound (Python 3.11):
 
@@ -27,13 +27,8 @@ What breaks just below each bound (Python 3.11):
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 import tomllib
-import venv
 from pathlib import Path
 
 import pytest
@@ -286,54 +281,3 @@ fuse_every_target(work, rng)
 half_precision(work, rng)
 print("CHECK OK")
 '''
-
-
-def _sh(*argv, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
-    try:
-        result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd,
-                                env={**os.environ, **(env or {})}, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"{argv} hung (over {timeout} s):\n{e.stdout}\n{e.stderr}") from None
-    if result.returncode != 0:
-        raise AssertionError(f"{argv} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
-                             f"{result.stderr[-4000:]}")
-    return result
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("runtime", [None, "1.24.1"], ids=["minimums", "onnxruntime-1.24.1"])
-def test_minimum_versions_work(tmp_path, runtime):
-    """The declared minimums; and the same with the first onnxruntime in which the library turns
-    its output shape inference on (see the module's docstring)."""
-    bounds = minimum_versions()
-    if runtime:
-        bounds["onnxruntime"] = runtime
-    # the cpu extra's ONNX Runtime: onnxruntime-gpu is the same runtime, and needs a GPU
-    pins = [f"{name}=={version}" for name, version in sorted(bounds.items())
-            if name != "onnxruntime-gpu"]
-
-    # a wheel of the tree, without the CUDA library; its build folder is kept for the next run
-    dist = tmp_path / "dist"
-    _sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-        "--config-settings=build-dir=" + str(ROOT / "build" / "test_versions"), "-w", dist, ROOT,
-        env={"ONNXNORM_CUDA": "OFF"}, timeout=900)
-    wheel = next(dist.glob("onnxnorm-*.whl"))
-
-    venv.create(tmp_path / "venv", with_pip=True)
-    python = tmp_path / "venv" / "bin" / "python"
-    # the wheel with its own requirements and the pins together: pip refuses the pins if a
-    # declared bound cannot be installed beside the others
-    _sh(python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-        "--only-binary=:all:", f"{wheel}[cpu]", *pins)
-    _sh(python, "-m", "pip", "check")
-    listed = json.loads(_sh(python, "-m", "pip", "list", "--format", "json").stdout)
-    installed = {_normalized(p["name"]): p["version"] for p in listed}
-    for name, version in bounds.items():
-        if name != "onnxruntime-gpu":
-            assert _same_version(installed[name], version), (name, installed[name], version)
-
-    work = tmp_path / "work"  # not the checkout: the installed package, not the tree's
-    work.mkdir()
-    (work / "check.py").write_text(CHECK)
-    result = _sh(python, "check.py", cwd=work, timeout=300)
-    assert result.stdout.rstrip().endswith("CHECK OK"), result.stdout
