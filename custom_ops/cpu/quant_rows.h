@@ -11,8 +11,10 @@
 //              and quantizes it. X (and Residual) are read from memory once; the statistics
 //              passes and the last pass read the row from cache.
 //   kRange:    the statistics, kept in the row's scratch, and a pass that takes the min and max
-//              of the row's Y rounded to X's type (NaN left out); nothing else is written.
-//   kQuantize: as kStatic, with the statistics kept by kRange.
+//              of the row's Y rounded to X's type (NaN left out); a Skip op writes Sum here.
+//   kQuantize: as kStatic, with the statistics kept by kRange (a Skip op with Sum reads its Z
+//              back from Sum: one tensor from memory instead of X and Residual).
+// A Skip op with Sum writes it in its statistics pass and its later passes read Z from it.
 // The quantization of a value v (X's type, taken to float32) is ONNX Runtime's: v / scale in
 // float32 (a division, as ORT divides: v * (1 / scale) would differ), NaN to the minimum,
 // clamped to [min - zero_point, max - zero_point] (whole numbers, so clamping before the
@@ -171,17 +173,18 @@ void RangeRow(const Src& source, const Nz& normalizer, const Wt& weights, int64_
 }
 
 // One row of a pass, with its weights' presence resolved at compile time.
-template <QuantPass kPass, NormKind NK, class E, class Q, bool kOrderA, class Wt, class Src>
-inline void QuantRow(const Src& src, const Wt& weights, bool has_scale, bool has_bias, typename Q::St* q,
-                     typename E::St* y_float, typename E::St* sum, float* scratch, const RowParams& p,
-                     const QuantParams& qp) {
+// The statistics come from stats_src (unless kept by kRange), the values of the last pass from src.
+template <QuantPass kPass, NormKind NK, class E, class Q, bool kOrderA, class Wt, class StatsSrc, class Src>
+inline void QuantRow(const StatsSrc& stats_src, const Src& src, const Wt& weights, bool has_scale, bool has_bias,
+                     typename Q::St* q, typename E::St* y_float, typename E::St* sum, float* scratch,
+                     const RowParams& p, const QuantParams& qp) {
   Stats st;
   if (kPass == QuantPass::kQuantize) {
     st.hi = scratch[0];
     st.lo = scratch[1];
     st.inv = scratch[2];
   } else {
-    st = RowStats<NK>(src, p);
+    st = RowStats<NK>(stats_src, p);
   }
   const Normalizer<NK, E, kOrderA> nz(st, p.offset);
   auto run = [&](auto scale_tag, auto bias_tag) {
@@ -240,11 +243,22 @@ void QuantRowsInOrder(const NormArgs& a, const QuantArgs& qa, int64_t row_begin,
     T* yr = y != nullptr ? y + at : nullptr;
     T* sr = sum != nullptr ? sum + at : nullptr;
     if constexpr (RK == ResidualKind::kNone) {
-      QuantRow<kPass, NK, E, Q, kOrderA>(PlainSource<E>{x + at}, weights, has_scale, has_bias, qr, yr, nullptr,
-                                          scratch, p, qp);
+      const PlainSource<E> src{x + at};
+      QuantRow<kPass, NK, E, Q, kOrderA>(src, src, weights, has_scale, has_bias, qr, yr, nullptr, scratch, p, qp);
     } else {
       const SkipSource<E, S> src{x + at, residual + at, xbias.Get(), alpha, a.alpha != 1.f};
-      QuantRow<kPass, NK, E, Q, kOrderA>(src, weights, has_scale, has_bias, qr, yr, sr, scratch, p, qp);
+      if (sr == nullptr) {
+        QuantRow<kPass, NK, E, Q, kOrderA>(src, src, weights, has_scale, has_bias, qr, yr, nullptr, scratch, p,
+                                            qp);
+      } else if constexpr (kPass == QuantPass::kQuantize) {
+        // Sum, written by the range pass, is the row's Z: one tensor to read instead of two
+        const PlainSource<E> z{sr};
+        QuantRow<kPass, NK, E, Q, kOrderA>(z, z, weights, has_scale, has_bias, qr, yr, nullptr, scratch, p, qp);
+      } else {
+        // the statistics pass writes Sum, the later passes read Z back from it (from cache)
+        QuantRow<kPass, NK, E, Q, kOrderA>(StoringSource<E, SkipSource<E, S>>{src, sr}, PlainSource<E>{sr},
+                                            weights, has_scale, has_bias, qr, yr, nullptr, scratch, p, qp);
+      }
       xbias.Next();
     }
     scale.Next();

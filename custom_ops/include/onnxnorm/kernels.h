@@ -77,8 +77,9 @@ NormRowsFn GetNormRowsFor(Isa isa, NormKind norm, ResidualKind residual, ElemTyp
 // Static: one pass (kStatic) over the rows. Dynamic (uint8): a first pass (kRange) takes each
 // row's statistics and the range of its Y, into QuantArgs::row_scratch; the caller combines the
 // rows' ranges (DynamicQuantParams) and a second pass (kQuantize) quantizes each row from the
-// statistics kept. NormArgs::y is the float Y (Y_float; nullptr: not wanted) and NormArgs::sum
-// Sum, both written by kStatic and kQuantize only.
+// statistics kept. NormArgs::y is the float Y (Y_float; nullptr: not wanted), written by kStatic
+// and kQuantize; NormArgs::sum is Sum, written by kStatic and kRange (kQuantize reads it back).
+// Both passes of a call take the same NormArgs.
 enum class QuantPass : int32_t { kStatic = 0, kRange = 1, kQuantize = 2 };
 
 // Floats of row_scratch per row: the row's statistics (3), then the min and max of its Y (NaN
