@@ -32,9 +32,10 @@ $(HEADERS): tools/get_ort_headers.sh
 	mkdir -p $(dir $@) && touch $@
 
 # editable install: Python edits take effect at once, the native library is rebuilt
-# (incrementally, in build/) when its sources change
+# (incrementally, in build/) when its sources change; its build folder also builds the C++
+# kernel tests from the same objects (the test command runs them with ctest there)
 $(VENV)/.installed: $(VENV)/.deps $(HEADERS) $(NATIVE)
-	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PIP) install -q --no-build-isolation --no-deps -C cmake.define.ONNXNORM_BUILD_TESTS=ON -e .
 	touch $@
 
 setup install: $(VENV)/.installed

@@ -341,23 +341,39 @@ def _tool(name: str) -> str | None:
     return shutil.which(name, path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
 
 
+def _package_build_with_tests(root: Path) -> Path | None:
+    """The build folder of this tree's editable install when it builds the kernel tests too
+    (``make install`` asks for them): the tests then link the kernel objects the installed
+    library was built from, and nothing is compiled twice."""
+    for cache in sorted((root / "build").glob("*/CMakeCache.txt")):
+        text = cache.read_text(errors="replace")
+        if (f"CMAKE_HOME_DIRECTORY:INTERNAL={root}\n" in text and "ONNXNORM_BUILD_TESTS:BOOL=ON\n" in text
+                and "SKBUILD" in text):
+            return cache.parent
+    return None
+
+
 @pytest.mark.skipif(_tool("cmake") is None or _tool("ctest") is None, reason="needs cmake and ctest")
 def test_kernels_cxx_ctest():
     """The C++ tests of the row kernels (custom_ops/tests/kernel_tests.cc), built by CMake from the
-    same kernel objects as the library into build/kernel-tests and run by ctest: every op, type pair,
+    same kernel objects as the library (in the editable install's build folder, else in
+    build/kernel-tests) and run by ctest: every op, type pair,
     optional input, attribute and rounding order against a scalar float64 reference, misaligned and
     streamed tensors, rows split as threads split them, the float16/bfloat16 conversions, and every
     instruction set this CPU has against the others, byte for byte."""
     root = Path(__file__).resolve().parents[1]
-    build = root / "build" / "kernel-tests"
-    configure = [_tool("cmake"), "-S", str(root), "-B", str(build), "-DONNXNORM_CUDA=OFF",
-                 "-DONNXNORM_BUILD_TESTS=ON", "-DCMAKE_BUILD_TYPE=Release"]
-    if not (build / "CMakeCache.txt").exists() and _tool("ninja"):
-        configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
     jobs = str(max(1, min(4, os.cpu_count() or 1)))
-    steps = [configure,
-             [_tool("cmake"), "--build", str(build), "--target", "onnxnorm_kernel_tests", "--parallel", jobs],
-             [_tool("ctest"), "--test-dir", str(build), "--output-on-failure", "--parallel", jobs]]
+    build = _package_build_with_tests(root)
+    steps = []
+    if build is None:  # a build of its own
+        build = root / "build" / "kernel-tests"
+        configure = [_tool("cmake"), "-S", str(root), "-B", str(build), "-DONNXNORM_CUDA=OFF",
+                     "-DONNXNORM_BUILD_TESTS=ON", "-DCMAKE_BUILD_TYPE=Release"]
+        if not (build / "CMakeCache.txt").exists() and _tool("ninja"):
+            configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
+        steps.append(configure)
+    steps += [[_tool("cmake"), "--build", str(build), "--target", "onnxnorm_kernel_tests", "--parallel", jobs],
+              [_tool("ctest"), "--test-dir", str(build), "--output-on-failure", "--parallel", jobs]]
     for step in steps:
         result = subprocess.run(step, capture_output=True, text=True, timeout=1800)
         assert result.returncode == 0, f"{' '.join(step)}\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
