@@ -22,6 +22,13 @@ contender), the median time per call of:
   preallocated memory): the faster of ``numpy.copyto`` (one thread, glibc memcpy) and
   ``torch.Tensor.copy_`` (torch intra-op threads = ``--threads``): the memory-bandwidth bound.
 
+The quantized ops (a norm followed by QuantizeLinear or DynamicQuantizeLinear, Y_scale 0.02 and
+an int8 zero point for the static ones) run against ORT's built-in norm followed by ORT's
+QuantizeLinear (opset 21, which takes X's type; and after Casts of the norm's output and the
+scale to float32, for float16 / bfloat16: ORT's CPU QuantizeLinear has no bfloat16 kernel) or
+DynamicQuantizeLinear (after a Cast to float32 for float16 / bfloat16: it takes float32 only);
+they have no decomposed or torch contender.
+
 ONNX Runtime sessions use ``--threads`` intra-op threads and IO binding with preallocated inputs
 and outputs, so no call allocates or copies. The Q/K-norm shape (1, 512, 32, 128) normalized over
 128 is run as (1, 16384, 128) for every contender (the same bytes and math; ORT's Skip ops want
@@ -76,6 +83,15 @@ _ORT_BUILTINS = {
     "SandwichLayerNorm": ["LayerNormalization+SkipLayerNormalization"],
     "SandwichRMSNorm": ["SimplifiedLayerNormalization+SkipSimplifiedLayerNormalization"],
 }
+# the quantized ops: each built-in of their norm followed by ORT's quantizer
+_QUANTIZERS = {"static": "QuantizeLinear", "dynamic": "DynamicQuantizeLinear"}
+for _name, _spec in catalogue.QUANTIZED_OPS.items():
+    _ORT_BUILTINS[_name] = [f"{label}+{_QUANTIZERS[_spec.quantize]}"
+                            for label in _ORT_BUILTINS[_spec.norm_op]]
+    if _spec.quantize == "static":  # ORT's CPU QuantizeLinear has no bfloat16 kernel: cast first
+        _ORT_BUILTINS[_name] += [f"{label}+Cast+QuantizeLinear" for label in _ORT_BUILTINS[_spec.norm_op]]
+Y_SCALE = 0.02
+Y_ZERO_POINT = -3
 
 
 @dataclasses.dataclass
@@ -188,6 +204,8 @@ def _weights(op: str) -> dict[str, str]:
     """The onnxnorm inputs the benchmark feeds, mapped to array names."""
     spec = catalogue.get(op)
     names = {"X": "x"}
+    if spec.quantize == "static":
+        names.update(Y_scale="ys", Y_zero_point="yz")
     if spec.has_residual:
         names["Residual"] = "r"
     names["Scale"] = "s"
@@ -200,6 +218,37 @@ def _weights(op: str) -> dict[str, str]:
     return names
 
 
+def _outputs(op: str) -> list[str]:
+    """The outputs the benchmark asks of an op (and of the ORT graphs for the same math)."""
+    spec = catalogue.get(op)
+    outputs = ["y", "ys_out", "yz_out"] if spec.quantize == "dynamic" else ["y"]
+    return outputs + (["sum"] if spec.has_residual else [])
+
+
+def _quantized_types(model, quantize: str) -> None:
+    """Sets the types and shapes of the quantized outputs (and of Y_scale and Y_zero_point) in
+    ``model``'s graph; ``quantize``: catalogue.QUANTIZE_KINDS."""
+    import onnx
+
+    if quantize == "none":
+        return
+    q_type = onnx.TensorProto.INT8 if quantize == "static" else onnx.TensorProto.UINT8
+    for out in model.graph.output:
+        t = out.type.tensor_type
+        if out.name == "y":
+            t.elem_type = q_type
+        elif out.name in ("ys_out", "yz_out"):
+            t.elem_type = onnx.TensorProto.FLOAT if out.name == "ys_out" else q_type
+            t.shape.Clear()
+            t.shape.SetInParent()
+    for inp in model.graph.input:
+        if inp.name in ("ys", "yz"):
+            inp.type.tensor_type.shape.Clear()
+            inp.type.tensor_type.shape.SetInParent()
+            if inp.name == "yz":
+                inp.type.tensor_type.elem_type = onnx.TensorProto.INT8
+
+
 def _onnxnorm_model(op: str, dtype: str, x_shape, d: int):
     from onnx import helper
 
@@ -208,15 +257,66 @@ def _onnxnorm_model(op: str, dtype: str, x_shape, d: int):
     inputs = [names.get(p.name, "") for p in spec.inputs]
     while inputs and not inputs[-1]:
         inputs.pop()
-    outputs = ["y", "sum"] if spec.has_residual else ["y"]
-    node = helper.make_node(op, inputs, outputs, domain=catalogue.DOMAIN, epsilon=EPSILON)
+    outputs = _outputs(op)
+    node_outputs = outputs if spec.quantize == "none" or not spec.has_residual else (
+        outputs[:-1] + ["sum"])
+    node = helper.make_node(op, inputs, node_outputs, domain=catalogue.DOMAIN, epsilon=EPSILON)
     shapes = {n: (x_shape if n in ("x", "r") else (d,)) for n in names.values()}
-    return _model([node], shapes, outputs, dtype, {"": 18, catalogue.DOMAIN: catalogue.VERSION})
+    model = _model([node], shapes, outputs, dtype, {"": 18, catalogue.DOMAIN: catalogue.VERSION})
+    _quantized_types(model, spec.quantize)
+    return model
+
+
+def _ort_quantized_model(label: str, dtype: str, x_shape, d: int):
+    """ORT's built-in norm ``label`` (before the "+") followed by its quantizer."""
+    import onnx
+    from onnx import helper
+
+    norm_label, quantizer = label.rsplit("+", 1)
+    cast = norm_label.endswith("+Cast")
+    if cast:
+        if dtype == "float32":
+            raise ValueError("float32 needs no Cast before QuantizeLinear")
+        norm_label = norm_label[:-len("+Cast")]
+    model = _ort_builtin_model(norm_label, dtype, x_shape, d)
+    graph = model.graph
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            if name == "y":
+                node.output[i] = "y_float"
+    y = "y_float"
+    if quantizer == "DynamicQuantizeLinear":
+        if dtype != "float32":
+            graph.node.append(helper.make_node("Cast", [y], ["y_float32"], to=onnx.TensorProto.FLOAT))
+            y = "y_float32"
+        graph.node.append(helper.make_node("DynamicQuantizeLinear", [y], ["y", "ys_out", "yz_out"]))
+    else:
+        scale = "ys"
+        if cast:  # the norm's output and the scale in float32 (QuantizeLinear divides in float32)
+            graph.node.extend([
+                helper.make_node("Cast", [y], ["y_float32"], to=onnx.TensorProto.FLOAT),
+                helper.make_node("Cast", ["ys"], ["ys_float32"], to=onnx.TensorProto.FLOAT)])
+            y, scale = "y_float32", "ys_float32"
+        graph.node.append(helper.make_node("QuantizeLinear", [y, scale, "yz"], ["y"]))
+        graph.input.extend([helper.make_tensor_value_info("ys", _onnx_type(dtype), []),
+                            helper.make_tensor_value_info("yz", onnx.TensorProto.INT8, [])])
+        for imp in model.opset_import:
+            if imp.domain == "":
+                imp.version = max(imp.version, 21)
+    outputs = {o.name: o for o in graph.output}
+    names = ["y"] + (["ys_out", "yz_out"] if quantizer == "DynamicQuantizeLinear" else []) + (
+        ["sum"] if "sum" in outputs else [])
+    del graph.output[:]
+    graph.output.extend(helper.make_tensor_value_info(n, _onnx_type(dtype), None) for n in names)
+    _quantized_types(model, "dynamic" if quantizer == "DynamicQuantizeLinear" else "static")
+    return model
 
 
 def _ort_builtin_model(label: str, dtype: str, x_shape, d: int):
     from onnx import helper
 
+    if label.endswith(("+QuantizeLinear", "+DynamicQuantizeLinear")):
+        return _ort_quantized_model(label, dtype, x_shape, d)
     ms = "com.microsoft"
     xs = {"x": x_shape}
     w = {"s": (d,)}
@@ -386,7 +486,12 @@ def _ort_runner(model, arrays: dict[str, np.ndarray], threads: int, with_library
             keep.append(value)
             binding.bind_ortvalue_input(name, value)
     for out in sess.get_outputs():
-        value = _ortvalue(np.empty(output_shape or x.shape, x.dtype))
+        shape, dtype = output_shape or x.shape, x.dtype
+        if out.name in ("ys_out", "yz_out"):  # DynamicQuantizeLinear's scalars
+            shape, dtype = (), np.dtype(np.float32 if out.name == "ys_out" else np.uint8)
+        elif out.type in ("tensor(int8)", "tensor(uint8)"):
+            dtype = np.dtype(np.int8 if out.type == "tensor(int8)" else np.uint8)
+        value = _ortvalue(np.empty(shape, dtype))
         keep.append(value)
         binding.bind_ortvalue_output(out.name, value)
     keep.append(sess)
@@ -439,7 +544,11 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
     np_type = _np_dtype(dtype)
     arrays = {}
     for name in _weights(op).values():
-        if name in ("x", "r"):
+        if name == "ys":
+            arrays[name] = np.array(Y_SCALE, np_type)
+        elif name == "yz":
+            arrays[name] = np.array(Y_ZERO_POINT, np.int8)
+        elif name in ("x", "r"):
             arrays[name] = rng.standard_normal(shape, np.float32).astype(np_type)
         else:
             base = 1.0 if name.startswith("s") else 0.0
@@ -465,7 +574,10 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
     for label in _ORT_BUILTINS[op]:
         add("ort:" + label, lambda label=label: _ort_runner(_ort_builtin_model(label, dtype, shape, d), arrays,
                                                             threads, False, keep))
-    add("decomposed", lambda: _ort_runner(_decomposed_model(op, dtype, arrays), arrays, threads, False, keep))
+    quantized = catalogue.get(op).quantize != "none"
+    if not quantized:
+        add("decomposed", lambda: _ort_runner(_decomposed_model(op, dtype, arrays), arrays, threads, False,
+                                              keep))
     floor_shape = (2 * shape[0], *shape[1:]) if catalogue.get(op).has_residual else shape
     add("floor", lambda: _ort_runner(_ort_floor_model(op, dtype, shape), arrays, threads, False, keep,
                                      output_shape=floor_shape))
@@ -483,7 +595,8 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
             with torch.inference_mode():
                 eager(*tensors)
         return call
-    add("torch", make_torch)
+    if not quantized:
+        add("torch", make_torch)
 
     copies = 2 if catalogue.get(op).has_residual else 1
     nbytes = copies * arrays["x"].nbytes
