@@ -179,3 +179,46 @@ def test_quantizer_with_per_axis_scale_is_not_fused():
     row = report["RMSNorm + QuantizeLinear"]
     assert (row.found, row.fused) == (1, 0)
     assert "is not per tensor" in row.skips[0].reason
+
+
+@pytest.mark.parametrize("quantizer", ["QuantizeLinear", "DynamicQuantizeLinear"])
+def test_float16_norm_and_quantizer(quantizer, rng):
+    """A float16 SkipRMSNorm followed by a float16 QuantizeLinear (opset 21), or by a Cast to
+    float32 and a DynamicQuantizeLinear (which takes float32 only): one quantized op, the Cast
+    included, with the original's quantized values; the Sum keeps its reader."""
+    from onnxnorm import ops
+
+    f16 = onnx.TensorProto.FLOAT16
+    nodes = [helper.make_node("SkipRMSNorm", ["x", "r", "w"], ["y", "sum"], domain="onnxnorm",
+                              cast_before_scale=1)]
+    outputs = []
+    if quantizer == "QuantizeLinear":
+        nodes.append(helper.make_node("QuantizeLinear", ["y", "scale", "zp"], ["q"]))
+        outputs.append(helper.make_tensor_value_info("q", onnx.TensorProto.INT8, [4, 64]))
+    else:
+        nodes += [helper.make_node("Cast", ["y"], ["y32"], to=onnx.TensorProto.FLOAT),
+                  helper.make_node("DynamicQuantizeLinear", ["y32"], ["q", "qs", "qz"])]
+        outputs += [helper.make_tensor_value_info("q", onnx.TensorProto.UINT8, [4, 64]),
+                    helper.make_tensor_value_info("qs", onnx.TensorProto.FLOAT, []),
+                    helper.make_tensor_value_info("qz", onnx.TensorProto.UINT8, [])]
+    nodes.append(helper.make_node("Neg", ["sum"], ["next"]))
+    outputs.append(helper.make_tensor_value_info("next", f16, [4, 64]))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, f16, [4, 64]) for n in ("x", "r")], outputs,
+        [onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(64)).astype(np.float16), "w"),
+         onnx.numpy_helper.from_array(np.array(0.02, np.float16), "scale"),
+         onnx.numpy_helper.from_array(np.array(-2, np.int8), "zp")])
+    model = ops.attach_functions(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("onnxnorm", 1)]))
+    fused, report = fuse(model, "fused")
+    assert _ops(fused) == {("onnxnorm", f"SkipRMSNorm{quantizer}"): 1}
+    assert not any(n.op_type == "Cast" for n in fused.graph.node)
+    node = next(n for n in fused.graph.node if n.domain == "onnxnorm")
+    assert list(node.output) == (["q", "sum"] if quantizer == "QuantizeLinear"
+                                 else ["q", "qs", "qz", "sum"])
+    feeds = {"x": rng.standard_normal((4, 64)).astype(np.float16),
+             "r": rng.standard_normal((4, 64)).astype(np.float16)}
+    want = _run(model, feeds, with_library=True)  # the float kernel, then ORT's quantizer
+    got = _run(fused, feeds, with_library=True)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])

@@ -169,6 +169,26 @@ def test_reference_quantize_linear_is_ort_s(zero_point, scale):
     np.testing.assert_array_equal(reference.quantize_linear(EDGES, scale, np.asarray(zero_point)), want)
 
 
+@pytest.mark.parametrize("zero_point", [np.int8(-3), np.uint8(100)])
+@pytest.mark.parametrize("scale", [0.25, 0.0137])
+def test_reference_quantize_linear_is_ort_s_for_float16(zero_point, scale, rng):
+    """QuantizeLinear of float16 values with a float16 scale (opset 19 and newer), which the
+    fusion takes as it is: ORT divides in float32 too, ties included."""
+    x = (3 * rng.standard_normal(20000)).astype(np.float16)
+    x[:64] = ((np.arange(64) - 32 + 0.5) * 0.25).astype(np.float16)  # ties at scale 0.25
+    scale = np.array(scale, np.float16)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, x.shape)],
+        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(zero_point.dtype), None)],
+        [onnx.numpy_helper.from_array(scale, "s"),
+         onnx.numpy_helper.from_array(np.asarray(zero_point), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(reference.quantize_linear(x, scale, np.asarray(zero_point)), want)
+
+
 @pytest.mark.parametrize("values", [
     np.zeros(37, np.float32),                                 # range [0, 0]: scale 1
     np.array([1, 2, 3], np.float32),                          # no negative value: zero point 0
