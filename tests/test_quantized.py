@@ -474,3 +474,15 @@ def test_bench_contenders_agree(op, dtype, rng):
         diff = ours["y"].astype(np.int32) - theirs["y"].astype(np.int32)
         assert ours["y"].dtype == theirs["y"].dtype and np.abs(diff).max() <= 1, label
         assert (diff == 0).mean() > 0.98, label
+
+
+def test_dynamic_nan_left_out_wherever_it_sits(rng):
+    """The op leaves NaN out of the dynamic range wherever it sits, the last row included (where
+    ORT's own min/max would give a NaN scale): the kernel keeps a finite scale, as the reference."""
+    for row in (0, 3):
+        arrays = quant_arrays("RMSNormDynamicQuantizeLinear", np.float32, rng, shape=(4, 64))
+        arrays["X"][row, -1] = np.nan
+        got = run(single_node_model("RMSNormDynamicQuantizeLinear", arrays, functions=False),
+                  arrays, with_library=True)
+        assert np.isfinite(got[1]) and (got[0][row] == 0).all()
+        assert_quantized("RMSNormDynamicQuantizeLinear", arrays, got)

@@ -220,7 +220,7 @@ _QUANT_FORMULA = {
               "minimum)",
     "dynamic": "Y, Y_scale, Y_zero_point = DynamicQuantizeLinear(float32(Y_float))  (Y_float "
                "rounded to X's type; uint8; ONNX Runtime's rule: Y_scale = 1 where Y_float is "
-               "all 0; NaN is left out of the range and gives 0)",
+               "all 0; NaN is left out of the range, wherever it sits, and gives 0)",
 }
 _Y_SCALE_IN = Param(
     "Y_scale", "T", "QuantizeLinear's scale, per tensor: a scalar or one-element tensor of X's "

@@ -156,7 +156,8 @@ def quantize_linear(y: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) ->
 
 def dynamic_quantize_linear(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ONNX DynamicQuantizeLinear (uint8) of float32(y), as ONNX Runtime computes it:
-    range [min(0, min y), max(0, max y)] with NaN left out, scale (max - min) / 255 in float32,
+    range [min(0, min y), max(0, max y)] with NaN left out (wherever it sits: ORT's own min/max
+    does so but for a NaN that ends a vectorized stretch, which makes its scale NaN), scale (max - min) / 255 in float32,
     or 1 where the range is [0, 0] (the ONNX operator text would give 0 and a NaN zero point),
     zero point round_half_even(clamp(0 - min / scale, 0, 255)) (255 where that is NaN:
     an infinite range), then QuantizeLinear with them."""
