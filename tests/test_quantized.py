@@ -486,3 +486,23 @@ def test_dynamic_nan_left_out_wherever_it_sits(rng):
                   arrays, with_library=True)
         assert np.isfinite(got[1]) and (got[0][row] == 0).all()
         assert_quantized("RMSNormDynamicQuantizeLinear", arrays, got)
+
+
+def test_bench_target_of_quantized_rows():
+    """A quantized row's verdict: on the large shapes at least 1.5x as fast as ORT's norm and
+    quantizer (no copy-bandwidth target), elsewhere no slower."""
+    from onnxnorm.bench.kernels import Result
+
+    def verdict(shape, ort_seconds):
+        times = {"onnxnorm": 1.0, "ort:Norm+QuantizeLinear": ort_seconds, "copy": 0.2,
+                 "floor": 0.1}
+        return Result("RMSNormQuantizeLinear", shape, "float32", times, {}).targets()
+
+    assert verdict("4x512x4096", 1.6) == []
+    assert verdict("4x512x4096", 1.2) == ["1.20x as fast as Norm+QuantizeLinear < 1.5x"]
+    assert verdict("1x128x4096", 1.2) == []
+    assert verdict("1x128x4096", 0.8) == ["slower than Norm+QuantizeLinear (1.25x)"]
+    # the float ops keep their targets
+    times = {"onnxnorm": 1.0, "ort:RMSNormalization-23": 1.2, "copy": 0.5, "floor": 0.1}
+    assert Result("RMSNorm", "4x512x4096", "float32", times, {}).targets() == [
+        "50% of copy bandwidth < 90%"]
