@@ -243,9 +243,11 @@ def _rewrite(graph: ir.Graph, quantizer: ir.Node, norm: ir.Node, cast: ir.Node |
     if total is not None and len(norm.outputs) > 1 and norm.outputs[1] is not None:
         old_values.append(norm.outputs[1])
         new_values.append(fused.outputs[total])
+    base_name = quantizer.outputs[0].name or name or op
     for index, value in enumerate(fused.outputs):
-        # outputs nothing reads get names and types too; the pipeline drops the unused ones
-        value.name = f"{name or op}/{spec.outputs[index].name}_{id(fused)}"
+        # outputs nothing reads get names (unique: after the quantizer's output) and types too;
+        # the pipeline drops the unused ones
+        value.name = f"{base_name}/{spec.outputs[index].name}"
         if spec.outputs[index].type_var == "T":
             value.type, value.shape = y.type, y.shape
     ir.convenience.replace_nodes_and_values(graph, norm, [n for n in (norm, cast, quantizer)
