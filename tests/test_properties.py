@@ -13,6 +13,11 @@ NaN and Inf at drawn places). NaN and Inf must come out exactly where the refere
 The values are drawn by numpy from a seed that hypothesis draws, so an example is small to
 describe and quick to make; hypothesis shrinks the call's structure and the seed.
 
+The quantized ops are held to two exact properties on the same drawn calls (with a drawn
+Y_scale and zero point): their float part is the float op's kernel bit for bit (Y_float and Sum),
+and their quantized outputs are ONNX Runtime's quantizer (the reference's) applied to their own
+Y_float, with nothing off by a step.
+
 Profiles (ONNXNORM_HYPOTHESIS_PROFILE):
   ci        (default) derandomized, a bounded number of examples per op: part of ``make test``
   fuzz      ``make fuzz``: the long campaign (100,000 cases or more over the ops), random unless
@@ -496,3 +501,74 @@ def test_rows_narrower_than_8_of_large_constant_values(op):
             if ops.OPS[op].has_residual:
                 arrays["Residual"] = np.linspace(-0.05, 0.05, 4 * cols).reshape(4, cols).astype(x_type)
             check_call(call, arrays)
+
+
+# ---------------------------------------------------------------------------------------------
+# The quantized ops: their float part is the float op's kernel, bit for bit, and their quantized
+# outputs are exactly ONNX Runtime's quantizer applied to their own float output
+
+_Y_SCALES = st.one_of(st.sampled_from([1e-3, 0.02, 0.1, 1.0, 64.0]),
+                      st.floats(1e-4, 100.0, allow_subnormal=False))
+
+
+@st.composite
+def quantized_calls(draw, op: str) -> tuple[Call, dict[str, np.ndarray]]:
+    """A drawn call of the float op ``op`` quantizes (everything as for that op: shapes, axis,
+    weights, attributes, values, threads), and the quantizer's inputs: Y_scale of X's type and a
+    uint8 or int8 zero point or none (static)."""
+    spec = ops.OPS[op]
+    call = draw(calls(spec.norm_op))
+    quant: dict[str, np.ndarray] = {}
+    if spec.quantize == "static":
+        quant["Y_scale"] = np.array(draw(_Y_SCALES), call.x_type)
+        kind = draw(st.sampled_from(["none", "uint8", "int8"]))
+        if kind != "none":
+            info = np.iinfo(kind)
+            quant["Y_zero_point"] = np.array(draw(st.integers(int(info.min), int(info.max))), kind)
+    return call, quant
+
+
+def check_quantized_call(op: str, call: Call, quant: dict[str, np.ndarray]) -> None:
+    spec, base = ops.OPS[op], ops.OPS[call.op]
+    arrays = make_arrays(call)
+    attrs = {"axis": call.axis, **call.attrs}
+    want_float = run(single_node_model(call.op, arrays, attrs, functions=False), arrays,
+                     with_library=True, threads=call.threads)
+    quantized = {**arrays, **quant}
+    got = dict(zip([p.name for p in spec.outputs],
+                   run(single_node_model(op, quantized, attrs, functions=False), quantized,
+                       with_library=True, threads=call.threads)))
+    assert _same_bits(got["Y_float"], want_float[0]), f"{op}: Y_float differs from {call.op}'s Y"
+    if base.has_residual:
+        assert _same_bits(got["Sum"], want_float[1]), f"{op}: Sum differs from {call.op}'s Sum"
+    y_float = got["Y_float"].astype(call.x_type)  # (bfloat16 comes back as float32, exactly)
+    if spec.quantize == "static":
+        zero_point = quant.get("Y_zero_point", np.zeros((), np.uint8))
+        want = reference.quantize_linear(y_float, quant["Y_scale"], zero_point)
+        assert got["Y"].dtype == want.dtype
+    else:
+        want, scale, zero_point = reference.dynamic_quantize_linear(y_float)
+        assert got["Y_scale"].tobytes() == scale.tobytes(), (got["Y_scale"], scale)
+        assert got["Y_zero_point"] == zero_point, (got["Y_zero_point"], zero_point)
+    differs = got["Y"] != want
+    assert not differs.any(), (f"{op}: {differs.sum()} quantized values differ from the quantizer "
+                               f"of Y_float; first at {np.argwhere(differs)[0].tolist()}")
+    alone = run(single_node_model(op, quantized, attrs, functions=False, optional_outputs=False),
+                quantized, with_library=True, threads=call.threads)
+    assert np.array_equal(alone[0], got["Y"]), f"{op}: Y without the optional outputs differs"
+
+
+@pytest.mark.parametrize("op", list(ops.catalogue.QUANTIZED_OPS))
+def test_quantized_op_matches_its_float_op_and_quantizer(op):
+    @settings(settings.get_profile(PROFILE))
+    @given(drawn=quantized_calls(op))
+    def check(drawn):
+        call, quant = drawn
+        _count(dataclasses.replace(call, op=op))
+        check_quantized_call(op, call, quant)
+
+    start = time.perf_counter()
+    try:
+        check()
+    finally:
+        COUNTS[op]["seconds"] += round(time.perf_counter() - start)
