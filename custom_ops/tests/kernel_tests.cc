@@ -379,26 +379,24 @@ struct Outputs {
   Tensor y, sum;
 };
 
-Outputs Run(NormRowsFn fn, const Case& c, const Inputs& in, int splits) {
-  const size_t count = static_cast<size_t>(c.rows * c.cols);
-  Outputs out;
-  out.y = Tensor(c.t, count, c.misalign);
-  out.y.Fill(0xCD);
+// The kernel arguments of case `c` for op `op` on inputs `in`: Y into `y` (none: nullptr), and
+// Sum into a new `*sum` filled with a marker when the case wants it.
+NormArgs ArgsFor(const OpSpec& op, const Case& c, const Inputs& in, void* y, Tensor* sum) {
   NormArgs a;
-  a.op = c.op->id;
+  a.op = op.id;
   a.x_type = c.t;
   a.weight_type = c.s;
   a.cast_before_scale = c.order_a;
   a.rows = c.rows;
   a.cols = c.cols;
   a.x = in.x.data();
-  a.y = out.y.data();
-  if (c.op->residual != ResidualKind::kNone) {
+  a.y = y;
+  if (op.residual != ResidualKind::kNone) {
     a.residual = in.residual.data();
     if (c.with_sum) {
-      out.sum = Tensor(c.t, count, c.sum_misalign);
-      out.sum.Fill(0xCD);
-      a.sum = out.sum.data();
+      *sum = Tensor(c.t, static_cast<size_t>(c.rows * c.cols), c.sum_misalign);
+      sum->Fill(0xCD);
+      a.sum = sum->data();
     }
   }
   const void* NormArgs::*data[kSlots] = {&NormArgs::scale, &NormArgs::bias, &NormArgs::xbias, &NormArgs::inner_scale,
@@ -413,6 +411,15 @@ Outputs Run(NormRowsFn fn, const Case& c, const Inputs& in, int splits) {
   a.epsilon = c.epsilon;
   a.scale_offset = c.offset;
   a.alpha = c.alpha;
+  return a;
+}
+
+Outputs Run(NormRowsFn fn, const Case& c, const Inputs& in, int splits) {
+  const size_t count = static_cast<size_t>(c.rows * c.cols);
+  Outputs out;
+  out.y = Tensor(c.t, count, c.misalign);
+  out.y.Fill(0xCD);
+  NormArgs a = ArgsFor(*c.op, c, in, out.y.data(), &out.sum);
   // the rows in `splits` ranges of different sizes, as a thread pool may hand them out
   int64_t begin = 0;
   for (int k = 1; k <= splits; ++k) {
@@ -719,39 +726,11 @@ QuantOutputs RunQuant(cpu::Isa isa, const OpSpec& op, const Case& c, ElemType qt
   QuantOutputs out;
   out.q = Tensor(qt, count, c.misalign);
   out.q.Fill(0xCD);
-  NormArgs a;
-  a.op = op.id;
-  a.x_type = c.t;
-  a.weight_type = c.s;
-  a.cast_before_scale = c.order_a;
-  a.rows = c.rows;
-  a.cols = c.cols;
-  a.x = in.x.data();
   if (with_float) {
     out.y_float = Tensor(c.t, count, c.misalign);
     out.y_float.Fill(0xCD);
-    a.y = out.y_float.data();
   }
-  if (op.residual != ResidualKind::kNone) {
-    a.residual = in.residual.data();
-    if (c.with_sum) {
-      out.sum = Tensor(c.t, count, c.sum_misalign);
-      out.sum.Fill(0xCD);
-      a.sum = out.sum.data();
-    }
-  }
-  const void* NormArgs::*data[kSlots] = {&NormArgs::scale, &NormArgs::bias, &NormArgs::xbias, &NormArgs::inner_scale,
-                                         &NormArgs::inner_bias};
-  int64_t NormArgs::*rows[kSlots] = {&NormArgs::scale_rows, &NormArgs::bias_rows, &NormArgs::xbias_rows,
-                                     &NormArgs::inner_scale_rows, &NormArgs::inner_bias_rows};
-  for (int w = 0; w < kSlots; ++w) {
-    if (!c.present[w]) continue;
-    a.*data[w] = in.weights[w].data();
-    a.*rows[w] = c.weight_rows;
-  }
-  a.epsilon = c.epsilon;
-  a.scale_offset = c.offset;
-  a.alpha = c.alpha;
+  NormArgs a = ArgsFor(op, c, in, with_float ? out.y_float.data() : nullptr, &out.sum);
   cpu::QuantArgs qa;
   qa.q_type = qt;
   qa.q = out.q.data();
