@@ -74,6 +74,93 @@ def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
         "(e2e-config.json); choose another folder")
 
 
+#: the fused quantized decoder's ops: a 2-layer Llama has 5 norms (2 per layer and the final
+#: one), each read by quantized MatMuls (q/k/v, gate/up, the LM head): each becomes the norm's
+#: quantized form, the first without a residual add, the others with it
+QUANTIZED_FUSED = {
+    "dynamic": ({"onnxnorm.RMSNormDynamicQuantizeLinear": 1, "onnxnorm.SkipRMSNormDynamicQuantizeLinear": 4},
+                "DynamicQuantizeLinear"),
+    "static": ({"onnxnorm.RMSNormQuantizeLinear": 1, "onnxnorm.SkipRMSNormQuantizeLinear": 4},
+               "QuantizeLinear"),
+}
+
+
+@pytest.mark.slow
+def test_quantized_decoder_through_the_whole_command(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    import onnx
+
+    out_json, out_png, keep = tmp_path / "e2e.json", tmp_path / "e2e.png", tmp_path / "models"
+    argv = ["bench", "e2e", "--models", "llama", "--dtypes", "float32", "--genai", "none",
+            "--quantize", "dynamic,static", *TINY, "--keep", str(keep)]
+    assert cli.main([*argv, "--json", str(out_json), "--plot", str(out_png)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out_json.read_text())
+    assert data["complete"] is True
+    assert set(data["quantizations"]) == {"dynamic", "static"}
+    assert list(data["quantized_variants"]) == list(e2e.QUANT_VARIANTS)
+    assert [(g["quantization"], g["engine"], g["dtype"]) for g in data["groups"]] == [
+        ("dynamic", "onnxruntime", "float32"), ("static", "onnxruntime", "float32")]
+    folder = keep / "llama-float32-cpu-quantized"
+    for group in data["groups"]:
+        kind = group["quantization"]
+        assert f"#### llama, float32, {kind} 8-bit quantization, onnxruntime, cpu" in out
+        v = group["variants"]
+        assert list(v) == list(e2e.QUANT_VARIANTS)
+        # the quantized model holds decomposed norms and ONNX's quantizers; --target fused
+        # turns the 5 norms and the quantizer after each into one op, --target ort into ORT's
+        # norm ops followed by the same quantizers
+        norm_ops, quantizer = QUANTIZED_FUSED[kind]
+        assert v["quantized"]["norm_ops"] == {}
+        assert v["onnxnorm-fused"]["norm_ops"] == norm_ops
+        before = v["quantized"]["quantizers"][quantizer]
+        assert v["onnxnorm-fused"]["quantizers"] == {quantizer: before - 5}
+        assert v["onnxnorm-ort"]["norm_ops"] == {"com.microsoft.SkipSimplifiedLayerNormalization": 4,
+                                                 "ai.onnx.SimplifiedLayerNormalization": 1}
+        assert v["onnxnorm-ort"]["quantizers"] == {quantizer: before}
+        fused = onnx.load(folder / f"{kind}-onnxnorm-fused.onnx", load_external_data=False)
+        assert {n.domain for n in fused.graph.node if n.op_type in e2e.NORM_OPS} == {"onnxnorm"}
+        # the profile counts each quantizer of a norm's output as norm(+quantize) time
+        quantized = onnx.load(folder / f"{kind}.onnx", load_external_data=False)
+        assert sum(n.op_type == quantizer for n in quantized.graph.node
+                   if n.name in e2e.norm_node_names(quantized)) == 5
+        # every variant that runs generates the quantized model's tokens, or the report says
+        # from which token it departs
+        reference = v["quantized"]["tokens"]
+        assert len(reference) == 4 and v["quantized"]["tokens_identical"] is True
+        for name, s in v.items():
+            if "error" in s:  # a tool that fails on the quantized model is a row that says so
+                assert name == "ort-optimizer" and f"| {name} |  |  | n/a: " in out
+                continue
+            assert s["prefill_ms"] > 0 and s["decode_ms_p90"] >= s["decode_ms_median"] > 0, name
+            assert s["tokens_per_s"] > 0 and len(s["generation_s_samples"]) == 1
+            assert 0 <= s["norm_share"]["all"] <= 1 and s["peak_rss_mib"] > s["baseline_rss_mib"] > 0
+            if s["tokens"] == reference:
+                assert s["tokens_identical"] is True and "first_difference" not in s
+            else:
+                first = next(i for i, (a, b) in enumerate(zip(s["tokens"], reference)) if a != b)
+                assert s["tokens_identical"] is False and s["first_difference"] == first
+                assert f"| NO (from token {first}) |" in out
+        assert group["tokens_identical"] == all(s.get("tokens_identical", True) for s in v.values())
+        # the gain of each fused form over the quantized model as it is, with its spread
+        gain = group["gains"]["onnxnorm-fused"]["quantized"]
+        assert gain["min"] <= gain["median"] <= gain["max"] and gain["median"] > 0
+        assert set(group["gains"]) == set(e2e.QUANT_ONNXNORM_VARIANTS)
+    assert "| onnxruntime | llama float32 dynamic 8-bit (cpu) | llama float32 static 8-bit (cpu) |" in out
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # what was built is kept: a second run makes nothing again
+    made = {p: p.stat().st_mtime_ns for p in keep.rglob("*.onnx")}
+    assert len(list(folder.glob("*.json"))) == 2 * len(e2e.QUANT_VARIANTS)
+    assert cli.main([*argv, "--prepare-only"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in keep.rglob("*.onnx")} == made
+
+
+def test_quantized_groups_take_the_variants_named():
+    assert e2e.quantized_variants(list(e2e.VARIANTS)) == list(e2e.QUANT_VARIANTS)
+    assert e2e.quantized_variants(["export", "onnxnorm-fused"]) == ["quantized", "onnxnorm-fused"]
+
+
 def _torch_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     import torch
 
@@ -133,6 +220,8 @@ def test_gains_are_paired_ratios_of_generation_times():
     (["--dtypes", "bfloat16"], "argument --dtypes: unknown bfloat16"),
     (["--variants", "onnxnorm"], "argument --variants: unknown onnxnorm"),
     (["--devices", "tpu"], "argument --devices: unknown tpu"),
+    (["--quantize", "int4"], "argument --quantize: unknown int4"),
+    (["--quantize", ","], "--quantize needs one or more of none, dynamic, static"),
     (["--genai", "none,fp32"], "--genai none cannot be combined with precisions"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--new-tokens", "0"], "--new-tokens must be at least 1"),

@@ -27,6 +27,13 @@ variant in a fresh interpreter gives its peak resident memory.
 
 The same is measured through onnxruntime-genai: its model builder's folders (fp32 and int4)
 of the same configs before and after ``onnxnorm genai``, generating with genai's own loop.
+
+With ``--quantize dynamic,static`` the exported decoder is quantized by ONNX Runtime's own
+tools (``quantize_dynamic``, and ``quantize_static`` in QDQ format calibrated on a few
+generated prompts; the MatMuls only, as a user quantizes a decoder), and each quantized model
+is measured by the same loop as it is, after ORT's transformers optimizer, and after ``onnxnorm
+fuse --target ort`` / ``--target fused``, which turns each norm and the quantizer after it into
+one quantized onnxnorm op (``RMSNormDynamicQuantizeLinear``, ``SkipRMSNormQuantizeLinear``, ...).
 """
 
 from __future__ import annotations
@@ -64,12 +71,35 @@ GENAI_PRECISIONS = ("fp32", "int4")
 GENAI_VARIANTS = {"genai": "the model builder's folder, as it is",
                   "genai+onnxnorm": "onnxnorm genai (+ the library, registered in genai_config.json)"}
 DEVICES = ("cpu", "cuda", "cuda-graph")
+#: quantization -> what makes it (``none``: the float export, the variants above)
+QUANTIZATIONS = {
+    "dynamic": "onnxruntime.quantization.quantize_dynamic(src, dst, op_types_to_quantize=['MatMul'])",
+    "static": "onnxruntime.quantization.quantize_static(src, dst, reader, "
+              "quant_format=QuantFormat.QDQ, op_types_to_quantize=['MatMul']), calibrated on "
+              "4 generated prompts",
+}
+#: variant of a quantized group -> what a user runs to get it (from the quantized model)
+QUANT_VARIANTS = {
+    "quantized": "the quantized export, as it is",
+    "ort-optimizer": "optimize_model(quantized, model_type='gpt2', num_heads=0, hidden_size=0, "
+                     "opt_level=0)",
+    "onnxnorm-ort": "onnxnorm fuse --target ort of the quantized model",
+    "onnxnorm-fused": "onnxnorm fuse --target fused of the quantized model (+ the onnxnorm library)",
+}
+QUANT_ONNXNORM_VARIANTS = ("onnxnorm-ort", "onnxnorm-fused")
+#: prompts (of the benchmark's prompt length, other ids) that calibrate static quantization
+CALIBRATION_PROMPTS = 4
+#: ONNX's quantizers: those that read a norm's output count as norm time in the profile
+QUANTIZERS = ("QuantizeLinear", "DynamicQuantizeLinear")
 
 #: op types whose kernels count as norm time in the profile
 NORM_OPS = frozenset({
     "LayerNorm", "RMSNorm", "SkipLayerNorm", "SkipRMSNorm", "SandwichLayerNorm", "SandwichRMSNorm",
     "LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization",
-    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
+    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+    # onnxnorm's quantized forms: the norm and its quantizer in one kernel
+    *(f"{norm}{quantizer}" for norm in ("LayerNorm", "RMSNorm", "SkipLayerNorm", "SkipRMSNorm")
+      for quantizer in QUANTIZERS)})
 #: tokens generated in the profiled pass (the prefill and the first decode steps: every decode
 #: step runs the same nodes, a little longer each)
 PROFILED_TOKENS = 32
@@ -311,25 +341,122 @@ def make_variants(model, config: Config, folder: Path, names: list[str],
         "onnxnorm-fused": lambda path: onnx.save(fuse(plain(), "fused")[0], path),
         "onnxnorm-export": lambda path: onnx.save(export_onnxnorm(model, config), path),
     }
+    paths = {name: source if name == "export" else folder / f"{name}.onnx" for name in names}
+    return _make(folder, names, makers, paths, ("onnxnorm-fused", "onnxnorm-export"), "", log)
+
+
+def _make(folder: Path, names: list[str], makers: dict[str, Callable[[Path], Any]],
+          paths: dict[str, Path], library: tuple[str, ...], prefix: str,
+          log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Makes each variant's model with its maker (unless ``folder`` holds its record,
+    ``<prefix><name>.json``, from an earlier run): name -> {"path", "library", "prepare_s",
+    node counts} or {"error"}."""
+    import onnx
+
     variants: dict[str, dict[str, Any]] = {}
     for name in names:
-        record = folder / f"{name}.json"
+        record = folder / f"{prefix}{name}.json"
         if record.is_file():
             variants[name] = json.loads(record.read_text())
             continue
-        path = source if name == "export" else folder / f"{name}.onnx"
+        path = paths[name]
         started = time.perf_counter()
         try:
             _quietly(lambda: makers[name](path))
         except Exception as error:  # noqa: BLE001 - a tool's failure is a result
             variants[name] = {"error": f"{type(error).__name__}: {_first_line(error)}"}
-            log(f"  {name}: fails ({variants[name]['error']})")
+            log(f"  {prefix}{name}: fails ({variants[name]['error']})")
         else:
-            variants[name] = {"path": str(path), "library": name in ("onnxnorm-fused", "onnxnorm-export"),
+            variants[name] = {"path": str(path), "library": name in library,
                               "prepare_s": time.perf_counter() - started,
                               **node_counts(onnx.load(path, load_external_data=False))}
         record.write_text(json.dumps(variants[name]))
     return variants
+
+
+def calibration_feeds(config: Config, dtype: str = "float32") -> list[dict[str, np.ndarray]]:
+    """Static quantization's calibration data: prefills of ``CALIBRATION_PROMPTS`` prompts of
+    the benchmark's length with other pseudo-random ids than its prompt, the cache empty."""
+    feeds = []
+    for i in range(CALIBRATION_PROMPTS):
+        ids = np.random.default_rng(100 + i).integers(3, config.vocab, (1, config.prompt))
+        feed = {"input_ids": ids.astype(np.int64),
+                "attention_mask": np.ones((1, config.prompt), np.int64)}
+        feed.update({name: np.zeros((1, config.kv_heads, 0, config.head_dim), dtype)
+                     for name in past_names(config.layers)})
+        feeds.append(feed)
+    return feeds
+
+
+def quantize(source: Path, destination: Path, quantization: str, config: Config,
+             dtype: str = "float32") -> None:
+    """``source`` quantized by ONNX Runtime's tool (``QUANTIZATIONS``) into ``destination``
+    (written under another name first, so a killed run leaves no half model there)."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, quantize_dynamic,
+                                          quantize_static)
+
+    partial = destination.with_name(f".{destination.stem}.partial.onnx")
+    if quantization == "dynamic":
+        quantize_dynamic(str(source), str(partial), op_types_to_quantize=["MatMul"])
+    else:
+        class Prompts(CalibrationDataReader):
+            def __init__(self):
+                self.feeds = iter(calibration_feeds(config, dtype))
+
+            def get_next(self):
+                return next(self.feeds, None)
+
+        quantize_static(str(source), str(partial), Prompts(), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=["MatMul"])
+    os.replace(partial, destination)
+
+
+def make_quantized(model, config: Config, folder: Path, quantization: str, names: list[str],
+                   dtype: str = "float32", log: Callable[[str], None] = print
+                   ) -> dict[str, dict[str, Any]]:
+    """Writes the variants of the quantized export into ``folder`` (``QUANT_VARIANTS``), as
+    :func:`make_variants` does: the float export (``export.onnx``, shared by the
+    quantizations), ``<quantization>.onnx``, ``<quantization>-<variant>.onnx`` and their
+    records ``<quantization>-<variant>.json``."""
+    import onnx
+
+    from onnxnorm.fusion import fuse
+
+    source, quantized = folder / "export.onnx", folder / f"{quantization}.onnx"
+
+    def plain():
+        if not source.is_file():
+            started = time.perf_counter()
+            partial = folder / ".export.partial.onnx"
+            onnx.save(export(model, config), partial)
+            os.replace(partial, source)
+            log(f"  exported in {time.perf_counter() - started:.0f} s")
+
+    def quantized_model(path=None):
+        if not quantized.is_file():
+            plain()
+            started = time.perf_counter()
+            quantize(source, quantized, quantization, config, dtype)
+            log(f"  {quantization} quantization in {time.perf_counter() - started:.0f} s")
+
+    def ort_optimizer(path):
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        quantized_model()
+        optimize_model(str(quantized), model_type="gpt2", num_heads=0, hidden_size=0,
+                       opt_level=0).save_model_to_file(str(path))
+
+    def fused(target):
+        def make(path):
+            quantized_model()
+            onnx.save(fuse(onnx.load(quantized), target)[0], path)
+        return make
+
+    makers = {"quantized": quantized_model, "ort-optimizer": ort_optimizer,
+              "onnxnorm-ort": fused("ort"), "onnxnorm-fused": fused("fused")}
+    paths = {name: quantized if name == "quantized" else folder / f"{quantization}-{name}.onnx"
+             for name in names}
+    return _make(folder, names, makers, paths, ("onnxnorm-fused",), f"{quantization}-", log)
 
 
 def _first_line(error: BaseException) -> str:
@@ -340,18 +467,23 @@ def _first_line(error: BaseException) -> str:
 
 
 def node_counts(model) -> dict[str, Any]:
-    """Nodes of the main graph, and its norm ops by type."""
+    """Nodes of the main graph, its norm ops by type (onnxnorm's quantized forms among them)
+    and ONNX's quantizers by type (those left outside a norm op)."""
     norms: dict[str, int] = {}
     for node in model.graph.node:
         if node.op_type in NORM_OPS:
             key = f"{node.domain or 'ai.onnx'}.{node.op_type}"
             norms[key] = norms.get(key, 0) + 1
-    return {"nodes": len(model.graph.node), "norm_ops": norms}
+    quantizers: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in QUANTIZERS and node.domain in ("", "ai.onnx"):
+            quantizers[node.op_type] = quantizers.get(node.op_type, 0) + 1
+    return {"nodes": len(model.graph.node), "norm_ops": norms, "quantizers": quantizers}
 
 
 def norm_node_names(model) -> set[str]:
-    """Names of the nodes that compute a norm: norm ops, and the exporter's nodes recorded as
-    coming from a norm module (the decomposed norms)."""
+    """Names of the nodes that compute a norm: norm ops, the exporter's nodes recorded as
+    coming from a norm module (the decomposed norms), and quantizers of a norm's output."""
     names = set()
     for node in model.graph.node:
         if node.op_type in NORM_OPS:
@@ -362,6 +494,17 @@ def norm_node_names(model) -> set[str]:
                     part.strip(" '\"").endswith(NORM_CLASSES) for part in prop.value.strip("[]").split(",")):
                 names.add(node.name)
                 break
+    # a quantizer that reads a norm's output (through a Cast to float32 in a half-precision
+    # graph): the part of norm(+quantize) that the unfused graph runs as a node of its own
+    outputs = {o: node for node in model.graph.node for o in node.output}
+
+    def from_norm(value: str) -> bool:
+        producer = outputs.get(value)
+        if producer is not None and producer.op_type == "Cast":
+            producer = outputs.get(producer.input[0])
+        return producer is not None and bool(producer.name) and producer.name in names
+    names |= {node.name for node in model.graph.node
+              if node.op_type in QUANTIZERS and node.input and from_norm(node.input[0])}
     return names
 
 
@@ -808,16 +951,39 @@ def run_group(rows: dict[str, Row], make: dict[str, Callable[[], Any]], profile:
 def ort_group(family: str, dtype: str, device: str, config: Config, variants: list[str],
               folder: Path, log: Callable[[str], None]) -> dict[str, Any]:
     model = hf_model(family, config, dtype)
-    prompt = config.prompt_ids()
     built = make_variants(model, config, folder, variants, log)
+    result = _ort_rows(built, variants, config, device, folder, ONNXNORM_VARIANTS, log)
+    return {"engine": "onnxruntime", "family": family, "dtype": dtype, "device": device, **result}
+
+
+def quantized_variants(variants: list[str]) -> list[str]:
+    """The variants of a quantized group: the quantized model as it is, and those of
+    ``QUANT_VARIANTS`` that ``--variants`` names."""
+    return ["quantized"] + [v for v in QUANT_VARIANTS if v != "quantized" and v in variants]
+
+
+def quantized_group(family: str, dtype: str, device: str, config: Config, quantization: str,
+                    variants: list[str], folder: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """The quantized export's variants (``QUANT_VARIANTS``); the tokens are compared with the
+    quantized model's as it is, and the gains are those of onnxnorm's fused forms over it."""
+    names = quantized_variants(variants)
+    built = make_quantized(hf_model(family, config, dtype), config, folder, quantization, names,
+                           dtype, log)
+    result = _ort_rows(built, names, config, device, folder, QUANT_ONNXNORM_VARIANTS, log)
+    return {"engine": "onnxruntime", "family": family, "dtype": dtype, "quantization": quantization,
+            "device": device, **result}
+
+
+def _ort_rows(built: dict[str, dict[str, Any]], variants: list[str], config: Config, device: str,
+              folder: Path, mine: tuple[str, ...], log: Callable[[str], None]) -> dict[str, Any]:
+    prompt = config.prompt_ids()
     rows = {name: Row(name, built[name], error=built[name].get("error")) for name in variants}
     ready = [n for n in variants if "path" in built[n]]
     make = {n: (lambda n=n: Generator(built[n]["path"], built[n]["library"], config, device)) for n in ready}
     profile = {n: (lambda n=n: _profile_ort(built[n], config, prompt, device, folder)) for n in ready}
     memory = {n: (lambda n=n: _peak_memory("ort", built[n]["path"], built[n]["library"], config, device))
               for n in ready}
-    result = run_group(rows, make, profile, memory, config, prompt, ONNXNORM_VARIANTS, log)
-    return {"engine": "onnxruntime", "family": family, "dtype": dtype, "device": device, **result}
+    return run_group(rows, make, profile, memory, config, prompt, mine, log)
 
 
 def genai_group(family: str, precision: str, device: str, config: Config, found: dict[str, dict],
@@ -937,7 +1103,13 @@ def plot(groups: list[dict[str, Any]], path: str) -> None:
 
 
 def _title(g: dict[str, Any]) -> str:
-    return f"{g['family']}, {g['dtype']}, {g['engine']}, {g['device']}"
+    quantized = f", {g['quantization']} 8-bit quantization" if g.get("quantization") else ""
+    return f"{g['family']}, {g['dtype']}{quantized}, {g['engine']}, {g['device']}"
+
+
+def _column(g: dict[str, Any]) -> str:
+    quantized = f" {g['quantization']} 8-bit" if g.get("quantization") else ""
+    return f"{g['family']} {g.get('precision', g['dtype'])}{quantized} ({g['device']})"
 
 
 def overview(groups: list[dict[str, Any]]) -> str:
@@ -948,8 +1120,7 @@ def overview(groups: list[dict[str, Any]]) -> str:
     for engine in dict.fromkeys(g["engine"] for g in groups):
         mine = [g for g in groups if g["engine"] == engine]
         names = list(dict.fromkeys(n for g in mine for n in g["variants"]))
-        lines += ["| " + engine + " | " + " | ".join(
-            f"{g['family']} {g.get('precision', g['dtype'])} ({g['device']})" for g in mine) + " |",
+        lines += ["| " + engine + " | " + " | ".join(_column(g) for g in mine) + " |",
                   "|---|" + "---:|" * len(mine)]
         for name in names:
             cells = []
@@ -985,7 +1156,8 @@ def _write_json(path: str | None, env: dict[str, Any], config: Config, groups: l
         return
     with open(path, "w") as f:
         json.dump({"complete": complete, "environment": env, "config": dataclasses.asdict(config),
-                   "variants": {**VARIANTS, **GENAI_VARIANTS}, "groups": groups}, f, indent=1)
+                   "variants": {**VARIANTS, **GENAI_VARIANTS}, "quantizations": QUANTIZATIONS,
+                   "quantized_variants": QUANT_VARIANTS, "groups": groups}, f, indent=1)
         f.write("\n")
 
 
@@ -1022,10 +1194,12 @@ def check_keep(keep: str, config: Config) -> None:
 def run(families: list[str], dtypes: list[str], variants: list[str], config: Config,
         devices: list[str], genai: list[str], json_path: str | None = None,
         plot_path: str | None = None, keep: str | None = None, prepare_only: bool = False,
-        log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+        log: Callable[[str], None] = print, quantize: tuple[str, ...] = ("none",)
+        ) -> list[dict[str, Any]]:
     """Measures every group and prints the tables. ``keep``: the folder where the models are
     written and kept (models an earlier run made there are used again); ``prepare_only``: make
-    the models there, measure nothing."""
+    the models there, measure nothing; ``quantize``: ``none`` (the float export's variants)
+    and / or quantizations of ``QUANTIZATIONS`` (a group each)."""
     import onnxruntime as ort
 
     from onnxnorm.bench import kernels
@@ -1052,14 +1226,29 @@ def run(families: list[str], dtypes: list[str], variants: list[str], config: Con
                 for dtype in dtypes:
                     if device == "cuda-graph":
                         continue  # ORT's CUDA graphs need fixed shapes; this loop's past grows
-                    log(f"{family} {dtype} onnxruntime {device}:")
-                    folder = root / f"{family}-{dtype}-{device}"
-                    folder.mkdir(exist_ok=True)
-                    if prepare_only:
-                        make_variants(hf_model(family, config, dtype), config, folder, variants, log)
-                        continue
-                    groups.append(ort_group(family, dtype, device, config, variants, folder, log))
-                    _write_json(json_path, env, config, groups)
+                    if "none" in quantize:
+                        log(f"{family} {dtype} onnxruntime {device}:")
+                        folder = root / f"{family}-{dtype}-{device}"
+                        folder.mkdir(exist_ok=True)
+                        if prepare_only:
+                            make_variants(hf_model(family, config, dtype), config, folder, variants, log)
+                        else:
+                            groups.append(ort_group(family, dtype, device, config, variants, folder, log))
+                            _write_json(json_path, env, config, groups)
+                        if not keep:
+                            shutil.rmtree(folder, ignore_errors=True)
+                    # the quantizations share one folder: one float export for all of them
+                    folder = root / f"{family}-{dtype}-{device}-quantized"
+                    for quantization in (q for q in quantize if q != "none"):
+                        log(f"{family} {dtype} {quantization} 8-bit onnxruntime {device}:")
+                        folder.mkdir(exist_ok=True)
+                        if prepare_only:
+                            make_quantized(hf_model(family, config, dtype), config, folder, quantization,
+                                           quantized_variants(variants), dtype, log)
+                            continue
+                        groups.append(quantized_group(family, dtype, device, config, quantization,
+                                                      variants, folder, log))
+                        _write_json(json_path, env, config, groups)
                     if not keep:
                         shutil.rmtree(folder, ignore_errors=True)
                 if genai:
@@ -1103,14 +1292,22 @@ def add_parser(which) -> None:
                     "optimizer, onnxscript's ort_fusions, onnxnorm fuse --target ort / fused, "
                     "onnxnorm.export --mode fused) and generates greedily with each in one run "
                     "with interleaved repetitions; the same through onnxruntime-genai before and "
-                    "after onnxnorm genai. Prints prefill and per-token latency, tokens/s, node "
-                    "counts, the share of norm kernels, peak memory and whether the tokens agree.")
+                    "after onnxnorm genai; with --quantize, the same decoder quantized by ORT's "
+                    "quantize_dynamic / quantize_static, as it is and after onnxnorm fuse. Prints "
+                    "prefill and per-token latency, tokens/s, node counts, the share of norm "
+                    "kernels, peak memory and whether the tokens agree.")
     e2e.add_argument("--models", type=_csv(FAMILIES), default=list(FAMILIES),
                      help="comma-separated decoders (default: llama,gemma2)")
     e2e.add_argument("--dtypes", type=_csv(DTYPES), default=list(DTYPES),
                      help="comma-separated dtypes of the exported decoders (default: float32,float16)")
     e2e.add_argument("--variants", type=_csv(tuple(VARIANTS)), default=list(VARIANTS),
                      help="comma-separated variants (default: all)")
+    e2e.add_argument("--quantize", type=_csv(("none",) + tuple(QUANTIZATIONS)), default=["none"],
+                     help="comma-separated quantizations of the exported decoder to measure, each a "
+                          "group of its own: none (the float export and its --variants), dynamic "
+                          "(quantize_dynamic), static (quantize_static, QDQ, calibrated on generated "
+                          "prompts); the quantized model as it is, after ORT's optimizer and after "
+                          "onnxnorm fuse --target ort / fused (default: none)")
     e2e.add_argument("--genai", type=_csv(GENAI_PRECISIONS + ("none",)), default=list(GENAI_PRECISIONS),
                      help="comma-separated model builder precisions for the onnxruntime-genai rows, "
                           "or none (default: fp32,int4)")
@@ -1148,6 +1345,8 @@ def _run(args) -> int:
     genai = [] if "none" in args.genai else args.genai
     if "none" in args.genai and len(args.genai) > 1:
         raise OnnxNormError("--genai none cannot be combined with precisions")
+    if not args.quantize:
+        raise OnnxNormError("--quantize needs one or more of none, " + ", ".join(QUANTIZATIONS))
     if args.prepare_only and not args.keep:
         raise OnnxNormError("--prepare-only needs --keep FOLDER (where the models are kept)")
     if args.keep:
@@ -1169,5 +1368,6 @@ def _run(args) -> int:
     warnings.filterwarnings("ignore")
     logging.getLogger("torch").setLevel(logging.ERROR)
     run(args.models, args.dtypes, args.variants, config, devices, genai, json_path=args.json,
-        plot_path=args.plot, keep=args.keep, prepare_only=args.prepare_only)
+        plot_path=args.plot, keep=args.keep, prepare_only=args.prepare_only,
+        quantize=tuple(dict.fromkeys(args.quantize)))
     return 0
