@@ -5,7 +5,11 @@ rounding order x sets of optional inputs x row widths (Q/K rows 64-256, hidden s
 what the register path holds, widths that are not a multiple of the vector width, unaligned
 views, per-head weights, axis -2), against ``onnxnorm.ops.reference`` within its per-dtype
 tolerances; plus rows of mean 1e4 and std 1e-2, NaN propagation, and bad arguments refused
-before any launch. Arguments are ``onnxnorm.bench.cuda.NormArgs`` on torch tensors.
+before any launch. The quantized ops: every op x dtype x weight dtype x quantized type x zero
+point (given or not, static) x optional outputs (Sum, Y_float) x row widths, their Y_float and
+Sum bit for bit the float op's Y and Sum from the same library, their quantized Y (and the dynamic
+scale and zero point) exactly the reference quantizer's of that Y_float. Arguments are
+``onnxnorm.bench.cuda.NormArgs`` (and ``CudaQuantArgs``) on torch tensors.
 
 On a GPU (tests/test_cuda.py, tools/gpu_check.sh) it drives the built CUDA library. Without one,
 ``--emulation`` builds the host emulation of the kernels (custom_ops/cuda/emulation: the same
@@ -125,6 +129,78 @@ def cases(quick: bool = False) -> list[Case]:
     return out
 
 
+@dataclasses.dataclass
+class QuantCase:
+    """A quantized op's call (the inputs of its float op as Case makes them)."""
+    op: str
+    dtype: str
+    weight_dtype: str
+    q_dtype: str  # "uint8" | "int8"
+    shape: tuple[int, ...]
+    zero_point: bool  # static: Y_zero_point given
+    with_sum: bool
+    with_y_float: bool
+    unaligned: bool = False
+    kind: str = "random"  # "random" | "nan" | "directed" (Y chosen: see _directed_values)
+
+    def label(self) -> str:
+        outputs = [n for n, on in (("Sum", self.with_sum and catalogue.get(self.op).has_residual),
+                                   ("Y_float", self.with_y_float)) if on]
+        return (f"{self.op} {self.dtype}/{self.weight_dtype}->{self.q_dtype} {list(self.shape)}"
+                f"{' zp' if self.zero_point else ''} out[{','.join(outputs) or '-'}]"
+                f"{' unaligned' if self.unaligned else ''}{'' if self.kind == 'random' else ' ' + self.kind}")
+
+
+def quant_cases(quick: bool = False) -> list[QuantCase]:
+    """The quantized ops' matrix."""
+    out: list[QuantCase] = []
+    widths = [(5, 64), (3, 1000), (3, 1001), (2, 4096)]
+    if not quick:
+        widths += [(9, 32), (7, 128), (4, 768), (2, 16384), (1, 40000)]
+    type_pairs = [(cuda.elem_type_name(t), cuda.elem_type_name(s)) for t, s in catalogue.TYPE_PAIRS]
+    if quick:  # each X type once, float32 weights with a 16-bit X once
+        type_pairs = [("float32", "float32"), ("float16", "float16"), ("bfloat16", "float32")]
+    outputs = [(True, True), (False, False)] + ([] if quick else [(True, False), (False, True)])
+    for op, spec in catalogue.QUANTIZED_OPS.items():
+        dynamic = spec.quantize == "dynamic"
+        for (dt, wt), qt in itertools.product(type_pairs, [cuda.elem_type_name(t) for t in spec.quant_types]):
+            for zp in ((False,) if dynamic else (False, True)):
+                for i, shape in enumerate(widths):
+                    for with_sum, with_y_float in (outputs if i == 0 else outputs[:1]):
+                        out.append(QuantCase(op, dt, wt, qt, shape, zp, with_sum, with_y_float))
+                out.append(QuantCase(op, dt, wt, qt, (3, 512), zp, True, True, unaligned=True))
+                out.append(QuantCase(op, dt, wt, qt, (2, 31), zp, True, True, kind="nan"))
+                for width in (64, 1001):
+                    out.append(QuantCase(op, dt, wt, qt, (3, width), zp, True, True, kind="directed"))
+    return out
+
+
+_NP_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _directed_values(dtype: str, scale: float, lo: float, hi: float, count: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """count values of dtype in [lo, hi] whose quantization by ``scale`` tells a correct quantizer
+    from a near miss: v / scale a tie (x.5: round half to even), or within a rounding of one
+    (v * (1 / scale), which differs from the division, rounds to another whole number)."""
+    t = _NP_TYPES[dtype]
+    if dtype == "float32":
+        pool = rng.uniform(lo, hi, 1 << 20).astype(np.float32)
+    else:  # every value of the 16-bit type in the range
+        pool = np.arange(1 << 16, dtype=np.uint16).view(t)
+        pool = pool[np.isfinite(pool.astype(np.float32))]
+        pool = pool[(pool.astype(np.float32) >= lo) & (pool.astype(np.float32) <= hi)]
+    f = pool.astype(np.float32)
+    s = np.float32(scale)
+    with np.errstate(all="ignore"):
+        exact = f / s
+        near = f * (np.float32(1) / s)
+    ties = pool[(exact - np.floor(exact)) == 0.5]
+    misses = pool[np.rint(exact) != np.rint(near)]
+    chosen = np.concatenate([ties[:count // 2], misses[:count - min(len(ties), count // 2)]])
+    return np.resize(chosen, count).astype(t) if chosen.size else np.zeros(count, t)
+
+
 def _make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
     spec = catalogue.get(case.op)
     npt = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -202,14 +278,120 @@ def run_case(kernels: cuda.Kernels, case: Case, seed: int = 0) -> tuple[bool, st
     return True, f"ok   {case.label()} [{name}]"
 
 
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def run_quant_case(kernels: cuda.Kernels, case: QuantCase, seed: int = 0) -> tuple[bool, str]:
+    """Runs one quantized case; returns (passed, message)."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    spec = catalogue.get(case.op)
+    base = catalogue.get(spec.base)
+    dynamic = spec.quantize == "dynamic"
+    weights = tuple(n for n in base.optional_inputs)
+    float_case = Case(spec.base, case.dtype, case.weight_dtype, case.shape, weights, {},
+                      kind=case.kind, unaligned=case.unaligned)
+    arrays = _make_inputs(float_case, rng)
+    scale = None
+    if case.kind == "directed":
+        # Scale 0 and Bias v: Y = v exactly, chosen to catch a quantizer that rounds or divides
+        # otherwise (and saturation, NaN, infinities for the static ops)
+        cols = case.shape[-1]
+        w = _NP_TYPES[case.weight_dtype]
+        if dynamic:
+            lo, hi = -1.0, 2.75
+            step = (np.float32(hi) - np.float32(lo)) / np.float32(255)
+            values = _directed_values(case.dtype, float(step), lo, hi, cols, rng)
+            values[:2] = [lo, hi]  # the range, whatever else the row holds
+            values[2] = np.nan
+        else:
+            scale = np.asarray(rng.choice([0.1, 0.125, 0.03, 0.007]), _NP_TYPES[case.dtype]).reshape(())
+            values = _directed_values(case.dtype, float(scale), -40 * float(scale), 40 * float(scale),
+                                      cols, rng)
+            values[:5] = [np.nan, np.inf, -np.inf, 1e4 * float(scale), -1e4 * float(scale)]
+        arrays["Scale"] = np.zeros(cols, w)
+        arrays["Bias"] = values.astype(w)
+    attrs: dict[str, Any] = {"epsilon": 1e-5}
+    if base.norm == "rms":
+        attrs["scale_offset"] = 0.0
+    if base.has_residual:
+        attrs["alpha"] = 1.0
+    dev = {k: _to_device(v, case.unaligned and k in ("X", "Residual")) for k, v in arrays.items()}
+    x = dev["X"]
+    residual = base.has_residual
+
+    def empty(dtype, unaligned: bool = False):
+        if unaligned:
+            return torch.empty(x.numel() + 1, dtype=dtype, device="cuda")[1:].view(x.shape)
+        return torch.empty(x.shape, dtype=dtype, device="cuda")
+
+    # the float op's Y and Sum from the same library: what Y_float and Sum must be, bit for bit
+    y_ref, s_ref = empty(x.dtype), empty(x.dtype) if residual else None
+    kernels.launch(kernels.args(spec.base, dev, y_ref, s_ref, **attrs))
+
+    q_torch = torch.uint8 if case.q_dtype == "uint8" else torch.int8
+    q = empty(q_torch, case.unaligned)
+    y_float = empty(x.dtype, case.unaligned) if case.with_y_float else None
+    s = empty(x.dtype) if residual and case.with_sum else None
+    args = kernels.args(case.op, dev, y_float if y_float is not None else x, s, **attrs)
+    if y_float is None:
+        args.y = None
+    quant = cuda.CudaQuantArgs(q_type=cuda.QUANT_ELEM_TYPES[case.q_dtype], q=q.data_ptr())
+    npq = np.uint8 if case.q_dtype == "uint8" else np.int8
+    keep = []
+    if dynamic:
+        out_scale = torch.empty((), dtype=torch.float32, device="cuda")
+        out_zp = torch.empty((), dtype=torch.uint8, device="cuda")
+        scratch = torch.empty(max(1, kernels.quant_scratch_bytes(args) // 4), dtype=torch.float32,
+                              device="cuda")
+        quant.y_scale, quant.y_zero_point = out_scale.data_ptr(), out_zp.data_ptr()
+        quant.scratch = scratch.data_ptr()
+    else:
+        if scale is None:
+            scale = np.asarray(rng.uniform(0.004, 0.05), dtype=_NP_TYPES[case.dtype]).reshape(())
+        zero_point = np.asarray(rng.integers(-20, 21) + (128 if npq is np.uint8 else 0), npq)
+        keep = [_to_device(scale.reshape(1)), _to_device(zero_point.reshape(1))]
+        quant.y_scale = keep[0].data_ptr()
+        quant.y_zero_point = keep[1].data_ptr() if case.zero_point else None
+    name = kernels.kernel_name(args)
+    kernels.launch_quantized(args, quant)
+    torch.cuda.synchronize()
+
+    label = f"{case.label()} [{name}]"
+    want_y = cuda.to_numpy(y_ref)
+    if y_float is not None and not _same_bits(cuda.to_numpy(y_float), want_y):
+        return False, f"FAIL {label}: Y_float differs from {spec.base}'s Y"
+    if s is not None and not _same_bits(cuda.to_numpy(s), cuda.to_numpy(s_ref)):
+        return False, f"FAIL {label}: Sum differs from {spec.base}'s Sum"
+    got_q = cuda.to_numpy(q)
+    if dynamic:
+        want_q, want_scale, want_zp = reference.dynamic_quantize_linear(want_y)
+        got_scale, got_zp = cuda.to_numpy(out_scale), cuda.to_numpy(out_zp)
+        if got_scale.tobytes() != want_scale.tobytes() or got_zp.tobytes() != want_zp.tobytes():
+            return False, (f"FAIL {label}: scale, zero point {got_scale}, {got_zp}; "
+                           f"the reference's {want_scale}, {want_zp}")
+    else:
+        zp = zero_point if case.zero_point else np.zeros((), npq)
+        want_q = reference.quantize_linear(want_y, scale, zp)
+    differs = got_q != want_q
+    if differs.any():
+        return False, (f"FAIL {label}: {int(differs.sum())} quantized values differ from the "
+                       f"reference's; first at {np.argwhere(differs)[0].tolist()}")
+    return True, f"ok   {label}"
+
+
 def check(kernels: cuda.Kernels, quick: bool = False, verbose: bool = False,
           ops: Sequence[str] | None = None) -> list[str]:
     """Runs the correctness matrix; returns the failure messages (empty: all passed)."""
     failures = []
-    selected = [c for c in cases(quick) if ops is None or c.op in ops]
+    selected: list[Case | QuantCase] = [c for c in [*cases(quick), *quant_cases(quick)]
+                                        if ops is None or c.op in ops]
     for i, case in enumerate(selected):
         try:
-            ok, message = run_case(kernels, case, seed=i)
+            run = run_quant_case if isinstance(case, QuantCase) else run_case
+            ok, message = run(kernels, case, seed=i)
         except Exception as e:  # a launcher error is a failure of that case
             ok, message = False, f"FAIL {case.label()}: {type(e).__name__}: {e}"
         if verbose or not ok:
@@ -251,6 +433,56 @@ def check_bad_arguments(kernels: cuda.Kernels) -> list[str]:
         except ValueError as e:
             if expect not in str(e):
                 problems.append(f"{op} {change}: message {e!s} lacks {expect!r}")
+    return problems
+
+
+def check_quantized_edges(kernels: cuda.Kernels) -> list[str]:
+    """The quantized launcher's refusals, and an empty dynamic call's scale and zero point."""
+    import torch
+
+    x = torch.zeros(4, 64, device="cuda")
+    q = torch.empty(4, 64, dtype=torch.uint8, device="cuda")
+    scale = torch.full((1,), 0.5, device="cuda")
+    problems = []
+    bad = [
+        ("RMSNormQuantizeLinear", None, "onnxnorm_cuda_launch_quantized"),
+        ("RMSNorm", dict(y_scale=scale.data_ptr()), "not a quantized op"),
+        ("RMSNormQuantizeLinear", dict(), "Y_scale is required"),
+        ("RMSNormQuantizeLinear", dict(y_scale=scale.data_ptr(), q_type=2), "uint8 or int8"),
+        ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr()),
+         "scratch"),
+        ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr(),
+                                              scratch=scale.data_ptr(), q_type=4), "uint8"),
+    ]
+    for op, change, expect in bad:
+        args = kernels.args(op, {"X": x}, x)
+        try:
+            if change is None:
+                kernels.launch(args)
+            else:
+                fields = {"q_type": cuda.QUANT_ELEM_TYPES["uint8"], "q": q.data_ptr(), **change}
+                kernels.launch_quantized(args, cuda.CudaQuantArgs(**fields))
+            problems.append(f"{op} {change}: accepted")
+        except ValueError as e:
+            if expect not in str(e):
+                problems.append(f"{op} {change}: message {e!s} lacks {expect!r}")
+    # an empty X: the dynamic op still writes its scale (1) and zero point (0)
+    empty = torch.empty(0, 64, device="cuda")
+    out_scale = torch.full((), 7.0, device="cuda")
+    out_zp = torch.full((), 9, dtype=torch.uint8, device="cuda")
+    args = kernels.args("RMSNormDynamicQuantizeLinear", {"X": empty}, empty)
+    args.y = None
+    if kernels.quant_scratch_bytes(args) != 0:
+        problems.append("an empty call asks for scratch")
+    kernels.launch_quantized(args, cuda.CudaQuantArgs(q_type=cuda.QUANT_ELEM_TYPES["uint8"],
+                                                      y_scale=out_scale.data_ptr(),
+                                                      y_zero_point=out_zp.data_ptr()))
+    torch.cuda.synchronize()
+    if (float(out_scale.cpu()), int(out_zp.cpu())) != (1.0, 0):
+        problems.append(f"empty dynamic call: scale {out_scale}, zero point {out_zp}")
+    args = kernels.args("RMSNormDynamicQuantizeLinear", {"X": x}, x)
+    if kernels.quant_scratch_bytes(args) != 4 * 2 * 4:
+        problems.append(f"scratch for 4 rows: {kernels.quant_scratch_bytes(args)} bytes")
     return problems
 
 
@@ -309,6 +541,7 @@ def run_on_host() -> None:
 
     torch.empty = no_device(torch.empty)
     torch.zeros = no_device(torch.zeros)
+    torch.full = no_device(torch.full)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -343,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _check_all(kernels: cuda.Kernels, quick: bool, verbose: bool, ops: list[str] | None) -> int:
     failures = check(kernels, quick=quick, verbose=verbose, ops=ops)
-    problems = check_bad_arguments(kernels)
+    problems = check_bad_arguments(kernels) + check_quantized_edges(kernels)
     if kernels.layout() != cuda.layout():
         problems.append(f"NormArgs mirror {cuda.layout()} differs from the library's {kernels.layout()}")
     for p in problems:

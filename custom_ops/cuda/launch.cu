@@ -31,10 +31,12 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 bool AnyWeight(const NormArgs& a) { return a.scale || a.bias || a.inner_scale || a.inner_bias || a.xbias; }
 
-// The kernel for args: an index into kRegsConfigs, or -1 for the general kernel.
-int ChooseConfig(const NormArgs& a) {
+// The kernel for args (and q, a quantized op's quantized Y): an index into kRegsConfigs, or -1 for
+// the general kernel. The register kernels store a vector's quantized values at once: q must be
+// aligned to a vector's element count (4 or 8 bytes).
+int ChooseConfig(const NormArgs& a, const void* q = nullptr) {
   const int64_t ve = 16 / static_cast<int64_t>(TypeSize(a.x_type));
-  bool vectorizable = a.cols % ve == 0;
+  bool vectorizable = a.cols % ve == 0 && reinterpret_cast<uintptr_t>(q) % static_cast<uintptr_t>(ve) == 0;
   const void* arrays[] = {a.x, a.residual, a.scale, a.bias, a.inner_scale, a.inner_bias, a.xbias, a.y, a.sum};
   for (const void* p : arrays) vectorizable = vectorizable && Aligned16(p);  // nullptr is aligned
   if (!vectorizable) return -1;
@@ -93,7 +95,8 @@ bool Check(const NormArgs* args, char* err, size_t len) {
   if (a.rows > 0 && a.cols > INT64_MAX / a.rows) {
     return Write(err, len, "onnxnorm::%s: rows x cols overflows", n), false;
   }
-  if (a.rows > 0 && (a.x == nullptr || a.y == nullptr)) {
+  // (a quantized op's Y is CudaQuantArgs::q; NormArgs::y is its optional Y_float)
+  if (a.rows > 0 && (a.x == nullptr || (a.y == nullptr && op.quantize == QuantizeKind::kNone))) {
     return Write(err, len, "onnxnorm::%s: X and Y are required", n), false;
   }
   if (op.residual == kNone) {
@@ -138,6 +141,51 @@ bool Check(const NormArgs* args, char* err, size_t len) {
   return true;
 }
 
+// True when a quantized op's quantizer arguments are fine (args passed Check), else false with the
+// problem written into err.
+bool CheckQuant(const NormArgs& a, const CudaQuantArgs* quant, char* err, size_t len) {
+  const OpSpec& op = kOps[static_cast<int>(a.op)];
+  const char* n = op.name;
+  if (op.quantize == QuantizeKind::kNone) {
+    return Write(err, len, "onnxnorm::%s is not a quantized op: launch it with onnxnorm_cuda_launch", n), false;
+  }
+  if (quant == nullptr) return Write(err, len, "onnxnorm::%s: quant is NULL", n), false;
+  const bool dynamic = op.quantize == QuantizeKind::kDynamic;
+  bool known = false;
+  for (ElemType t : op.quant_types) known = known || t == quant->q_type;
+  if (!known) {
+    return Write(err, len, "onnxnorm::%s: the quantized type must be %s, got type code %d", n,
+                 dynamic ? "uint8" : "uint8 or int8", static_cast<int>(quant->q_type)), false;
+  }
+  if (a.rows > 0 && quant->q == nullptr) return Write(err, len, "onnxnorm::%s: the quantized Y is required", n), false;
+  if (!dynamic) {
+    if (a.rows > 0 && quant->y_scale == nullptr) return Write(err, len, "onnxnorm::%s: Y_scale is required", n), false;
+    return true;
+  }
+  if (quant->y_scale == nullptr || quant->y_zero_point == nullptr) {
+    return Write(err, len, "onnxnorm::%s: the Y_scale and Y_zero_point outputs are required", n), false;
+  }
+  if (a.rows > 0 && (quant->scratch == nullptr || reinterpret_cast<uintptr_t>(quant->scratch) % 4 != 0)) {
+    return Write(err, len, "onnxnorm::%s: scratch of %zu bytes, 4-byte aligned, is required", n,
+                 static_cast<size_t>(a.rows) * kCudaQuantScratchBytesPerRow), false;
+  }
+  return true;
+}
+
+// LaunchQuantOp<norm, residual> of the quantized op with id I or a later one.
+template <int I = 0>
+cudaError_t DispatchQuant(const NormArgs& a, const QuantKernelArgs& qa, QuantMode mode, int config,
+                          cudaStream_t stream) {
+  if constexpr (I == kOpCount) {
+    return cudaErrorInvalidValue;
+  } else {
+    if constexpr (kOps[I].quantize != QuantizeKind::kNone) {
+      if (static_cast<int>(a.op) == I) return LaunchQuantOp<kOps[I].norm, kOps[I].residual>(a, qa, mode, config, stream);
+    }
+    return DispatchQuant<I + 1>(a, qa, mode, config, stream);
+  }
+}
+
 // LaunchOp<norm, residual> of the op with id I or a later one.
 template <int I = 0>
 cudaError_t Dispatch(const NormArgs& a, int config, cudaStream_t stream) {
@@ -172,9 +220,77 @@ extern "C" int onnxnorm_cuda_launch(const NormArgs* args, void* stream, char* er
   if (!Check(args, err, err_len)) return ONNXNORM_CUDA_INVALID_ARGUMENT;
   if (err != nullptr && err_len > 0) err[0] = '\0';
   const NormArgs& a = *args;
+  if (onnxnorm::kOps[static_cast<int>(a.op)].quantize != onnxnorm::QuantizeKind::kNone) {
+    Write(err, err_len, "onnxnorm::%s is a quantized op: launch it with onnxnorm_cuda_launch_quantized",
+          onnxnorm::kOps[static_cast<int>(a.op)].name);
+    return ONNXNORM_CUDA_INVALID_ARGUMENT;
+  }
   if (a.rows == 0) return ONNXNORM_CUDA_OK;
   const int config = ChooseConfig(a);
   const cudaError_t status = Dispatch(a, config, static_cast<cudaStream_t>(stream));
+  if (status != cudaSuccess) {
+    char name[128];
+    KernelName(a, config, name, sizeof(name));
+    Write(err, err_len, "onnxnorm::%s: CUDA kernel %s (%lld rows x %lld cols) failed to launch: %s (%s)",
+          onnxnorm::kOps[static_cast<int>(a.op)].name, name, (long long)a.rows, (long long)a.cols,
+          cudaGetErrorString(status), cudaGetErrorName(status));
+    return ONNXNORM_CUDA_LAUNCH_FAILED;
+  }
+  return ONNXNORM_CUDA_OK;
+}
+
+extern "C" size_t onnxnorm_cuda_quant_scratch_bytes(const NormArgs* args) {
+  if (args == nullptr || static_cast<int>(args->op) < 0 || static_cast<int>(args->op) >= onnxnorm::kOpCount) return 0;
+  if (onnxnorm::kOps[static_cast<int>(args->op)].quantize != onnxnorm::QuantizeKind::kDynamic) return 0;
+  return args->rows > 0 ? static_cast<size_t>(args->rows) * onnxnorm::kCudaQuantScratchBytesPerRow : 0;
+}
+
+extern "C" int onnxnorm_cuda_launch_quantized(const NormArgs* args, const onnxnorm::CudaQuantArgs* quant, void* stream,
+                                              char* err, size_t err_len) {
+  char scratch[8];
+  char* message = err != nullptr && err_len > 0 ? err : scratch;
+  const size_t message_len = err != nullptr && err_len > 0 ? err_len : sizeof(scratch);
+  if (!Check(args, message, message_len) || !CheckQuant(*args, quant, message, message_len)) {
+    return ONNXNORM_CUDA_INVALID_ARGUMENT;
+  }
+  message[0] = '\0';
+  const NormArgs& a = *args;
+  const onnxnorm::CudaQuantArgs& q = *quant;
+  const bool dynamic = onnxnorm::kOps[static_cast<int>(a.op)].quantize == onnxnorm::QuantizeKind::kDynamic;
+  if (a.rows == 0 && !dynamic) return ONNXNORM_CUDA_OK;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int config = ChooseConfig(a, q.q);
+  QuantKernelArgs quantize;
+  quantize.q = static_cast<uint8_t*>(q.q);
+  quantize.q_type = q.q_type;
+  quantize.scale = q.y_scale;
+  quantize.zero_point = q.y_zero_point;
+  cudaError_t status = cudaSuccess;
+  if (!dynamic) {
+    quantize.scale_type = a.x_type;  // Y_scale is of X's type
+    status = DispatchQuant(a, quantize, QuantMode::kQuantize, config, s);
+  } else {
+    // 1. each row's statistics and the range of its Y into scratch (and Sum, when asked for)
+    float* range = static_cast<float*>(q.scratch);
+    if (a.rows > 0) {
+      NormArgs first = a;
+      first.y = nullptr;
+      QuantKernelArgs ranges;
+      ranges.range = range;
+      status = DispatchQuant(first, ranges, QuantMode::kRange, config, s);
+    }
+    // 2. the scale and zero point, written to the outputs on the device
+    if (status == cudaSuccess) {
+      status = LaunchDynamicParams(range, a.rows, static_cast<float*>(q.y_scale), static_cast<uint8_t*>(q.y_zero_point), s);
+    }
+    // 3. the norm again, quantized with them (Sum was written by the first pass)
+    if (status == cudaSuccess && a.rows > 0) {
+      NormArgs second = a;
+      second.sum = nullptr;
+      quantize.scale_type = onnxnorm::ElemType::kFloat32;
+      status = DispatchQuant(second, quantize, QuantMode::kQuantize, config, s);
+    }
+  }
   if (status != cudaSuccess) {
     char name[128];
     KernelName(a, config, name, sizeof(name));

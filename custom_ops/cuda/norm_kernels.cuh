@@ -19,6 +19,15 @@
 // Numerics follow onnxnorm/ops/reference.py: Sum is rounded to X's type before its statistics;
 // order B multiplies and adds in float32 and rounds once; order A rounds the normalized value,
 // then multiplies and adds in X's type (each step rounded).
+//
+// The quantized ops (a LayerNorm / RMSNorm or its Skip form followed by QuantizeLinear or
+// DynamicQuantizeLinear) are the same two kernels with an epilogue (QuantMode): kQuantize rounds
+// each Y value to X's type (the float op's Y, bit for bit; written to Y_float when asked for) and
+// quantizes it as ONNX Runtime's QuantizeLinear does (Quantizer); kRange writes no Y but the
+// min and max of the row's Y (NaN left out) into a [rows, 2] scratch, from which
+// DynamicParamsKernel (one block) computes DynamicQuantizeLinear's scale and zero point on the
+// device. A static op is one kQuantize launch; a dynamic op is kRange, DynamicParamsKernel, then
+// kQuantize reading the scale and zero point it wrote (launch.cu).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,6 +36,7 @@
 
 #include <cstdint>
 
+#include "onnxnorm/cuda_launch.h"
 #include "onnxnorm/norm_args.h"
 
 namespace onnxnorm {
@@ -80,6 +90,71 @@ __device__ __forceinline__ float ScaleShift(float n, bool has_scale, float s, bo
 }
 
 // ---------------------------------------------------------------------------------------------
+// The quantizing epilogue
+// ---------------------------------------------------------------------------------------------
+// What the kernels do after computing a row's Y: store it (the float ops), quantize it (and store
+// it when Y_float is asked for), or take its range (the first pass of a dynamic op).
+enum class QuantMode : int32_t { kNone = 0, kQuantize = 1, kRange = 2 };
+
+// The kernels' view of a quantized op's call (launch.cu fills it from CudaQuantArgs).
+struct QuantKernelArgs {
+  uint8_t* q = nullptr;               // kQuantize: [rows, cols] bytes (uint8, or int8's two's complement)
+  const void* scale = nullptr;        // kQuantize: one element of scale_type
+  const void* zero_point = nullptr;   // kQuantize: one element of q_type; nullptr: 0
+  ElemType scale_type = ElemType::kFloat32;
+  ElemType q_type = ElemType::kUInt8;
+  float* range = nullptr;             // kRange: [rows, 2]: the min and max of each row's Y
+};
+
+// ONNX Runtime's QuantizeLinear of a float32 value (onnxnorm/ops/reference.py quantize_linear):
+// v / scale in float32 (an IEEE division whatever the compiler flags), NaN to the type's minimum,
+// clamped to [min - zero_point, max - zero_point] (whole numbers: clamping before the rounding
+// equals clamping after it), rounded half to even, plus the zero point.
+struct Quantizer {
+  float scale, lo, hi, zero_point;
+
+  __device__ __forceinline__ static Quantizer Make(const QuantKernelArgs& qa) {
+    float s = 1.f;
+    switch (qa.scale_type) {
+      case ElemType::kFloat16: s = ToFloat(*static_cast<const __half*>(qa.scale)); break;
+      case ElemType::kBFloat16: s = ToFloat(*static_cast<const __nv_bfloat16*>(qa.scale)); break;
+      default: s = *static_cast<const float*>(qa.scale); break;
+    }
+    const bool signed8 = qa.q_type == ElemType::kInt8;
+    float zp = 0.f;
+    if (qa.zero_point != nullptr) {
+      zp = signed8 ? static_cast<float>(*static_cast<const int8_t*>(qa.zero_point))
+                   : static_cast<float>(*static_cast<const uint8_t*>(qa.zero_point));
+    }
+    return Quantizer{s, (signed8 ? -128.f : 0.f) - zp, (signed8 ? 127.f : 255.f) - zp, zp};
+  }
+
+  __device__ __forceinline__ uint8_t operator()(float v) const {
+    float t = __fdiv_rn(v, scale);
+    t = t > lo ? t : lo;  // (false for NaN: the minimum)
+    t = t < hi ? t : hi;
+    return static_cast<uint8_t>(static_cast<int32_t>(rintf(t) + zero_point));
+  }
+};
+
+// kN quantized values (kN = 4 or 8: one 128-bit vector of X's type) in one 4- or 8-byte store.
+template <int kN>
+__device__ __forceinline__ void StoreBytes(uint8_t* p, const uint8_t (&b)[kN]) {
+  static_assert(kN == 4 || kN == 8, "a vector of float32 or of a 16-bit type");
+  uint32_t w[kN / 4];
+#pragma unroll
+  for (int c = 0; c < kN / 4; ++c) {
+    w[c] = static_cast<uint32_t>(b[4 * c]) | (static_cast<uint32_t>(b[4 * c + 1]) << 8) |
+           (static_cast<uint32_t>(b[4 * c + 2]) << 16) | (static_cast<uint32_t>(b[4 * c + 3]) << 24);
+  }
+  if constexpr (kN == 4) {
+    *reinterpret_cast<uint32_t*>(p) = w[0];
+  } else {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // 128-bit vector loads and stores of kN elements (kN * sizeof(U) is a multiple of 16 bytes)
 // ---------------------------------------------------------------------------------------------
 template <typename U, int kN>
@@ -116,10 +191,21 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&in)[kN]) {
 // red: two buffers of 32 floats in shared memory, used alternately (parity flips per call) so
 // that one __syncthreads per block-wide reduction suffices. kBlockMode: the group is the whole
 // block (blockDim.x threads, a multiple of 32); else tpr (a power of two <= 32) lanes of a warp.
-template <bool kBlockMode>
-__device__ __forceinline__ float GroupSum(float v, int tpr, float (*red)[32], int& parity) {
+// op combines two values (sum, min, max); identity is its neutral value.
+struct AddOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MinOp {  // fminf: NaN is left out
+  __device__ __forceinline__ float operator()(float a, float b) const { return fminf(a, b); }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <bool kBlockMode, typename Op>
+__device__ __forceinline__ float GroupReduce(float v, int tpr, float (*red)[32], int& parity, Op op, float identity) {
   const int width = kBlockMode ? 32 : tpr;
-  for (int offset = width / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = width / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   if constexpr (kBlockMode) {
     const int warps = blockDim.x / 32;
     float* buffer = red[parity];
@@ -128,11 +214,16 @@ __device__ __forceinline__ float GroupSum(float v, int tpr, float (*red)[32], in
     const int lane = threadIdx.x % 32;
     if (lane == 0) buffer[warp] = v;
     __syncthreads();
-    v = lane < warps ? buffer[lane] : 0.f;
+    v = lane < warps ? buffer[lane] : identity;
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   }
   return v;
+}
+
+template <bool kBlockMode>
+__device__ __forceinline__ float GroupSum(float v, int tpr, float (*red)[32], int& parity) {
+  return GroupReduce<kBlockMode>(v, tpr, red, parity, AddOp{}, 0.f);
 }
 
 // The value v of the row's first thread (lane 0 of the group), for every thread of the row.
@@ -211,8 +302,10 @@ __device__ __forceinline__ RowStats ComputeRowStats(First first, ForEach for_eac
 // ---------------------------------------------------------------------------------------------
 // kBlockMode: a block (blockDim.x <= kMaxBlock threads) per row; else groups of tpr lanes
 // (4, 8, 16 or 32) per row, blockDim.x / tpr rows per block.
-template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, int kVecs, bool kBlockMode, int kMaxBlock>
-__global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const int tpr) {
+// kQ: the epilogue (QuantMode; kNone for the float ops).
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, int kVecs, bool kBlockMode, int kMaxBlock,
+          QuantMode kQ>
+__global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const int tpr, const QuantKernelArgs qa) {
   constexpr int kVE = 16 / sizeof(T);  // elements of T per 128-bit vector
   const int rows_per_block = kBlockMode ? 1 : blockDim.x / tpr;
   __shared__ float red[2][32];
@@ -224,6 +317,8 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
   const float inv_cols = 1.f / static_cast<float>(cols);
   const bool order_a = p.cast_before_scale != 0;
   const T* x_all = static_cast<const T*>(p.x);
+  Quantizer quantizer{};
+  if constexpr (kQ == QuantMode::kQuantize) quantizer = Quantizer::Make(qa);
 
   // Every thread of the block runs the same number of iterations (warp shuffles and barriers
   // need all lanes); a group past the last row just computes on zeros and stores nothing.
@@ -306,7 +401,8 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
     const RowStats stats = ComputeRowStats<kNorm, kBlockMode, true>(first, held, tpr, inv_cols, p.epsilon, red, parity);
     const W* sc = WeightRow<W>(p.scale, p.scale_rows, row, cols);
     const W* bi = WeightRow<W>(p.bias, p.bias_rows, row, cols);
-    T* y = static_cast<T*>(p.y) + base;
+    T* y = p.y != nullptr ? static_cast<T*>(p.y) + base : nullptr;
+    float lo = INFINITY, hi = -INFINITY;  // kRange: the range of this thread's share of Y
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       if (!valid[i]) continue;
@@ -319,7 +415,33 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
         out[j] = ScaleShift<T>(stats.Normalize(z[i][j]), sc != nullptr, sc != nullptr ? sv[j] : 0.f, bi != nullptr,
                                bi != nullptr ? bv[j] : 0.f, p.scale_offset, order_a);
       }
-      StoreVec<T, kVE>(y + col, out);
+      if constexpr (kQ == QuantMode::kNone) {
+        StoreVec<T, kVE>(y + col, out);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVE; ++j) out[j] = RoundTo<T>(out[j]);  // the float op's Y
+        if constexpr (kQ == QuantMode::kRange) {
+#pragma unroll
+          for (int j = 0; j < kVE; ++j) {
+            lo = fminf(lo, out[j]);
+            hi = fmaxf(hi, out[j]);
+          }
+        } else {
+          if (y != nullptr) StoreVec<T, kVE>(y + col, out);
+          uint8_t b[kVE];
+#pragma unroll
+          for (int j = 0; j < kVE; ++j) b[j] = quantizer(out[j]);
+          StoreBytes<kVE>(qa.q + base + col, b);
+        }
+      }
+    }
+    if constexpr (kQ == QuantMode::kRange) {
+      lo = GroupReduce<kBlockMode>(lo, tpr, red, parity, MinOp{}, INFINITY);
+      hi = GroupReduce<kBlockMode>(hi, tpr, red, parity, MaxOp{}, -INFINITY);
+      if (active && lane == 0) {
+        qa.range[2 * row] = lo;
+        qa.range[2 * row + 1] = hi;
+      }
     }
   }
 }
@@ -365,10 +487,12 @@ struct StreamRow {
   }
 };
 
-template <typename T, typename W, NormKind kNorm, ResidualKind kResidual>
-__global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p) {
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, QuantMode kQ>
+__global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p, const QuantKernelArgs qa) {
   __shared__ float red[2][32];
   int parity = 0;
+  Quantizer quantizer{};
+  if constexpr (kQ == QuantMode::kQuantize) quantizer = Quantizer::Make(qa);
   const int64_t cols = p.cols;
   const float inv_cols = 1.f / static_cast<float>(cols);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -394,15 +518,69 @@ __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p) {
         ComputeRowStats<kNorm, true, false>([&] { return r.Z(0); }, each_z, kStreamBlock, inv_cols, p.epsilon, red, parity);
 
     const bool hs = p.scale != nullptr, hb = p.bias != nullptr;
-    T* y = static_cast<T*>(p.y) + r.base;
+    T* y = p.y != nullptr ? static_cast<T*>(p.y) + r.base : nullptr;
     T* sum = kResidual != kNone && p.sum != nullptr ? static_cast<T*>(p.sum) + r.base : nullptr;
+    float lo = INFINITY, hi = -INFINITY;  // kRange
     for (int64_t col = threadIdx.x; col < cols; col += kStreamBlock) {
       const float z = r.Z(col);
       if (sum != nullptr) sum[col] = FromFloat<T>(z);
-      y[col] = FromFloat<T>(ScaleShift<T>(stats.Normalize(z), hs, hs ? r.Weight(p.scale, p.scale_rows, col) : 0.f, hb,
-                                          hb ? r.Weight(p.bias, p.bias_rows, col) : 0.f, p.scale_offset,
-                                          p.cast_before_scale != 0));
+      const float out = ScaleShift<T>(stats.Normalize(z), hs, hs ? r.Weight(p.scale, p.scale_rows, col) : 0.f, hb,
+                                      hb ? r.Weight(p.bias, p.bias_rows, col) : 0.f, p.scale_offset,
+                                      p.cast_before_scale != 0);
+      if constexpr (kQ == QuantMode::kNone) {
+        y[col] = FromFloat<T>(out);
+      } else if constexpr (kQ == QuantMode::kRange) {
+        const float v = RoundTo<T>(out);
+        lo = fminf(lo, v);
+        hi = fmaxf(hi, v);
+      } else {
+        const float v = RoundTo<T>(out);
+        if (y != nullptr) y[col] = FromFloat<T>(v);
+        qa.q[r.base + col] = quantizer(v);
+      }
     }
+    if constexpr (kQ == QuantMode::kRange) {
+      lo = GroupReduce<true>(lo, kStreamBlock, red, parity, MinOp{}, INFINITY);
+      hi = GroupReduce<true>(hi, kStreamBlock, red, parity, MaxOp{}, -INFINITY);
+      if (threadIdx.x == 0) {
+        qa.range[2 * row] = lo;
+        qa.range[2 * row + 1] = hi;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DynamicQuantizeLinear's scale and zero point from the rows' ranges
+// ---------------------------------------------------------------------------------------------
+// One block: the min and max over range[rows, 2] (kRange's output), then ONNX Runtime's rule
+// (onnxnorm/ops/reference.py dynamic_quantize_linear, cpu::DynamicQuantParams): the range widened
+// to hold 0, scale (hi - lo) / 255 in float32 or 1 when hi == lo, zero point 0 - lo / scale
+// clamped to [0, 255] (255 when NaN) and rounded half to even. rows may be 0 (scale 1, zero
+// point 0).
+constexpr int kParamsBlock = 512;
+
+// (a template, so that it is defined once wherever the header is included)
+template <int kBlock = kParamsBlock>
+__global__ void __launch_bounds__(kBlock) DynamicParamsKernel(const float* range, int64_t rows, float* scale,
+                                                                    uint8_t* zero_point) {
+  __shared__ float red[2][32];
+  int parity = 0;
+  float lo = INFINITY, hi = -INFINITY;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    lo = fminf(lo, range[2 * r]);
+    hi = fmaxf(hi, range[2 * r + 1]);
+  }
+  lo = GroupReduce<true>(lo, kBlock, red, parity, MinOp{}, INFINITY);
+  hi = GroupReduce<true>(hi, kBlock, red, parity, MaxOp{}, -INFINITY);
+  if (threadIdx.x == 0) {
+    lo = fminf(lo, 0.f);
+    hi = fmaxf(hi, 0.f);
+    const float s = hi == lo ? 1.f : __fdiv_rn(hi - lo, 255.f);
+    const float initial = 0.f - __fdiv_rn(lo, s);
+    const float zp = initial != initial ? 255.f : rintf(fminf(fmaxf(initial, 0.f), 255.f));
+    *scale = s;
+    *zero_point = static_cast<uint8_t>(static_cast<int32_t>(zp));
   }
 }
 
@@ -436,35 +614,37 @@ inline unsigned GridFor(int64_t units) {
 // index into kRegsConfigs, or -1 for StreamKernel) through launch(kernel, grid, block, args...),
 // which returns the launch's error: a launch on a stream (DeviceLauncher below), or the host
 // emulation's (custom_ops/cuda/emulation), so that both run this one table.
-template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, typename Launcher>
-cudaError_t LaunchTyped(const NormArgs& p, int config, const Launcher& launch) {
+// kQ: the epilogue, with qa its arguments (QuantMode::kNone: the float ops, qa unused).
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Launcher>
+cudaError_t LaunchTyped(const NormArgs& p, const QuantKernelArgs& qa, int config, const Launcher& launch) {
   if (config < 0 || config >= kNumRegsConfigs) {
-    return launch(&StreamKernel<T, W, kNorm, kResidual>, GridFor(p.rows), kStreamBlock, p);
+    return launch(&StreamKernel<T, W, kNorm, kResidual, kQ>, GridFor(p.rows), kStreamBlock, p, qa);
   }
   const RegsConfig c = kRegsConfigs[config];
   const int64_t rows_per_block = c.block / c.tpr;
   const unsigned grid = GridFor((p.rows + rows_per_block - 1) / rows_per_block);
   if (c.tpr == c.block) {
-    if (c.vecs == 8) return launch(&RegsKernel<T, W, kNorm, kResidual, 8, true, 512>, grid, c.block, p, c.tpr);
-    return launch(&RegsKernel<T, W, kNorm, kResidual, 4, true, 512>, grid, c.block, p, c.tpr);
+    if (c.vecs == 8) return launch(&RegsKernel<T, W, kNorm, kResidual, 8, true, 512, kQ>, grid, c.block, p, c.tpr, qa);
+    return launch(&RegsKernel<T, W, kNorm, kResidual, 4, true, 512, kQ>, grid, c.block, p, c.tpr, qa);
   }
-  if (c.vecs == 2) return launch(&RegsKernel<T, W, kNorm, kResidual, 2, false, 128>, grid, c.block, p, c.tpr);
-  return launch(&RegsKernel<T, W, kNorm, kResidual, 4, false, 128>, grid, c.block, p, c.tpr);
+  if (c.vecs == 2) return launch(&RegsKernel<T, W, kNorm, kResidual, 2, false, 128, kQ>, grid, c.block, p, c.tpr, qa);
+  return launch(&RegsKernel<T, W, kNorm, kResidual, 4, false, 128, kQ>, grid, c.block, p, c.tpr, qa);
 }
 
 // The same for p's element types (the weights' type counts only when there are weights).
-template <NormKind kNorm, ResidualKind kResidual, typename Launcher>
-cudaError_t LaunchTypes(const NormArgs& p, int config, const Launcher& launch) {
+template <NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Launcher>
+cudaError_t LaunchTypes(const NormArgs& p, const QuantKernelArgs& qa, int config, const Launcher& launch) {
   const bool weights = p.scale || p.bias || p.inner_scale || p.inner_bias || p.xbias;
   const bool w32 = !weights || p.weight_type == ElemType::kFloat32;
   switch (p.x_type) {
-    case ElemType::kFloat32: return LaunchTyped<float, float, kNorm, kResidual>(p, config, launch);
+    case ElemType::kFloat32: return LaunchTyped<float, float, kNorm, kResidual, kQ>(p, qa, config, launch);
     case ElemType::kFloat16:
-      return w32 ? LaunchTyped<__half, float, kNorm, kResidual>(p, config, launch)
-                 : LaunchTyped<__half, __half, kNorm, kResidual>(p, config, launch);
+      return w32 ? LaunchTyped<__half, float, kNorm, kResidual, kQ>(p, qa, config, launch)
+                 : LaunchTyped<__half, __half, kNorm, kResidual, kQ>(p, qa, config, launch);
     case ElemType::kBFloat16:
-      return w32 ? LaunchTyped<__nv_bfloat16, float, kNorm, kResidual>(p, config, launch)
-                 : LaunchTyped<__nv_bfloat16, __nv_bfloat16, kNorm, kResidual>(p, config, launch);
+      return w32 ? LaunchTyped<__nv_bfloat16, float, kNorm, kResidual, kQ>(p, qa, config, launch)
+                 : LaunchTyped<__nv_bfloat16, __nv_bfloat16, kNorm, kResidual, kQ>(p, qa, config, launch);
+    default: break;
   }
   return cudaErrorInvalidValue;
 }
@@ -486,6 +666,16 @@ struct DeviceLauncher {
 template <NormKind kNorm, ResidualKind kResidual>
 cudaError_t LaunchOp(const NormArgs& p, int config, cudaStream_t stream);
 
+// The quantized form of op (kNorm, kResidual): one pass (mode kQuantize or kRange) on stream,
+// each in its own translation unit (ops_*_quantized.cu).
+template <NormKind kNorm, ResidualKind kResidual>
+cudaError_t LaunchQuantOp(const NormArgs& p, const QuantKernelArgs& qa, QuantMode mode, int config,
+                          cudaStream_t stream);
+
+// DynamicParamsKernel on stream (defined with the quantized LayerNorm's kernels).
+cudaError_t LaunchDynamicParams(const float* range, int64_t rows, float* scale, uint8_t* zero_point,
+                                cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace onnxnorm
 
@@ -494,7 +684,31 @@ cudaError_t LaunchOp(const NormArgs& p, int config, cudaStream_t stream);
   namespace cuda {                                                                                          \
   template <>                                                                                               \
   cudaError_t LaunchOp<NORM, RESIDUAL>(const NormArgs& p, int config, cudaStream_t stream) {                \
-    return LaunchTypes<NORM, RESIDUAL>(p, config, LAUNCHER{stream});                                        \
+    return LaunchTypes<NORM, RESIDUAL, QuantMode::kNone>(p, QuantKernelArgs{}, config, LAUNCHER{stream});   \
+  }                                                                                                         \
+  }                                                                                                         \
+  }
+
+#define ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(NORM, RESIDUAL, LAUNCHER)                                      \
+  namespace onnxnorm {                                                                                      \
+  namespace cuda {                                                                                          \
+  template <>                                                                                               \
+  cudaError_t LaunchQuantOp<NORM, RESIDUAL>(const NormArgs& p, const QuantKernelArgs& qa, QuantMode mode,   \
+                                            int config, cudaStream_t stream) {                              \
+    if (mode == QuantMode::kRange) {                                                                        \
+      return LaunchTypes<NORM, RESIDUAL, QuantMode::kRange>(p, qa, config, LAUNCHER{stream});               \
+    }                                                                                                       \
+    return LaunchTypes<NORM, RESIDUAL, QuantMode::kQuantize>(p, qa, config, LAUNCHER{stream});              \
+  }                                                                                                         \
+  }                                                                                                         \
+  }
+
+#define ONNXNORM_CUDA_DEFINE_LAUNCH_DYNAMIC_PARAMS(LAUNCHER)                                                \
+  namespace onnxnorm {                                                                                      \
+  namespace cuda {                                                                                          \
+  cudaError_t LaunchDynamicParams(const float* range, int64_t rows, float* scale, uint8_t* zero_point,      \
+                                  cudaStream_t stream) {                                                    \
+    return LAUNCHER{stream}(&DynamicParamsKernel<>, 1u, kParamsBlock, range, rows, scale, zero_point);        \
   }                                                                                                         \
   }                                                                                                         \
   }

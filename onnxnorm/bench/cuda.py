@@ -73,6 +73,21 @@ class NormArgs(ctypes.Structure):
         super().__init__(**{**defaults, **fields})
 
 
+class CudaQuantArgs(ctypes.Structure):
+    """Mirror of onnxnorm::CudaQuantArgs (custom_ops/include/onnxnorm/cuda_launch.h): a quantized
+    op's quantized Y and where its scale and zero point live (device pointers)."""
+
+    _fields_ = [
+        ("q_type", ctypes.c_int32), ("q", ctypes.c_void_p), ("y_scale", ctypes.c_void_p),
+        ("y_zero_point", ctypes.c_void_p), ("scratch", ctypes.c_void_p),
+    ]
+
+
+#: the quantized element type codes (onnxnorm::ElemType: after the float types)
+QUANT_ELEM_TYPES = {elem_type_name(t): len(catalogue.DATA_TYPES) + i
+                    for i, t in enumerate(catalogue.QUANT_TYPES)}
+
+
 def layout(args_type: type[ctypes.Structure] = NormArgs) -> dict[str, Any]:
     """The mirror's layout in the form of onnxnorm_args_layout: size and [name, offset, size]."""
     return {"size": ctypes.sizeof(args_type),
@@ -125,6 +140,13 @@ class Kernels:
         lib.onnxnorm_cuda_kernel_name.argtypes = [ctypes.POINTER(NormArgs), ctypes.c_char_p,
                                                   ctypes.c_size_t]
         lib.onnxnorm_cuda_kernel_name.restype = ctypes.c_int
+        if hasattr(lib, "onnxnorm_cuda_launch_quantized"):  # (libraries built before it: none)
+            lib.onnxnorm_cuda_launch_quantized.argtypes = [
+                ctypes.POINTER(NormArgs), ctypes.POINTER(CudaQuantArgs), ctypes.c_void_p,
+                ctypes.c_char_p, ctypes.c_size_t]
+            lib.onnxnorm_cuda_launch_quantized.restype = ctypes.c_int
+            lib.onnxnorm_cuda_quant_scratch_bytes.argtypes = [ctypes.POINTER(NormArgs)]
+            lib.onnxnorm_cuda_quant_scratch_bytes.restype = ctypes.c_size_t
         lib.onnxnorm_cuda_build_info.restype = ctypes.c_char_p
         lib.onnxnorm_args_layout.restype = ctypes.c_char_p
         self.lib = lib
@@ -193,6 +215,22 @@ class Kernels:
         if rc != 0:
             raise RuntimeError(buf.value.decode())
 
+    def quant_scratch_bytes(self, args: NormArgs) -> int:
+        """The device scratch a dynamic quantized op's call needs (0 for the others)."""
+        return int(self.lib.onnxnorm_cuda_quant_scratch_bytes(ctypes.byref(args)))
+
+    def launch_quantized(self, args: NormArgs, quant: CudaQuantArgs, stream: int | None = None) -> None:
+        """launch() for a quantized op (``args.y``: Y_float or 0, ``args.sum``: Sum or 0)."""
+        if stream is None:
+            stream = _torch().cuda.current_stream().cuda_stream
+        buf = ctypes.create_string_buffer(512)
+        rc = self.lib.onnxnorm_cuda_launch_quantized(ctypes.byref(args), ctypes.byref(quant),
+                                                     ctypes.c_void_p(stream), buf, len(buf))
+        if rc == 1:
+            raise ValueError(buf.value.decode())
+        if rc != 0:
+            raise RuntimeError(buf.value.decode())
+
     def run(self, op: str, inputs: dict[str, Any], *, with_sum: bool = True, axis: int = -1,
             **attrs: Any):
         """Runs ``op`` and returns [Y] or [Y, Sum] as new torch tensors."""
@@ -253,7 +291,7 @@ def bench(kernels: Kernels, ops: Iterable[str] | None = None, dtype: str = "bflo
         copy_bytes = 2 * src.numel() * src.element_size()
         copy_gbs = copy_bytes / copy_ms / 1e6
         del dst
-        for op in ops or catalogue.FLOAT_OPS:  # (the quantized ops have no CUDA kernels yet)
+        for op in ops or catalogue.FLOAT_OPS:  # (the quantized ops: their norm kernels, another epilogue)
             spec = catalogue.get(op)
             inputs = {"X": src}
             if spec.has_residual:

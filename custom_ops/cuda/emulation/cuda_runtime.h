@@ -18,6 +18,9 @@ inline const char* cudaGetErrorString(cudaError_t) { return "emulated error"; }
 inline const char* cudaGetErrorName(cudaError_t) { return "cudaErrorEmulated"; }
 inline cudaError_t cudaGetLastError() { return 0; }
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 extern thread_local dim3 threadIdx;
 extern thread_local dim3 blockIdx;

@@ -74,3 +74,8 @@ ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kSkip, on
 ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSkip, onnxnorm::cuda::EmulationLauncher)
 ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kSandwich, onnxnorm::cuda::EmulationLauncher)
 ONNXNORM_CUDA_DEFINE_LAUNCH_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSandwich, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kNone, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kNone, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kSkip, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSkip, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_DYNAMIC_PARAMS(onnxnorm::cuda::EmulationLauncher)

@@ -26,6 +26,32 @@
 #define ONNXNORM_CUDA_INVALID_ARGUMENT 1
 #define ONNXNORM_CUDA_LAUNCH_FAILED 2
 
+namespace onnxnorm {
+
+// The quantizer of a quantized op (OpSpec::quantize != kNone) for onnxnorm_cuda_launch_quantized:
+// its output, and where its scale and zero point live. Every pointer is device memory.
+//   static (QuantizeLinear):         y_scale is the Y_scale input (one element of X's type),
+//                                    y_zero_point the Y_zero_point input (one element of q_type;
+//                                    nullptr: zero point 0); scratch is not used.
+//   dynamic (DynamicQuantizeLinear): y_scale (one float32) and y_zero_point (one uint8) are the
+//                                    Y_scale and Y_zero_point outputs, which the call writes;
+//                                    scratch holds onnxnorm_cuda_quant_scratch_bytes(args) bytes
+//                                    (each row's range between the passes), 4-byte aligned, in use
+//                                    until the call's kernels have run on its stream.
+// NormArgs::y is the float Y (Y_float; nullptr: not wanted) and NormArgs::sum Sum (Skip ops).
+// Bytes of scratch per row of a dynamic op's call (onnxnorm_cuda_quant_scratch_bytes): its min and max.
+inline constexpr size_t kCudaQuantScratchBytesPerRow = 2 * sizeof(float);
+
+struct CudaQuantArgs {
+  ElemType q_type = ElemType::kUInt8;  // of q: kUInt8 or kInt8 (dynamic: kUInt8)
+  void* q = nullptr;                   // [rows, cols]: the quantized Y
+  void* y_scale = nullptr;
+  void* y_zero_point = nullptr;
+  void* scratch = nullptr;
+};
+
+}  // namespace onnxnorm
+
 extern "C" {
 
 // Checks args and launches its op's kernel on stream (a cudaStream_t; nullptr: the legacy
@@ -35,6 +61,18 @@ extern "C" {
 // be nullptr).
 ONNXNORM_EXPORT int onnxnorm_cuda_launch(const onnxnorm::NormArgs* args, void* stream, char* err,
                                          size_t err_len);
+
+// The same for a quantized op: the static op in one launch (the norm's kernel quantizing its Y as
+// it stores it); the dynamic op in three on stream (each row's Y range into scratch; the scale and
+// zero point from the rows' ranges, written to y_scale and y_zero_point; the norm again, quantized
+// with them). Returns as onnxnorm_cuda_launch; a float op is refused here, a quantized op there.
+ONNXNORM_EXPORT int onnxnorm_cuda_launch_quantized(const onnxnorm::NormArgs* args,
+                                                   const onnxnorm::CudaQuantArgs* quant, void* stream, char* err,
+                                                   size_t err_len);
+
+// The bytes of device scratch a dynamic quantized op's call needs (CudaQuantArgs::scratch): two
+// floats per row; 0 for other ops and for a NULL args.
+ONNXNORM_EXPORT size_t onnxnorm_cuda_quant_scratch_bytes(const onnxnorm::NormArgs* args);
 
 // The name of the kernel onnxnorm_cuda_launch would run for args (e.g.
 // "SkipRMSNorm<bfloat16,float32>/regs:block128x4"), written into name; the same codes as
@@ -52,4 +90,7 @@ ONNXNORM_EXPORT const char* onnxnorm_args_layout(void);
 namespace onnxnorm {
 using CudaLaunchFn = int (*)(const NormArgs* args, void* stream, char* err, size_t err_len);
 using ArgsLayoutFn = const char* (*)();
+using CudaLaunchQuantizedFn = int (*)(const NormArgs* args, const CudaQuantArgs* quant, void* stream, char* err,
+                                      size_t err_len);
+using CudaQuantScratchBytesFn = size_t (*)(const NormArgs* args);
 }  // namespace onnxnorm
