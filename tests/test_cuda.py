@@ -83,14 +83,14 @@ def test_cuda_library_built_when_nvcc_present():
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on this machine")
 def test_cuda_sources_compile_with_nvcc():
-    """The launcher and one op's kernels compile for sm_80 (a quick check of the sources; the
-    package build compiles them all)."""
+    """The launcher and one op's kernels, float and quantized, compile for sm_80 (a quick check of
+    the sources; the package build compiles them all)."""
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [subprocess.Popen([NVCC, "-std=c++17", "-O1", "-arch=sm_80", "--expt-relaxed-constexpr",
                                   f"-I{ROOT / 'custom_ops' / 'include'}", "-c", str(CUDA_DIR / name),
                                   "-o", os.path.join(tmp, name + ".o")],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                for name in ("launch.cu", "ops_skip_rms_norm.cu")]
+                for name in ("launch.cu", "ops_skip_rms_norm.cu", "ops_skip_rms_norm_quantized.cu")]
         for job in jobs:
             out, _ = job.communicate(timeout=300)
             assert job.returncode == 0, out
@@ -185,6 +185,7 @@ def _build_cpu_library_with_cuda_rows_on_cpu(folder: Path) -> Path:
 
 
 _GLUE_RUN = r"""
+import itertools
 import sys
 import numpy as np
 import onnxruntime as ort
@@ -225,6 +226,47 @@ for op, spec in ops.catalogue.FLOAT_OPS.items():
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_allclose(np.asarray(g, np.float32), w.astype(np.float32), rtol, atol)
             checked += 1
+# the quantized ops: Y_float and Sum bit for bit their float op's (through the same CUDA library),
+# Y (and the dynamic Y_scale, Y_zero_point) exactly the reference quantizer's of that Y_float
+quantized = 0
+same = lambda a, b: np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), equal_nan=True)
+for op, spec in ops.catalogue.QUANTIZED_OPS.items():
+    base = ops.catalogue.get(spec.base)
+    zero_points = [None] if spec.quantize == "dynamic" else [None, np.uint8(131), np.int8(-7)]
+    for (t, s), zp in itertools.product(ops.catalogue.TYPE_PAIRS, zero_points):
+        t, s = types[cuda.elem_type_name(t)], types[cuda.elem_type_name(s)]
+        for shape, wshape in (((2, 3, 4, 64), (4, 64)), ((3, 40), (40,))):
+            arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
+            if base.has_residual:
+                arrays["Residual"] = rng.standard_normal(shape).astype(t)
+            for name in base.optional_inputs:
+                arrays[name] = (1 + 0.3 * rng.standard_normal(wshape)).astype(s)
+            attrs = {"cast_before_scale": int(t != np.float32)}
+            attrs.update({k: v for k, v in (("scale_offset", 0.5), ("alpha", 0.75)) if k in spec.defaults})
+            want = run(single_node_model(spec.base, arrays, attrs, functions=False), arrays, with_library=True)
+            quant = {}
+            if spec.quantize == "static":
+                quant["Y_scale"] = np.asarray(0.03, t)
+                if zp is not None:
+                    quant["Y_zero_point"] = np.asarray(zp)
+            given = {**arrays, **quant}
+            got = dict(zip([p.name for p in spec.outputs],
+                           run(single_node_model(op, given, attrs, functions=False), given, with_library=True)))
+            assert same(got["Y_float"], want[0]), op
+            if base.has_residual:
+                assert same(got["Sum"], want[1]), op
+            y_float = np.asarray(got["Y_float"]).astype(t)
+            if spec.quantize == "static":
+                want_q = ops.reference.quantize_linear(y_float, quant["Y_scale"], quant.get("Y_zero_point", np.uint8(0)))
+            else:
+                want_q, scale, zero_point = ops.reference.dynamic_quantize_linear(y_float)
+                assert got["Y_scale"].tobytes() == scale.tobytes(), (op, got["Y_scale"], scale)
+                assert got["Y_zero_point"].tobytes() == zero_point.tobytes(), (op, got["Y_zero_point"], zero_point)
+            assert got["Y"].dtype == want_q.dtype and np.array_equal(got["Y"], want_q), op
+            alone = run(single_node_model(op, given, attrs, functions=False, optional_outputs=False), given,
+                        with_library=True)
+            assert np.array_equal(alone[0], got["Y"]), op
+            quantized += 1
 try:
     bad = {"X": np.ones((2, 8), np.float32), "Scale": np.ones(7, np.float32)}
     run(single_node_model("RMSNorm", bad, functions=False), bad, with_library=True)
@@ -232,7 +274,7 @@ try:
 except Exception as e:
     print("ERROR:", e)
 loaded = sys.argv[2] in open("/proc/self/maps").read()
-print(f"RESULT: {checked} checked, CUDA library loaded: {loaded}")
+print(f"RESULT: {checked} checked, {quantized} quantized checked, CUDA library loaded: {loaded}")
 """
 
 
@@ -268,7 +310,11 @@ def test_cuda_glue_in_host_emulation(tmp_path):
         return result.stdout
 
     out = glue(with_cuda, "runs")
-    assert f"RESULT: {len(ops.catalogue.FLOAT_OPS) * len(ops.catalogue.TYPE_PAIRS) * 2} checked, CUDA library loaded: True" in out
+    pairs = len(ops.catalogue.TYPE_PAIRS)
+    quantized = sum((1 if spec.quantize == "dynamic" else 3) * pairs * 2
+                    for spec in ops.catalogue.QUANTIZED_OPS.values())
+    assert (f"RESULT: {len(ops.catalogue.FLOAT_OPS) * pairs * 2} checked, {quantized} quantized checked, "
+            "CUDA library loaded: True") in out, out
     assert "Status Message: onnxnorm::RMSNorm: Scale of shape [7] does not fit X of shape [2,8]" in out, out
     # no CUDA library: no CUDA rows, and this build has no CPU rows: the domain holds no op
     assert "onnxnorm:RMSNorm(-1) is not a registered function/op" in glue(without, "error")
@@ -296,7 +342,7 @@ def test_cuda_library_has_the_args_layout_of_the_mirror(kernels):
 
 
 @needs_gpu
-@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
+@pytest.mark.parametrize("op", list(ops.catalogue.OPS))
 def test_cuda_kernels_match_reference(kernels, op):
     failures = cuda_harness.check(kernels, ops=[op])
     assert not failures, "\n".join(failures[:20])
@@ -405,3 +451,66 @@ def test_ort_cuda_bad_input_is_an_ort_error():
     sess = runtime.session(model, providers=runtime.CUDA_PROVIDERS)
     with pytest.raises(Exception, match="Scale of shape \\[7\\] does not fit"):
         sess.run(None, {"x": arrays["X"], "scale": arrays["Scale"]})
+
+
+@needs_ort_cuda
+@pytest.mark.parametrize("op", list(ops.catalogue.QUANTIZED_OPS))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_ort_quantized_ops_on_cuda_provider(op, dtype):
+    """A quantized op runs on the CUDA provider (its Y_scale, Y_zero_point inputs and outputs in
+    device memory; the dynamic op's scratch from ORT's allocator), its Y exactly the reference
+    quantizer's of its Y_float, and Y_float the float op's Y on the same provider bit for bit."""
+    import ml_dtypes
+    import onnx
+    import onnxruntime as ort
+
+    from helpers import BF16, single_node_model
+
+    spec = ops.OPS[op]
+    base = ops.OPS[spec.base]
+    t = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    rng = np.random.default_rng(0)
+    arrays = {"X": rng.standard_normal((3, 5, 256)).astype(t)}
+    if base.has_residual:
+        arrays["Residual"] = rng.standard_normal((3, 5, 256)).astype(t)
+    for name in base.optional_inputs:
+        arrays[name] = (1 + 0.1 * rng.standard_normal(256)).astype(t)
+    quant = {}
+    if spec.quantize == "static":
+        quant = {"Y_scale": np.asarray(0.02, t), "Y_zero_point": np.asarray(-3, np.int8)}
+
+    def run_on_cuda(name, given):
+        options = ort.SessionOptions()
+        options.enable_profiling = True
+        with tempfile.TemporaryDirectory() as folder:
+            options.profile_file_prefix = os.path.join(folder, "p")
+            sess = runtime.session(single_node_model(name, given, functions=False), options,
+                                   providers=runtime.CUDA_PROVIDERS)
+            feeds = {}
+            for key, value in given.items():
+                if value.dtype == BF16:
+                    feeds[key.lower()] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                        value.view(np.uint16), onnx.TensorProto.BFLOAT16)
+                else:
+                    feeds[key.lower()] = ort.OrtValue.ortvalue_from_numpy(value)
+            got = [v.numpy() for v in sess.run_with_ort_values(None, feeds)]
+            with open(sess.end_profiling()) as f:
+                events = json.load(f)
+        providers = {e["args"].get("provider") for e in events
+                     if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == name}
+        assert providers == {"CUDAExecutionProvider"}, providers
+        return got
+
+    want_float = run_on_cuda(spec.base, arrays)
+    got = dict(zip([p.name for p in spec.outputs], run_on_cuda(op, {**arrays, **quant})))
+    assert np.asarray(got["Y_float"]).tobytes() == np.asarray(want_float[0]).tobytes()
+    if base.has_residual:
+        assert np.asarray(got["Sum"]).tobytes() == np.asarray(want_float[1]).tobytes()
+    y_float = np.asarray(got["Y_float"]).view(t) if dtype == "bfloat16" else got["Y_float"]
+    if spec.quantize == "static":
+        want = ops.reference.quantize_linear(y_float, quant["Y_scale"], quant["Y_zero_point"])
+    else:
+        want, scale, zero_point = ops.reference.dynamic_quantize_linear(y_float)
+        assert got["Y_scale"].tobytes() == scale.tobytes()
+        assert got["Y_zero_point"].tobytes() == zero_point.tobytes()
+    assert np.array_equal(got["Y"], want)

@@ -104,12 +104,12 @@ def test_manifest_matches_catalogue(manifest):
             else:
                 assert np.float32(got["default"]) == np.float32(a.default), (spec.name, got)
         # every (T, S) the schema allows, on both providers (ORT never falls back to the body);
-        # the quantized ops for every Q too, on the CPU only (ORT places them there)
+        # the quantized ops for every Q too
         if spec.quantize == "none":
             want = [(provider, t, s) for provider in PROVIDERS for t, s in pairs]
         else:
-            want = [("CPUExecutionProvider", t, s, cuda.elem_type_name(q))
-                    for t, s in pairs for q in spec.quant_types]
+            want = [(provider, t, s, cuda.elem_type_name(q))
+                    for provider in PROVIDERS for t, s in pairs for q in spec.quant_types]
         assert sorted(map(tuple, entry["kernels"])) == sorted(want)
 
 

@@ -4,7 +4,8 @@
 #   1. builds the CPU and CUDA libraries into a build folder (cmake, ONNXNORM_CUDA=ON; for the
 #      GPU present only, unless ONNXNORM_CUDA_ARCHITECTURES says otherwise);
 #   2. runs tests/test_cuda.py: the correctness matrix of tests/cuda_harness.py (every op x dtype
-#      x rounding order x optional input against the numpy reference through the C launcher), bad
+#      x rounding order x optional input against the numpy reference through the C launcher; the
+#      quantized ops' quantized values, scale and zero point exactly the reference's), bad
 #      arguments, streams, and, where onnxruntime offers the CUDA execution provider, the ORT
 #      custom ops on it (the CPU library registers them and loads the CUDA library next to it);
 #   3. prints the bandwidth table (python -m onnxnorm.bench.cuda) and writes it, with its JSON,

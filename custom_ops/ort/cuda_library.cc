@@ -33,10 +33,14 @@ bool CudaLibraryPresent() {
   return stat(CudaLibraryPath().c_str(), &status) == 0 && S_ISREG(status.st_mode);
 }
 
-CudaLaunchFn LoadCudaLauncher(std::string* error) {
-  static std::mutex mutex;
-  static CudaLaunchFn launch = nullptr;  // set once; the library is never unloaded
-  std::lock_guard<std::mutex> lock(mutex);
+namespace {
+
+std::mutex g_mutex;
+CudaLaunchFn g_launch = nullptr;  // set once; the library is never unloaded
+CudaLaunchQuantizedFn g_launch_quantized = nullptr;
+
+CudaLaunchFn LoadLocked(std::string* error) {
+  CudaLaunchFn& launch = g_launch;
   if (launch != nullptr) return launch;
 
   const std::string path = CudaLibraryPath();
@@ -48,8 +52,10 @@ CudaLaunchFn LoadCudaLauncher(std::string* error) {
   }
   auto layout = reinterpret_cast<ArgsLayoutFn>(dlsym(handle, "onnxnorm_args_layout"));
   auto found = reinterpret_cast<CudaLaunchFn>(dlsym(handle, "onnxnorm_cuda_launch"));
-  if (layout == nullptr || found == nullptr) {
-    *error = path + " is not the onnxnorm CUDA library (it lacks onnxnorm_cuda_launch or onnxnorm_args_layout)";
+  auto quantized = reinterpret_cast<CudaLaunchQuantizedFn>(dlsym(handle, "onnxnorm_cuda_launch_quantized"));
+  if (layout == nullptr || found == nullptr || quantized == nullptr) {
+    *error = path + " is not the onnxnorm CUDA library (it lacks onnxnorm_cuda_launch, "
+                    "onnxnorm_cuda_launch_quantized or onnxnorm_args_layout)";
     dlclose(handle);
     return nullptr;
   }
@@ -59,8 +65,21 @@ CudaLaunchFn LoadCudaLauncher(std::string* error) {
     dlclose(handle);
     return nullptr;
   }
+  g_launch_quantized = quantized;
   launch = found;
   return launch;
+}
+
+}  // namespace
+
+CudaLaunchFn LoadCudaLauncher(std::string* error) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return LoadLocked(error);
+}
+
+CudaLaunchQuantizedFn LoadCudaQuantizedLauncher(std::string* error) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return LoadLocked(error) != nullptr ? g_launch_quantized : nullptr;
 }
 
 }  // namespace ort

@@ -20,5 +20,9 @@ bool CudaLibraryPresent();
 // the onnxnorm CUDA library, or was built with another NormArgs layout. Thread-safe.
 CudaLaunchFn LoadCudaLauncher(std::string* error);
 
+// The launcher of the quantized ops (onnxnorm_cuda_launch_quantized), loading the library as
+// LoadCudaLauncher does; nullptr with the reason in *error as there.
+CudaLaunchQuantizedFn LoadCudaQuantizedLauncher(std::string* error);
+
 }  // namespace ort
 }  // namespace onnxnorm

@@ -40,6 +40,9 @@ constexpr size_t kMaxInputs = 8;
 class NormKernel final : public Kernel {
  public:
   NormKernel(const OrtApi& api, const KernelEntry& entry) : api_(api), entry_(entry) {}
+  ~NormKernel() override {
+    if (allocator_ != nullptr) api_.ReleaseAllocator(allocator_);
+  }
 
   // Reads the attributes into the kernel's NormArgs template and maps the inputs onto its fields.
   OrtStatus* Init(const OrtKernelInfo* info) {
@@ -95,7 +98,13 @@ class NormKernel final : public Kernel {
     cpu_rows_ = rows;
     cpu_small_call_rows_ = small_call_rows;
   }
-  void UseCuda(CudaLaunchFn launch) { cuda_launch_ = launch; }
+  // The CUDA launchers; allocator: the provider's, for a dynamic quantized op's scratch (owned
+  // by the kernel from here; nullptr for the other ops).
+  void UseCuda(CudaLaunchFn launch, CudaLaunchQuantizedFn quantized, OrtAllocator* allocator) {
+    cuda_launch_ = launch;
+    cuda_launch_quantized_ = quantized;
+    allocator_ = allocator;
+  }
   // A quantized op: its static pass, or its dynamic range and quantize passes.
   void UseQuant(cpu::QuantRowsFn rows, cpu::QuantRowsFn range) {
     quant_rows_ = rows;
@@ -147,6 +156,8 @@ class NormKernel final : public Kernel {
     args.cols = geometry.cols;
     cpu::QuantArgs quant;
     quant.q_type = entry_.q;
+    const void* y_scale_data = nullptr;  // the static quantizer's inputs, as given (device memory on CUDA)
+    const void* y_zero_point_data = nullptr;
 
     for (size_t i = 1; i < spec.inputs.size(); ++i) {
       const char* name = spec.inputs[i].name;
@@ -166,6 +177,8 @@ class NormKernel final : public Kernel {
                            std::string(name) + " of shape " + FormatShape(input.dims) +
                                " must be a scalar or a one-element 1-D tensor (per-tensor quantization)");
         }
+        (is_scale ? y_scale_data : y_zero_point_data) = input.data;
+        if (cuda_launch_quantized_ != nullptr) continue;  // read by the CUDA kernels
         if (is_scale) {
           quant.scale = cpu::ScalarToFloat(entry_.t, input.data);
         } else {
@@ -194,7 +207,9 @@ class NormKernel final : public Kernel {
       args.*field.data = input.data;
     }
 
-    if (spec.quantize != QuantizeKind::kNone) return ComputeQuantized(context, args, x.dims, quant);
+    if (spec.quantize != QuantizeKind::kNone) {
+      return ComputeQuantized(context, args, x.dims, quant, y_scale_data, y_zero_point_data);
+    }
 
     OrtValue* y = nullptr;
     if (OrtStatus* s = api_.KernelContext_GetOutput(context, 0, x.dims.data(), x.dims.rank(), &y)) return s;
@@ -247,7 +262,8 @@ class NormKernel final : public Kernel {
 
   // A quantized op, its inputs read into args and quant: the outputs, then the static pass, or
   // the dynamic range pass, the scale and zero point, and the quantize pass.
-  OrtStatus* ComputeQuantized(OrtKernelContext* context, NormArgs& args, const Dims& dims, cpu::QuantArgs quant) {
+  OrtStatus* ComputeQuantized(OrtKernelContext* context, NormArgs& args, const Dims& dims, cpu::QuantArgs quant,
+                              const void* y_scale_in, const void* y_zero_point_in) {
     const bool dynamic = entry_.spec->quantize == QuantizeKind::kDynamic;
     size_t outputs = 0;
     if (OrtStatus* s = api_.KernelContext_GetOutputCount(context, &outputs)) return s;
@@ -262,6 +278,14 @@ class NormKernel final : public Kernel {
     args.y = args.rows > 0 ? y_float : nullptr;
     args.sum = args.rows > 0 ? sum : nullptr;
     quant.q = q;
+    if (cuda_launch_quantized_ != nullptr) {
+      CudaQuantArgs cuda_quant;
+      cuda_quant.q_type = entry_.q;
+      cuda_quant.q = q;
+      cuda_quant.y_scale = dynamic ? scale : const_cast<void*>(y_scale_in);
+      cuda_quant.y_zero_point = dynamic ? zero_point : const_cast<void*>(y_zero_point_in);
+      return LaunchQuantizedCuda(context, args, cuda_quant);
+    }
     if (!dynamic) {
       if (args.rows > 0) RunQuantRows(api_, context, quant_rows_, args, quant);
       return nullptr;
@@ -287,6 +311,29 @@ class NormKernel final : public Kernel {
     return nullptr;
   }
 
+  // The CUDA launch of a quantized op. A dynamic op's scratch (two floats per row) comes from the
+  // provider's allocator (on the CUDA provider, ORT's device arena) and goes back to it once the
+  // launches are queued: ORT's kernels use their scratch so, the next kernel that gets the memory
+  // running after these on the compute stream.
+  OrtStatus* LaunchQuantizedCuda(OrtKernelContext* context, const NormArgs& args, CudaQuantArgs quant) {
+    void* stream = nullptr;
+    if (OrtStatus* s = api_.KernelContext_GetGPUComputeStream(context, &stream)) return s;
+    const bool dynamic = entry_.spec->quantize == QuantizeKind::kDynamic;
+    if (dynamic && args.rows > 0) {
+      const size_t bytes = static_cast<size_t>(args.rows) * kCudaQuantScratchBytesPerRow;
+      quant.scratch = allocator_ != nullptr ? allocator_->Alloc(allocator_, bytes) : nullptr;
+      if (quant.scratch == nullptr) {
+        return MakeError(api_, ORT_FAIL, entry_.spec->name,
+                         "cannot allocate " + std::to_string(bytes) + " bytes of scratch");
+      }
+    }
+    char message[512] = "";
+    const int rc = cuda_launch_quantized_(&args, &quant, stream, message, sizeof(message));
+    if (quant.scratch != nullptr) allocator_->Free(allocator_, quant.scratch);
+    if (rc == ONNXNORM_CUDA_OK) return nullptr;
+    return api_.CreateStatus(rc == ONNXNORM_CUDA_INVALID_ARGUMENT ? ORT_INVALID_ARGUMENT : ORT_FAIL, message);
+  }
+
   const OrtApi& api_;
   const KernelEntry& entry_;
   NormArgs base_;  // op, types and attributes; the rest is filled per call
@@ -300,6 +347,8 @@ class NormKernel final : public Kernel {
   NormRowsFn cpu_rows_ = nullptr;
   NormRowsFn cpu_small_call_rows_ = nullptr;  // the same bits, for calls below cpu::kSmallCallElements
   CudaLaunchFn cuda_launch_ = nullptr;
+  CudaLaunchQuantizedFn cuda_launch_quantized_ = nullptr;
+  OrtAllocator* allocator_ = nullptr;  // a dynamic quantized op's on CUDA: for its scratch
 };
 
 // A new kernel for entry with its attributes read, or nullptr and the error in *status.
@@ -363,11 +412,19 @@ OrtStatus* CreateCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const 
   if (kernel == nullptr) return status;
   std::string error;
   CudaLaunchFn launch = LoadCudaLauncher(&error);
-  if (launch == nullptr) {
+  CudaLaunchQuantizedFn quantized = launch != nullptr ? LoadCudaQuantizedLauncher(&error) : nullptr;
+  if (launch == nullptr || quantized == nullptr) {
     delete kernel;
     return MakeError(api, ORT_FAIL, entry.spec->name, error);
   }
-  kernel->UseCuda(launch);
+  OrtAllocator* allocator = nullptr;
+  if (entry.spec->quantize == QuantizeKind::kDynamic) {
+    if (OrtStatus* s = api.KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator)) {
+      delete kernel;
+      return s;
+    }
+  }
+  kernel->UseCuda(launch, entry.spec->quantize != QuantizeKind::kNone ? quantized : nullptr, allocator);
   *out = kernel;
   return nullptr;
 }

@@ -47,8 +47,7 @@ struct KernelEntry {
 OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 OrtStatus* CreateCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 
-// Every op x type pair (x quantized type) x provider; the quantized ops on the CPU provider only
-// (the CUDA kernels do not have them yet: ORT places their nodes on the CPU).
+// Every op x type pair (x quantized type) x provider.
 Span<KernelEntry> KernelTable();
 
 // "CPUExecutionProvider", "CUDAExecutionProvider".
