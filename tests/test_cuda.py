@@ -394,31 +394,31 @@ needs_ort_cuda = pytest.mark.skipif(not (_gpu() and _cuda_library() is not None 
                                     reason="needs onnxruntime-gpu with the CUDA execution provider")
 
 
-@needs_ort_cuda
-@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_ort_custom_ops_on_cuda_provider(op, dtype):
-    import ml_dtypes
-    import onnx
-    import onnxruntime as ort
-
-    from helpers import BF16, single_node_model
-
-    spec = ops.OPS[op]
-    t = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+def _cuda_provider_inputs(spec, t):
+    """Random X (and Residual) of shape (3, 5, 256) and weights near 1 of X's type for spec."""
     rng = np.random.default_rng(0)
     arrays = {"X": rng.standard_normal((3, 5, 256)).astype(t)}
     if spec.has_residual:
         arrays["Residual"] = rng.standard_normal((3, 5, 256)).astype(t)
     for name in spec.optional_inputs:
         arrays[name] = (1 + 0.1 * rng.standard_normal(256)).astype(t)
-    attrs = {"cast_before_scale": 1} if dtype != "float32" else {}
-    model = single_node_model(op, arrays, attrs, functions=False)
+    return arrays
+
+
+def _run_on_cuda_provider(op, arrays, attrs=None):
+    """A one-node model of op run on ORT's CUDA provider with the onnxnorm library; its outputs,
+    after checking from ORT's profile that the node ran on the CUDA provider."""
+    import onnx
+    import onnxruntime as ort
+
+    from helpers import BF16, single_node_model
+
     options = ort.SessionOptions()
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as folder:
         options.profile_file_prefix = os.path.join(folder, "p")
-        sess = runtime.session(model, options, providers=runtime.CUDA_PROVIDERS)
+        sess = runtime.session(single_node_model(op, arrays, attrs or {}, functions=False), options,
+                               providers=runtime.CUDA_PROVIDERS)
         feeds = {}
         for name, value in arrays.items():
             if value.dtype == BF16:
@@ -432,6 +432,27 @@ def test_ort_custom_ops_on_cuda_provider(op, dtype):
     providers = {e["args"].get("provider") for e in events
                  if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == op}
     assert providers == {"CUDAExecutionProvider"}, providers
+    return got
+
+
+_DTYPES = ["float32", "float16", "bfloat16"]
+
+
+def _dtype(name):
+    import ml_dtypes
+
+    return {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[name]
+
+
+@needs_ort_cuda
+@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
+@pytest.mark.parametrize("dtype", _DTYPES)
+def test_ort_custom_ops_on_cuda_provider(op, dtype):
+    spec = ops.OPS[op]
+    t = _dtype(dtype)
+    arrays = _cuda_provider_inputs(spec, t)
+    attrs = {"cast_before_scale": 1} if dtype != "float32" else {}
+    got = _run_on_cuda_provider(op, arrays, attrs)
     want = ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs)
     rtol, atol = ops.reference.tolerance(t)
     for g, w in zip(got, want):
@@ -455,58 +476,26 @@ def test_ort_cuda_bad_input_is_an_ort_error():
 
 @needs_ort_cuda
 @pytest.mark.parametrize("op", list(ops.catalogue.QUANTIZED_OPS))
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", _DTYPES)
 def test_ort_quantized_ops_on_cuda_provider(op, dtype):
     """A quantized op runs on the CUDA provider (its Y_scale, Y_zero_point inputs and outputs in
     device memory; the dynamic op's scratch from ORT's allocator), its Y exactly the reference
     quantizer's of its Y_float, and Y_float the float op's Y on the same provider bit for bit."""
-    import ml_dtypes
-    import onnx
-    import onnxruntime as ort
-
-    from helpers import BF16, single_node_model
-
     spec = ops.OPS[op]
     base = ops.OPS[spec.base]
-    t = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
-    rng = np.random.default_rng(0)
-    arrays = {"X": rng.standard_normal((3, 5, 256)).astype(t)}
-    if base.has_residual:
-        arrays["Residual"] = rng.standard_normal((3, 5, 256)).astype(t)
-    for name in base.optional_inputs:
-        arrays[name] = (1 + 0.1 * rng.standard_normal(256)).astype(t)
+    t = _dtype(dtype)
+    arrays = _cuda_provider_inputs(base, t)
     quant = {}
     if spec.quantize == "static":
         quant = {"Y_scale": np.asarray(0.02, t), "Y_zero_point": np.asarray(-3, np.int8)}
 
-    def run_on_cuda(name, given):
-        options = ort.SessionOptions()
-        options.enable_profiling = True
-        with tempfile.TemporaryDirectory() as folder:
-            options.profile_file_prefix = os.path.join(folder, "p")
-            sess = runtime.session(single_node_model(name, given, functions=False), options,
-                                   providers=runtime.CUDA_PROVIDERS)
-            feeds = {}
-            for key, value in given.items():
-                if value.dtype == BF16:
-                    feeds[key.lower()] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                        value.view(np.uint16), onnx.TensorProto.BFLOAT16)
-                else:
-                    feeds[key.lower()] = ort.OrtValue.ortvalue_from_numpy(value)
-            got = [v.numpy() for v in sess.run_with_ort_values(None, feeds)]
-            with open(sess.end_profiling()) as f:
-                events = json.load(f)
-        providers = {e["args"].get("provider") for e in events
-                     if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == name}
-        assert providers == {"CUDAExecutionProvider"}, providers
-        return got
-
-    want_float = run_on_cuda(spec.base, arrays)
-    got = dict(zip([p.name for p in spec.outputs], run_on_cuda(op, {**arrays, **quant})))
+    want_float = _run_on_cuda_provider(spec.base, arrays)
+    got = dict(zip([p.name for p in spec.outputs], _run_on_cuda_provider(op, {**arrays, **quant})))
     assert np.asarray(got["Y_float"]).tobytes() == np.asarray(want_float[0]).tobytes()
     if base.has_residual:
         assert np.asarray(got["Sum"]).tobytes() == np.asarray(want_float[1]).tobytes()
-    y_float = np.asarray(got["Y_float"]).view(t) if dtype == "bfloat16" else got["Y_float"]
+    y_float = np.asarray(got["Y_float"])  # bfloat16 comes back as uint16 bits or as float32
+    y_float = y_float.view(t) if y_float.dtype == np.uint16 else y_float.astype(t)
     if spec.quantize == "static":
         want = ops.reference.quantize_linear(y_float, quant["Y_scale"], quant["Y_zero_point"])
     else:

@@ -203,6 +203,18 @@ cudaError_t Dispatch(const NormArgs& a, int config, cudaStream_t stream) {
 #define ONNXNORM_CUDA_ARCHS unknown
 #endif
 
+// A launcher's return code for the launch status of the kernel configuration config, the
+// failure written to err (when given) naming the op, the kernel and the CUDA error.
+int LaunchResult(const NormArgs& a, int config, cudaError_t status, char* err, size_t err_len) {
+  if (status == cudaSuccess) return ONNXNORM_CUDA_OK;
+  char name[128];
+  KernelName(a, config, name, sizeof(name));
+  Write(err, err_len, "onnxnorm::%s: CUDA kernel %s (%lld rows x %lld cols) failed to launch: %s (%s)",
+        onnxnorm::kOps[static_cast<int>(a.op)].name, name, (long long)a.rows, (long long)a.cols,
+        cudaGetErrorString(status), cudaGetErrorName(status));
+  return ONNXNORM_CUDA_LAUNCH_FAILED;
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace onnxnorm
@@ -228,15 +240,7 @@ extern "C" int onnxnorm_cuda_launch(const NormArgs* args, void* stream, char* er
   if (a.rows == 0) return ONNXNORM_CUDA_OK;
   const int config = ChooseConfig(a);
   const cudaError_t status = Dispatch(a, config, static_cast<cudaStream_t>(stream));
-  if (status != cudaSuccess) {
-    char name[128];
-    KernelName(a, config, name, sizeof(name));
-    Write(err, err_len, "onnxnorm::%s: CUDA kernel %s (%lld rows x %lld cols) failed to launch: %s (%s)",
-          onnxnorm::kOps[static_cast<int>(a.op)].name, name, (long long)a.rows, (long long)a.cols,
-          cudaGetErrorString(status), cudaGetErrorName(status));
-    return ONNXNORM_CUDA_LAUNCH_FAILED;
-  }
-  return ONNXNORM_CUDA_OK;
+  return LaunchResult(a, config, status, err, err_len);
 }
 
 extern "C" size_t onnxnorm_cuda_quant_scratch_bytes(const NormArgs* args) {
@@ -291,15 +295,7 @@ extern "C" int onnxnorm_cuda_launch_quantized(const NormArgs* args, const onnxno
       status = DispatchQuant(second, quantize, QuantMode::kQuantize, config, s);
     }
   }
-  if (status != cudaSuccess) {
-    char name[128];
-    KernelName(a, config, name, sizeof(name));
-    Write(err, err_len, "onnxnorm::%s: CUDA kernel %s (%lld rows x %lld cols) failed to launch: %s (%s)",
-          onnxnorm::kOps[static_cast<int>(a.op)].name, name, (long long)a.rows, (long long)a.cols,
-          cudaGetErrorString(status), cudaGetErrorName(status));
-    return ONNXNORM_CUDA_LAUNCH_FAILED;
-  }
-  return ONNXNORM_CUDA_OK;
+  return LaunchResult(a, config, status, err, err_len);
 }
 
 extern "C" const char* onnxnorm_cuda_build_info(void) {
