@@ -33,15 +33,11 @@ bool CudaLibraryPresent() {
   return stat(CudaLibraryPath().c_str(), &status) == 0 && S_ISREG(status.st_mode);
 }
 
-namespace {
-
-std::mutex g_mutex;
-CudaLaunchFn g_launch = nullptr;  // set once; the library is never unloaded
-CudaLaunchQuantizedFn g_launch_quantized = nullptr;
-
-CudaLaunchFn LoadLocked(std::string* error) {
-  CudaLaunchFn& launch = g_launch;
-  if (launch != nullptr) return launch;
+const CudaLaunchers* LoadCudaLaunchers(std::string* error) {
+  static std::mutex mutex;
+  static CudaLaunchers launchers = {nullptr, nullptr};  // set once; the library is never unloaded
+  std::lock_guard<std::mutex> lock(mutex);
+  if (launchers.launch != nullptr) return &launchers;
 
   const std::string path = CudaLibraryPath();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -65,21 +61,8 @@ CudaLaunchFn LoadLocked(std::string* error) {
     dlclose(handle);
     return nullptr;
   }
-  g_launch_quantized = quantized;
-  launch = found;
-  return launch;
-}
-
-}  // namespace
-
-CudaLaunchFn LoadCudaLauncher(std::string* error) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return LoadLocked(error);
-}
-
-CudaLaunchQuantizedFn LoadCudaQuantizedLauncher(std::string* error) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return LoadLocked(error) != nullptr ? g_launch_quantized : nullptr;
+  launchers = {found, quantized};
+  return &launchers;
 }
 
 }  // namespace ort

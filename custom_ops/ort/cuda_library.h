@@ -15,14 +15,16 @@ std::string CudaLibraryPath();
 // Whether the CUDA library file exists (checked without loading it).
 bool CudaLibraryPresent();
 
-// The CUDA library's launcher, loading the library on the first call (it then stays loaded for
+// The CUDA library's two entry points: the float ops' launcher and the quantized ops'.
+struct CudaLaunchers {
+  CudaLaunchFn launch;
+  CudaLaunchQuantizedFn launch_quantized;
+};
+
+// The CUDA library's launchers, loading the library on the first call (it then stays loaded for
 // the life of the process). nullptr with the reason in *error when it cannot be loaded, is not
 // the onnxnorm CUDA library, or was built with another NormArgs layout. Thread-safe.
-CudaLaunchFn LoadCudaLauncher(std::string* error);
-
-// The launcher of the quantized ops (onnxnorm_cuda_launch_quantized), loading the library as
-// LoadCudaLauncher does; nullptr with the reason in *error as there.
-CudaLaunchQuantizedFn LoadCudaQuantizedLauncher(std::string* error);
+const CudaLaunchers* LoadCudaLaunchers(std::string* error);
 
 }  // namespace ort
 }  // namespace onnxnorm

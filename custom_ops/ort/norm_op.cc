@@ -411,9 +411,8 @@ OrtStatus* CreateCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const 
   NormKernel* kernel = NewKernel(api, info, entry, &status);
   if (kernel == nullptr) return status;
   std::string error;
-  CudaLaunchFn launch = LoadCudaLauncher(&error);
-  CudaLaunchQuantizedFn quantized = launch != nullptr ? LoadCudaQuantizedLauncher(&error) : nullptr;
-  if (launch == nullptr || quantized == nullptr) {
+  const CudaLaunchers* launchers = LoadCudaLaunchers(&error);
+  if (launchers == nullptr) {
     delete kernel;
     return MakeError(api, ORT_FAIL, entry.spec->name, error);
   }
@@ -424,7 +423,8 @@ OrtStatus* CreateCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const 
       return s;
     }
   }
-  kernel->UseCuda(launch, entry.spec->quantize != QuantizeKind::kNone ? quantized : nullptr, allocator);
+  kernel->UseCuda(launchers->launch,
+                  entry.spec->quantize != QuantizeKind::kNone ? launchers->launch_quantized : nullptr, allocator);
   *out = kernel;
   return nullptr;
 }
