@@ -1,6 +1,5 @@
 // Host stand-in for the CUDA runtime pieces the onnxnorm kernels use (host emulation only).
 #pragma once
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -24,7 +23,7 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 extern thread_local dim3 threadIdx;
 extern thread_local dim3 blockIdx;
-extern dim3 blockDim, gridDim;
+extern thread_local dim3 blockDim, gridDim;
 float emu_shfl(float v, int src_lane);
 void emu_syncthreads();
 inline float __shfl_xor_sync(unsigned, float v, int mask) { return emu_shfl(v, (threadIdx.x % 32) ^ mask); }
