@@ -5,16 +5,17 @@ rounding order x sets of optional inputs x row widths (Q/K rows 64-256, hidden s
 what the register path holds, widths that are not a multiple of the vector width, unaligned
 views, per-head weights, axis -2), against ``onnxnorm.ops.reference`` within its per-dtype
 tolerances; plus rows of mean 1e4 and std 1e-2, NaN propagation, and bad arguments refused
-before any launch. The quantized ops: every op x dtype x weight dtype x quantized type x zero
-point (given or not, static) x optional outputs (Sum, Y_float) x row widths, their Y_float and
-Sum bit for bit the float op's Y and Sum from the same library, their quantized Y (and the dynamic
-scale and zero point) exactly the reference quantizer's of that Y_float. Arguments are
-``onnxnorm.bench.cuda.NormArgs`` (and ``CudaQuantArgs``) on torch tensors.
+before any launch. The quantized ops: every op x dtype x weight dtype x quantized type (uint8,
+int8, float8e4m3fn) x zero point (given or not, static) x optional outputs (Sum, Y_float) x row
+widths, their Y_float and Sum bit for bit the float op's Y and Sum from the same library, their
+quantized Y (and the dynamic scale and zero point) exactly the reference quantizer's of that
+Y_float (float8: the same bits; a NaN's sign may differ only where the reference gives NaN).
+Arguments are ``onnxnorm.bench.cuda.NormArgs`` (and ``CudaQuantArgs``) on torch tensors.
 
 On a GPU (tests/test_cuda.py, tools/gpu_check.sh) it drives the built CUDA library. Without one,
 ``--emulation`` builds the host emulation of the kernels (custom_ops/cuda/emulation: the same
-kernel templates, launch table and launcher, compiled by the host C++ compiler, block threads as
-std::threads) and runs the matrix on the CPU:
+kernel templates, launch table and launcher, compiled by the host C++ compiler, a block's threads as
+fibers) and runs the matrix on the CPU:
 
     python tests/cuda_harness.py --emulation          # the full matrix, a minute or two
     python tests/cuda_harness.py --emulation --quick  # what tests/test_cuda.py runs
@@ -135,7 +136,7 @@ class QuantCase:
     op: str
     dtype: str
     weight_dtype: str
-    q_dtype: str  # "uint8" | "int8"
+    q_dtype: str  # "uint8" | "int8" | "float8e4m3fn"
     shape: tuple[int, ...]
     zero_point: bool  # static: Y_zero_point given
     with_sum: bool
@@ -176,6 +177,7 @@ def quant_cases(quick: bool = False) -> list[QuantCase]:
 
 
 _NP_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+F8 = reference.FLOAT8_E4M3FN
 
 
 def _directed_values(dtype: str, scale: float, lo: float, hi: float, count: int,
@@ -199,6 +201,50 @@ def _directed_values(dtype: str, scale: float, lo: float, hi: float, count: int,
     misses = pool[np.rint(exact) != np.rint(near)]
     chosen = np.concatenate([ties[:count // 2], misses[:count - min(len(ties), count // 2)]])
     return np.resize(chosen, count).astype(t) if chosen.size else np.zeros(count, t)
+
+
+def _float8_bits(v: np.ndarray) -> np.ndarray:
+    """float8 e4m3fn bits of float32 values as QuantizeLinear saturates them (the reference's)."""
+    bound = np.float32(catalogue.FLOAT8_E4M3FN_MAX)
+    with np.errstate(invalid="ignore"):
+        return np.clip(v, -bound, bound).astype(F8).view(np.uint8)
+
+
+#: the float32 midpoints between neighbouring float8 e4m3fn values (ties of the conversion)
+_F8_FINITE = np.sort(np.arange(256, dtype=np.uint8).view(F8).astype(np.float32))
+_F8_FINITE = np.unique(_F8_FINITE[np.isfinite(_F8_FINITE)])
+_F8_TIES = (_F8_FINITE[:-1] + _F8_FINITE[1:]) / np.float32(2)  # (exact: 4 significant bits)
+
+
+def _directed_float8_values(dtype: str, scale: float, count: int,
+                            rng: np.random.Generator) -> np.ndarray:
+    """count values of dtype whose float8 quantization by ``scale`` tells a correct quantizer from
+    a near miss: v / scale a tie between two float8 values (round half to even, subnormals
+    included), beyond 448 (saturation), or where v * (1 / scale) converts otherwise."""
+    t = _NP_TYPES[dtype]
+    s = np.float32(scale)
+    if dtype == "float32":  # every binade from 2^-12 to 2^10 of the quotient, and its ties
+        binades = np.exp2(rng.integers(-12, 10, 1 << 16))
+        pool = (rng.uniform(1, 2, 1 << 16) * binades).astype(np.float32)
+        pool = np.concatenate([pool, _F8_TIES]) * s
+        pool = np.concatenate([pool, -pool]).astype(np.float32)
+    else:  # every value of the 16-bit type within 600 scales
+        pool = np.arange(1 << 16, dtype=np.uint16).view(t)
+        f = pool.astype(np.float32)
+        pool = pool[np.isfinite(f) & (np.abs(f) <= 600 * s)]
+    f = pool.astype(np.float32)
+    with np.errstate(all="ignore"):
+        exact = f / s
+        near = f * (np.float32(1) / s)
+    ties = pool[np.isin(np.abs(exact), _F8_TIES)]
+    misses = pool[_float8_bits(exact) != _float8_bits(near)]
+    beyond = pool[np.abs(exact) > np.float32(catalogue.FLOAT8_E4M3FN_MAX)]
+    inside = pool[np.abs(exact) <= np.float32(catalogue.FLOAT8_E4M3FN_MAX)]
+    parts = [rng.permutation(ties)[:count // 2], rng.permutation(misses)[:count // 4],
+             rng.permutation(beyond)[:max(2, count // 16)]]
+    rest = count - sum(len(p) for p in parts)  # and values of the range's every binade
+    parts.append(rng.choice(inside, rest) if inside.size else np.zeros(rest, pool.dtype))
+    return rng.permutation(np.concatenate(parts)).astype(t)
 
 
 def _make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -228,10 +274,7 @@ def _make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
 def _to_device(a: np.ndarray, unaligned: bool = False):
     import torch
 
-    if a.dtype == ml_dtypes.bfloat16:
-        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(np.ascontiguousarray(a))
+    t = cuda.from_numpy(a)
     if unaligned:  # a view one element into a larger buffer: not 16-byte aligned
         buf = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
         view = buf[1:].view(t.shape)
@@ -307,9 +350,15 @@ def run_quant_case(kernels: cuda.Kernels, case: QuantCase, seed: int = 0) -> tup
             values[:2] = [lo, hi]  # the range, whatever else the row holds
             values[2] = np.nan
         else:
-            scale = np.asarray(rng.choice([0.1, 0.125, 0.03, 0.007]), _NP_TYPES[case.dtype]).reshape(())
-            values = _directed_values(case.dtype, float(scale), -40 * float(scale), 40 * float(scale),
-                                      cols, rng)
+            scales = [0.1, 0.125, 0.03, 0.007]
+            if case.q_dtype == "float8e4m3fn":  # float8's ties are k * scale of few bits: exact
+                scales = [0.125, 0.375, 0.078125, 0.03]  # in a 16-bit X for the first three
+            scale = np.asarray(rng.choice(scales), _NP_TYPES[case.dtype]).reshape(())
+            if case.q_dtype == "float8e4m3fn":
+                values = _directed_float8_values(case.dtype, float(scale), cols, rng)
+            else:
+                values = _directed_values(case.dtype, float(scale), -40 * float(scale),
+                                          40 * float(scale), cols, rng)
             values[:5] = [np.nan, np.inf, -np.inf, 1e4 * float(scale), -1e4 * float(scale)]
         arrays["Scale"] = np.zeros(cols, w)
         arrays["Bias"] = values.astype(w)
@@ -331,15 +380,14 @@ def run_quant_case(kernels: cuda.Kernels, case: QuantCase, seed: int = 0) -> tup
     y_ref, s_ref = empty(x.dtype), empty(x.dtype) if residual else None
     kernels.launch(kernels.args(spec.base, dev, y_ref, s_ref, **attrs))
 
-    q_torch = torch.uint8 if case.q_dtype == "uint8" else torch.int8
-    q = empty(q_torch, case.unaligned)
+    q = empty(cuda.quant_torch_dtype(case.q_dtype), case.unaligned)
     y_float = empty(x.dtype, case.unaligned) if case.with_y_float else None
     s = empty(x.dtype) if residual and case.with_sum else None
     args = kernels.args(case.op, dev, y_float if y_float is not None else x, s, **attrs)
     if y_float is None:
         args.y = None
     quant = cuda.CudaQuantArgs(q_type=cuda.QUANT_ELEM_TYPES[case.q_dtype], q=q.data_ptr())
-    npq = np.uint8 if case.q_dtype == "uint8" else np.int8
+    npq = cuda.QUANT_NP_TYPES[case.q_dtype]
     keep = []
     if dynamic:
         out_scale = torch.empty((), dtype=torch.float32, device="cuda")
@@ -351,7 +399,10 @@ def run_quant_case(kernels: cuda.Kernels, case: QuantCase, seed: int = 0) -> tup
     else:
         if scale is None:
             scale = np.asarray(rng.uniform(0.004, 0.05), dtype=_NP_TYPES[case.dtype]).reshape(())
-        zero_point = np.asarray(rng.integers(-20, 21) + (128 if npq is np.uint8 else 0), npq)
+        if npq == F8:  # any value: the float8 zero point's value is not used
+            zero_point = np.asarray(rng.choice([0.0, 1.0, -3.5, 448.0]), np.float32).astype(npq)
+        else:
+            zero_point = np.asarray(rng.integers(-20, 21) + (128 if npq == np.uint8 else 0), npq)
         keep = [_to_device(scale.reshape(1)), _to_device(zero_point.reshape(1))]
         quant.y_scale = keep[0].data_ptr()
         quant.y_zero_point = keep[1].data_ptr() if case.zero_point else None
@@ -375,7 +426,12 @@ def run_quant_case(kernels: cuda.Kernels, case: QuantCase, seed: int = 0) -> tup
     else:
         zp = zero_point if case.zero_point else np.zeros((), npq)
         want_q = reference.quantize_linear(want_y, scale, zp)
-    differs = got_q != want_q
+    if npq == F8:  # the bits; any NaN where the reference's is NaN (a GPU's NaN has its own sign)
+        got_bits, want_bits = got_q.view(np.uint8), want_q.view(np.uint8)
+        nan = lambda b: (b & 0x7F) == 0x7F  # noqa: E731
+        differs = (got_bits != want_bits) & ~(nan(got_bits) & nan(want_bits))
+    else:
+        differs = got_q != want_q
     if differs.any():
         return False, (f"FAIL {label}: {int(differs.sum())} quantized values differ from the "
                        f"reference's; first at {np.argwhere(differs)[0].tolist()}")
@@ -448,7 +504,12 @@ def check_quantized_edges(kernels: cuda.Kernels) -> list[str]:
         ("RMSNormQuantizeLinear", None, "onnxnorm_cuda_launch_quantized"),
         ("RMSNorm", dict(y_scale=scale.data_ptr()), "not a quantized op"),
         ("RMSNormQuantizeLinear", dict(), "Y_scale is required"),
-        ("RMSNormQuantizeLinear", dict(y_scale=scale.data_ptr(), q_type=2), "uint8 or int8"),
+        ("RMSNormQuantizeLinear", dict(y_scale=scale.data_ptr(), q_type=2),
+         "the quantized type must be uint8, int8 or float8e4m3fn, got type code 2"),
+        ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr(),
+                                              scratch=scale.data_ptr(),
+                                              q_type=cuda.QUANT_ELEM_TYPES["float8e4m3fn"]),
+         "the quantized type must be uint8, got type code 5"),
         ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr()),
          "scratch"),
         ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr(),
@@ -500,7 +561,7 @@ def build_emulation(folder: str | os.PathLike) -> Path:
     if cxx is None:
         raise RuntimeError("no host C++ compiler")
     out = Path(folder) / "libonnxnorm_cuda_ops.so"
-    command = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
+    command = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC",
                f"-I{CUDA_DIR / 'emulation'}", f"-I{CUDA_DIR}", f"-I{ROOT / 'custom_ops' / 'include'}",
                "-DONNXNORM_CUDA_ARCHS=host-emulation", str(CUDA_DIR / "emulation" / "host_emulation.cc"),
                "-x", "c++", str(CUDA_DIR / "launch.cu")]

@@ -11,11 +11,15 @@ from onnx import helper
 from onnxnorm import ops, runtime
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+F8 = np.dtype(ml_dtypes.float8_e4m3fn)
 NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT,
               np.dtype(np.float16): onnx.TensorProto.FLOAT16,
               BF16: onnx.TensorProto.BFLOAT16,
               np.dtype(np.uint8): onnx.TensorProto.UINT8,
-              np.dtype(np.int8): onnx.TensorProto.INT8}
+              np.dtype(np.int8): onnx.TensorProto.INT8,
+              F8: onnx.TensorProto.FLOAT8E4M3FN}
+#: the types ORT's Python API takes and gives only as their bits, with those bits' numpy type
+_AS_BITS = {BF16: np.uint16, F8: np.uint8}
 
 
 def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None = None,
@@ -26,7 +30,8 @@ def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None
     ``optional_outputs`` is False (a set of names: those optional outputs). bfloat16 outputs are
     cast to float32 (exactly) because ORT's Python API cannot return bfloat16 arrays. Input
     names: "Y_zero_point" -> "y_zero_point"; a quantized op's outputs are named after theirs
-    with "_out" (Y_scale is an input and an output of the quantized ops)."""
+    with "_out" (Y_scale is an input and an output of the quantized ops). A float8 e4m3fn
+    Y_zero_point makes Y float8 (its function body needs ``opset`` 19 or newer)."""
     spec = ops.OPS[op]
     inputs = [p.name.lower() if p.name in arrays else "" for p in spec.inputs]
     while inputs and not inputs[-1]:
@@ -71,20 +76,41 @@ def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None
 
 def run(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *, with_library: bool = False,
         threads: int = 1) -> list[np.ndarray]:
-    """Runs a :func:`single_node_model` on ``arrays`` in ORT (CPU)."""
+    """Runs a :func:`single_node_model` on ``arrays`` in ORT (CPU). bfloat16 and float8 inputs
+    go in as their bits; float8 outputs come back as float8 arrays."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     sess = runtime.session(model, options, with_library=with_library)
     feeds = {}
     for name, value in arrays.items():
-        if value.dtype == BF16:
+        if value.dtype in _AS_BITS:
             value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                value.view(np.uint16), onnx.TensorProto.BFLOAT16)
+                np.ascontiguousarray(value).view(_AS_BITS[value.dtype]), NP_TO_ONNX[value.dtype])
         else:
             value = ort.OrtValue.ortvalue_from_numpy(value)
         feeds[name.lower()] = value
-    return [value.numpy() for value in sess.run_with_ort_values(None, feeds)]
+    outputs = sess.run_with_ort_values(None, feeds)
+    return [value.numpy().view(F8) if value.data_type() == "tensor(float8e4m3fn)" else value.numpy()
+            for value in outputs]
+
+
+def _float8_nan(bits: np.ndarray) -> np.ndarray:
+    """Where float8 e4m3fn bits are NaN (0x7F or 0xFF)."""
+    return (bits & 0x7F) == 0x7F
+
+
+def assert_float8_equal(got: np.ndarray, want: np.ndarray) -> None:
+    """float8 e4m3fn arrays (or their uint8 bits): the same bits, any NaN code (0x7F, 0xFF) where
+    ``want`` is NaN."""
+    g, w = np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)
+    assert g.shape == w.shape
+    bad = (g != w) & ~(_float8_nan(g) & _float8_nan(w))
+    if bad.any():
+        at = np.argwhere(bad)[:5].tolist()
+        pairs = [(hex(g[tuple(i)]), hex(w[tuple(i)])) for i in at]
+        raise AssertionError(f"{int(bad.sum())} float8 values differ; first at {at}: "
+                             f"(got, want) {pairs}")
 
 
 def reference_outputs(op: str, arrays: dict[str, np.ndarray], attrs: dict | None = None):

@@ -4,6 +4,7 @@ onnxruntime) against the reference, and the onnx schemas."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import onnx
@@ -11,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from helpers import BF16, assert_close, reference_outputs, run, single_node_model
+from helpers import BF16, assert_close, assert_float8_equal, reference_outputs, run, single_node_model
 from onnxnorm import ops
 from onnxnorm.ops import functions, reference
 
@@ -283,3 +284,150 @@ def test_shape_inference_gives_outputs_x_type_and_shape():
     for output in inferred.graph.output:
         assert output.type.tensor_type.elem_type == F16
         assert [d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim] == ["batch", 8]
+
+
+# ---------------------------------------------------------------------------------------------
+# float8 e4m3fn: the static quantized ops' Y of the type of a float8 Y_zero_point
+
+FLOAT8 = reference.FLOAT8_E4M3FN
+STATIC = [name for name, spec in ops.catalogue.QUANTIZED_OPS.items() if spec.quantize == "static"]
+#: Y_float values whose float8 e4m3fn is known exactly (Y_scale 1): exact values, ties that
+#: round to the even neighbour (1.0625 -> 1, 1.1875 -> 1.25, 3 * 2^-10 -> 2^-8), the largest
+#: value and what saturates to it (464 is halfway to 480; 1e4, Inf), subnormals, values that
+#: round to zero (keeping their sign) and NaN
+FLOAT8_VALUES = [1.0, 1.0625, 1.1875, -1.1875, 448.0, 464.0, -500.0, 1e4, np.inf, -np.inf,
+                 2.0 ** -9, 3 * 2.0 ** -10, -2.0 ** -7, 2.0 ** -11, -2.0 ** -11, np.nan]
+
+
+def _float8_arrays(op, dtype):
+    """Inputs for which every Y_float is exact whatever computes it: rows of +-a (their norm is
+    +-1 with epsilon 0, for LayerNorm and RMSNorm alike) times a Scale of FLOAT8_VALUES, so that
+    Y_float is +-FLOAT8_VALUES, and Y is those (or twice those with Y_scale 0.5) in float8."""
+    spec = ops.OPS[op]
+    cols = len(FLOAT8_VALUES)
+    signs = np.where(np.arange(cols) % 2, -1.0, 1.0)
+    rows = np.array([1.0, 3.0, 0.25])[:, None] * signs
+    rows[1] = -rows[1]
+    arrays = {"X": rows.astype(dtype), "Scale": np.array(FLOAT8_VALUES).astype(dtype)}
+    if spec.has_residual:
+        arrays["Residual"] = np.zeros_like(arrays["X"])
+    arrays["Y_scale"] = np.array(1.0, dtype)
+    arrays["Y_zero_point"] = np.array(0.0, FLOAT8)
+    return arrays
+
+
+@pytest.mark.parametrize("library", [False, True], ids=["body", "kernel"])
+@pytest.mark.parametrize("opset", [19, 21, 23])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", STATIC)
+def test_float8_output_is_the_reference_bit_for_bit(op, dtype, opset, library):
+    """A float8 Y_zero_point: Y is the reference's float8 e4m3fn bits (ties to even,
+    saturation to +-448, subnormals, signed zeros, NaN), through the function body (plain ORT:
+    its QuantizeLinear-19 or -21) and the library's kernel; Y_float and Sum as the reference's."""
+    arrays = _float8_arrays(op, DTYPES[dtype])
+    for y_scale in (1.0, 0.5):
+        arrays["Y_scale"] = np.array(y_scale, DTYPES[dtype])
+        attrs = {"epsilon": 0.0, "cast_before_scale": 1}
+        model = single_node_model(op, arrays, attrs, opset=opset)
+        if not library:
+            onnx.checker.check_model(model, full_check=True)
+        got = run(model, arrays, with_library=library)
+        want = reference_outputs(op, arrays, attrs)
+        assert want[0].dtype == FLOAT8
+        assert_float8_equal(got[0], want[0])
+        for g, w in zip(got[1:], want[1:]):  # [Sum,] Y_float: exact here
+            np.testing.assert_array_equal(np.asarray(g, np.float32), w.astype(np.float32))
+        if y_scale == 1.0:  # +-448, -0, the smallest subnormal
+            assert {0x7E, 0xFE, 0x80, 0x01} <= set(got[0].view(np.uint8).ravel().tolist())
+
+
+def _float8_node_model(opset, zero_point_type=onnx.TensorProto.FLOAT8E4M3FN, declared=True):
+    """One RMSNormQuantizeLinear node whose Y_zero_point is an initializer (or, not declared, the
+    output of an Identity of one that nothing types)."""
+    node = onnx.helper.make_node("RMSNormQuantizeLinear", ["x", "", "", "ys", "yz"], ["y"],
+                                 domain=ops.DOMAIN, name="norm_q")
+    nodes = [node]
+    init = onnx.helper.make_tensor("yz" if declared else "yz0", zero_point_type, [], [0])
+    if not declared:
+        nodes.insert(0, onnx.helper.make_node("Identity", ["yz0"], ["yz"]))
+    graph = onnx.helper.make_graph(
+        nodes, "g", [onnx.helper.make_tensor_value_info("x", F32, [2, 8]),
+                     onnx.helper.make_tensor_value_info("ys", F32, [])],
+        [onnx.helper.make_tensor_value_info("y", zero_point_type, [2, 8]) if declared
+         else onnx.helper.make_value_info("y", onnx.TypeProto())],
+        [init])
+    return onnx.helper.make_model(graph, opset_imports=[
+        onnx.helper.make_opsetid("", opset), onnx.helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_float8_needs_opset_19(declared, tmp_path, capsys):
+    """The function body of a float8 node ends in QuantizeLinear to float8, which ONNX has from
+    opset 19: in an older model attaching the bodies, and lowering to the ort and onnx targets,
+    is an error naming the node, the opset and what it needs (the type found by shape inference
+    where nothing declares it), and `onnxnorm fuse` refuses such a model in one line. uint8 and
+    int8 take any opset; opset 19 takes float8."""
+    from onnxnorm import cli
+    from onnxnorm.fusion.lowering import lower
+
+    message = (r"RMSNormQuantizeLinear node 'norm_q' quantizes to float8e4m3fn .* needs ONNX "
+               r"opset >= 19 .* the model imports opset 18")
+    for target in ("function", "ort", "onnx"):
+        with pytest.raises(ValueError, match=message):
+            lower(_float8_node_model(18, declared=declared), target)
+    with pytest.raises(ValueError, match=message):
+        functions.attach_functions(_float8_node_model(18, declared=declared))
+    onnx.save(_float8_node_model(18, declared=declared), tmp_path / "old.onnx")
+    assert cli.main(["fuse", str(tmp_path / "old.onnx"), "-o", str(tmp_path / "out.onnx")]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and re.search(message, error), error
+    assert not (tmp_path / "out.onnx").exists()
+    assert len(lower(_float8_node_model(18, declared=declared), "fused").graph.node) == 1 + (
+        not declared)  # the library's kernel needs no standard op
+    for q_type in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8):
+        functions.attach_functions(_float8_node_model(17, q_type, declared))
+    model = functions.attach_functions(_float8_node_model(19, declared=declared))
+    if declared:  # (the checker wants every graph output typed)
+        onnx.checker.check_model(model, full_check=True)
+    x = np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8)
+    got = run(model, {"x": x, "ys": np.array(0.01, np.float32)})[0]
+    want = reference.run("RMSNormQuantizeLinear", x, None, None, np.array(0.01, np.float32),
+                         np.array(0, FLOAT8))[0]
+    assert_float8_equal(got, want)
+
+
+def test_schema_types_float8_output():
+    """Q's type constraint lists float8e4m3fn; type inference gives Y the zero point's type."""
+    for op in STATIC:
+        schema = onnx.defs.get_schema(op, ops.VERSION, ops.DOMAIN)
+        q = next(c for c in schema.type_constraints if c.type_param_str == "Q")
+        assert list(q.allowed_type_strs) == ["tensor(uint8)", "tensor(int8)",
+                                             "tensor(float8e4m3fn)"]
+    model = _float8_node_model(19)
+    del model.graph.output[:]
+    model.graph.output.append(onnx.helper.make_value_info("y", onnx.TypeProto()))
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    y = inferred.graph.output[0].type.tensor_type
+    assert y.elem_type == onnx.TensorProto.FLOAT8E4M3FN
+    assert [d.dim_value for d in y.shape.dim] == [2, 8]
+
+
+def test_verify_reads_a_float8_output_as_float8():
+    """`onnxnorm fuse --verify` on a model whose output is a float8 Y (ORT returns its bits as
+    uint8): the output is named float8e4m3fn, held exact, and a difference is measured in
+    float8's values, not in its bits."""
+    from onnxnorm.fusion.verify import verify
+
+    model = _float8_node_model(21)
+    feeds = {"x": np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8),
+             "ys": np.array(0.01, np.float32)}
+    [same] = verify(model, model, with_library=True, feeds=feeds)
+    assert (same.dtype, same.ok, same.max_abs) == ("float8e4m3fn", True, 0.0)
+    other = onnx.ModelProto()
+    other.CopyFrom(model)
+    other.graph.node[0].attribute.append(onnx.helper.make_attribute("epsilon", 1.0))
+    [differs] = verify(model, other, with_library=True, feeds=feeds)
+    assert differs.dtype == "float8e4m3fn" and not differs.ok
+    # the rows normalize to about +-1.6 / 0.01 (epsilon 1e-5) or less (epsilon 1): float8 values
+    # up to 160, never a byte difference of up to 255
+    assert 0 < differs.max_abs <= 160, differs

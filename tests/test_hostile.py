@@ -275,6 +275,66 @@ def test_ops_of_an_imported_unknown_domain_fuse_but_do_not_verify(tmp_path, caps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
 
 
+# --- float8 e4m3fn quantized nodes that cannot run ----------------------------------------------
+
+def _float8_node(zero_point_shape=(), dynamic=False) -> onnx.ModelProto:
+    """One onnxnorm quantized node with a float8 e4m3fn Y (opset 21, which has float8's
+    QuantizeLinear): RMSNormQuantizeLinear with a float8 Y_zero_point of zero_point_shape, or
+    RMSNormDynamicQuantizeLinear with its Y and Y_zero_point declared float8 (it gives uint8)."""
+    scale = numpy_helper.from_array(np.random.default_rng(0).random(HIDDEN, np.float32) + 0.5, "g")
+    f8 = TensorProto.FLOAT8E4M3FN
+    if dynamic:
+        node = helper.make_node("RMSNormDynamicQuantizeLinear", ["x", "g"], ["q", "ys", "yz"],
+                                name="norm", domain=ops.DOMAIN)
+        outputs = [helper.make_tensor_value_info("q", f8, SHAPE),
+                   helper.make_tensor_value_info("ys", TensorProto.FLOAT, []),
+                   helper.make_tensor_value_info("yz", f8, [])]
+        inits = [scale]
+    else:
+        node = helper.make_node("RMSNormQuantizeLinear", ["x", "g", "", "s", "z"], ["q"],
+                                name="norm", domain=ops.DOMAIN)
+        outputs = [helper.make_tensor_value_info("q", f8, SHAPE)]
+        zero_point = np.zeros(zero_point_shape, np.float32).astype(ops.reference.FLOAT8_E4M3FN)
+        inits = [scale, numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+                 numpy_helper.from_array(zero_point, "z")]
+    model = _model(nodes=[node], inits=inits, inputs=[_value("x")], outputs=outputs,
+                   domains=[ops.DOMAIN])
+    model.opset_import[0].version = 21
+    return model
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("zero point of shape [2]", "onnxnorm::RMSNormQuantizeLinear: Y_zero_point of shape [2] "
+                                "must be a scalar or a one-element 1-D tensor (per-tensor "
+                                "quantization)"),
+    ("dynamic op with float8 Y_zero_point", "Type (tensor(float8e4m3fn)) of output arg (q) of node "
+                                            "(norm) does not match expected type (tensor(uint8))"),
+])
+def test_float8_nodes_that_cannot_run_are_clear_errors(tmp_path, capsys, case, fragment):
+    """A float8 e4m3fn Y_zero_point of the wrong shape (the kernel's per-tensor check), and a
+    dynamic op asked for float8 (it quantizes to uint8 only; ONNX Runtime's type check): running
+    the model fails with one line naming the problem; `fuse --verify` refuses in one line and
+    keeps nothing. The same node with a float8 scalar zero point runs."""
+    model = _float8_node((2,) if "shape" in case else (), dynamic="dynamic" in case)
+    path, out = tmp_path / "model.onnx", tmp_path / "fused.onnx"
+    path.write_bytes(_bytes(model))
+    feeds = {"x": np.ones(SHAPE, np.float32)}
+    with pytest.raises(Exception) as raised:
+        runtime.session(path).run(None, feeds)
+    assert fragment in _one_line(str(raised.value)), str(raised.value)
+    assert cli.main(["fuse", str(path), "-o", str(out), "--verify"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("onnxnorm: error: --verify could not run the models in onnxruntime: ")
+    assert fragment in line and line.endswith(f"{out} not kept"), line
+    assert not out.exists()
+    fine = _float8_node(())
+    y = runtime.session(fine).run(None, feeds)[0]  # (float8 comes back as its uint8 bits)
+    inits = {t.name: numpy_helper.to_array(t) for t in fine.graph.initializer}
+    want = ops.reference.run("RMSNormQuantizeLinear", feeds["x"], inits["g"], None, inits["s"],
+                             inits["z"])[0]
+    np.testing.assert_array_equal(y.view(np.uint8), want.view(np.uint8))
+
+
 # --- external data that leaves the model's folder ----------------------------------------------
 
 ESCAPES = {"dotdot": "../outside/w.bin", "absolute": None, "symlink": "link.bin"}

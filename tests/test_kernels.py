@@ -14,6 +14,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from helpers import BF16, run, single_node_model
@@ -313,8 +314,109 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     assert kernels.load_results(str(tmp_path / "run.json"))[0].op == "SkipRMSNorm"
 
 
+def test_bench_kernels_quick_run_float8(tmp_path, capsys):
+    """--quant-type float8e4m3fn: the static quantized ops quantize to float8, against ORT's norm
+    and its QuantizeLinear to float8 (for bfloat16 only after Casts to float32: ORT's CPU
+    QuantizeLinear has no bfloat16 kernel)."""
+    import json
+
+    from onnxnorm.bench import cli
+
+    parser = __import__("argparse").ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", "kernels", "--ops", "RMSNormQuantizeLinear,RMSNorm",
+                              "--shapes", "1x1x4096", "--dtypes", "float16,bfloat16",
+                              "--quant-type", "float8e4m3fn", "--repeats", "2",
+                              "--min-sample", "0.0005", "--json", str(tmp_path / "run.json")])
+    assert args.run(args) == 0
+    out = capsys.readouterr().out
+    for dtype in ("float16", "bfloat16"):
+        assert f"| RMSNormQuantizeLinear | 1x1x4096 | {dtype} -> float8e4m3fn |" in out
+        assert f"| RMSNorm | 1x1x4096 | {dtype} |" in out  # (the float ops have no Y type)
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["environment"]["quant_type"] == "float8e4m3fn"
+    rows = {(r["op"], r["dtype"]): r for r in data["results"]}
+    for dtype in ("float16", "bfloat16"):
+        row = rows[("RMSNormQuantizeLinear", dtype)]
+        assert row["quant_type"] == "float8e4m3fn" and rows[("RMSNorm", dtype)]["quant_type"] is None
+        times = row["median_seconds"]
+        assert times["onnxnorm"] > 0, row["notes"]
+        assert times["ort:SimplifiedLayerNormalization+Cast+QuantizeLinear"] > 0, row["notes"]
+    f16, bf16 = rows[("RMSNormQuantizeLinear", "float16")], rows[("RMSNormQuantizeLinear", "bfloat16")]
+    assert f16["median_seconds"]["ort:SimplifiedLayerNormalization+QuantizeLinear"] > 0
+    assert bf16["median_seconds"]["ort:SimplifiedLayerNormalization+QuantizeLinear"] is None
+    assert "QuantizeLinear" in bf16["notes"]["ort:SimplifiedLayerNormalization+QuantizeLinear"]
+
+
+#: (static quantized op, X's type): bfloat16 for the ops without a residual only, as ORT's Skip
+#: kernels round Sum after normalizing it, a unit in the last place of bfloat16 away from the op
+_BENCH_CASES = [(name, dtype) for name, spec in ops.catalogue.QUANTIZED_OPS.items()
+                if spec.quantize == "static" for dtype in ("float32", "float16", "bfloat16")
+                if dtype != "bfloat16" or not spec.has_residual]
+
+
+@pytest.mark.parametrize("quant_type", ["uint8", "float8e4m3fn"])
+@pytest.mark.parametrize("op, dtype", _BENCH_CASES)
+def test_bench_quant_type_contenders_agree(op, dtype, quant_type, rng):
+    """With --quant-type, the benchmark's fused op and ORT's norms followed by ORT's QuantizeLinear
+    give Y of that type with the same values (float8: the same bits but where the two float norms
+    round a value next to a tie between two float8 values apart), so the rows compare like with
+    like."""
+    from onnxnorm import runtime
+    from onnxnorm.bench import kernels
+
+    shape, d = (2, 16, 256), 256
+    np_type = kernels._np_dtype(dtype)
+    arrays = {}
+    for name in kernels._weights(op).values():
+        if name == "ys":
+            arrays[name] = np.array(kernels.Y_SCALE, np_type)
+        elif name == "yz":
+            arrays[name] = kernels._zero_point(quant_type)
+        elif name in ("x", "r"):
+            arrays[name] = rng.standard_normal(shape).astype(np_type)
+        else:  # a Scale about 4: some values saturate
+            arrays[name] = (4.0 * name.startswith("s") + 0.1 * rng.standard_normal(d)).astype(np_type)
+
+    def outputs(model, with_library):
+        """Y (float8: its codes), and the names of the outputs."""
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = runtime.session(model, options, with_library=with_library)
+        names = [i.name for i in session.get_inputs()]
+        got = session.run_with_ort_values(["y"], {n: kernels._ortvalue(arrays[n]) for n in names})
+        return {"y": got[0].numpy(), "names": {o.name for o in session.get_outputs()}}
+
+    ours = outputs(kernels._onnxnorm_model(op, dtype, shape, d, quant_type), True)
+    compared = 0
+    for label in kernels._ORT_BUILTINS[op]:
+        cast = "+Cast+" in label
+        if (cast and dtype == "float32") or (not cast and dtype == "bfloat16"):
+            continue  # (no Cast for float32; no QuantizeLinear of bfloat16 in ORT's CPU provider)
+        try:
+            theirs = outputs(kernels._ort_builtin_model(label, dtype, shape, d, quant_type), False)
+        except ort.capi.onnxruntime_pybind11_state.NotImplemented:
+            continue  # ORT's norm lacks this type (the bench notes it n/a)
+        compared += 1
+        assert theirs["names"] == ours["names"], label
+        assert ours["y"].dtype == theirs["y"].dtype == np.dtype(np.uint8), label
+        same = ours["y"] == theirs["y"]
+        assert same.mean() > 0.98, label
+        if quant_type == "float8e4m3fn":
+            # where the float norms differ in their last places: one float8 step apart (1/8
+            # relative), or, next to zero, as far as float16 rounding of the row takes a value
+            assert {0x7E, 0xFE} <= set(theirs["y"].ravel().tolist())  # +-448
+            a, b = (v.view(ml_dtypes.float8_e4m3fn).astype(np.float32) for v in (ours["y"], theirs["y"]))
+            np.testing.assert_allclose(a, b, rtol=1 / 8, atol=1 / 16, err_msg=label)
+        else:
+            diff = ours["y"].astype(np.int32) - theirs["y"].astype(np.int32)
+            assert np.abs(diff).max() <= 1, label
+    assert compared
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--ops", "Foo"], "argument --ops: unknown Foo"),
+    (["--quant-type", "float8e5m2"], "argument --quant-type: invalid choice: 'float8e5m2'"),
     (["--shapes", "3x3"], "argument --shapes: unknown 3x3"),
     (["--dtypes", "int8"], "argument --dtypes: unknown int8"),
     (["--threads", "0"], "--threads and --repeats must be at least 1"),

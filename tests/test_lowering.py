@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from onnxnorm.fusion.lowering import lower, lower_with_notes, op_types
-from onnxnorm.ops import catalogue
+from onnxnorm.ops import catalogue, reference
 from onnxnorm.targets import DEFAULT, TARGETS, help_text
 from tests.helpers import BF16, assert_close, reference_outputs, run, single_node_model
 
@@ -124,3 +124,47 @@ def test_both_commands_offer_the_targets_defined_once():
         sub = parser(command)._subparsers._group_actions[0].choices[command]
         action = next(a for a in sub._actions if option in a.option_strings)
         assert (action.choices, action.default, action.help) == (TARGETS, DEFAULT, help_text())
+
+
+STATIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "static"]
+ZERO_POINTS = {"uint8": np.array(131, np.uint8), "int8": np.array(-5, np.int8),
+               "float8e4m3fn": np.array(0, reference.FLOAT8_E4M3FN)}
+
+
+def _quantized_model(op, arrays, attrs, opset):
+    """single_node_model without bodies, and the arrays to feed it."""
+    return single_node_model(op, arrays, attrs, opset=opset, functions=False), arrays
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("zero_point", ZERO_POINTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", STATIC)
+def test_static_quantized_op_lowered_to_norm_and_quantizer(op, dtype, zero_point, target, rng):
+    """A static quantized op becomes its norm and a QuantizeLinear that takes the node's own zero
+    point (uint8, int8 or float8: Y's type), run by plain ONNX Runtime: Y_float as the
+    reference's, and Y exactly the reference's quantizer of that Y_float (float8: its bits).
+    The scale makes some values saturate."""
+    spec = catalogue.get(op)
+    arrays = _arrays(op, ("Scale",), dtype, False, rng)
+    arrays["Y_scale"] = np.array(0.005, DTYPES[dtype])
+    arrays["Y_zero_point"] = ZERO_POINTS[zero_point]
+    attrs = {"epsilon": EPS, "cast_before_scale": 1}
+    # (opset 23 for onnx: its RMSNormalization; below it the body, quantizer and all, is inlined)
+    model, feeds = _quantized_model(op, arrays, attrs, 23 if target == "onnx" else 21)
+    lowered, notes = lower_with_notes(model, target)
+    assert not any(d == catalogue.DOMAIN for d, _ in op_types(lowered))
+    (quantizer,) = [n for n in lowered.graph.node if n.op_type == "QuantizeLinear"]
+    assert quantizer.input[2] == "y_zero_point" and not quantizer.attribute
+    assert notes[0].emitted.endswith("+ QuantizeLinear"), notes
+    if target == "onnx":
+        onnx.checker.check_model(lowered, full_check=True)
+    got = dict(zip([p.name for p in spec.outputs], run(lowered, feeds)))
+    want = dict(zip([p.name for p in spec.outputs], reference_outputs(op, arrays, attrs)))
+    assert_close(got["Y_float"], want["Y_float"], DTYPES[dtype])
+    own = reference.quantize_linear(got["Y_float"].astype(DTYPES[dtype]), arrays["Y_scale"],
+                                    arrays["Y_zero_point"])
+    assert got["Y"].dtype == own.dtype
+    np.testing.assert_array_equal(got["Y"].view(np.uint8), own.view(np.uint8))
+    if zero_point == "float8e4m3fn":
+        assert {0x7E, 0xFE} <= set(got["Y"].view(np.uint8).ravel().tolist())  # +-448

@@ -14,9 +14,10 @@ The values are drawn by numpy from a seed that hypothesis draws, so an example i
 describe and quick to make; hypothesis shrinks the call's structure and the seed.
 
 The quantized ops are held to two exact properties on the same drawn calls (with a drawn
-Y_scale and zero point): their float part is the float op's kernel bit for bit (Y_float and Sum),
-and their quantized outputs are ONNX Runtime's quantizer (the reference's) applied to their own
-Y_float, with nothing off by a step.
+Y_scale and zero point: none, uint8, int8 or float8 e4m3fn): their float part is the float op's
+kernel bit for bit (Y_float and Sum), and their quantized outputs are ONNX Runtime's quantizer
+(the reference's) applied to their own Y_float, with nothing off by a step (float8: the same bits,
+any NaN code where the reference has NaN).
 
 Profiles (ONNXNORM_HYPOTHESIS_PROFILE):
   ci        (default) derandomized, a bounded number of examples per op: part of ``make test``
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -509,23 +511,51 @@ def test_rows_narrower_than_8_of_large_constant_values(op):
 
 _Y_SCALES = st.one_of(st.sampled_from([1e-3, 0.02, 0.1, 1.0, 64.0]),
                       st.floats(1e-4, 100.0, allow_subnormal=False))
+#: float8 e4m3fn's Y_scale: also scales that take most values past 448 (a norm's values are
+#: about 1; 1/448 = 2.2e-3) and most into its subnormals (below 2^-6 = 0.0156) and to zero
+_FLOAT8_Y_SCALES = st.one_of(st.sampled_from([1e-4, 1e-3, 2e-3, 128.0, 1000.0]), _Y_SCALES)
+#: the static zero point's kinds: its type (uint8 when "none": absent)
+ZERO_POINT_KINDS = ("none", "uint8", "int8", "float8e4m3fn")
+FLOAT8 = reference.FLOAT8_E4M3FN
 
 
 @st.composite
 def quantized_calls(draw, op: str) -> tuple[Call, dict[str, np.ndarray]]:
     """A drawn call of the float op ``op`` quantizes (everything as for that op: shapes, axis,
     weights, attributes, values, threads), and the quantizer's inputs: Y_scale of X's type and a
-    uint8 or int8 zero point or none (static)."""
+    uint8, int8 or float8 e4m3fn zero point or none (static). A float8 zero point's value is not
+    used: it is drawn from every float8 value, NaN included."""
     spec = ops.OPS[op]
     call = draw(calls(spec.norm_op))
     quant: dict[str, np.ndarray] = {}
     if spec.quantize == "static":
-        quant["Y_scale"] = np.array(draw(_Y_SCALES), call.x_type)
-        kind = draw(st.sampled_from(["none", "uint8", "int8"]))
-        if kind != "none":
+        kind = draw(st.sampled_from(ZERO_POINT_KINDS))
+        scales = _FLOAT8_Y_SCALES if kind == "float8e4m3fn" else _Y_SCALES
+        quant["Y_scale"] = np.array(draw(scales), call.x_type)
+        if kind == "float8e4m3fn":
+            quant["Y_zero_point"] = np.array(draw(st.integers(0, 255)), np.uint8).view(FLOAT8)
+        elif kind != "none":
             info = np.iinfo(kind)
             quant["Y_zero_point"] = np.array(draw(st.integers(int(info.min), int(info.max))), kind)
     return call, quant
+
+
+def quantized_model(op: str, arrays: dict[str, np.ndarray], attrs: dict, **kwargs
+                    ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """single_node_model without bodies, and the arrays to feed it."""
+    return single_node_model(op, arrays, attrs, functions=False, **kwargs), arrays
+
+
+def quantized_differs(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Where a quantized output differs from the reference's: the values of the integer types;
+    for float8 e4m3fn, the bits, with any NaN code (0x7F, 0xFF) taken for NaN only where the
+    reference has NaN."""
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype != FLOAT8:
+        return got != want
+    bits = got.view(np.uint8)
+    nan = np.isnan(want.astype(np.float32))
+    return np.where(nan, (bits & 0x7F) != 0x7F, bits != want.view(np.uint8))
 
 
 def check_quantized_call(op: str, call: Call, quant: dict[str, np.ndarray]) -> None:
@@ -536,8 +566,8 @@ def check_quantized_call(op: str, call: Call, quant: dict[str, np.ndarray]) -> N
                      with_library=True, threads=call.threads)
     quantized = {**arrays, **quant}
     got = dict(zip([p.name for p in spec.outputs],
-                   run(single_node_model(op, quantized, attrs, functions=False), quantized,
-                       with_library=True, threads=call.threads)))
+                   run(*quantized_model(op, quantized, attrs), with_library=True,
+                       threads=call.threads)))
     assert _same_bits(got["Y_float"], want_float[0]), f"{op}: Y_float differs from {call.op}'s Y"
     if base.has_residual:
         assert _same_bits(got["Sum"], want_float[1]), f"{op}: Sum differs from {call.op}'s Sum"
@@ -545,17 +575,17 @@ def check_quantized_call(op: str, call: Call, quant: dict[str, np.ndarray]) -> N
     if spec.quantize == "static":
         zero_point = quant.get("Y_zero_point", np.zeros((), np.uint8))
         want = reference.quantize_linear(y_float, quant["Y_scale"], zero_point)
-        assert got["Y"].dtype == want.dtype
     else:
         want, scale, zero_point = reference.dynamic_quantize_linear(y_float)
         assert got["Y_scale"].tobytes() == scale.tobytes(), (got["Y_scale"], scale)
         assert got["Y_zero_point"] == zero_point, (got["Y_zero_point"], zero_point)
-    differs = got["Y"] != want
+    differs = quantized_differs(got["Y"], want)
     assert not differs.any(), (f"{op}: {differs.sum()} quantized values differ from the quantizer "
                                f"of Y_float; first at {np.argwhere(differs)[0].tolist()}")
-    alone = run(single_node_model(op, quantized, attrs, functions=False, optional_outputs=False),
-                quantized, with_library=True, threads=call.threads)
-    assert np.array_equal(alone[0], got["Y"]), f"{op}: Y without the optional outputs differs"
+    alone = run(*quantized_model(op, quantized, attrs, optional_outputs=False), with_library=True,
+                threads=call.threads)
+    assert alone[0].dtype == got["Y"].dtype and alone[0].tobytes() == got["Y"].tobytes(), (
+        f"{op}: Y without the optional outputs differs")
 
 
 @pytest.mark.parametrize("op", list(ops.catalogue.QUANTIZED_OPS))
@@ -565,6 +595,9 @@ def test_quantized_op_matches_its_float_op_and_quantizer(op):
     def check(drawn):
         call, quant = drawn
         _count(dataclasses.replace(call, op=op))
+        if "Y_scale" in quant:
+            zero_point = quant.get("Y_zero_point")
+            COUNTS[op][f"zero point {'none' if zero_point is None else zero_point.dtype}"] += 1
         check_quantized_call(op, call, quant)
 
     start = time.perf_counter()

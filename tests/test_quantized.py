@@ -7,7 +7,11 @@ round the norm's output to X's type one unit in the last place away from the ref
 statistics against float64); that can move a quantized value by one step. So each comparison
 first checks that the op quantized its own float output Y_float exactly, then that Y equals the
 reference's wherever the two float outputs are equal, and differs by at most one step where they
-are not."""
+are not.
+
+float8 e4m3fn Y (a float8 Y_zero_point, its value unused) is compared by its bits (ORT's Python
+API returns them as uint8): the same bits, any NaN code where the reference gives NaN; one step
+is one float8 value up or down."""
 
 from __future__ import annotations
 
@@ -19,20 +23,34 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import BF16, assert_close, reference_outputs, run, single_node_model
-from onnxnorm import ops
+from helpers import (BF16, _float8_nan, assert_close, assert_float8_equal, reference_outputs, run,
+                     single_node_model)
+from onnxnorm import ops, runtime
 from onnxnorm.ops import catalogue, reference
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 STATIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "static"]
 DYNAMIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "dynamic"]
+F8 = reference.FLOAT8_E4M3FN
+#: a float8 e4m3fn zero point: only its type matters (its value is not used)
+F8_ZERO_POINT = np.asarray(-3.5, np.float32).astype(F8)
+
+
+# ---------------------------------------------------------------------------------------------
+# float8 e4m3fn: models, runs and comparisons (helpers' builders know the 8-bit integer types
+# only, and ORT's Python API takes and gives float8 as uint8 bits)
+
+def _float8_steps(bits: np.ndarray) -> np.ndarray:
+    """float8 e4m3fn bits as whole numbers in the values' order, neighbours 1 apart (+-0: 0)."""
+    b = bits.astype(np.int32)
+    return np.where(b & 0x80, -(b & 0x7F), b & 0x7F)
 
 
 def quant_arrays(op, dtype, rng, shape=(2, 3, 64), present=("Scale", "Bias"), zero_point=None,
                  y_scale=0.02):
-    """Inputs of ``op``: X of spread about 2 (so that a scale of 0.02 saturates some values),
-    the weights in ``present``, and for the static ops Y_scale and Y_zero_point (a numpy scalar
-    of uint8 or int8, or None: absent)."""
+    """Inputs of ``op``: X of spread about 2 (so that a scale of 0.02 saturates some values,
+    float8's beyond 448 too), the weights in ``present``, and for the static ops Y_scale and
+    Y_zero_point (a numpy scalar of uint8, int8 or float8 e4m3fn, or None: absent)."""
     spec = catalogue.get(op)
     dtype = np.dtype(dtype)
     arrays = {"X": (2 * rng.standard_normal(shape) + 0.3).astype(dtype)}
@@ -60,11 +78,14 @@ def outputs_by_name(spec, values, x_dtype):
 def _cases():
     for op in catalogue.QUANTIZED_OPS:
         spec = catalogue.get(op)
-        zero_points = ([None, np.uint8(131), np.int8(-5)] if spec.quantize == "static" else [None])
+        zero_points = ([None, np.uint8(131), np.int8(-5), F8_ZERO_POINT]
+                       if spec.quantize == "static" else [None])
         for dtype, zero_point, opset, order in itertools.product(DTYPES, zero_points, (17, 21),
                                                                  (0, 1)):
             if dtype == "float32" and order:
                 continue
+            if zero_point is not None and zero_point.dtype == F8 and opset < 19:
+                continue  # (float8 QuantizeLinear: opset 19 and newer)
             zp = "none" if zero_point is None else f"{zero_point.dtype}"
             yield pytest.param(op, dtype, zero_point, opset, order,
                                id=f"{op}-{dtype}-zp_{zp}-opset{opset}-order{order}")
@@ -72,9 +93,9 @@ def _cases():
 
 @pytest.mark.parametrize("op, dtype, zero_point, opset, order", _cases())
 def test_function_body_matches_reference(op, dtype, zero_point, opset, order, rng):
-    """Every quantized op, dtype, zero point type and rounding order: the function body run by
-    plain ONNX Runtime (its own norm ops, QuantizeLinear / DynamicQuantizeLinear) against the
-    reference, quantized values exactly."""
+    """Every quantized op, dtype, zero point type (float8 e4m3fn: opset 21) and rounding order:
+    the function body run by plain ONNX Runtime (its own norm ops, QuantizeLinear /
+    DynamicQuantizeLinear) against the reference, quantized values exactly."""
     spec = catalogue.get(op)
     present = spec.optional_inputs if order else ("Scale",)
     arrays = quant_arrays(op, DTYPES[dtype], rng, present=present, zero_point=zero_point)
@@ -100,7 +121,10 @@ def assert_quantized(op, arrays, got, attrs=None):
     if spec.quantize == "static":
         zero_point = np.asarray(arrays.get("Y_zero_point", np.uint8(0)))
         own = reference.quantize_linear(g["Y_float"], arrays["Y_scale"], zero_point)
-        np.testing.assert_array_equal(g["Y"], own)  # the op quantized its own Y_float exactly
+        if own.dtype == F8:
+            assert_float8_equal(g["Y"], own)  # the op quantized its own Y_float exactly
+        else:
+            np.testing.assert_array_equal(g["Y"], own)  # the op quantized its own Y_float exactly
     else:
         own = reference.dynamic_quantize_linear(g["Y_float"])
         assert g["Y_scale"].dtype == np.float32 and g["Y_scale"].shape == ()
@@ -116,6 +140,11 @@ def assert_quantized(op, arrays, got, attrs=None):
     # equal to the reference's Y wherever the float outputs are equal, one step at most elsewhere
     gf, wf = g["Y_float"].astype(np.float32), w["Y_float"].astype(np.float32)
     same_float = (gf == wf) | (np.isnan(gf) & np.isnan(wf))
+    if g["Y"].dtype == F8:
+        assert_float8_equal(g["Y"][same_float], w["Y"][same_float])
+        diff = _float8_steps(g["Y"].view(np.uint8)) - _float8_steps(w["Y"].view(np.uint8))
+        assert np.abs(diff[~same_float]).max(initial=0) <= 1
+        return
     diff = g["Y"].astype(np.int32) - w["Y"].astype(np.int32)
     np.testing.assert_array_equal(diff[same_float], 0)
     assert np.abs(diff).max(initial=0) <= 1
@@ -250,7 +279,7 @@ def test_reference_refuses_per_axis_and_bad_types(rng):
         reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.ones(2, np.float32))
     with pytest.raises(TypeError, match="Y_scale must be of X's type"):
         reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float16(1))
-    with pytest.raises(TypeError, match="Y_zero_point must be uint8 or int8"):
+    with pytest.raises(TypeError, match="Y_zero_point must be uint8, int8 or float8e4m3fn"):
         reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float32(1),
                       np.int16(0))
     # a one-element 1-D scale is per tensor, as in QuantizeLinear
@@ -309,7 +338,8 @@ TYPE_IDS = ["f32", "f16", "f16w32", "bf16", "bf16w32"]
 
 def _kernel_cases():
     for op, spec in catalogue.QUANTIZED_OPS.items():
-        zero_points = [np.uint8(118), np.int8(-4), None] if spec.quantize == "static" else [None]
+        zero_points = ([np.uint8(118), np.int8(-4), None, F8_ZERO_POINT]
+                       if spec.quantize == "static" else [None])
         for (t, s), type_id in zip(TYPE_PAIRS, TYPE_IDS):
             for zero_point in zero_points:
                 zp = "none" if zero_point is None else f"{zero_point.dtype}"
@@ -326,9 +356,10 @@ def _with_weights_of(arrays, s):
 @pytest.mark.parametrize("op, t, s, zero_point", _kernel_cases())
 @pytest.mark.parametrize("order", [0, 1])
 def test_kernel_matches_reference(op, t, s, zero_point, order, rng):
-    """Every quantized op, type pair, zero point type and rounding order: the library's CPU
-    kernel against the reference, quantized values exactly (one step only where the float
-    outputs differ in their last place); odd widths, the rows split over ORT's thread pool."""
+    """Every quantized op, type pair, zero point type (float8 e4m3fn included) and rounding
+    order: the library's CPU kernel against the reference, quantized values exactly (one step
+    only where the float outputs differ in their last place); odd widths, the rows split over
+    ORT's thread pool."""
     if t == np.float32 and order:
         pytest.skip("one rounding order for float32")
     spec = catalogue.get(op)
@@ -360,18 +391,32 @@ def test_kernel_equals_function_body_where_floats_agree(op, rng):
         np.testing.assert_array_equal(kernel[2], body[2])
 
 
-@pytest.mark.parametrize("op", list(catalogue.QUANTIZED_OPS))
-def test_kernel_optional_outputs(op, rng):
-    """Y_float, Sum, both or neither: the quantized outputs do not change."""
+def _optional_output_cases():
+    for op, spec in catalogue.QUANTIZED_OPS.items():
+        yield pytest.param(op, np.uint8(9), id=op)
+        if spec.quantize == "static":
+            yield pytest.param(op, F8_ZERO_POINT, id=f"{op}-float8e4m3fn")
+
+
+@pytest.mark.parametrize("op, zero_point", _optional_output_cases())
+def test_kernel_optional_outputs(op, zero_point, rng):
+    """Y_float, Sum, both or neither: the quantized outputs do not change (float8's bits too:
+    and they are the reference's quantization of Y_float)."""
     spec = catalogue.get(op)
-    arrays = quant_arrays(op, np.float16, rng, shape=(40, 96), zero_point=np.uint8(9))
+    arrays = quant_arrays(op, np.float16, rng, shape=(40, 96), zero_point=zero_point)
     full = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
+    if zero_point.dtype == F8:
+        assert full[0].dtype == F8
+        own = reference.quantize_linear(full[-1], arrays["Y_scale"], zero_point)
+        assert_float8_equal(full[0], own)
     quantized = 3 if spec.quantize == "dynamic" else 1
     for outputs in ([False, {"Y_float"}] + ([{"Sum"}] if spec.has_residual else [])):
         got = run(single_node_model(op, arrays, functions=False, optional_outputs=outputs), arrays,
-                  with_library=True)
+                        with_library=True)
         for g, f in zip(got[:quantized], full[:quantized]):
-            np.testing.assert_array_equal(g, f)
+            assert g.dtype == f.dtype
+            np.testing.assert_array_equal(g.view(np.uint8) if g.dtype == F8 else g,
+                                          f.view(np.uint8) if f.dtype == F8 else f)
         if outputs and "Y_float" in outputs:
             np.testing.assert_array_equal(got[-1], full[-1])
         if outputs and "Sum" in outputs:
@@ -506,3 +551,154 @@ def test_bench_target_of_quantized_rows():
     times = {"onnxnorm": 1.0, "ort:RMSNormalization-23": 1.2, "copy": 0.5, "floor": 0.1}
     assert Result("RMSNorm", "4x512x4096", "float32", times, {}).targets() == [
         "50% of copy bandwidth < 90%"]
+
+
+# ---------------------------------------------------------------------------------------------
+# float8 e4m3fn Y
+
+EDGES_FLOAT8 = np.array([448, -448, 449, 464, 465, -465, 1e4, 240, 2.0 ** -10, 1.5 * 2.0 ** -9,
+                         2.5 * 2.0 ** -9, 2.0 ** -6, 1.0625, 1.1875, -1e-30, -np.nan],
+                        np.float32)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.37, 0.0, 3e-39])
+def test_reference_quantize_linear_is_ort_s_for_float8(scale):
+    """The reference's float8 e4m3fn QuantizeLinear (saturate = 1) against ORT's, bit for bit:
+    ties to even, subnormals, saturation at 448 (+-Inf too), NaN, a zero or subnormal scale; the
+    zero point's value makes no difference."""
+    x = np.concatenate([EDGES, EDGES_FLOAT8])
+    scale = np.float32(scale)
+    for zero_point in (np.asarray(0, F8), F8_ZERO_POINT):
+        want = _ort_quantizer("QuantizeLinear", x, scale, zero_point,
+                              outputs=(TensorProto.FLOAT8E4M3FN,))[0]
+        got = reference.quantize_linear(x, scale, zero_point)
+        assert got.dtype == F8
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+#: Bias values of a LayerNorm with Scale 0 (so Y is exactly Bias) and float8 bits of Y / 0.5,
+#: worked out by hand (e4m3fn: sign, exponent of bias 7, 3 mantissa bits; below 2^-6, code k is
+#: k * 2^-9; S.1111.111 is NaN)
+_FLOAT8_DIRECTED = [
+    (224.0, 0x7E),           # 448 = 1.75 * 2^8: 0.1111.110
+    (224.5, 0x7E),           # 449: saturated to 448
+    (232.0, 0x7E),           # 464, the tie of 448 and 480 (not a value): saturated
+    (-5000.0, 0xFE),         # -1e4: saturated to -448
+    (np.inf, 0x7E),          # +Inf saturates
+    (-np.inf, 0xFE),         # -Inf saturates
+    (np.nan, 0x7F),          # NaN stays NaN
+    (2.0 ** -11, 0x00),      # 2^-10: the tie of 0 and 2^-9, to even 0
+    (3 * 2.0 ** -11, 0x02),  # 1.5 * 2^-9: the tie of 1 and 2 units, to 2
+    (5 * 2.0 ** -11, 0x02),  # 2.5 * 2^-9: the tie of 2 and 3 units, to 2
+    (2.0 ** -7, 0x08),       # 2^-6, the smallest normal: 0.0001.000
+    (0.53125, 0x38),         # 1.0625, the tie of 1.0 and 1.125: 1.0 = 0.0111.000
+    (0.59375, 0x3A),         # 1.1875, the tie of 1.125 and 1.25: 1.25 = 0.0111.010
+    (100.0, 0x74),           # 200, the tie of 192 (1.5 * 2^7) and 208: 192 = 0.1110.100
+    (-0.75, 0xBC),           # -1.5 = 1.0111.100
+    (-1e-30, 0x80),          # a tiny negative rounds to -0
+]
+
+
+def test_kernel_float8_directed_values(rng):
+    """Chosen Y values through the CPU kernel (LayerNorm with Scale 0: Y is Bias), float8 bits
+    as worked out by hand: saturation at 448 and of +-Inf, NaN, ties to even among the
+    subnormals and the normals, -0; a row with NaN in X is NaN throughout."""
+    bias = np.array([v for v, _ in _FLOAT8_DIRECTED], np.float32)
+    want = np.array([b for _, b in _FLOAT8_DIRECTED], np.uint8)
+    cols = len(bias)
+    arrays = {"X": rng.standard_normal((3, cols)).astype(np.float32),
+              "Scale": np.zeros(cols, np.float32), "Bias": bias,
+              "Y_scale": np.array(0.5, np.float32), "Y_zero_point": F8_ZERO_POINT}
+    arrays["X"][2, 5] = np.nan
+    got = run(single_node_model("LayerNormQuantizeLinear", arrays, functions=False), arrays,
+                    with_library=True)
+    y, y_float = got[0], got[-1]
+    np.testing.assert_array_equal(y_float[:2], np.broadcast_to(bias, (2, cols)))
+    assert_float8_equal(y[:2], np.broadcast_to(want, (2, cols)))
+    assert _float8_nan(y[2].view(np.uint8)).all()
+    assert_quantized("LayerNormQuantizeLinear", arrays, got)
+
+
+@pytest.mark.parametrize("op", STATIC)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_kernel_float8_edges(op, dtype, rng):
+    """Tiny quotients (subnormal float8 values and zeros of either sign), then a Y_scale that
+    sends most values beyond 448; Inf and NaN in X (NaN rows): the CPU kernel's float8 Y, with
+    and without Y_float and Sum, is the reference's quantization of its Y_float, and the
+    reference's Y where the floats agree."""
+    spec = catalogue.get(op)
+    t = DTYPES[dtype]
+    arrays = quant_arrays(op, t, rng, shape=(6, 72), zero_point=F8_ZERO_POINT,
+                          present=spec.optional_inputs)
+    arrays["X"][1, 7] = np.nan
+    arrays["X"][2, 3] = np.inf
+    arrays["X"][3, 9] = -np.inf
+    # Y = Norm(X) * +-2^-19 (no Bias), Y_scale 2^-12: quotients of Norm(X) * 2^-7, below 2^-6
+    # (float8's smallest normal) wherever |Norm(X)| < 2
+    arrays["Scale"] = (np.where(np.arange(72) % 2, 1, -1) * 2.0 ** -19).astype(t)
+    arrays.pop("Bias", None)
+    arrays["Y_scale"] = np.array(2.0 ** -12, t)
+    got = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
+    assert_quantized(op, arrays, got)
+    bits = got[0].view(np.uint8)
+    # NaN rows; a row with +-Inf is NaN at least there (RMSNorm: 0 elsewhere)
+    assert _float8_nan(bits[1]).all() and _float8_nan(bits[2, 3]) and _float8_nan(bits[3, 9])
+    assert not _float8_nan(bits[[0, 4, 5]]).any()
+    finite = bits[[0, 4, 5]]
+    assert ((finite & 0x78) == 0).mean() > 0.5  # mostly subnormal codes (exponent 0000)
+    assert ((finite & 0x7F) == 0).any() and ((finite & 0x07) != 0).any()  # zeros, and not only
+    assert ((finite & 0x78) != 0).any()  # and some normal ones
+    # most quotients beyond 448
+    arrays["Scale"] = (1 + 0.5 * rng.standard_normal(72)).astype(t)
+    arrays["Y_scale"] = np.array(0.002, t)
+    full = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
+    assert_quantized(op, arrays, full)
+    bits = full[0].view(np.uint8)
+    finite = bits[[0, 4, 5]]
+    assert ((finite & 0x7F) == 0x7E).mean() > 0.3  # +-448
+    assert (finite == 0x7E).any() and (finite == 0xFE).any()
+    for outputs in ([False, {"Y_float"}] + ([{"Sum"}] if spec.has_residual else [])):
+        got = run(single_node_model(op, arrays, functions=False, optional_outputs=outputs), arrays,
+                        with_library=True)
+        np.testing.assert_array_equal(got[0].view(np.uint8), bits)
+
+
+@pytest.mark.parametrize("op", STATIC)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_kernel_float8_is_ort_quantize_linear(op, dtype, rng):
+    """The fused float8 Y is ONNX Runtime's own QuantizeLinear (opset 21, float8 zero point as an
+    initializer, saturate by default) of the op's Y_float, bit for bit: X's type and Y_scale as
+    they are (bfloat16, which ORT's QuantizeLinear does not take, exactly in float32)."""
+    t = DTYPES[dtype]
+    arrays = quant_arrays(op, t, rng, shape=(8, 96), zero_point=F8_ZERO_POINT, y_scale=0.01,
+                          present=catalogue.get(op).optional_inputs)
+    arrays["X"][0, 1] = np.nan
+    arrays["X"][5, 0] = np.inf
+    got = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
+    y, y_float = got[0], got[-1]
+    scale = arrays["Y_scale"]
+    onnx_type = TensorProto.FLOAT16 if t == np.float16 else TensorProto.FLOAT
+    if onnx_type == TensorProto.FLOAT:
+        y_float, scale = np.asarray(y_float, np.float32), scale.astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], "q",
+        [helper.make_tensor_value_info("x", onnx_type, y_float.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, None)],
+        [onnx.numpy_helper.from_array(scale, "s"),
+         onnx.numpy_helper.from_array(F8_ZERO_POINT, "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": y_float})[0]
+    assert (want.view(np.uint8) == 0x7E).any() and _float8_nan(want.view(np.uint8)).any()
+    assert_float8_equal(y, want)
+
+
+def test_schema_infers_float8_y():
+    x = ("x", TensorProto.FLOAT, [2, 8])
+    got = _infer("SkipRMSNormQuantizeLinear",
+                 [x, ("r", TensorProto.FLOAT, [2, 8]), ("", 0, None), ("", 0, None),
+                  ("", 0, None), ("s", TensorProto.FLOAT, []),
+                  ("zp", TensorProto.FLOAT8E4M3FN, [])],
+                 ["y", "sum", "yf"])
+    assert got == {"y": (TensorProto.FLOAT8E4M3FN, [2, 8]), "sum": (TensorProto.FLOAT, [2, 8]),
+                   "yf": (TensorProto.FLOAT, [2, 8])}

@@ -26,6 +26,7 @@ _ELEM_TYPES = {
     "tensor(bfloat16)": ("kBFloat16", "bfloat16"),
     "tensor(uint8)": ("kUInt8", "uint8"),
     "tensor(int8)": ("kInt8", "int8"),
+    "tensor(float8e4m3fn)": ("kFloat8E4M3FN", "float8e4m3fn"),
 }
 _ATTR_KINDS = ("int", "float")
 

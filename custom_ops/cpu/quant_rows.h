@@ -18,7 +18,10 @@
 // The quantization of a value v (X's type, taken to float32) is ONNX Runtime's: v / scale in
 // float32 (a division, as ORT divides: v * (1 / scale) would differ), NaN to the minimum,
 // clamped to [min - zero_point, max - zero_point] (whole numbers, so clamping before the
-// rounding equals clamping after it), rounded half to even, plus the zero point. The quantizing
+// rounding equals clamping after it), rounded half to even, plus the zero point. A float8 e4m3fn
+// Y (static pass only) is v / scale, the same division, converted by onnxnorm/float8.h (the CUDA
+// kernels' conversion too): saturated to +-448, rounded half to even, NaN kept; the zero point's
+// value is not used, as ORT's QuantizeLinear does not use it for float8. The quantizing
 // loop is plain scalar code over a block of W values, which the compiler vectorizes; each value
 // goes through the same float32 operations on every instruction set.
 #pragma once
@@ -28,22 +31,11 @@
 #endif
 
 #include "norm_rows.h"
+#include "onnxnorm/float8.h"
 
 namespace onnxnorm {
 namespace cpu {
 namespace {
-
-// Quantized element tags, with their ranges.
-struct U8 {
-  using St = uint8_t;
-  static constexpr float kMin = 0.f;
-  static constexpr float kMax = 255.f;
-};
-struct I8 {
-  using St = int8_t;
-  static constexpr float kMin = -128.f;
-  static constexpr float kMax = 127.f;
-};
 
 // What a quantizing pass needs: the scale, the clamp bounds relative to the zero point, the zero
 // point.
@@ -51,19 +43,48 @@ struct QuantParams {
   float scale, lo, hi, zero_point;
 };
 
+// 1.5 * 2^23: adding and subtracting it rounds a float of magnitude below 2^22 to a whole
+// number, half to even, in the default rounding mode (the clamped values are within 255)
+constexpr float kRoundWhole = 12582912.f;
+
+// Quantized element tags: their storage, and Code(t): the stored value (as an int32 within the
+// storage type's range) of the quotient t = v / scale.
+template <class St_, int kMin_, int kMax_>
+struct IntQuant {
+  using St = St_;
+  static constexpr float kMin = static_cast<float>(kMin_);
+  static constexpr float kMax = static_cast<float>(kMax_);
+  static ONNXNORM_INLINE int32_t Code(float t, const QuantParams& qp) {
+    t = t > qp.lo ? t : qp.lo;  // (false for NaN: the minimum)
+    t = t < qp.hi ? t : qp.hi;
+    t = (t + kRoundWhole) - kRoundWhole;
+    return static_cast<int32_t>(t + qp.zero_point);
+  }
+  static QuantParams Params(const QuantArgs& qa) {
+    const float zp = static_cast<float>(qa.zero_point);
+    return QuantParams{qa.scale, kMin - zp, kMax - zp, zp};
+  }
+};
+using U8 = IntQuant<uint8_t, 0, 255>;
+using I8 = IntQuant<int8_t, -128, 127>;
+// float8 e4m3fn: the bits, 0..255 (no range, no zero point).
+struct F8 {
+  using St = uint8_t;
+  static ONNXNORM_INLINE int32_t Code(float t, const QuantParams&) {
+    return static_cast<int32_t>(float8::FloatToE4M3FNBits(t));
+  }
+  static QuantParams Params(const QuantArgs& qa) { return QuantParams{qa.scale, 0.f, 0.f, 0.f}; }
+};
+
 template <class Q>
 QuantParams MakeQuantParams(const QuantArgs& qa) {
-  const float zp = static_cast<float>(qa.zero_point);
-  return QuantParams{qa.scale, Q::kMin - zp, Q::kMax - zp, zp};
+  return Q::Params(qa);
 }
 
 // QuantizeLinear of v[0..n) (n <= W) into out; kN: n known at compile time (a whole vector, which
 // the compiler vectorizes), else 0.
 template <class Q, int kN>
 ONNXNORM_INLINE void QuantizeBlock(const float* v, typename Q::St* out, int n, const QuantParams& qp) {
-  // 1.5 * 2^23: adding and subtracting it rounds a float of magnitude below 2^22 to a whole
-  // number, half to even, in the default rounding mode (the clamped values are within 255)
-  constexpr float kRound = 12582912.f;
   const int count = kN > 0 ? kN : n;
   int32_t whole[W];
   // (not unrolled: a loop of constant count unrolled early is left scalar, where the loop
@@ -71,17 +92,12 @@ ONNXNORM_INLINE void QuantizeBlock(const float* v, typename Q::St* out, int n, c
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC unroll 1
 #endif
-  for (int k = 0; k < count; ++k) {
-    float t = v[k] / qp.scale;
-    t = t > qp.lo ? t : qp.lo;  // (false for NaN: the minimum)
-    t = t < qp.hi ? t : qp.hi;
-    t = (t + kRound) - kRound;
-    whole[k] = static_cast<int32_t>(t + qp.zero_point);
-  }
+  for (int k = 0; k < count; ++k) whole[k] = Q::Code(v[k] / qp.scale, qp);
 #if defined(__SSE2__) && !defined(__AVX512BW__)
   if constexpr (kN == 8) {
-    // 8 lanes narrowed with packs (exact: the values are within Q's range), which compilers
-    // without AVX-512's narrowing moves otherwise do one lane at a time
+    // 8 lanes narrowed with packs (exact: the values are within Q's range; float8's bits, 0..255,
+    // pack as uint8's do), which compilers without AVX-512's narrowing moves otherwise do one
+    // lane at a time
     const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(whole));
     const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(whole + 4));
     const __m128i half = _mm_packs_epi32(lo, hi);
@@ -301,6 +317,7 @@ QuantRowsFn PickQuantPass(QuantPass pass, ElemType x, ElemType w, ElemType q) {
     case QuantPass::kStatic:
       if (q == ElemType::kUInt8) return PickQuantTypes<QuantPass::kStatic, NK, RK, U8>(x, w);
       if (q == ElemType::kInt8) return PickQuantTypes<QuantPass::kStatic, NK, RK, I8>(x, w);
+      if (q == ElemType::kFloat8E4M3FN) return PickQuantTypes<QuantPass::kStatic, NK, RK, F8>(x, w);
       return nullptr;
     case QuantPass::kRange:
       return q == ElemType::kUInt8 ? PickQuantTypes<QuantPass::kRange, NK, RK, U8>(x, w) : nullptr;

@@ -154,8 +154,17 @@ bool CheckQuant(const NormArgs& a, const CudaQuantArgs* quant, char* err, size_t
   bool known = false;
   for (ElemType t : op.quant_types) known = known || t == quant->q_type;
   if (!known) {
-    return Write(err, len, "onnxnorm::%s: the quantized type must be %s, got type code %d", n,
-                 dynamic ? "uint8" : "uint8 or int8", static_cast<int>(quant->q_type)), false;
+    // the op's quantized types, as "uint8, int8 or float8e4m3fn" (dynamic ops: "uint8")
+    char types[128] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < op.quant_types.size() && used < sizeof(types); ++i) {
+      const char* joint = i == 0 ? "" : i + 1 == op.quant_types.size() ? " or " : ", ";
+      const int w = std::snprintf(types + used, sizeof(types) - used, "%s%s", joint,
+                                  kElemTypeNames[static_cast<int>(op.quant_types[i])]);
+      used += w > 0 ? static_cast<size_t>(w) : 0;
+    }
+    return Write(err, len, "onnxnorm::%s: the quantized type must be %s, got type code %d", n, types,
+                 static_cast<int>(quant->q_type)), false;
   }
   if (a.rows > 0 && quant->q == nullptr) return Write(err, len, "onnxnorm::%s: the quantized Y is required", n), false;
   if (!dynamic) {

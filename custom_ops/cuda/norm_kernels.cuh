@@ -37,6 +37,7 @@
 #include <cstdint>
 
 #include "onnxnorm/cuda_launch.h"
+#include "onnxnorm/float8.h"
 #include "onnxnorm/norm_args.h"
 
 namespace onnxnorm {
@@ -98,9 +99,10 @@ enum class QuantMode : int32_t { kNone = 0, kQuantize = 1, kRange = 2 };
 
 // The kernels' view of a quantized op's call (launch.cu fills it from CudaQuantArgs).
 struct QuantKernelArgs {
-  uint8_t* q = nullptr;               // kQuantize: [rows, cols] bytes (uint8, or int8's two's complement)
+  uint8_t* q = nullptr;               // kQuantize: [rows, cols] bytes (uint8, int8's two's complement,
+                                      // or float8 e4m3fn's bits)
   const void* scale = nullptr;        // kQuantize: one element of scale_type
-  const void* zero_point = nullptr;   // kQuantize: one element of q_type; nullptr: 0
+  const void* zero_point = nullptr;   // kQuantize: one element of q_type; nullptr: 0 (float8: unused)
   ElemType scale_type = ElemType::kFloat32;
   ElemType q_type = ElemType::kUInt8;
   float* range = nullptr;             // kRange: [rows, 2]: the min and max of each row's Y
@@ -109,9 +111,12 @@ struct QuantKernelArgs {
 // ONNX Runtime's QuantizeLinear of a float32 value (onnxnorm/ops/reference.py quantize_linear):
 // v / scale in float32 (an IEEE division whatever the compiler flags), NaN to the type's minimum,
 // clamped to [min - zero_point, max - zero_point] (whole numbers: clamping before the rounding
-// equals clamping after it), rounded half to even, plus the zero point.
+// equals clamping after it), rounded half to even, plus the zero point. float8 e4m3fn: v / scale,
+// the same division, converted by onnxnorm/float8.h (the CPU kernels' conversion: saturated to
+// +-448, rounded half to even, NaN kept), the zero point not read (ORT does not use its value).
 struct Quantizer {
   float scale, lo, hi, zero_point;
+  bool is_float8;  // the same for every thread of a launch: a uniform branch
 
   __device__ __forceinline__ static Quantizer Make(const QuantKernelArgs& qa) {
     float s = 1.f;
@@ -120,17 +125,19 @@ struct Quantizer {
       case ElemType::kBFloat16: s = ToFloat(*static_cast<const __nv_bfloat16*>(qa.scale)); break;
       default: s = *static_cast<const float*>(qa.scale); break;
     }
+    if (qa.q_type == ElemType::kFloat8E4M3FN) return Quantizer{s, 0.f, 0.f, 0.f, true};
     const bool signed8 = qa.q_type == ElemType::kInt8;
     float zp = 0.f;
     if (qa.zero_point != nullptr) {
       zp = signed8 ? static_cast<float>(*static_cast<const int8_t*>(qa.zero_point))
                    : static_cast<float>(*static_cast<const uint8_t*>(qa.zero_point));
     }
-    return Quantizer{s, (signed8 ? -128.f : 0.f) - zp, (signed8 ? 127.f : 255.f) - zp, zp};
+    return Quantizer{s, (signed8 ? -128.f : 0.f) - zp, (signed8 ? 127.f : 255.f) - zp, zp, false};
   }
 
   __device__ __forceinline__ uint8_t operator()(float v) const {
     float t = __fdiv_rn(v, scale);
+    if (is_float8) return float8::FloatToE4M3FN(t);
     t = t > lo ? t : lo;  // (false for NaN: the minimum)
     t = t < hi ? t : hi;
     return static_cast<uint8_t>(static_cast<int32_t>(rintf(t) + zero_point));

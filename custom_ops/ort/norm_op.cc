@@ -181,10 +181,11 @@ class NormKernel final : public Kernel {
         if (cuda_launch_quantized_ != nullptr) continue;  // read by the CUDA kernels
         if (is_scale) {
           quant.scale = cpu::ScalarToFloat(entry_.t, input.data);
-        } else {
-          quant.zero_point = entry_.q == ElemType::kInt8 ? *static_cast<const int8_t*>(input.data)
-                                                         : *static_cast<const uint8_t*>(input.data);
-        }
+        } else if (entry_.q == ElemType::kInt8) {
+          quant.zero_point = *static_cast<const int8_t*>(input.data);
+        } else if (entry_.q == ElemType::kUInt8) {
+          quant.zero_point = *static_cast<const uint8_t*>(input.data);
+        }  // (float8e4m3fn: the zero point gives Y's type only; its value is not used)
         continue;
       }
       if (static_cast<int>(i) == residual_slot_) {

@@ -200,6 +200,7 @@ ONNXTensorElementDataType OnnxType(ElemType type) {
     case ElemType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
     case ElemType::kUInt8: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
     case ElemType::kInt8: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    case ElemType::kFloat8E4M3FN: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
   }
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }

@@ -11,10 +11,11 @@
 //                                          a quantized op: its Y_float bit for bit the float op's
 //                                          Y (held to the reference above), its Y quantized from
 //                                          it as QuantizeLinear / DynamicQuantizeLinear do
-//                                          (written here), on every instruction set and row split
-//                                          byte for byte
+//                                          (written here; float8 e4m3fn Y too), on every
+//                                          instruction set and row split byte for byte
 //   onnxnorm_kernel_tests --conversions    the float16 / bfloat16 conversions of the portable
-//                                          kernels against a reference written here
+//                                          kernels and the float32 -> float8 e4m3fn conversion
+//                                          (onnxnorm/float8.h) against references written here
 //   onnxnorm_kernel_tests                  all of it
 //
 // Exits 0 when everything passes, 1 otherwise (ctest runs one process per op, see CMakeLists.txt).
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "../cpu/cpu_internal.h"  // the conversions under test (--conversions)
+#include "onnxnorm/float8.h"      // likewise
 #include "onnxnorm/kernels.h"
 
 namespace {
@@ -53,7 +55,15 @@ void Fail(const std::string& what) {
 // nearest even in the type's own value set.
 
 size_t SizeOf(ElemType t) {
-  return t == ElemType::kFloat32 ? 4 : t == ElemType::kUInt8 || t == ElemType::kInt8 ? 1 : 2;
+  switch (t) {
+    case ElemType::kFloat32: return 4;
+    case ElemType::kFloat16:
+    case ElemType::kBFloat16: return 2;
+    case ElemType::kUInt8:
+    case ElemType::kInt8:
+    case ElemType::kFloat8E4M3FN: return 1;
+  }
+  return 0;
 }
 
 const char* NameOf(ElemType t) { return onnxnorm::kElemTypeNames[static_cast<int>(t)]; }
@@ -687,9 +697,32 @@ int TestOp(const OpSpec& op) {
 // set's GetNormRowsFor kernel, which TestOp holds to the reference), and their Y that value
 // quantized as written here; every instruction set and row split gives the same bytes.
 
+// float8 e4m3fn bits of float32 t as QuantizeLinear (saturate = 1) converts it, written without
+// the library's bit arithmetic: NaN stays NaN (0x7F, with t's sign), |t| >= 448 gives +-448
+// (0x7E), else t rounded to nearest even among the e4m3fn values, in double arithmetic: in t's
+// binade [2^e, 2^(e+1)) (e >= -6; below, the subnormals' spacing) the values are the multiples
+// of 2^(e-3), so t / 2^(e-3) (exact: a power of two) rounded half to even by nearbyint counts them.
+uint32_t Float8E4M3FNRef(float t) {
+  const uint32_t sign = std::signbit(t) ? 0x80u : 0u;
+  if (std::isnan(t)) return sign | 0x7Fu;
+  const double a = std::fabs(static_cast<double>(t));
+  if (a >= 448.0) return sign | 0x7Eu;
+  int e = 0;
+  std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+  const int exponent = std::max(e - 1, -6);
+  const double unit = std::ldexp(1.0, exponent - 3);
+  const double r = std::nearbyint(a / unit) * unit;  // < 448 or 448 itself
+  if (r < std::ldexp(1.0, -6)) return sign | static_cast<uint32_t>(r / std::ldexp(1.0, -9));  // k * 2^-9
+  std::frexp(r, &e);  // r = (1 + m / 8) * 2^(e-1)
+  const auto m = static_cast<uint32_t>((r / std::ldexp(1.0, e - 1) - 1.0) * 8.0);
+  return sign | (static_cast<uint32_t>(e - 1 + 7) << 3) | m;
+}
+
 // QuantizeLinear of a float32 value as ONNX Runtime computes it: v / scale in float32, NaN to
-// the minimum, rounded half to even, plus the zero point, saturated.
+// the minimum, rounded half to even, plus the zero point, saturated. float8 e4m3fn: the bits of
+// v / scale converted (Float8E4M3FNRef); the zero point is not used.
 int32_t QuantizeRef(float v, float scale, int32_t zero_point, ElemType q) {
+  if (q == ElemType::kFloat8E4M3FN) return static_cast<int32_t>(Float8E4M3FNRef(v / scale));
   const double lo = q == ElemType::kInt8 ? -128.0 : 0.0, hi = q == ElemType::kInt8 ? 127.0 : 255.0;
   const float t = v / scale;
   if (std::isnan(t)) return static_cast<int32_t>(lo);
@@ -874,8 +907,10 @@ int TestQuantOp(const OpSpec& op) {
         c.with_sum = skip && k % 2 == 0;
         if (rms && k % 4 == 1) c.offset = 1.f;
         if (skip && k % 3 == 1) c.alpha = 0.5f;
-        // a scale that saturates the largest values, zero points inside the range
-        const float scale = k % 2 ? 0.02f : 0.0137f;
+        // a scale that saturates the largest values (float8: beyond 448), zero points inside the
+        // range (float8: any value; it is not used)
+        const bool float8 = qt == ElemType::kFloat8E4M3FN;
+        const float scale = k % 2 ? (float8 ? 0.004f : 0.02f) : 0.0137f;
         const int32_t zero_point = qt == ElemType::kInt8 ? (k % 3) * 5 - 5 : 100 + 20 * (k % 3);
         CheckQuantCase(op, *float_op, c, qt, scale, zero_point, rng);
         ++cases;
@@ -912,12 +947,75 @@ int TestQuantOp(const OpSpec& op) {
   return g_failures == failures_before ? 0 : 1;
 }
 
+// The float32 -> float8 e4m3fn conversion (onnxnorm/float8.h, the CPU and CUDA kernels') of
+// the float32 with bits `bits` against Float8E4M3FNRef.
+bool CheckFloat8(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  const uint32_t got = onnxnorm::float8::FloatToE4M3FN(f), want = Float8E4M3FNRef(f);
+  if (got == want) return true;
+  char buf[120];
+  std::snprintf(buf, sizeof(buf), "float32 %08x (%.9g) -> float8e4m3fn: %02x, want %02x", bits, static_cast<double>(f),
+                got, want);
+  Fail(buf);
+  return false;
+}
+
+// Values at the float8 conversion's edges with their bits, worked out by hand (e4m3fn: sign,
+// 4 exponent bits of bias 7, 3 mantissa bits; S.1111.111 is NaN; below 2^-6, k * 2^-9 is code k).
+struct Float8Edge {
+  float value;
+  uint32_t bits;
+  const char* why;
+};
+const Float8Edge kFloat8Edges[] = {
+    {0.0f, 0x00, "+0"},
+    {-0.0f, 0x80, "-0 keeps its sign"},
+    {448.0f, 0x7E, "448 = 1.75 * 2^8: exponent 8 + 7 = 1111, mantissa 110"},
+    {-448.0f, 0xFE, "-448"},
+    {449.0f, 0x7E, "above 448: saturated"},
+    {464.0f, 0x7E, "the tie of 448 and 480 (which would be 0x7F, NaN): saturated to 448"},
+    {465.0f, 0x7E, "saturated"},
+    {1e4f, 0x7E, "saturated"},
+    {-1e4f, 0xFE, "saturated, negative"},
+    {INFINITY, 0x7E, "+Inf saturates to 448"},
+    {-INFINITY, 0xFE, "-Inf saturates to -448"},
+    {NAN, 0x7F, "NaN: S.1111.111"},
+    {-NAN, 0xFF, "NaN keeps its sign"},
+    {0x1p-10f, 0x00, "half of 2^-9, the smallest subnormal: the tie of 0 and 2^-9 goes to 0 (even)"},
+    {0x1p-10f * 1.0001f, 0x01, "just above that tie: 2^-9"},
+    {1.5f * 0x1p-9f, 0x02, "the tie of 1 and 2 units of 2^-9: 2"},
+    {2.5f * 0x1p-9f, 0x02, "the tie of 2 and 3 units: 2"},
+    {7.5f * 0x1p-9f, 0x08, "the tie of 7 and 8 units: 8 units = 2^-6, 0.0001.000"},
+    {0x1p-6f, 0x08, "2^-6, the smallest normal: exponent -6 + 7 = 0001, mantissa 000"},
+    {1.0f, 0x38, "1.0: exponent 0111"},
+    {1.0625f, 0x38, "the tie of 1.0 (mantissa 000) and 1.125 (001): 1.0"},
+    {1.1875f, 0x3A, "the tie of 1.125 (001) and 1.25 (010): 1.25"},
+    {240.0f, 0x77, "1.875 * 2^7: exponent 1110, mantissa 111"},
+    {-1e-30f, 0x80, "a tiny negative rounds to -0"},
+};
+
 // The conversions of cpu_internal.h (portable kernels; the vector ones are held to the same bits
-// by the cross-instruction-set checks) against Encode(RoundTo(...)).
+// by the cross-instruction-set checks) against Encode(RoundTo(...)), and float8.h's against
+// Float8E4M3FNRef and the edges above.
 int TestConversions() {
   const int failures_before = g_failures;
   int checks = 0;
+  for (const Float8Edge& edge : kFloat8Edges) {
+    const uint32_t got = onnxnorm::float8::FloatToE4M3FN(edge.value);
+    const uint32_t ref = Float8E4M3FNRef(edge.value);
+    checks += 2;
+    if (got != edge.bits || ref != edge.bits) {
+      char buf[200];
+      std::snprintf(buf, sizeof(buf), "float8e4m3fn of %.9g: %02x (the reference %02x), want %02x: %s",
+                    static_cast<double>(edge.value), got, ref, edge.bits, edge.why);
+      Fail(buf);
+    }
+  }
   for (uint32_t h = 0; h < 65536; ++h) {
+    // every float16 value (as float32) to float8: every float8 value, its neighbours and ties
+    ++checks;
+    CheckFloat8(cpu::HalfBitsToFloatBits(h));
     const double want = Decode(ElemType::kFloat16, h);
     const float got = cpu::HalfToFloat(static_cast<uint16_t>(h));
     ++checks;
@@ -929,11 +1027,13 @@ int TestConversions() {
       Fail("bfloat16 -> float32 of " + std::to_string(h));
     }
   }
-  // float32 -> float16 / bfloat16: every exponent with mantissas at and around the rounding
-  // points, both signs, and random values
+  // float32 -> float16 / bfloat16 / float8 e4m3fn: every exponent with mantissas at and around
+  // the rounding points, both signs, and random values
   std::vector<uint32_t> samples;
   const uint32_t mantissas[] = {0u,      1u,      0xfffu,  0x1000u, 0x1001u, 0x1fffu, 0x2000u, 0x3000u,
-                                0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0x17fffu, 0x7fffffu, 0x400000u, 0x401000u};
+                                0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0x17fffu, 0x7fffffu, 0x400000u, 0x401000u,
+                                // float8's rounding points (20 bits dropped): ties and their neighbours
+                                0x7ffffu, 0x80000u, 0x80001u, 0x17ffffu, 0x180000u, 0x180001u, 0x680000u};
   for (uint32_t e = 0; e < 256; ++e) {
     for (uint32_t m : mantissas) {
       samples.push_back((e << 23) | m);
@@ -945,6 +1045,8 @@ int TestConversions() {
   for (uint32_t bits : samples) {
     float f;
     std::memcpy(&f, &bits, 4);
+    ++checks;
+    CheckFloat8(bits);
     for (ElemType t : {ElemType::kFloat16, ElemType::kBFloat16}) {
       uint32_t want;
       if (std::isnan(f)) {

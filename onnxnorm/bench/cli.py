@@ -36,6 +36,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                          help=f"comma-separated shapes from {', '.join(shapes)} (default: all)")
     kernels.add_argument("--dtypes", type=_csv(dtypes), default=list(dtypes),
                          help="comma-separated dtypes (default: float32,float16,bfloat16)")
+    quant_types = tuple(t[len("tensor("):-1] for t in catalogue.QUANT_TYPES)
+    kernels.add_argument("--quant-type", choices=quant_types, default="int8",
+                         help="the type the static quantized ops (<Norm>QuantizeLinear) quantize to, "
+                              "by their zero point's type; ORT's QuantizeLinear after its norm quantizes "
+                              "to the same (default int8)")
     kernels.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     kernels.add_argument("--repeats", type=int, default=9, help="interleaved repetitions (default 9)")
     kernels.add_argument("--min-sample", type=float, default=0.002,
@@ -81,5 +86,5 @@ def _run_kernels(args: argparse.Namespace) -> int:
 
     kernels.run(args.ops, args.shapes, args.dtypes, threads=args.threads, repeats=args.repeats,
                 min_sample=args.min_sample, json_path=args.json, plot_path=args.plot, warmup=args.warmup,
-                compare=compare)
+                compare=compare, quant_type=args.quant_type)
     return 0

@@ -86,6 +86,9 @@ class CudaQuantArgs(ctypes.Structure):
 #: the quantized element type codes (onnxnorm::ElemType: after the float types)
 QUANT_ELEM_TYPES = {elem_type_name(t): len(catalogue.DATA_TYPES) + i
                     for i, t in enumerate(catalogue.QUANT_TYPES)}
+#: the numpy types of the quantized element types (float8e4m3fn: ml_dtypes')
+QUANT_NP_TYPES = {"uint8": np.dtype(np.uint8), "int8": np.dtype(np.int8),
+                  "float8e4m3fn": reference.FLOAT8_E4M3FN}
 
 
 def layout(args_type: type[ctypes.Structure] = NormArgs) -> dict[str, Any]:
@@ -117,13 +120,32 @@ def _type_code(dtype) -> int:
                        torch.bfloat16: "bfloat16"}[dtype]]
 
 
+def quant_torch_dtype(name: str):
+    """The torch type of a quantized element type ("uint8", "int8", "float8e4m3fn")."""
+    torch = _torch()
+    return {"uint8": torch.uint8, "int8": torch.int8, "float8e4m3fn": torch.float8_e4m3fn}[name]
+
+
 def to_numpy(t) -> np.ndarray:
-    """A torch tensor (any device) as numpy, bfloat16 as ml_dtypes.bfloat16."""
+    """A torch tensor (any device) as numpy, bfloat16 and float8 e4m3fn as ml_dtypes' types."""
     torch = _torch()
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
     return t.numpy()
+
+
+def from_numpy(a: np.ndarray):
+    """A numpy array as a (CPU) torch tensor, ml_dtypes' bfloat16 and float8 e4m3fn included."""
+    torch = _torch()
+    a = np.ascontiguousarray(a)
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    if a.dtype == ml_dtypes.float8_e4m3fn:
+        return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
+    return torch.from_numpy(a)
 
 
 class Kernels:

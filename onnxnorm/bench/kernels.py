@@ -26,11 +26,12 @@ The quantized ops' target is a speed-up instead: on the large shapes at least QU
 as fast as ORT's fastest norm followed by its quantizer, elsewhere no slower.
 
 The quantized ops (a norm followed by QuantizeLinear or DynamicQuantizeLinear, Y_scale 0.02 and
-an int8 zero point for the static ones) run against ORT's built-in norm followed by ORT's
-QuantizeLinear (opset 21, which takes X's type; and after Casts of the norm's output and the
-scale to float32, for float16 / bfloat16: ORT's CPU QuantizeLinear has no bfloat16 kernel) or
-DynamicQuantizeLinear (after a Cast to float32 for float16 / bfloat16: it takes float32 only);
-they have no decomposed or torch contender.
+an int8 zero point for the static ones, or the zero point of ``--quant-type``: uint8, int8 or
+float8e4m3fn) run against ORT's built-in norm followed by ORT's QuantizeLinear to the same type
+(opset 21, which takes X's type; and after Casts of the norm's output and the scale to float32,
+for float16 / bfloat16: ORT's CPU QuantizeLinear has no bfloat16 kernel, for float8 as for the
+integers) or DynamicQuantizeLinear (after a Cast to float32 for float16 / bfloat16: it takes
+float32 only); they have no decomposed or torch contender.
 
 ONNX Runtime sessions use ``--threads`` intra-op threads and IO binding with preallocated inputs
 and outputs, so no call allocates or copies. The Q/K-norm shape (1, 512, 32, 128) normalized over
@@ -98,6 +99,10 @@ for _name, _spec in catalogue.QUANTIZED_OPS.items():
         _ORT_BUILTINS[_name] += [f"{label}+Cast+QuantizeLinear" for label in _ORT_BUILTINS[_spec.norm_op]]
 Y_SCALE = 0.02
 Y_ZERO_POINT = -3
+#: the static quantized ops' Y type (``--quant-type``) -> their zero point; int8 by default. A
+#: float8 zero point's value is not used (it gives Y's type only).
+QUANT_ZERO_POINTS = {"uint8": 125, "int8": Y_ZERO_POINT, "float8e4m3fn": 0.0}
+QUANT_TYPE = "int8"
 
 
 @dataclasses.dataclass
@@ -110,6 +115,8 @@ class Result:
     notes: dict[str, str]
     #: contender -> fastest repetition's seconds per call (less sensitive to a busy machine)
     best: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    #: the static quantized ops' Y type (a key of QUANT_ZERO_POINTS); None for the other ops
+    quant_type: str | None = None
 
     @property
     def onnxnorm(self) -> float | None:
@@ -172,7 +179,7 @@ class Result:
         copy = self.times.get("copy")
         floor = self.times.get("floor")
         return {
-            "op": self.op, "shape": self.shape, "dtype": self.dtype,
+            "op": self.op, "shape": self.shape, "dtype": self.dtype, "quant_type": self.quant_type,
             "median_seconds": self.times, "best_seconds": self.best, "notes": self.notes,
             "best_ort": name, "ratio_to_best_ort": (mine / best) if mine and best else None,
             "ratio_to_ort_floor": (mine / floor) if mine and floor else None,
@@ -198,6 +205,22 @@ def _np_dtype(dtype: str) -> np.dtype:
 
     return np.dtype({"float32": np.float32, "float16": np.float16,
                      "bfloat16": ml_dtypes.bfloat16}[dtype])
+
+
+def _quant_onnx_type(quant_type: str) -> int:
+    """"int8" -> TensorProto.INT8 (a key of QUANT_ZERO_POINTS)."""
+    import onnx
+
+    return {"uint8": onnx.TensorProto.UINT8, "int8": onnx.TensorProto.INT8,
+            "float8e4m3fn": onnx.TensorProto.FLOAT8E4M3FN}[quant_type]
+
+
+def _zero_point(quant_type: str) -> np.ndarray:
+    """The static ops' zero point for Y of type ``quant_type`` (a numpy scalar array)."""
+    import ml_dtypes
+
+    dtype = {"uint8": np.uint8, "int8": np.int8, "float8e4m3fn": ml_dtypes.float8_e4m3fn}
+    return np.array(QUANT_ZERO_POINTS[quant_type], dtype[quant_type])
 
 
 def _model(nodes, inputs: dict[str, tuple], outputs: list[str], dtype: str, opsets: dict[str, int]):
@@ -239,14 +262,15 @@ def _outputs(op: str) -> list[str]:
     return outputs + (["sum"] if spec.has_residual else [])
 
 
-def _quantized_types(model, quantize: str) -> None:
+def _quantized_types(model, quantize: str, quant_type: str = QUANT_TYPE) -> None:
     """Sets the types and shapes of the quantized outputs (and of Y_scale and Y_zero_point) in
-    ``model``'s graph; ``quantize``: catalogue.QUANTIZE_KINDS."""
+    ``model``'s graph; ``quantize``: catalogue.QUANTIZE_KINDS; ``quant_type``: the static Y's
+    type (the dynamic one's is uint8)."""
     import onnx
 
     if quantize == "none":
         return
-    q_type = onnx.TensorProto.INT8 if quantize == "static" else onnx.TensorProto.UINT8
+    q_type = _quant_onnx_type(quant_type) if quantize == "static" else onnx.TensorProto.UINT8
     for out in model.graph.output:
         t = out.type.tensor_type
         if out.name == "y":
@@ -260,10 +284,10 @@ def _quantized_types(model, quantize: str) -> None:
             inp.type.tensor_type.shape.Clear()
             inp.type.tensor_type.shape.SetInParent()
             if inp.name == "yz":
-                inp.type.tensor_type.elem_type = onnx.TensorProto.INT8
+                inp.type.tensor_type.elem_type = q_type
 
 
-def _onnxnorm_model(op: str, dtype: str, x_shape, d: int):
+def _onnxnorm_model(op: str, dtype: str, x_shape, d: int, quant_type: str = QUANT_TYPE):
     from onnx import helper
 
     spec = catalogue.get(op)
@@ -277,12 +301,14 @@ def _onnxnorm_model(op: str, dtype: str, x_shape, d: int):
     node = helper.make_node(op, inputs, node_outputs, domain=catalogue.DOMAIN, epsilon=EPSILON)
     shapes = {n: (x_shape if n in ("x", "r") else (d,)) for n in names.values()}
     model = _model([node], shapes, outputs, dtype, {"": 18, catalogue.DOMAIN: catalogue.VERSION})
-    _quantized_types(model, spec.quantize)
+    _quantized_types(model, spec.quantize, quant_type)
     return model
 
 
-def _ort_quantized_model(label: str, dtype: str, x_shape, d: int):
-    """ORT's built-in norm ``label`` (before the "+") followed by its quantizer."""
+def _ort_quantized_model(label: str, dtype: str, x_shape, d: int, quant_type: str = QUANT_TYPE):
+    """ORT's built-in norm ``label`` (before the "+") followed by its quantizer (QuantizeLinear:
+    to ``quant_type``, float8 included, which ORT's CPU kernel takes from opset 19 on, from
+    float32 and float16)."""
     import onnx
     from onnx import helper
 
@@ -313,7 +339,7 @@ def _ort_quantized_model(label: str, dtype: str, x_shape, d: int):
             y, scale = "y_float32", "ys_float32"
         graph.node.append(helper.make_node("QuantizeLinear", [y, scale, "yz"], ["y"]))
         graph.input.extend([helper.make_tensor_value_info("ys", _onnx_type(dtype), []),
-                            helper.make_tensor_value_info("yz", onnx.TensorProto.INT8, [])])
+                            helper.make_tensor_value_info("yz", _quant_onnx_type(quant_type), [])])
         for imp in model.opset_import:
             if imp.domain == "":
                 imp.version = max(imp.version, 21)
@@ -322,15 +348,16 @@ def _ort_quantized_model(label: str, dtype: str, x_shape, d: int):
         ["sum"] if "sum" in outputs else [])
     del graph.output[:]
     graph.output.extend(helper.make_tensor_value_info(n, _onnx_type(dtype), None) for n in names)
-    _quantized_types(model, "dynamic" if quantizer == "DynamicQuantizeLinear" else "static")
+    _quantized_types(model, "dynamic" if quantizer == "DynamicQuantizeLinear" else "static",
+                     quant_type)
     return model
 
 
-def _ort_builtin_model(label: str, dtype: str, x_shape, d: int):
+def _ort_builtin_model(label: str, dtype: str, x_shape, d: int, quant_type: str = QUANT_TYPE):
     from onnx import helper
 
     if label.endswith(("+QuantizeLinear", "+DynamicQuantizeLinear")):
-        return _ort_quantized_model(label, dtype, x_shape, d)
+        return _ort_quantized_model(label, dtype, x_shape, d, quant_type)
     ms = "com.microsoft"
     xs = {"x": x_shape}
     w = {"s": (d,)}
@@ -463,11 +490,15 @@ def _decomposed_model(op: str, dtype: str, arrays: dict[str, np.ndarray]):
 
 
 def _ortvalue(array: np.ndarray):
+    import ml_dtypes
     import onnx
     import onnxruntime as ort
 
     if array.dtype == _np_dtype("bfloat16"):
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), onnx.TensorProto.BFLOAT16)
+    if array.dtype == np.dtype(ml_dtypes.float8_e4m3fn):  # (ORT takes its bits as uint8)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint8),
+                                                               onnx.TensorProto.FLOAT8E4M3FN)
     return ort.OrtValue.ortvalue_from_numpy(array)
 
 
@@ -503,8 +534,8 @@ def _ort_runner(model, arrays: dict[str, np.ndarray], threads: int, with_library
         shape, dtype = output_shape or x.shape, x.dtype
         if out.name in ("ys_out", "yz_out"):  # DynamicQuantizeLinear's scalars
             shape, dtype = (), np.dtype(np.float32 if out.name == "ys_out" else np.uint8)
-        elif out.type in ("tensor(int8)", "tensor(uint8)"):
-            dtype = np.dtype(np.int8 if out.type == "tensor(int8)" else np.uint8)
+        elif out.type in ("tensor(int8)", "tensor(uint8)", "tensor(float8e4m3fn)"):
+            dtype = _zero_point(out.type[len("tensor("):-1]).dtype
         value = _ortvalue(np.empty(shape, dtype))
         keep.append(value)
         binding.bind_ortvalue_output(out.name, value)
@@ -548,7 +579,10 @@ def _time_interleaved(fns: dict[str, Callable[[], None]], repeats: int, min_samp
 
 def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int, min_sample: float,
                rng: np.random.Generator, log: Callable[[str], None] = lambda s: None,
-               warmup: float = 0.01, compare: dict[str, str] | None = None) -> Result:
+               warmup: float = 0.01, compare: dict[str, str] | None = None,
+               quant_type: str = QUANT_TYPE) -> Result:
+    """One row: ``op`` on ``shape_name`` in ``dtype`` (a static quantized op quantizing to
+    ``quant_type``), every contender timed."""
     import torch
 
     shape = SHAPES[shape_name]
@@ -561,7 +595,7 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
         if name == "ys":
             arrays[name] = np.array(Y_SCALE, np_type)
         elif name == "yz":
-            arrays[name] = np.array(Y_ZERO_POINT, np.int8)
+            arrays[name] = _zero_point(quant_type)
         elif name in ("x", "r"):
             arrays[name] = rng.standard_normal(shape, np.float32).astype(np_type)
         else:
@@ -581,13 +615,14 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
             notes[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
             log(f"  {name}: n/a ({notes[name]})")
 
-    add("onnxnorm", lambda: _ort_runner(_onnxnorm_model(op, dtype, shape, d), arrays, threads, True, keep))
+    add("onnxnorm", lambda: _ort_runner(_onnxnorm_model(op, dtype, shape, d, quant_type), arrays, threads, True,
+                                        keep))
     for name, path in (compare or {}).items():  # other builds of the library, for before/after
-        add(f"onnxnorm@{name}", lambda path=path: _ort_runner(_onnxnorm_model(op, dtype, shape, d), arrays, threads,
-                                                              False, keep, library=path))
+        add(f"onnxnorm@{name}", lambda path=path: _ort_runner(_onnxnorm_model(op, dtype, shape, d, quant_type), arrays,
+                                                              threads, False, keep, library=path))
     for label in _ORT_BUILTINS[op]:
-        add("ort:" + label, lambda label=label: _ort_runner(_ort_builtin_model(label, dtype, shape, d), arrays,
-                                                            threads, False, keep))
+        add("ort:" + label, lambda label=label: _ort_runner(_ort_builtin_model(label, dtype, shape, d, quant_type),
+                                                            arrays, threads, False, keep))
     quantized = catalogue.get(op).quantize != "none"
     if not quantized:
         add("decomposed", lambda: _ort_runner(_decomposed_model(op, dtype, arrays), arrays, threads, False,
@@ -598,7 +633,7 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
 
     torch.set_num_threads(threads)
     tensors = [torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16) if a.dtype == _np_dtype("bfloat16")
-               else torch.from_numpy(a) for a in arrays.values()]
+               else torch.from_numpy(a) for a in arrays.values()] if not quantized else []
     eager = _torch_fn(op, decomposed=False)
 
     def make_torch():
@@ -627,7 +662,8 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
     for t in (times, best):
         t["copy"] = min(t["copy:numpy"], t["copy:torch"])
     del keep
-    return Result(op, shape_name, dtype, times, notes, best)
+    static = catalogue.get(op).quantize == "static"
+    return Result(op, shape_name, dtype, times, notes, best, quant_type if static else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -636,6 +672,11 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
 
 def _us(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1e6:,.1f}"
+
+
+def _dtype_cell(r: Result) -> str:
+    """X's type, and for the static quantized ops Y's: "float16 -> float8e4m3fn"."""
+    return f"{r.dtype} -> {r.quant_type}" if r.quant_type else r.dtype
 
 
 def markdown_table(results: list[Result]) -> str:
@@ -654,7 +695,7 @@ def markdown_table(results: list[Result]) -> str:
         _, best_ort = r.best_ort(r.best)
         mine_best = r.best.get("onnxnorm")
         ratio_best = f"{mine_best / best_ort:.2f}x" if mine_best and best_ort else "n/a"
-        lines.append(f"| {r.op} | {r.shape} | {r.dtype} | {_us(mine)} | {name[4:] if name else 'none'} | "
+        lines.append(f"| {r.op} | {r.shape} | {_dtype_cell(r)} | {_us(mine)} | {name[4:] if name else 'none'} | "
                      f"{_us(best)} | {ratio} | {ratio_best} | {_us(floor)} | {to_floor} | "
                      f"{_us(r.times.get('decomposed'))} | {_us(r.times.get('torch'))} | {_us(copy)} | {bw} | "
                      f"{r.verdict()} |")
@@ -675,7 +716,7 @@ def comparison_table(results: list[Result], names: list[str]) -> str:
             t = r.times.get(key)
             cells += [_us(t), f"{t / best:.2f}x" if t and best else "n/a",
                       f"{100 * copy / t:.0f}%" if t and copy else "n/a"]
-        lines.append(f"| {r.op} | {r.shape} | {r.dtype} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r.op} | {r.shape} | {_dtype_cell(r)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -723,7 +764,7 @@ def load_results(path: str) -> list[Result]:
     with open(path) as f:
         data = json.load(f)
     return [Result(r["op"], r["shape"], r["dtype"], r["median_seconds"], r.get("notes", {}),
-                   r.get("best_seconds") or {}) for r in data["results"]]
+                   r.get("best_seconds") or {}, r.get("quant_type")) for r in data["results"]]
 
 
 def active_isa() -> str:
@@ -775,7 +816,12 @@ def environment(threads: int, warmup: float = 0.01) -> dict[str, Any]:
 
 def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, repeats: int = 9,
         min_sample: float = 0.002, json_path: str | None = None, plot_path: str | None = None,
-        verbose: bool = True, warmup: float = 0.01, compare: dict[str, str] | None = None) -> list[Result]:
+        verbose: bool = True, warmup: float = 0.01, compare: dict[str, str] | None = None,
+        quant_type: str = QUANT_TYPE) -> list[Result]:
+    """Times every op, dtype and shape (the static quantized ops quantizing to ``quant_type``),
+    prints the table, writes the JSON and the plot where asked; returns the rows."""
+    if quant_type not in QUANT_ZERO_POINTS:
+        raise ValueError(f"unknown quant_type {quant_type!r}; choose from {', '.join(QUANT_ZERO_POINTS)}")
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -785,6 +831,7 @@ def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, 
     log = print if verbose else (lambda s: None)
     rng = np.random.default_rng(0)
     env = environment(threads, warmup)
+    env["quant_type"] = quant_type
     log(f"# onnxnorm bench kernels — {env['date']}, {env['cpu']}, {env['cores']} cores, "
         f"{threads} threads, onnxruntime {env['onnxruntime']}, torch {env['torch']}, kernels {env['isa']}, "
         f"load average {env['load_average']}")
@@ -793,10 +840,11 @@ def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, 
         for dtype in dtypes:
             for shape in shapes:
                 start = time.perf_counter()
-                result = bench_case(op, shape, dtype, threads, repeats, min_sample, rng, log, warmup, compare)
+                result = bench_case(op, shape, dtype, threads, repeats, min_sample, rng, log, warmup, compare,
+                                    quant_type)
                 results.append(result)
                 name, best = result.best_ort()
-                log(f"{op} {shape} {dtype}: onnxnorm {_us(result.onnxnorm)} µs, {name} {_us(best)} µs "
+                log(f"{op} {shape} {_dtype_cell(result)}: onnxnorm {_us(result.onnxnorm)} µs, {name} {_us(best)} µs "
                     f"({time.perf_counter() - start:.1f} s)")
     env["load_average_after"] = _load_average()
     log(f"# load average at the end {env['load_average_after']}")

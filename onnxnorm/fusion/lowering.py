@@ -28,8 +28,10 @@ Scale and Bias is emitted only where every reading gives the same bits:
 Where a target has no op at all (RMSNorm at opset < 23 for ``onnx``), the function body is
 inlined. A quantized op becomes its norm, lowered as above, and the QuantizeLinear or
 DynamicQuantizeLinear it stands for (after a Cast to float32 for a float16 / bfloat16 X, where
-the quantizer computes in float32 anyway). ``lower_with_notes`` also says, per node, what was
-emitted and why.
+the quantizer computes in float32 anyway), its zero point as given: a float8e4m3fn zero point
+gives a QuantizeLinear to float8 (with its default ``saturate = 1``, which the op computes),
+which needs opset 19 or newer (an older model is an error). ``lower_with_notes`` also says, per
+node, what was emitted and why.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def lower_with_notes(model: onnx.ModelProto, target: str, weights: Sequence[onnx
     if opset < functions.MIN_OPSET:
         raise ValueError(f"lowering to {target!r} needs an ONNX opset >= {functions.MIN_OPSET}, "
                          f"the model has {opset}")
+    functions.check_float8_opset(out, opset, {t.name: t.data_type for t in weights})
     lowerer = _Lowerer(out, target, opset, weights)
     lowerer.graph(out.graph)
     keep = [f for f in out.functions if f.domain != catalogue.DOMAIN]

@@ -420,14 +420,20 @@ def _serialize_detached(model: ir.Model, originals: dict[str, onnx.TensorProto]
 
 
 def _check(model: onnx.ModelProto, base_dir: str | None) -> None:
-    """Refuses a broken or hostile model (``onnxnorm._validate``) before any weight is read."""
+    """Refuses a broken or hostile model (``onnxnorm._validate``) before any weight is read, and
+    one whose onnxnorm nodes quantize to float8 below the opset that has it."""
     from onnxnorm._io import OnnxNormError
     from onnxnorm._validate import ModelProblem, check_external_data, check_model
+    from onnxnorm.ops import functions
 
     try:
         check_model(model)
         check_external_data(model, base_dir or ".")
     except ModelProblem as problem:
+        raise OnnxNormError(str(problem)) from None
+    try:
+        functions.check_float8_opset(model)
+    except ValueError as problem:
         raise OnnxNormError(str(problem)) from None
 
 

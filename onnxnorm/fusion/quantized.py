@@ -5,7 +5,9 @@ quantizer cut into pieces are reported with why they are not fused.
 straight into a QuantizeLinear (static quantization; the DequantizeLinear after it stays) or,
 after a Cast to float32 in a float16 / bfloat16 graph, into a DynamicQuantizeLinear (dynamic
 quantization) becomes the catalogue's quantized form of the norm, which computes exactly that
-pair (docs/design.md).
+pair (docs/design.md). The quantizer's zero point (UINT8, INT8 or FLOAT8E4M3FN) gives the fused
+op's Y type; a QuantizeLinear to float8 with ``saturate = 0`` stays as it is (the fused op always
+saturates), with the reason in the report.
 
 ONNX Runtime's static quantization in QDQ format, asked to quantize every op it can, puts a
 QuantizeLinear/DequantizeLinear pair after the norm's ReduceMean and Add and stores epsilon and
@@ -104,6 +106,13 @@ def report_quantized_norms(model: ir.Model, tracker: Tracker) -> int:
 _FLOAT_OPS_WITH_QUANTIZED_FORMS = {
     (spec.base, spec.quantize): name for name, spec in catalogue.QUANTIZED_OPS.items()}
 _QUANT_TYPES = frozenset(ir.DataType[t[len("tensor("):-1].upper()] for t in catalogue.QUANT_TYPES)
+_QUANT_TYPE_NAMES = ", ".join(t[len("tensor("):-1].upper() for t in catalogue.QUANT_TYPES)
+#: why a QuantizeLinear to float8 with saturate = 0 stays as it is
+_NO_SATURATE = (
+    "QuantizeLinear to FLOAT8E4M3FN with saturate = 0: the fused op always saturates (to +-448, "
+    "QuantizeLinear's default saturate = 1), and without saturation ONNX Runtime's CPU "
+    "conversion departs from the ONNX specification (values in [480, 496) become 448 there, "
+    "NaN in the specification), so no fused kernel could match both")
 
 
 def _one_element(value: ir.Value, what: str) -> None:
@@ -168,8 +177,10 @@ def _inspect(quantizer: ir.Node, norm: ir.Node, cast: ir.Node | None) -> list[ir
         q_type = zero_point.dtype
         if q_type not in _QUANT_TYPES:
             raise Rejected(f"y_zero_point of type {q_type.name if q_type else 'unknown'}: the "
-                           "fused op quantizes to UINT8 or INT8 (no float8 yet)")
+                           f"fused op quantizes to {_QUANT_TYPE_NAMES}")
         _one_element(zero_point, "y_zero_point")
+    if q_type == ir.DataType.FLOAT8E4M3FN and not attribute(quantizer, "saturate", 1):
+        raise Rejected(_NO_SATURATE)
     output_dtype = attribute(quantizer, "output_dtype", 0)
     if output_dtype and ir.DataType(output_dtype) != q_type:
         raise Rejected(f"output_dtype {ir.DataType(output_dtype).name}: the fused op quantizes "

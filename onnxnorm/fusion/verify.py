@@ -198,6 +198,24 @@ def _structure(model) -> onnx.ModelProto:
     return model
 
 
+def _float8_check(name: str, want: np.ndarray, have: np.ndarray) -> OutputCheck:
+    """A float8 e4m3fn output (a quantized Y), held exact like the integer outputs: every value
+    the same, NaN where NaN (either sign); the errors are reported in float8's values."""
+    import ml_dtypes
+
+    w = np.asarray(want).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    h = np.asarray(have).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    if w.shape != h.shape:
+        return OutputCheck(name, "float8e4m3fn", np.inf, np.inf, False)
+    same = bool(np.array_equal(w, h, equal_nan=True))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(np.isnan(w) & np.isnan(h), 0.0, np.abs(w - h))
+    diff = np.where(np.isnan(diff), np.inf, diff)  # NaN on one side only
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = float((diff / np.maximum(np.abs(np.nan_to_num(w)), 1e-6)).max()) if diff.size else 0.0
+    return OutputCheck(name, "float8e4m3fn", max_abs, max_rel, same)
+
+
 def verify(original, fused, *, with_library: bool | None = None, seed: int = 0,
            tolerance: dict | None = None, sizes: dict[str, int] | None = None,
            feeds: dict[str, np.ndarray] | None = None) -> list[OutputCheck]:
@@ -219,6 +237,9 @@ def verify(original, fused, *, with_library: bool | None = None, seed: int = 0,
     for info, want, have in zip(graph.graph.output, expected, got):
         elem = info.type.tensor_type.elem_type
         kind = _HALF.get(elem, computed)
+        if elem == onnx.TensorProto.FLOAT8E4M3FN:  # (ORT gives its bits as uint8)
+            checks.append(_float8_check(info.name, want, have))
+            continue
         if not np.issubdtype(np.asarray(want).dtype, np.floating):
             same = np.array_equal(want, have)
             checks.append(OutputCheck(info.name, str(np.asarray(want).dtype), 0.0 if same else np.inf,

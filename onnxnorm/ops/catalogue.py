@@ -23,9 +23,11 @@ DATA_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
 #: Every (T, S) an op accepts: X's type, and the type of its weights (S: X's type or float32).
 TYPE_PAIRS = tuple((t, s) for t in DATA_TYPES for s in dict.fromkeys((t, "tensor(float)")))
 #: Element types of a quantized output and its zero point (type variable Q): the 8-bit integers
-#: of ONNX's QuantizeLinear, in the order the native element enum numbers them after DATA_TYPES.
-#: (QuantizeLinear's float8 types are not supported yet.)
-QUANT_TYPES = ("tensor(uint8)", "tensor(int8)")
+#: of ONNX's QuantizeLinear and its float8 e4m3fn (the float8 type that quantization tools write
+#: for activations), in the order the native element enum numbers them after DATA_TYPES.
+QUANT_TYPES = ("tensor(uint8)", "tensor(int8)", "tensor(float8e4m3fn)")
+#: The largest finite float8 e4m3fn value: QuantizeLinear's saturation bound for that type.
+FLOAT8_E4M3FN_MAX = 448.0
 #: The values of OpSpec.norm, OpSpec.residual and OpSpec.quantize, in the order the native enums
 #: number them. quantize: "none" (Y in X's type), "static" (Y quantized as QuantizeLinear does
 #: with a given scale and zero point), "dynamic" (as DynamicQuantizeLinear does: uint8, scale and
@@ -38,7 +40,7 @@ QUANTIZE_KINDS = ("none", "static", "dynamic")
 TYPE_VARS = {
     "T": "X's type: float32, float16 or bfloat16, one per node",
     "S": "T or float32 (weights)",
-    "Q": "the quantized type: uint8 or int8 (the op's quant_types)",
+    "Q": "the quantized type: uint8, int8 or float8e4m3fn (the op's quant_types)",
     "F": "float32",
 }
 
@@ -217,7 +219,9 @@ _SANDWICH_SUM = Param("Sum", "T", "Residual + Norm(X) in X's type: the new resid
 _QUANT_FORMULA = {
     "static": "Y = saturate(round_half_even(float32(Y_float) / float32(Y_scale)) + "
               "Y_zero_point)  (QuantizeLinear of Y_float rounded to X's type; NaN gives Q's "
-              "minimum)",
+              "minimum; for float8e4m3fn: Y = float8e4m3fn(clamp(float32(Y_float) / "
+              "float32(Y_scale), -448, 448)) rounded half to even, NaN stays NaN, the zero "
+              "point's value unused)",
     "dynamic": "Y, Y_scale, Y_zero_point = DynamicQuantizeLinear(float32(Y_float))  (Y_float "
                "rounded to X's type; uint8; ONNX Runtime's rule: Y_scale = 1 where Y_float is "
                "all 0; NaN is left out of the range, wherever it sits, and gives 0)",
@@ -227,7 +231,9 @@ _Y_SCALE_IN = Param(
     "type.")
 _Y_ZERO_POINT_IN = Param(
     "Y_zero_point", "Q", "QuantizeLinear's zero point, per tensor: a scalar or one-element tensor "
-    "of uint8 or int8, which is Y's type. Absent means uint8 0.", optional=True)
+    "of uint8, int8 or float8e4m3fn, which is Y's type. Absent means uint8 0. A float8e4m3fn zero "
+    "point gives Y's type only: its value is not used, as ONNX Runtime's QuantizeLinear and the "
+    "ONNX reference implementation do not use it.", optional=True)
 _YQ_STATIC = Param("Y", "Q", "The norm's output rounded to X's type, quantized as "
                    "QuantizeLinear quantizes it; same shape as X.")
 _YQ_DYNAMIC = Param("Y", "Q", "The norm's output rounded to X's type, then to float32, quantized "

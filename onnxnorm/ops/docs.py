@@ -15,7 +15,8 @@ _TYPES = {"T": "T", "S": "S (T or float32)", "F": "float32"}
 
 def _type(spec: catalogue.OpSpec, var: str) -> str:
     if var == "Q":
-        return "Q (" + " or ".join(t[len("tensor("):-1] for t in spec.quant_types) + ")"
+        names = [t[len("tensor("):-1] for t in spec.quant_types]
+        return "Q (" + " or ".join(filter(None, [", ".join(names[:-1]), names[-1]])) + ")"
     return _TYPES[var]
 
 
@@ -41,9 +42,12 @@ def render() -> str:
         "ONNX's quantizer of that name, per tensor: Y is the norm's output rounded to X's type, "
         "then quantized exactly as QuantizeLinear / DynamicQuantizeLinear quantize it in ONNX "
         "Runtime (x / scale in float32, round half to even, plus the zero point, saturated). Q "
-        "is uint8 or int8 (Y_zero_point's type; uint8 when it is absent); QuantizeLinear's "
-        "float8 types are not supported yet. Their optional Y_float is the norm's output in "
-        "X's type, for graphs where it has other consumers.",
+        "is uint8, int8 or float8e4m3fn (Y_zero_point's type; uint8 when it is absent); a "
+        "float8e4m3fn Y is x / scale rounded half to even to float8 e4m3fn and saturated to "
+        "+-448, as QuantizeLinear's default `saturate = 1` gives it (the ops have no `saturate` "
+        "attribute; a float8 zero point's value is not used, its type selects float8), and its "
+        f"function body needs opset {functions.FLOAT8_MIN_OPSET} or newer. Their optional "
+        "Y_float is the norm's output in X's type, for graphs where it has other consumers.",
         "",
     ]
     for spec in catalogue.OPS.values():

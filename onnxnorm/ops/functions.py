@@ -22,6 +22,10 @@ from onnxnorm.ops import catalogue
 MIN_OPSET = 15
 #: IR version 10 introduced function overloads.
 MIN_IR_VERSION = 10
+#: The standard opset from which QuantizeLinear quantizes to float8 (QuantizeLinear-19): the
+#: least a model needs whose static quantized nodes have a float8e4m3fn zero point, as their
+#: bodies (and their lowered form) end in that QuantizeLinear.
+FLOAT8_MIN_OPSET = 19
 
 _FLOAT = TensorProto.FLOAT
 _ATTR_TYPES = {"int": onnx.AttributeProto.INT, "float": onnx.AttributeProto.FLOAT}
@@ -215,7 +219,11 @@ def _quantize(b: _Body, spec: catalogue.OpSpec, y: str, with_zero_point: bool) -
     X's type: QuantizeLinear or DynamicQuantizeLinear of y in float32, as the unfused graph
     quantizes it (DynamicQuantizeLinear takes float32 only, so a float16 / bfloat16 graph casts
     before it; QuantizeLinear computes y / scale in float32 for every input type). The scale and
-    zero point are reshaped to scalars: per-tensor quantization whatever the opset's axis rule."""
+    zero point are reshaped to scalars: per-tensor quantization whatever the opset's axis rule.
+    The zero point goes through float32 for that (exact for uint8, int8 and float8e4m3fn) and
+    back with CastLike: ONNX Runtime's CPU Reshape below opset 21 has no float8 kernel, while
+    Cast and CastLike have one from opset 19, which a float8 zero point needs anyway
+    (``check_float8_opset``)."""
     yf = b.float32(y)
     if spec.quantize == "dynamic":
         b.nodes.append(helper.make_node("DynamicQuantizeLinear", [yf],
@@ -224,7 +232,8 @@ def _quantize(b: _Body, spec: catalogue.OpSpec, y: str, with_zero_point: bool) -
     scalar = b.const(value=helper.make_tensor("scalar_shape", TensorProto.INT64, [0], []))
     inputs = [yf, b("Reshape", b.float32("Y_scale"), scalar)]
     if with_zero_point:
-        inputs.append(b("Reshape", "Y_zero_point", scalar))
+        zero_point = b("Reshape", b.float32("Y_zero_point"), scalar)
+        inputs.append(b("CastLike", zero_point, "Y_zero_point"))
     b("QuantizeLinear", *inputs, out="Y")
 
 
@@ -276,10 +285,79 @@ def _set_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
     model.opset_import.append(helper.make_opsetid(domain, version))
 
 
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """The element type of every value the model declares: graph inputs, outputs and
+    value_info, initializers and Constant outputs (subgraphs included)."""
+    types: dict[str, int] = {}
+    for graph in _all_graphs(model.graph):
+        for info in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if info.type.tensor_type.elem_type:
+                types[info.name] = info.type.tensor_type.elem_type
+        for init in graph.initializer:
+            types[init.name] = init.data_type
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.name == "value":
+                        types[node.output[0]] = attr.t.data_type
+    return types
+
+
+def _quantized_type(node: onnx.NodeProto, types: dict[str, int]) -> int | None:
+    """The element type a static quantized node quantizes to: its Y_zero_point's (uint8 when
+    absent), else its Y's where that is declared; None where neither is known."""
+    index = [p.name for p in catalogue.get(node.op_type).inputs].index("Y_zero_point")
+    if index >= len(node.input) or not node.input[index]:
+        return TensorProto.UINT8
+    found = types.get(node.input[index])
+    if found is None and node.output and node.output[0]:
+        found = types.get(node.output[0])
+    return found
+
+
+def check_float8_opset(model: onnx.ModelProto, opset: int | None = None,
+                       known: dict[str, int] | None = None) -> None:
+    """Raises ValueError when a static quantized node of ``model`` quantizes to float8 (its
+    Y_zero_point is float8e4m3fn) and the model's standard opset (or ``opset``) is below
+    FLOAT8_MIN_OPSET: its function body, and its lowering, end in a QuantizeLinear of that type,
+    which ONNX has from opset 19 on. The standard opset of a body is the model's own (onnx and
+    ONNX Runtime refuse a model-local function that imports another), so the body cannot take a
+    newer one by itself. ``known``: element types of values the model does not hold (weights
+    kept apart from it)."""
+    opset = opset if opset is not None else (model_opset(model) or MIN_OPSET)
+    if opset >= FLOAT8_MIN_OPSET:
+        return
+    nodes = [n for n in onnxnorm_nodes(model) if n.op_type in catalogue.OPS
+             and catalogue.get(n.op_type).quantize == "static"]
+    if not nodes:
+        return
+    types = {**(known or {}), **_elem_types(model)}
+    if any(_quantized_type(n, types) is None for n in nodes):
+        try:  # the onnxnorm schemas give Y the zero point's type
+            types.update(_elem_types(onnx.shape_inference.infer_shapes(model)))
+        except Exception:  # noqa: BLE001 - a type still unknown is left to the runtime
+            pass
+    for node in nodes:
+        if _quantized_type(node, types) == TensorProto.FLOAT8E4M3FN:
+            raise ValueError(_float8_opset_message(node, opset))
+
+
+def _float8_opset_message(node: onnx.NodeProto, opset: int) -> str:
+    """The error for a node that quantizes to float8 in a model of standard opset ``opset`` (below
+    FLOAT8_MIN_OPSET)."""
+    name = f" {node.name!r}" if node.name else ""
+    return (f"{node.op_type} node{name} quantizes to float8e4m3fn (its Y_zero_point's type), "
+            f"which needs ONNX opset >= {FLOAT8_MIN_OPSET} (QuantizeLinear-19 added float8); the "
+            f"model imports opset {opset}: convert the model to opset {FLOAT8_MIN_OPSET} or newer "
+            "(onnx.version_converter)")
+
+
 def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     """Gives every onnxnorm node its overload and the model the matching function bodies
-    (in place; returns the model). Existing onnxnorm functions are replaced."""
+    (in place; returns the model). Existing onnxnorm functions are replaced. A node that
+    quantizes to float8 needs standard opset 19 or newer (``check_float8_opset``)."""
     opset = model_opset(model) or MIN_OPSET
+    check_float8_opset(model, opset)
     wanted: dict[tuple[str, str], None] = {}
     for node in onnxnorm_nodes(model):
         node.overload = node_variant(node)

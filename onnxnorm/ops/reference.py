@@ -109,7 +109,10 @@ def _float_outputs(spec: catalogue.OpSpec, x: np.ndarray, axes: tuple[int, ...],
         return [_norm(spec, z, axes, a, given["Scale"], given["Bias"]), z]
 
 
-_QUANT_DTYPES = {"tensor(uint8)": np.dtype(np.uint8), "tensor(int8)": np.dtype(np.int8)}
+_QUANT_DTYPES = {"tensor(uint8)": np.dtype(np.uint8), "tensor(int8)": np.dtype(np.int8),
+                 "tensor(float8e4m3fn)": np.dtype(ml_dtypes.float8_e4m3fn)}
+#: numpy's float8 e4m3fn type (ml_dtypes), Q's float type
+FLOAT8_E4M3FN = _QUANT_DTYPES["tensor(float8e4m3fn)"]
 
 
 def _per_tensor(op: str, name: str, value: np.ndarray) -> np.ndarray:
@@ -133,7 +136,8 @@ def _quantized_outputs(spec: catalogue.OpSpec, outputs: list[np.ndarray],
             zero_point = np.zeros((), np.uint8)
         zero_point = _per_tensor(spec.name, "Y_zero_point", zero_point)
         if zero_point.dtype not in [_QUANT_DTYPES[q] for q in spec.quant_types]:
-            raise TypeError(f"{spec.name}: Y_zero_point must be uint8 or int8, got {zero_point.dtype}")
+            raise TypeError(f"{spec.name}: Y_zero_point must be uint8, int8 or float8e4m3fn, got "
+                            f"{zero_point.dtype}")
         quantized = [quantize_linear(y, scale, zero_point)]
     else:
         quantized = list(dynamic_quantize_linear(y))
@@ -144,8 +148,17 @@ def quantize_linear(y: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) ->
     """ONNX QuantizeLinear per tensor, as ONNX Runtime computes it: float32(y) / float32(scale)
     in float32, rounded half to even, plus the zero point, saturated to the zero point's type;
     NaN gives the type's minimum, +-Inf its maximum and minimum. ``scale`` and ``zero_point``
-    are one-element arrays."""
+    are one-element arrays.
+
+    A float8 e4m3fn zero point (its value unused, as ORT and ONNX's reference do) gives
+    QuantizeLinear's default saturate = 1: the quotient clamped to [-448, 448] (+-Inf
+    included), then rounded half to even to float8 e4m3fn; NaN stays NaN."""
     scale, zero_point = np.asarray(scale).reshape(()), np.asarray(zero_point).reshape(())
+    if zero_point.dtype == FLOAT8_E4M3FN:
+        bound = np.float32(catalogue.FLOAT8_E4M3FN_MAX)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            v = y.astype(np.float32) / np.float32(scale)
+        return np.clip(v, -bound, bound).astype(FLOAT8_E4M3FN)  # (clip keeps NaN)
     info = np.iinfo(zero_point.dtype)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         v = y.astype(np.float32) / np.float32(scale)  # float32 division, as the kernels divide

@@ -32,7 +32,10 @@ namespace onnxnorm {
 // its output, and where its scale and zero point live. Every pointer is device memory.
 //   static (QuantizeLinear):         y_scale is the Y_scale input (one element of X's type),
 //                                    y_zero_point the Y_zero_point input (one element of q_type;
-//                                    nullptr: zero point 0); scratch is not used.
+//                                    nullptr: zero point 0; float8e4m3fn: not read, its value is
+//                                    not used); scratch is not used. A float8e4m3fn q holds
+//                                    float8 e4m3fn bits: QuantizeLinear's saturating conversion
+//                                    of Y_float / Y_scale (onnxnorm/float8.h).
 //   dynamic (DynamicQuantizeLinear): y_scale (one float32) and y_zero_point (one uint8) are the
 //                                    Y_scale and Y_zero_point outputs, which the call writes;
 //                                    scratch holds onnxnorm_cuda_quant_scratch_bytes(args) bytes
@@ -43,7 +46,7 @@ namespace onnxnorm {
 inline constexpr size_t kCudaQuantScratchBytesPerRow = 2 * sizeof(float);
 
 struct CudaQuantArgs {
-  ElemType q_type = ElemType::kUInt8;  // of q: kUInt8 or kInt8 (dynamic: kUInt8)
+  ElemType q_type = ElemType::kUInt8;  // of q: kUInt8, kInt8 or kFloat8E4M3FN (dynamic: kUInt8)
   void* q = nullptr;                   // [rows, cols]: the quantized Y
   void* y_scale = nullptr;
   void* y_zero_point = nullptr;

@@ -71,8 +71,10 @@ NormRowsFn GetNormRowsFor(Isa isa, NormKind norm, ResidualKind residual, ElemTyp
 // ---------------------------------------------------------------------------------------------
 // The quantized ops (QuantizeKind::kStatic / kDynamic): the norm's Y, rounded to X's type, then
 // quantized per tensor as ONNX Runtime's QuantizeLinear quantizes a float32 value: v / scale in
-// float32, NaN to the type's minimum, clamped, rounded half to even, plus the zero point
-// (custom_ops/cpu/quant_rows.h). Every instruction set gives the same bits.
+// float32, NaN to the type's minimum, clamped, rounded half to even, plus the zero point; for
+// float8 e4m3fn (static only), v / scale converted by onnxnorm/float8.h: saturated to +-448,
+// rounded half to even, NaN kept, the zero point unused (custom_ops/cpu/quant_rows.h). Every
+// instruction set gives the same bits.
 //
 // Static: one pass (kStatic) over the rows. Dynamic (uint8): a first pass (kRange) takes each
 // row's statistics and the range of its Y, into QuantArgs::row_scratch; the caller combines the
@@ -87,10 +89,10 @@ enum class QuantPass : int32_t { kStatic = 0, kRange = 1, kQuantize = 2 };
 inline constexpr int64_t kQuantScratchFloats = 8;
 
 struct QuantArgs {
-  ElemType q_type = ElemType::kUInt8;  // of q: kUInt8 or kInt8
+  ElemType q_type = ElemType::kUInt8;  // of q: kUInt8, kInt8 or kFloat8E4M3FN (static only)
   void* q = nullptr;                   // [rows, cols]: the quantized Y (kStatic, kQuantize)
   float scale = 1.f;                   // Y_scale in float32
-  int32_t zero_point = 0;              // within q_type's range
+  int32_t zero_point = 0;              // within q_type's range (not used for kFloat8E4M3FN)
   float* row_scratch = nullptr;        // [rows, kQuantScratchFloats] (kRange writes, kQuantize reads)
 };
 

@@ -21,11 +21,19 @@ enum class ElemType : int32_t {
   kBFloat16 = 2,
   kUInt8 = 3,
   kInt8 = 4,
+  kFloat8E4M3FN = 5,
 };
-inline constexpr const char* kElemTypeNames[] = {"float32", "float16", "bfloat16", "uint8", "int8"};
+inline constexpr const char* kElemTypeNames[] = {
+    "float32",
+    "float16",
+    "bfloat16",
+    "uint8",
+    "int8",
+    "float8e4m3fn",
+};
 // The float types (X's) are the first kElemTypeCount; the quantized types follow.
 inline constexpr int kElemTypeCount = 3;
-inline constexpr int kQuantTypeCount = 2;
+inline constexpr int kQuantTypeCount = 3;
 
 // The statistics (catalogue.NORM_KINDS): mean and variance, or root mean square.
 enum class NormKind : int32_t {
@@ -117,7 +125,7 @@ inline constexpr const char* kAttrCheckRequirements[kAttrCheckCount] = {
 // The type of an input or output (catalogue.TYPE_VARS):
 //   T: X's type: float32, float16 or bfloat16, one per node
 //   S: T or float32 (weights)
-//   Q: the quantized type: uint8 or int8 (the op's quant_types)
+//   Q: the quantized type: uint8, int8 or float8e4m3fn (the op's quant_types)
 //   F: float32
 enum class TypeVar : int32_t {
   kT = 0,
@@ -301,7 +309,7 @@ inline constexpr AttrSpec kLayerNormQuantizeLinearAttributes[] = {
     {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
 };
-inline constexpr ElemType kLayerNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8};
+inline constexpr ElemType kLayerNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8, ElemType::kFloat8E4M3FN};
 
 inline constexpr ParamSpec kRMSNormQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -320,7 +328,7 @@ inline constexpr AttrSpec kRMSNormQuantizeLinearAttributes[] = {
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
     {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
 };
-inline constexpr ElemType kRMSNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8};
+inline constexpr ElemType kRMSNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8, ElemType::kFloat8E4M3FN};
 
 inline constexpr ParamSpec kSkipLayerNormQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -342,7 +350,7 @@ inline constexpr AttrSpec kSkipLayerNormQuantizeLinearAttributes[] = {
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
     {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
 };
-inline constexpr ElemType kSkipLayerNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8};
+inline constexpr ElemType kSkipLayerNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8, ElemType::kFloat8E4M3FN};
 
 inline constexpr ParamSpec kSkipRMSNormQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -365,7 +373,7 @@ inline constexpr AttrSpec kSkipRMSNormQuantizeLinearAttributes[] = {
     {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
     {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
 };
-inline constexpr ElemType kSkipRMSNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8};
+inline constexpr ElemType kSkipRMSNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8, ElemType::kFloat8E4M3FN};
 
 inline constexpr ParamSpec kLayerNormDynamicQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -486,22 +494,22 @@ inline constexpr OpSpec kOps[kOpCount] = {
      {generated::kLayerNormQuantizeLinearInputs, 5},
      {generated::kLayerNormQuantizeLinearOutputs, 2},
      {generated::kLayerNormQuantizeLinearAttributes, 3},
-     QuantizeKind::kStatic, {generated::kLayerNormQuantizeLinearQuantTypes, 2}},
+     QuantizeKind::kStatic, {generated::kLayerNormQuantizeLinearQuantTypes, 3}},
     {"RMSNormQuantizeLinear", OpId::kRMSNormQuantizeLinear, 1, NormKind::kRms, ResidualKind::kNone,
      {generated::kRMSNormQuantizeLinearInputs, 5},
      {generated::kRMSNormQuantizeLinearOutputs, 2},
      {generated::kRMSNormQuantizeLinearAttributes, 4},
-     QuantizeKind::kStatic, {generated::kRMSNormQuantizeLinearQuantTypes, 2}},
+     QuantizeKind::kStatic, {generated::kRMSNormQuantizeLinearQuantTypes, 3}},
     {"SkipLayerNormQuantizeLinear", OpId::kSkipLayerNormQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kSkip,
      {generated::kSkipLayerNormQuantizeLinearInputs, 7},
      {generated::kSkipLayerNormQuantizeLinearOutputs, 3},
      {generated::kSkipLayerNormQuantizeLinearAttributes, 4},
-     QuantizeKind::kStatic, {generated::kSkipLayerNormQuantizeLinearQuantTypes, 2}},
+     QuantizeKind::kStatic, {generated::kSkipLayerNormQuantizeLinearQuantTypes, 3}},
     {"SkipRMSNormQuantizeLinear", OpId::kSkipRMSNormQuantizeLinear, 1, NormKind::kRms, ResidualKind::kSkip,
      {generated::kSkipRMSNormQuantizeLinearInputs, 7},
      {generated::kSkipRMSNormQuantizeLinearOutputs, 3},
      {generated::kSkipRMSNormQuantizeLinearAttributes, 5},
-     QuantizeKind::kStatic, {generated::kSkipRMSNormQuantizeLinearQuantTypes, 2}},
+     QuantizeKind::kStatic, {generated::kSkipRMSNormQuantizeLinearQuantTypes, 3}},
     {"LayerNormDynamicQuantizeLinear", OpId::kLayerNormDynamicQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kNone,
      {generated::kLayerNormDynamicQuantizeLinearInputs, 3},
      {generated::kLayerNormDynamicQuantizeLinearOutputs, 4},
