@@ -355,6 +355,26 @@ _BENCH_CASES = [(name, dtype) for name, spec in ops.catalogue.QUANTIZED_OPS.item
                 if dtype != "bfloat16" or not spec.has_residual]
 
 
+def bench_arrays(op, dtype, zero_point, rng, scale=1.0):
+    """Inputs for the benchmark's models of the quantized ``op`` (``kernels._weights`` names) on
+    shape (2, 16, 256): X and Residual standard normal, Scale about ``scale``, Bias and XBias
+    about 0, the benchmark's Y_scale and the given zero point."""
+    from onnxnorm.bench import kernels
+
+    np_type = kernels._np_dtype(dtype)
+    arrays = {}
+    for name in kernels._weights(op).values():
+        if name == "ys":
+            arrays[name] = np.array(kernels.Y_SCALE, np_type)
+        elif name == "yz":
+            arrays[name] = zero_point
+        elif name in ("x", "r"):
+            arrays[name] = rng.standard_normal((2, 16, 256)).astype(np_type)
+        else:
+            arrays[name] = (scale * name.startswith("s") + 0.1 * rng.standard_normal(256)).astype(np_type)
+    return arrays
+
+
 @pytest.mark.parametrize("quant_type", ["uint8", "float8e4m3fn"])
 @pytest.mark.parametrize("op, dtype", _BENCH_CASES)
 def test_bench_quant_type_contenders_agree(op, dtype, quant_type, rng):
@@ -366,17 +386,8 @@ def test_bench_quant_type_contenders_agree(op, dtype, quant_type, rng):
     from onnxnorm.bench import kernels
 
     shape, d = (2, 16, 256), 256
-    np_type = kernels._np_dtype(dtype)
-    arrays = {}
-    for name in kernels._weights(op).values():
-        if name == "ys":
-            arrays[name] = np.array(kernels.Y_SCALE, np_type)
-        elif name == "yz":
-            arrays[name] = kernels._zero_point(quant_type)
-        elif name in ("x", "r"):
-            arrays[name] = rng.standard_normal(shape).astype(np_type)
-        else:  # a Scale about 4: some values saturate
-            arrays[name] = (4.0 * name.startswith("s") + 0.1 * rng.standard_normal(d)).astype(np_type)
+    # a Scale about 4: some values saturate
+    arrays = bench_arrays(op, dtype, kernels._zero_point(quant_type), rng, scale=4.0)
 
     def outputs(model, with_library):
         """Y (float8: its codes), and the names of the outputs."""

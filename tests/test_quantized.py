@@ -488,19 +488,10 @@ def test_bench_contenders_agree(op, dtype, rng):
     quantizer: both give the same quantized values (one step apart at most, where the float
     norms round differently), so the rows compare like with like."""
     from onnxnorm.bench import kernels
+    from test_kernels import bench_arrays
 
     shape, d = (2, 16, 256), 256
-    np_type = kernels._np_dtype(dtype)
-    arrays = {}
-    for name in kernels._weights(op).values():
-        if name == "ys":
-            arrays[name] = np.array(kernels.Y_SCALE, np_type)
-        elif name == "yz":
-            arrays[name] = np.array(kernels.Y_ZERO_POINT, np.int8)
-        elif name in ("x", "r"):
-            arrays[name] = rng.standard_normal(shape).astype(np_type)
-        else:
-            arrays[name] = (float(name.startswith("s")) + 0.1 * rng.standard_normal(d)).astype(np_type)
+    arrays = bench_arrays(op, dtype, np.array(kernels.Y_ZERO_POINT, np.int8), rng)
 
     def outputs(model, with_library):
         from onnxnorm import runtime
