@@ -17,9 +17,7 @@ def rng():
 
 # The files that build wheels, virtual environments or exported models go first, so that with
 # one worker per core (make test) the many short files fill in beside them at the end instead of
-# one long file running alone last. (make test passes --no-loadscope-reorder: by default
-# pytest-xdist hands out the files with the most tests first, which put the two longest files,
-# of 7 tests and 1, at the very end.)
+# one long file running alone last.
 _LONG_FILES = ("test_install.py", "test_sanitize.py", "test_optimum.py", "test_pipelines.py",
                "test_encoders.py", "test_cuda.py", "test_large_files.py", "test_olive.py",
                "test_bench_e2e.py", "test_external_data.py")
