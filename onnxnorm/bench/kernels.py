@@ -211,16 +211,16 @@ def _quant_onnx_type(quant_type: str) -> int:
     """"int8" -> TensorProto.INT8 (a key of QUANT_ZERO_POINTS)."""
     import onnx
 
-    return {"uint8": onnx.TensorProto.UINT8, "int8": onnx.TensorProto.INT8,
-            "float8e4m3fn": onnx.TensorProto.FLOAT8E4M3FN}[quant_type]
+    from onnxnorm.bench.cuda import QUANT_NP_TYPES
+
+    return onnx.helper.np_dtype_to_tensor_dtype(QUANT_NP_TYPES[quant_type])
 
 
 def _zero_point(quant_type: str) -> np.ndarray:
     """The static ops' zero point for Y of type ``quant_type`` (a numpy scalar array)."""
-    import ml_dtypes
+    from onnxnorm.bench.cuda import QUANT_NP_TYPES
 
-    dtype = {"uint8": np.uint8, "int8": np.int8, "float8e4m3fn": ml_dtypes.float8_e4m3fn}
-    return np.array(QUANT_ZERO_POINTS[quant_type], dtype[quant_type])
+    return np.array(QUANT_ZERO_POINTS[quant_type], QUANT_NP_TYPES[quant_type])
 
 
 def _model(nodes, inputs: dict[str, tuple], outputs: list[str], dtype: str, opsets: dict[str, int]):
