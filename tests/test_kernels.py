@@ -310,8 +310,25 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     assert row["median_seconds"]["floor"] > 0 and row["ratio_to_ort_floor"] > 0
     assert row["median_seconds"]["onnxnorm@same"] > 0 and "| same µs | same / ORT |" in out
     assert data["environment"]["warmup_seconds"] == 0.01 and len(data["environment"]["load_average"]) == 3
+    times = row["median_seconds"]
+    assert times["copy"] == min(times["copy:numpy"], times["copy:threads"])
     assert (tmp_path / "run.png").stat().st_size > 10000
     assert kernels.load_results(str(tmp_path / "run.json"))[0].op == "SkipRMSNorm"
+
+
+@pytest.mark.parametrize("threads,nbytes", [(2, 1 << 20), (2, 1000003), (3, 4097), (4, 64)])
+def test_bench_threaded_copy_copies_every_byte(threads, nbytes):
+    """The copy bound's threaded contender copies the whole buffer, whatever its size and the
+    thread count (slices of 64-byte multiples, the last one shorter)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from onnxnorm.bench import kernels
+
+    source = np.random.default_rng(nbytes).integers(0, 255, nbytes, dtype=np.uint8)
+    target = np.zeros_like(source)
+    with ThreadPoolExecutor(threads - 1) as pool:
+        kernels._threaded_copy(pool, threads, source, target)()
+    np.testing.assert_array_equal(target, source)
 
 
 def test_bench_kernels_quick_run_float8(tmp_path, capsys):
