@@ -382,16 +382,23 @@ inline Stats RowStats(const Src& src, const RowParams& p) {
 }
 
 // Where a call's outputs go: streamed (non-temporal) or stored; Sum is streamed only when it
-// reaches a 64-byte boundary at the same element as Y. And, per row, the inputs of the next row
-// (nullptr: none), which the last pass prefetches into L2 while it computes and writes, a line for
-// every line of this row it passes: the next row's first pass then reads from L2 instead of
-// waiting for memory after this row's writes (on large calls that wait otherwise adds to the
-// compute time instead of overlapping it).
+// reaches a 64-byte boundary at the same element as Y. And, per row of a call that prefetches,
+// the inputs of the next row (nullptr: none), which the last pass prefetches into L2 while it
+// computes and writes, a line for every line of this row it passes: the next row's first pass
+// then reads from L2 instead of waiting for memory after this row's writes (on large calls that
+// wait otherwise adds to the compute time instead of overlapping it).
 struct OutputPlan {
   bool stream_y = false;
   bool stream_sum = false;
+  bool prefetch = false;
   const char* next[2] = {nullptr, nullptr};
 };
+
+// Calls that move at least this many bytes, in rows of at least kPrefetchRowBytes, prefetch the
+// next row. Smaller calls come from the cache, where the prefetches only cost (1x128x4096 calls,
+// 2-8 MiB, ran 1.1x slower with them), and so do short rows (the Q/K norms' 128 values).
+constexpr int64_t kPrefetchMinBytes = int64_t{16} << 20;
+constexpr int64_t kPrefetchRowBytes = 2048;
 
 ONNXNORM_INLINE void PrefetchL2(const char* p) {
 #if defined(__GNUC__)
@@ -583,7 +590,7 @@ void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowPa
     const T* xr = x + r * n;
     T* yr = y + r * n;
     T* sr = sum != nullptr ? sum + r * n : nullptr;
-    if (r + 1 < row_end) {
+    if (plan.prefetch && r + 1 < row_end) {
       row_plan.next[0] = reinterpret_cast<const char*>(xr + n);
       if (RK != ResidualKind::kNone) row_plan.next[1] = reinterpret_cast<const char*>(residual + (r + 1) * n);
     } else {
@@ -643,6 +650,7 @@ void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
   plan.stream_y = Isa::kHasStream && a.rows * row_bytes * tensors >= StreamMinBytes() && y % sizeof(T) == 0 &&
                   (row_bytes >= kStreamRowBytes || whole_lines);
   plan.stream_sum = plan.stream_y && a.sum != nullptr && (reinterpret_cast<uintptr_t>(a.sum) - y) % 64 == 0;
+  plan.prefetch = a.rows * row_bytes * tensors >= kPrefetchMinBytes && row_bytes >= kPrefetchRowBytes;
 
   // The stack buffers: a residual op's Z when Sum is streamed or not wanted (rows of at most
   // kZBufferCols), and the weights prepared once when every row of a range of several rows of at
