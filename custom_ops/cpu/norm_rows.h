@@ -395,8 +395,9 @@ struct OutputPlan {
 };
 
 // Calls that move at least this many bytes, in rows of at least kPrefetchRowBytes, prefetch the
-// next row. Smaller calls come from the cache, where the prefetches only cost (1x128x4096 calls,
-// 2-8 MiB, ran 1.1x slower with them), and so do short rows (the Q/K norms' 128 values).
+// next row. Smaller calls come from the cache, where the prefetches can only cost (no gain on
+// 1x128x4096 calls, 2-8 MiB, that the benchmarks can tell from their noise), and short rows
+// (the Q/K norms' 128 values) would pay one set of them per few lines.
 constexpr int64_t kPrefetchMinBytes = int64_t{16} << 20;
 constexpr int64_t kPrefetchRowBytes = 2048;
 
