@@ -372,9 +372,13 @@ _BENCH_CASES = [(name, dtype) for name, spec in ops.catalogue.QUANTIZED_OPS.item
                 if dtype != "bfloat16" or not spec.has_residual]
 
 
+# The shape of X the benchmark's models of the quantized ops are checked on.
+BENCH_SHAPE = (2, 16, 256)
+
+
 def bench_arrays(op, dtype, zero_point, rng, scale=1.0):
     """Inputs for the benchmark's models of the quantized ``op`` (``kernels._weights`` names) on
-    shape (2, 16, 256): X and Residual standard normal, Scale about ``scale``, Bias and XBias
+    BENCH_SHAPE: X and Residual standard normal, Scale about ``scale``, Bias and XBias
     about 0, the benchmark's Y_scale and the given zero point."""
     from onnxnorm.bench import kernels
 
@@ -386,9 +390,9 @@ def bench_arrays(op, dtype, zero_point, rng, scale=1.0):
         elif name == "yz":
             arrays[name] = zero_point
         elif name in ("x", "r"):
-            arrays[name] = rng.standard_normal((2, 16, 256)).astype(np_type)
+            arrays[name] = rng.standard_normal(BENCH_SHAPE).astype(np_type)
         else:
-            arrays[name] = (scale * name.startswith("s") + 0.1 * rng.standard_normal(256)).astype(np_type)
+            arrays[name] = (scale * name.startswith("s") + 0.1 * rng.standard_normal(BENCH_SHAPE[-1])).astype(np_type)
     return arrays
 
 
@@ -402,7 +406,7 @@ def test_bench_quant_type_contenders_agree(op, dtype, quant_type, rng):
     from onnxnorm import runtime
     from onnxnorm.bench import kernels
 
-    shape, d = (2, 16, 256), 256
+    shape, d = BENCH_SHAPE, BENCH_SHAPE[-1]
     # a Scale about 4: some values saturate
     arrays = bench_arrays(op, dtype, kernels._zero_point(quant_type), rng, scale=4.0)
 

@@ -488,10 +488,10 @@ def test_bench_contenders_agree(op, dtype, rng):
     quantizer: both give the same quantized values (one step apart at most, where the float
     norms round differently), so the rows compare like with like."""
     from onnxnorm.bench import kernels
-    from test_kernels import bench_arrays
+    from test_kernels import BENCH_SHAPE, bench_arrays
 
-    shape, d = (2, 16, 256), 256
-    arrays = bench_arrays(op, dtype, np.array(kernels.Y_ZERO_POINT, np.int8), rng)
+    shape, d = BENCH_SHAPE, BENCH_SHAPE[-1]
+    arrays = bench_arrays(op, dtype, kernels._zero_point("int8"), rng)
 
     def outputs(model, with_library):
         from onnxnorm import runtime
