@@ -27,7 +27,7 @@
 // keeps for every caller (see custom_ops/cpu/cpu_internal.h).
 #if defined(__CUDACC__)
 #define ONNXNORM_HOST_DEVICE static __host__ __device__ __forceinline__
-#elif defined(__GNUC__)
+#elif defined(__GNUC__) && !defined(ONNXNORM_NO_FORCE_INLINE)
 #define ONNXNORM_HOST_DEVICE static inline __attribute__((always_inline))
 #else
 #define ONNXNORM_HOST_DEVICE static inline
