@@ -43,9 +43,10 @@ setup install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m models.demo
 
-# one worker per core, each test file in one worker (files that build share nothing)
+# one worker per core, each test file in one worker (files that build share nothing), the files
+# in the order tests/conftest.py gives them (the long ones first), not by their number of tests
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The long property-test campaign (tests/test_properties.py, docs/reliability.md): 17,000 cases
 # per op through ONNX Runtime (102,000 over the six float ops, 136,000 over the eight quantized

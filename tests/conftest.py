@@ -15,12 +15,14 @@ def rng():
     return np.random.default_rng(1234)
 
 
-# The files that build wheels, virtual environments or exported models go first, so that with
-# one worker per core (make test) the many short files fill in beside them at the end instead of
-# one long file running alone last.
-_LONG_FILES = ("test_install.py", "test_sanitize.py", "test_optimum.py", "test_pipelines.py",
-               "test_encoders.py", "test_cuda.py", "test_large_files.py", "test_olive.py",
-               "test_bench_e2e.py", "test_external_data.py")
+# The files that build wheels, native libraries, virtual environments or exported models go
+# first, longest first, so that with one worker per core the many short files fill in beside them
+# at the end instead of one long file running alone last (make test passes
+# --no-loadscope-reorder, which keeps this order instead of sorting files by their number of
+# tests, which put the one-test sanitizer file last).
+_LONG_FILES = ("test_install.py", "test_sanitize.py", "test_cuda.py", "test_fusion_corpus.py",
+               "test_pipelines.py", "test_bench_e2e.py", "test_optimum.py", "test_concurrency.py",
+               "test_encoders.py", "test_large_files.py", "test_olive.py", "test_external_data.py")
 
 
 def pytest_collection_modifyitems(config, items):
