@@ -16,7 +16,8 @@
 // unit with many kernel instances can exhaust the compiler's inlining budget, and a vector passed
 // to an out-of-line call goes through memory (the portable kernels' vectors are structs).
 // ONNXNORM_NO_FORCE_INLINE (the sanitized build of the test suite, at -O0) leaves inlining to the
-// compiler: the same accesses, each checked where it is written, in a third of the compile time.
+// compiler: the same accesses, each checked where it is written, in a third to a half of the
+// compile time.
 #if !defined(ONNXNORM_INLINE)
 #if defined(__GNUC__) && !defined(ONNXNORM_NO_FORCE_INLINE)
 #define ONNXNORM_INLINE inline __attribute__((always_inline))

@@ -21,10 +21,11 @@
 #include <cstring>
 
 // The functions' qualifiers: host and device code under nvcc; elsewhere (g++, and the CUDA host
-// emulation) plain host functions. Internal linkage and forced inlining either way: the CPU
-// kernels compile this header in translation units with different instruction-set flags, and
-// an out-of-line copy with external linkage from the AVX-512 unit could be the one the linker
-// keeps for every caller (see custom_ops/cpu/cpu_internal.h).
+// emulation) plain host functions. Internal linkage either way: the CPU kernels compile this
+// header in translation units with different instruction-set flags, and an out-of-line copy with
+// external linkage from the AVX-512 unit could be the one the linker keeps for every caller (see
+// custom_ops/cpu/cpu_internal.h). Forced inlining too, unless ONNXNORM_NO_FORCE_INLINE (the
+// test suite's sanitized build) leaves it to the compiler.
 #if defined(__CUDACC__)
 #define ONNXNORM_HOST_DEVICE static __host__ __device__ __forceinline__
 #elif defined(__GNUC__) && !defined(ONNXNORM_NO_FORCE_INLINE)
