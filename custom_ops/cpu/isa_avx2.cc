@@ -3,7 +3,7 @@
 #include "isa_avx2.h"
 
 #if defined(ONNXNORM_X86_KERNELS)
-#include "norm_rows.h"
+#include "norm_table.h"
 
 namespace onnxnorm {
 namespace cpu {

@@ -5,7 +5,7 @@
 // results are bit for bit those of the AVX2 and AVX-512 kernels (norm_rows.h).
 #include "isa_portable.h"
 
-#include "norm_rows.h"
+#include "norm_table.h"
 
 namespace onnxnorm {
 namespace cpu {

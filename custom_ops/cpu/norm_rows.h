@@ -1,8 +1,9 @@
 // The row algorithms of every op, written once over a vector "instruction set" type Isa.
 //
-// Included by exactly one translation unit per instruction set (isa_portable.cc, isa_avx2.cc,
-// isa_avx512.cc), after that unit has defined, in an anonymous namespace of onnxnorm::cpu, a
-// struct Isa with:
+// Included (through norm_table.h, which picks the kernel of each op and type pair, and by
+// quant_rows.h) by the units of each instruction set (isa_portable.cc, isa_avx2.cc,
+// isa_avx512.cc and their quant_*.cc), after they have defined, in an anonymous namespace of
+// onnxnorm::cpu, a struct Isa with:
 //   W (lanes: 8 or 16), V (a vector of W floats), Zero(), Set1(f), Add, Sub, Mul, HSum(v) (the
 //   halving folds: lane k + lane k + W/2, ..., down to one), MaskN(v, n) (lanes >= n set to 0),
 //   and per element tag E (F32, F16, BF16): Load(E, p), LoadN(E, p, n) (lanes >= n read as 0,
@@ -679,41 +680,6 @@ void Rows(const NormArgs& a, int64_t row_begin, int64_t row_end) {
     }
   }
   RowsInOrder<NK, RK, E, S, false>(a, row_begin, row_end);
-}
-
-template <NormKind NK, ResidualKind RK>
-NormRowsFn PickTypes(ElemType x, ElemType w) {
-  switch (x) {
-    case ElemType::kFloat32:
-      return w == ElemType::kFloat32 ? &Rows<NK, RK, F32, F32> : nullptr;
-    case ElemType::kFloat16:
-      return w == ElemType::kFloat16 ? &Rows<NK, RK, F16, F16>
-             : w == ElemType::kFloat32 ? &Rows<NK, RK, F16, F32>
-                                       : nullptr;
-    case ElemType::kBFloat16:
-      return w == ElemType::kBFloat16 ? &Rows<NK, RK, BF16, BF16>
-             : w == ElemType::kFloat32 ? &Rows<NK, RK, BF16, F32>
-                                       : nullptr;
-  }
-  return nullptr;
-}
-
-template <NormKind NK>
-NormRowsFn PickResidual(ResidualKind residual, ElemType x, ElemType w) {
-  switch (residual) {
-    case ResidualKind::kNone: return PickTypes<NK, ResidualKind::kNone>(x, w);
-    case ResidualKind::kSkip: return PickTypes<NK, ResidualKind::kSkip>(x, w);
-    case ResidualKind::kSandwich: return PickTypes<NK, ResidualKind::kSandwich>(x, w);
-  }
-  return nullptr;
-}
-
-inline NormRowsFn PickKernel(NormKind norm, ResidualKind residual, ElemType x, ElemType w) {
-  switch (norm) {
-    case NormKind::kRms: return PickResidual<NormKind::kRms>(residual, x, w);
-    case NormKind::kLayer: return PickResidual<NormKind::kLayer>(residual, x, w);
-  }
-  return nullptr;
 }
 
 }  // namespace

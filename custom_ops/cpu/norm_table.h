@@ -1,0 +1,50 @@
+// The norm row kernels by op, residual kind and type pair: the entry point of each norm
+// instruction-set unit (isa_portable.cc, isa_avx2.cc, isa_avx512.cc), which includes this header
+// after its isa_<set>.h. The quantized units include norm_rows.h alone: taking the address of
+// every norm kernel here would make them instantiate (and, unoptimized, compile) all of them too.
+#pragma once
+
+#include "norm_rows.h"
+
+namespace onnxnorm {
+namespace cpu {
+namespace {
+
+template <NormKind NK, ResidualKind RK>
+NormRowsFn PickTypes(ElemType x, ElemType w) {
+  switch (x) {
+    case ElemType::kFloat32:
+      return w == ElemType::kFloat32 ? &Rows<NK, RK, F32, F32> : nullptr;
+    case ElemType::kFloat16:
+      return w == ElemType::kFloat16 ? &Rows<NK, RK, F16, F16>
+             : w == ElemType::kFloat32 ? &Rows<NK, RK, F16, F32>
+                                       : nullptr;
+    case ElemType::kBFloat16:
+      return w == ElemType::kBFloat16 ? &Rows<NK, RK, BF16, BF16>
+             : w == ElemType::kFloat32 ? &Rows<NK, RK, BF16, F32>
+                                       : nullptr;
+  }
+  return nullptr;
+}
+
+template <NormKind NK>
+NormRowsFn PickResidual(ResidualKind residual, ElemType x, ElemType w) {
+  switch (residual) {
+    case ResidualKind::kNone: return PickTypes<NK, ResidualKind::kNone>(x, w);
+    case ResidualKind::kSkip: return PickTypes<NK, ResidualKind::kSkip>(x, w);
+    case ResidualKind::kSandwich: return PickTypes<NK, ResidualKind::kSandwich>(x, w);
+  }
+  return nullptr;
+}
+
+inline NormRowsFn PickKernel(NormKind norm, ResidualKind residual, ElemType x, ElemType w) {
+  switch (norm) {
+    case NormKind::kRms: return PickResidual<NormKind::kRms>(residual, x, w);
+    case NormKind::kLayer: return PickResidual<NormKind::kLayer>(residual, x, w);
+  }
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace onnxnorm
