@@ -30,8 +30,9 @@
 //   Sandwich:  Z = Residual + InnerNorm(X), rounded to X's type; a first pass takes the inner
 //              statistics of X.
 //   For both, the statistics pass computes Z once and keeps it: in Sum when Sum is wanted and not
-//   streamed, else, in float32, in a row buffer on the stack (rows wider than kZBufferCols: Z is
-//   computed again by every pass); the last pass writes Sum and Y from it.
+//   streamed, else, in float32, in a row buffer on the stack (rows wider than kZBufferCols: in
+//   Sum all the same, or in Y when Sum is not wanted, which the last pass then overwrites element
+//   by element); the last pass writes Sum and Y from it.
 //   A range of rows that share their weights prepares them once (converted to float32, the
 //   offset added, rounded as the order wants) in stack buffers, instead of in every row.
 //   So every op reads its inputs from memory once and writes each output once. The last pass
@@ -68,9 +69,8 @@ constexpr int64_t kStreamRowBytes = kStreamMinRowBytes;
 // each). Wider rows keep their weights as stored: prepared in float32 they would take the room in
 // the L1 cache that the row itself needs.
 constexpr int64_t kBufferCols = 4096;
-// A residual op's Z row buffer holds up to this many elements (64 KiB, in L2 at worst): computing
-// Z again costs more than reading it back (a Sandwich op's Z is a whole inner norm), and 8192-wide
-// rows are common.
+// A residual op's Z row buffer holds up to this many elements (64 KiB, in L2 at worst; 8192-wide
+// rows are common). Wider rows keep Z in an output tensor.
 constexpr int64_t kZBufferCols = 16384;
 // Ranges of at least this many rows prepare shared weights once for all of them.
 constexpr int64_t kPrepareRows = 2;
@@ -508,21 +508,21 @@ inline void NormRowFrom(const Src& stats_src, const FinishSrc& finish_src, const
   }
 }
 
-// One row of a residual op, whose Z is computed from several inputs (Skip, Sandwich): written to
-// Sum by the statistics pass and read back by the last pass when Sum is wanted and not streamed;
-// else computed once into the float32 row buffer z_buffer when there is one; else computed again
-// by every pass.
+// One row of a residual op, whose Z is computed from several inputs (Skip, Sandwich) once, by
+// the statistics pass: into the float32 row buffer z_buffer when there is one and Sum is streamed
+// or not wanted, and the last pass writes Sum and Y from it; else into Sum with ordinary stores,
+// or, without Sum (rows wider than kZBufferCols), into Y, and the last pass reads it back from
+// there (each element of Y read before it is written).
 template <NormKind NK, class E, bool kOrderA, class Wt, class Src>
 inline void ResidualRow(const Src& src, float* z_buffer, const Wt& weights, bool has_scale, bool has_bias,
                         typename E::St* y, typename E::St* sum, const RowParams& p, const OutputPlan& plan) {
-  if (sum != nullptr && !plan.stream_y) {
-    NormRowFrom<NK, E, kOrderA>(StoringSource<E, Src>{src, sum}, PlainSource<E>{sum}, weights, has_scale, has_bias,
-                                y, static_cast<typename E::St*>(nullptr), p, plan);
-  } else if (z_buffer != nullptr) {
+  if (z_buffer != nullptr && (sum == nullptr || plan.stream_y)) {
     NormRowFrom<NK, E, kOrderA>(StoringSource<F32, Src>{src, z_buffer}, PlainSource<F32>{z_buffer}, weights,
                                 has_scale, has_bias, y, sum, p, plan);
   } else {
-    NormRowFrom<NK, E, kOrderA>(src, src, weights, has_scale, has_bias, y, sum, p, plan);
+    typename E::St* z = sum != nullptr ? sum : y;
+    NormRowFrom<NK, E, kOrderA>(StoringSource<E, Src>{src, z}, PlainSource<E>{z}, weights, has_scale, has_bias, y,
+                                static_cast<typename E::St*>(nullptr), p, plan);
   }
 }
 

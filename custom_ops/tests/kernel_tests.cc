@@ -555,8 +555,8 @@ int TestOp(const OpSpec& op) {
       ++cases;
       ++k;
     }
-    // a residual op without Sum keeps Z in a float32 row buffer up to its width, and computes it
-    // again in every pass above it: both sides of that width
+    // a residual op without Sum keeps Z in a float32 row buffer up to its width, and in Y above
+    // it: both sides of that width
     for (int64_t cols : {int64_t{5000}, int64_t{16400}}) {
       if (!residual) break;
       Case c;
@@ -656,20 +656,24 @@ int TestOp(const OpSpec& op) {
     }
   }
   // Calls that stream their outputs (the threshold lowered to 1 MiB for them): misaligned, with Sum
-  // on a different alignment than Y, aligned, and short rows that each start on a 64-byte
-  // boundary; each also split into row ranges as the thread pool does. And a call just below
-  // the threshold, which does not stream, for the same bits.
+  // on a different alignment than Y, aligned, short rows that each start on a 64-byte boundary,
+  // and rows wider than a residual op's Z buffer (Z kept in Sum or Y; in float32 only, the fewest
+  // rows over the threshold: "wide, no Sum" above covers the 16-bit types); each also split into
+  // row ranges as the thread pool does. And a call just below the threshold, which does not
+  // stream, for the same bits.
   cpu::SetStreamMinBytes(int64_t{1} << 20);
   for (ElemType t : {ElemType::kFloat32, ElemType::kFloat16}) {
-    for (int variant = 0; variant < 4; ++variant) {
+    for (int variant = 0; variant < 5; ++variant) {
+      if (variant == 4 && t != ElemType::kFloat32) break;
       Case c;
       c.op = &op;
       c.t = c.s = t;
       c.label = variant == 0   ? "streamed"
                 : variant == 1 ? "streamed, aligned"
                 : variant == 2 ? "streamed, short aligned rows"
-                               : "below the streaming threshold";
-      c.cols = variant == 2 ? 128 : 4096 + 24;
+                : variant == 3 ? "below the streaming threshold"
+                               : "streamed, rows wider than the Z buffer";
+      c.cols = variant == 2 ? 128 : variant == 4 ? 16400 : 4096 + 24;
       const int64_t bytes_per_row = c.cols * static_cast<int64_t>(SizeOf(t)) * (residual ? 3 : 2);
       c.rows = (int64_t{1} << 20) / bytes_per_row + (variant == 3 ? -1 : 2);
       PresentAll(op, c.present, true);
