@@ -509,14 +509,14 @@ inline void NormRowFrom(const Src& stats_src, const FinishSrc& finish_src, const
 }
 
 // One row of a residual op, whose Z is computed from several inputs (Skip, Sandwich) once, by
-// the statistics pass: into the float32 row buffer z_buffer when there is one and Sum is streamed
-// or not wanted, and the last pass writes Sum and Y from it; else into Sum with ordinary stores,
-// or, without Sum (rows wider than kZBufferCols), into Y, and the last pass reads it back from
-// there (each element of Y read before it is written).
+// the statistics pass: into the float32 row buffer z_buffer when the call has one (RowsInOrder
+// decides), and the last pass writes Sum and Y from it; else into Sum with ordinary stores, or,
+// without Sum (rows wider than kZBufferCols), into Y, and the last pass reads it back from there
+// (each element of Y read before it is written).
 template <NormKind NK, class E, bool kOrderA, class Wt, class Src>
 inline void ResidualRow(const Src& src, float* z_buffer, const Wt& weights, bool has_scale, bool has_bias,
                         typename E::St* y, typename E::St* sum, const RowParams& p, const OutputPlan& plan) {
-  if (z_buffer != nullptr && (sum == nullptr || plan.stream_y)) {
+  if (z_buffer != nullptr) {
     NormRowFrom<NK, E, kOrderA>(StoringSource<F32, Src>{src, z_buffer}, PlainSource<F32>{z_buffer}, weights,
                                 has_scale, has_bias, y, sum, p, plan);
   } else {
@@ -621,7 +621,7 @@ void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowPa
 // do not reserve them).
 template <NormKind NK, ResidualKind RK, class E, class S, bool kOrderA>
 ONNXNORM_NOINLINE void RowsBuffered(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowParams& p,
-                                    const OutputPlan& plan, bool prepare) {
+                                    const OutputPlan& plan, bool prepare, bool buffer_z) {
   constexpr bool kResidual = RK != ResidualKind::kNone;
   alignas(64) float prepared[2][kBufferCols];
   alignas(64) float z_row[kResidual ? kZBufferCols : 1];
@@ -631,7 +631,7 @@ ONNXNORM_NOINLINE void RowsBuffered(const NormArgs& a, int64_t row_begin, int64_
                                   prepared[1]);
   }
   RowsLoop<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare ? prepared[0] : nullptr,
-                                  prepare ? prepared[1] : nullptr, kResidual ? z_row : nullptr);
+                                  prepare ? prepared[1] : nullptr, kResidual && buffer_z ? z_row : nullptr);
 }
 
 template <NormKind NK, ResidualKind RK, class E, class S, bool kOrderA>
@@ -662,7 +662,7 @@ void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
                        (a.scale != nullptr || a.bias != nullptr);
   const bool buffer_z = RK != ResidualKind::kNone && n <= kZBufferCols && (a.sum == nullptr || plan.stream_y);
   if (prepare || buffer_z) {
-    RowsBuffered<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare);
+    RowsBuffered<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare, buffer_z);
     if (plan.stream_y) Isa::Fence();  // the streamed stores are visible before the pool reports done
     return;
   }
