@@ -7,7 +7,7 @@ Slow (a wheel build and four virtual environments); needs PyPI and Debian's arch
 set-up does. To keep it short, the CUDA library is left out of this build (ONNXNORM_CUDA=OFF)
 and the CPU library is built at -O0 without forced inlining (a Debug build with
 ``CMAKE_CXX_FLAGS_DEBUG=-O0 -DONNXNORM_NO_FORCE_INLINE``: the wheel takes 68 CPU-seconds where
-the Release library compiles for 9 minutes): packaging and install are what is checked here,
+the Release library takes 9 CPU-minutes): packaging and install are what is checked here,
 the optimized kernels are what every other test runs. ``make wheel`` builds and checks the full
 Release wheel.
 """
