@@ -13,7 +13,8 @@
 # ONNXNORM_HYPOTHESIS_EXAMPLES (examples per op of the campaign; default: the profile's, 150),
 # ONNXNORM_SANITIZE_FLAGS (optimization and debug flags; default "-O1 -g1": line numbers in
 # reports; the test suite builds with "-O0 -g0 -DONNXNORM_NO_FORCE_INLINE", which compiles in a
-# fraction of the time and checks every memory access where it is written).
+# fraction of the time and checks every memory access where it is written), ASAN_OPTIONS for
+# ctest (default: stack-use-after-return detection on; the test suite turns it off).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +34,7 @@ cmake --build "$build" --parallel "$jobs" --target onnxnorm_ops onnxnorm_kernel_
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 echo "== C++ kernel tests (ctest), sanitized"
-ASAN_OPTIONS=detect_stack_use_after_return=1 ctest --test-dir "$build" --output-on-failure --parallel "$jobs"
+ASAN_OPTIONS=${ASAN_OPTIONS:-detect_stack_use_after_return=1} ctest --test-dir "$build" --output-on-failure --parallel "$jobs"
 
 # Python itself is not built with the sanitizers: their runtime has to be loaded before anything
 # else, and Python's own allocations are not leak-checked.
