@@ -92,6 +92,29 @@ def test_help_works_without_torch(command):
     assert result.stdout.startswith(f"usage: onnxnorm {command}")
 
 
+@pytest.mark.parametrize("command", ["fuse", "genai"])
+def test_fusion_commands_help_loads_no_rewriter(command):
+    """Help of the commands whose options live in onnxnorm.fusion comes without onnxscript,
+    onnx-ir and torch (the package loads its passes on first use): hidden, help still prints."""
+    result = _cli(command, "--help", hidden=("onnxscript", "onnx_ir", "torch"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: onnxnorm {command}") and "--target" in result.stdout
+
+
+def test_fusion_names_load_on_first_use():
+    result = _python("""
+        import onnxnorm.fusion as fusion
+        print(sorted(m for m in ("onnxscript", "onnx_ir") if m in sys.modules))
+        from onnxnorm.fusion import fuse, rules, FusionReport, verify
+        print(fuse.__module__, rules.__module__, FusionReport.__module__, verify.__name__)
+        print(sorted(fusion.__all__) == sorted(set(dir(fusion)) & set(fusion.__all__)))
+        """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == [
+        "[]", "onnxnorm.fusion.pipeline onnxnorm.fusion.pipeline onnxnorm.fusion.report "
+        "onnxnorm.fusion.verify", "True"]
+
+
 def test_torch_modules_without_torch_raise_one_clear_import_error():
     result = _python("""
         import onnxnorm

@@ -7,15 +7,34 @@ folder (an Optimum export) into a copy of it, each verified.
 """
 
 import onnxnorm.ops  # noqa: F401  (registers the onnxnorm schemas with onnx)
-from onnxnorm.fusion.folder import FolderReport, fuse_folder
-from onnxnorm.fusion.lowering import lower
-from onnxnorm.fusion.norms import (CastAbsorb, LayerCore, MsSkipNorm, RMSCore, ScaleAbsorb,
-                                   SimplifiedLayerNorm, StandardLayerNorm, StandardRMSNorm)
-from onnxnorm.fusion.pipeline import TARGETS, fuse, fuse_ir, rules
-from onnxnorm.fusion.report import FusionReport, RuleReport, Skip, Tracker
-from onnxnorm.fusion.residual import SandwichFusion, SkipFusion, XBiasAbsorb
 
-__all__ = ["TARGETS", "CastAbsorb", "FolderReport", "FusionReport", "LayerCore", "MsSkipNorm",
-           "RMSCore", "RuleReport", "SandwichFusion", "ScaleAbsorb", "SimplifiedLayerNorm",
-           "Skip", "SkipFusion", "StandardLayerNorm", "StandardRMSNorm", "Tracker",
-           "XBiasAbsorb", "fuse", "fuse_folder", "fuse_ir", "lower", "rules"]
+#: public name -> the submodule that defines it, imported on first use: the commands whose
+#: options are defined in this package (``onnxnorm fuse``, ``onnxnorm genai``) then print their
+#: help without loading onnx-ir and onnxscript (a second of a call that does nothing else)
+_WHERE = {
+    "FolderReport": "folder", "fuse_folder": "folder",
+    "lower": "lowering",
+    "CastAbsorb": "norms", "LayerCore": "norms", "MsSkipNorm": "norms", "RMSCore": "norms",
+    "ScaleAbsorb": "norms", "SimplifiedLayerNorm": "norms", "StandardLayerNorm": "norms",
+    "StandardRMSNorm": "norms",
+    "TARGETS": "pipeline", "fuse": "pipeline", "fuse_ir": "pipeline", "rules": "pipeline",
+    "FusionReport": "report", "RuleReport": "report", "Skip": "report", "Tracker": "report",
+    "SandwichFusion": "residual", "SkipFusion": "residual", "XBiasAbsorb": "residual",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:  # (a submodule's name: the import system loads it)
+        raise AttributeError(f"module 'onnxnorm.fusion' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"onnxnorm.fusion.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
+
+__all__ = sorted(_WHERE)
