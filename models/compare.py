@@ -193,7 +193,7 @@ def decoder_export(folder: Path, layers: int = 8, hidden: int = 1024,
     import torch
 
     from models import llama
-    from onnxnorm.nn.export import quiet_export
+    from onnxnorm.nn.exporter import quiet_export
 
     torch.manual_seed(0)
     model = llama.build(llama.LlamaConfig(hidden=hidden, heads=hidden // 64,

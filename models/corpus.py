@@ -240,7 +240,7 @@ def export(name: str, exporter: str, dtype: str = "float32", opset: int | None =
     of norm calls in its forward pass."""
     import torch
 
-    from onnxnorm.nn.export import quiet_export
+    from onnxnorm.nn.exporter import quiet_export
 
     entry = ENTRIES[name] if name in ENTRIES else ENCODERS[name]
     model, inputs, names = entry.build()

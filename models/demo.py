@@ -22,7 +22,7 @@ from models import llama
 import onnxnorm
 from onnxnorm import fusion, ops, runtime
 from onnxnorm._io import load_model, save_model
-from onnxnorm.nn.export import count_norm_nodes, quiet_export
+from onnxnorm.nn.exporter import count_norm_nodes, quiet_export
 
 
 def _export_decomposed(model: torch.nn.Module, x: torch.Tensor, path: Path) -> None:

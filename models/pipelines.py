@@ -264,7 +264,7 @@ def kv_cache(family: str = "llama") -> onnx.ModelProto:
     import transformers
     from transformers import DynamicCache
 
-    from onnxnorm.nn.export import quiet_export
+    from onnxnorm.nn.exporter import quiet_export
 
     config_name, model_name, overrides = KV_FAMILIES[family]
     config = getattr(transformers, config_name)(**{

@@ -15,7 +15,7 @@ import torch
 from helpers import fuse_peak_rss
 from models import llama
 from onnxnorm import cli, ops
-from onnxnorm.nn.export import quiet_export
+from onnxnorm.nn.exporter import quiet_export
 
 
 def _run(*args, cwd=None):

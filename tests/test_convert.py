@@ -13,7 +13,7 @@ import torch
 import onnxnorm
 from onnxnorm import OnnxNormError, ops
 from onnxnorm.nn import LayerNorm, RMSNorm
-from onnxnorm.nn.convert import convert
+from onnxnorm.nn.converter import convert
 
 transformers = pytest.importorskip("transformers")
 

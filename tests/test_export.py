@@ -18,7 +18,7 @@ from onnxnorm.nn import decoder
 from onnxnorm import OnnxNormError, ops, runtime
 from onnxnorm.nn import (DeepNormBlock, LayerNorm, PostNormBlock, PreNormBlock, ResidualStream,
                          RMSNorm, SandwichBlock, add_norm, sandwich_norm)
-from onnxnorm.nn.export import count_norm_nodes
+from onnxnorm.nn.exporter import count_norm_nodes
 from onnxnorm.ops import reference
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion import fuse, rules
-from onnxnorm.nn.export import quiet_export
+from onnxnorm.nn.exporter import quiet_export
 from onnxnorm.ops import catalogue, reference
 
 # ONNX float attributes are 32-bit: only a float32-exact epsilon survives within 1e-9.

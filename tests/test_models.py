@@ -12,7 +12,7 @@ import torch
 
 from models import docs, llama
 from onnxnorm.nn import decoder, families
-from onnxnorm.nn.convert import probe
+from onnxnorm.nn.converter import probe
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -260,7 +260,7 @@ def export(model, config: Config):
     """The KV-cache decoder as ``torch.onnx.export(dynamo=True)`` writes it."""
     import torch
 
-    from onnxnorm.nn.export import quiet_export
+    from onnxnorm.nn.exporter import quiet_export
 
     args, shapes, inputs, outputs = _export_args(model, config)
     with quiet_export(), torch.no_grad():

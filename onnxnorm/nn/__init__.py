@@ -2,32 +2,40 @@
 custom ops, conversion of existing models, export, and the small reference decoders that
 ``onnxnorm export FAMILY`` builds (``decoder``, ``families``).
 
-Needs torch (``pip install 'onnxnorm[torch]'``). Without it, this package still imports (so that
-``onnxnorm export --help`` and ``onnxnorm.nn.families`` work) and each name below raises an
-ImportError that says how to install torch.
+Needs torch (``pip install 'onnxnorm[torch]'``). The names below are imported on first use, so
+this package imports without torch, and without loading it (``onnxnorm export --help`` and
+``onnxnorm.nn.families`` need no torch); without torch each name raises an ImportError that says
+how to install it.
 """
 
-from onnxnorm._deps import available as _available
+#: public name -> the submodule that defines it
+_WHERE = {
+    "TRANSLATION_TABLE": "functional", "call": "functional",
+    "LayerNorm": "modules", "RMSNorm": "modules",
+    "convert": "converter",
+    "export": "exporter",
+    "DeepNormBlock": "residual", "DeepNormConstants": "residual", "PostNormBlock": "residual",
+    "PreNormBlock": "residual", "ResidualStream": "residual", "SandwichBlock": "residual",
+    "add_norm": "residual", "deepnorm_constants": "residual", "deepnorm_init_": "residual",
+    "sandwich_norm": "residual",
+}
 
-_NAMES = ("DeepNormBlock", "DeepNormConstants", "LayerNorm", "PostNormBlock", "PreNormBlock",
-          "RMSNorm", "ResidualStream", "SandwichBlock", "TRANSLATION_TABLE", "add_norm", "call",
-          "convert", "deepnorm_constants", "deepnorm_init_", "export", "sandwich_norm")
 
-if _available("torch"):
-    from onnxnorm.nn.functional import TRANSLATION_TABLE, call
-    from onnxnorm.nn.modules import LayerNorm, RMSNorm
-    # the functions shadow their submodules' names: import them here, after the submodules load
-    from onnxnorm.nn.convert import convert
-    from onnxnorm.nn.export import export
-    from onnxnorm.nn.residual import (DeepNormBlock, DeepNormConstants, PostNormBlock,
-                                      PreNormBlock, ResidualStream, SandwichBlock, add_norm,
-                                      deepnorm_constants, deepnorm_init_, sandwich_norm)
-else:
-    def __getattr__(name: str):
-        if name in _NAMES:
-            from onnxnorm._deps import require
-
-            require("torch", f"onnxnorm.nn.{name}")
+def __getattr__(name: str):
+    if name not in _WHERE:  # (a submodule's name: the import system loads it)
         raise AttributeError(f"module 'onnxnorm.nn' has no attribute {name!r}")
+    import importlib
 
-__all__ = list(_NAMES)
+    from onnxnorm._deps import require
+
+    require("torch", f"onnxnorm.nn.{name}")
+    value = getattr(importlib.import_module(f"onnxnorm.nn.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
+
+__all__ = sorted(_WHERE)

@@ -183,8 +183,8 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
 def run(args: argparse.Namespace) -> int:
     torch = require("torch", "onnxnorm export")
 
-    from onnxnorm.nn.convert import convert
-    from onnxnorm.nn.export import count_norm_nodes, export
+    from onnxnorm.nn.converter import convert
+    from onnxnorm.nn.exporter import count_norm_nodes, export
 
     for name in ("batch", "seq", "hidden", "heads", "layers"):
         if getattr(args, name) < 1:

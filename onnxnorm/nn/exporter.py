@@ -127,7 +127,7 @@ def norm_modules(model: torch.nn.Module) -> dict[str, list[str]]:
     """The model's norm modules by kind: ``onnxnorm`` (exported as onnxnorm nodes), ``other``
     (norms of other classes, which :func:`onnxnorm.convert` may replace) and ``no_op`` (norms
     that have no onnxnorm op: BatchNorm, GroupNorm, InstanceNorm, LocalResponseNorm)."""
-    from onnxnorm.nn.convert import UNSUPPORTED
+    from onnxnorm.nn.converter import UNSUPPORTED
     from onnxnorm.nn.modules import NORM_TYPES
 
     found: dict[str, list[str]] = {"onnxnorm": [], "other": [], "no_op": []}
@@ -220,7 +220,7 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
         if not folder.is_dir():
             raise OnnxNormError(f"cannot write {path}: folder {folder} does not exist")
     if convert:
-        from onnxnorm.nn.convert import convert as convert_model
+        from onnxnorm.nn.converter import convert as convert_model
 
         model = copy.deepcopy(model)
         convert_model(model)
