@@ -7,6 +7,7 @@ folder (an Optimum export) into a copy of it, each verified.
 """
 
 import onnxnorm.ops  # noqa: F401  (registers the onnxnorm schemas with onnx)
+from onnxnorm import _lazy
 
 #: public name -> the submodule that defines it, imported on first use: the commands whose
 #: options are defined in this package (``onnxnorm fuse``, ``onnxnorm genai``) then print their
@@ -23,18 +24,5 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:  # (a submodule's name: the import system loads it)
-        raise AttributeError(f"module 'onnxnorm.fusion' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"onnxnorm.fusion.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
-
-
+__getattr__, __dir__ = _lazy.names(__name__, _WHERE, globals())
 __all__ = sorted(_WHERE)

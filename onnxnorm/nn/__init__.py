@@ -8,6 +8,8 @@ this package imports without torch, and without loading it (``onnxnorm export --
 how to install it.
 """
 
+from onnxnorm import _lazy
+
 #: public name -> the submodule that defines it
 _WHERE = {
     "TRANSLATION_TABLE": "functional", "call": "functional",
@@ -21,21 +23,11 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:  # (a submodule's name: the import system loads it)
-        raise AttributeError(f"module 'onnxnorm.nn' has no attribute {name!r}")
-    import importlib
-
+def _needs_torch(name: str) -> None:
     from onnxnorm._deps import require
 
     require("torch", f"onnxnorm.nn.{name}")
-    value = getattr(importlib.import_module(f"onnxnorm.nn.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
-
-
+__getattr__, __dir__ = _lazy.names(__name__, _WHERE, globals(), before=_needs_torch)
 __all__ = sorted(_WHERE)

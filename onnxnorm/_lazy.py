@@ -1,0 +1,28 @@
+"""Names of a package imported from its submodules on first use (PEP 562), so that importing the
+package, or a light submodule of it (a command's options), loads none of the heavy ones."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+
+def names(package: str, where: dict[str, str], namespace: dict[str, Any],
+          before: Callable[[str], None] | None = None):
+    """``__getattr__`` and ``__dir__`` for ``package`` (whose globals are ``namespace``): a name of
+    ``where`` (name -> submodule) is imported from that submodule, after ``before(name)`` (which
+    may raise, e.g. for a missing dependency), and kept; other names are left to the import
+    system (submodules) or are an AttributeError."""
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        if before is not None:
+            before(name)
+        value = getattr(importlib.import_module(f"{package}.{where[name]}"), name)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(where))
+
+    return __getattr__, __dir__
