@@ -254,7 +254,7 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("isa", ["portable", "avx2"])
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512"])
 def test_every_instruction_set(isa):
     """The best instruction set runs in this process; the lesser ones in a subprocess each
     (ONNXNORM_CPU_ISA lowers the choice)."""
@@ -263,10 +263,9 @@ def test_every_instruction_set(isa):
     result = subprocess.run([sys.executable, "-c", ISA_SCRIPT], cwd=root, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
-    # the library reports the lowered choice (every x86-64 CPU this runs on has AVX2 or better;
-    # elsewhere only the portable kernels exist)
-    best = active_isa()
-    want = isa if best != "portable" else "portable"
+    # the library reports the lowered choice, never one above the best this CPU has
+    order = ["portable", "avx2", "avx512", "avx512_bf16"]
+    want = order[min(order.index(isa), order.index(active_isa()))]
     assert f"isa {want}\n" in result.stdout, result.stdout
 
 
@@ -280,8 +279,10 @@ def test_active_isa_is_the_best_this_cpu_has():
     if not flags:
         pytest.skip("no /proc/cpuinfo flags to compare with")
     avx512 = {"avx512f", "avx512bw", "avx512vl"} <= flags
+    avx512_bf16 = avx512 and {"avx512dq", "avx512_bf16"} <= flags
     avx2 = {"avx2", "fma", "f16c"} <= flags
-    assert active_isa() == ("avx512" if avx512 else "avx2" if avx2 else "portable")
+    want = "avx512_bf16" if avx512_bf16 else "avx512" if avx512 else "avx2" if avx2 else "portable"
+    assert active_isa() == want
 
 
 def test_bfloat16_helpers_agree_with_ml_dtypes():

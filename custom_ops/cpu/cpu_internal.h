@@ -1,7 +1,7 @@
 // Shared by the CPU kernel translation units: element tags, scalar float16/bfloat16 conversions,
 // and the per-instruction-set entry points that dispatch.cc chooses from.
 //
-// Every translation unit compiled with extra instruction-set flags (isa_avx2.cc, isa_avx512.cc)
+// Every translation unit compiled with extra instruction-set flags (isa_avx2.cc, isa_avx512.cc, ...)
 // keeps its code in an anonymous namespace: an inline or template function with external linkage
 // would be emitted in several units with different flags, and the linker could keep the AVX-512
 // copy for a caller on a CPU without it. So the helpers here have internal linkage too.
@@ -37,6 +37,7 @@ QuantRowsFn GetQuantRowsPortable(NormKind norm, ResidualKind residual, QuantPass
 #if defined(ONNXNORM_X86_KERNELS)
 NormRowsFn GetNormRowsAvx2(NormKind norm, ResidualKind residual, ElemType x, ElemType w);
 NormRowsFn GetNormRowsAvx512(NormKind norm, ResidualKind residual, ElemType x, ElemType w);
+NormRowsFn GetNormRowsAvx512Bf16(NormKind norm, ResidualKind residual, ElemType x, ElemType w);  // bfloat16 X only
 QuantRowsFn GetQuantRowsAvx2(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w, ElemType q);
 QuantRowsFn GetQuantRowsAvx512(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w,
                                ElemType q);

@@ -1,6 +1,6 @@
 // Chooses the row kernels' instruction set once per process, from what the CPU and the operating
 // system support (cpuid / xgetbv), optionally lowered by the environment variable
-// ONNXNORM_CPU_ISA (portable | avx2 | avx512) for testing and comparisons.
+// ONNXNORM_CPU_ISA (portable | avx2 | avx512 | avx512_bf16) for testing and comparisons.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -31,8 +31,12 @@ Isa Detected() {
   const bool avx2 = (ebx >> 5) & 1u;
   if (!avx2) return Isa::kPortable;
   const bool avx512 = ((ebx >> 16) & 1u) && ((ebx >> 30) & 1u) && ((ebx >> 31) & 1u);  // F, BW, VL
+  const bool dq = (ebx >> 17) & 1u;
   const bool os_zmm = (xcr0_lo & 0xe0u) == 0xe0u;  // opmask, ZMM_Hi256, Hi16_ZMM state
-  return avx512 && os_zmm ? Isa::kAvx512 : Isa::kAvx2;
+  if (!(avx512 && os_zmm)) return Isa::kAvx2;
+  __cpuid_count(7, 1, eax, ebx, ecx, edx);
+  const bool bf16 = (eax >> 5) & 1u;  // AVX512_BF16
+  return bf16 && dq ? Isa::kAvx512Bf16 : Isa::kAvx512;
 #else
   return Isa::kPortable;
 #endif
@@ -46,6 +50,7 @@ Isa Chosen() {
       Isa asked = best;
       if (std::strcmp(wanted, "portable") == 0) asked = Isa::kPortable;
       if (std::strcmp(wanted, "avx2") == 0) asked = Isa::kAvx2;
+      if (std::strcmp(wanted, "avx512") == 0) asked = Isa::kAvx512;
       if (static_cast<int>(asked) < static_cast<int>(best)) best = asked;
     }
     return best;
@@ -68,6 +73,7 @@ Isa SupportedIsa() {
 
 const char* IsaName(Isa isa) {
   switch (isa) {
+    case Isa::kAvx512Bf16: return "avx512_bf16";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx2: return "avx2";
     case Isa::kPortable: break;
@@ -80,6 +86,9 @@ NormRowsFn GetNormRowsFor(Isa isa, NormKind norm, ResidualKind residual, ElemTyp
   if (static_cast<int>(isa) > static_cast<int>(SupportedIsa())) return nullptr;
   switch (isa) {
 #if defined(ONNXNORM_X86_KERNELS)
+    case Isa::kAvx512Bf16:
+      if (x_type == ElemType::kBFloat16) return GetNormRowsAvx512Bf16(norm, residual, x_type, weight_type);
+      return GetNormRowsAvx512(norm, residual, x_type, weight_type);
     case Isa::kAvx512: return GetNormRowsAvx512(norm, residual, x_type, weight_type);
     case Isa::kAvx2: return GetNormRowsAvx2(norm, residual, x_type, weight_type);
 #endif
@@ -95,7 +104,7 @@ NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemTy
   // bfloat16 stays on AVX-512: without a conversion instruction in AVX2, its 8-lane kernels take
   // 0.4-1.7 us longer per 4096-wide row than the 16-lane ones, more than the 512-bit warm-up costs
   const bool wide = x_type == ElemType::kBFloat16;
-  const Isa isa = Chosen() == Isa::kAvx512 && !wide ? Isa::kAvx2 : Chosen();
+  const Isa isa = Chosen() >= Isa::kAvx512 && !wide ? Isa::kAvx2 : Chosen();
   return GetNormRowsFor(isa, norm, residual, x_type, weight_type);
 }
 
@@ -107,6 +116,7 @@ QuantRowsFn GetQuantRowsFor(Isa isa, NormKind norm, ResidualKind residual, Quant
   if (static_cast<int>(isa) > static_cast<int>(SupportedIsa())) return nullptr;
   switch (isa) {
 #if defined(ONNXNORM_X86_KERNELS)
+    case Isa::kAvx512Bf16:  // (the quantized ops' kernels have no use for the bfloat16 instruction)
     case Isa::kAvx512: return GetQuantRowsAvx512(norm, residual, pass, x_type, weight_type, q_type);
     case Isa::kAvx2: return GetQuantRowsAvx2(norm, residual, pass, x_type, weight_type, q_type);
 #endif

@@ -1,6 +1,7 @@
 // The norm row kernels by op, residual kind and type pair: the entry point of each norm
-// instruction-set unit (isa_portable.cc, isa_avx2.cc, isa_avx512.cc), which includes this header
-// after its isa_<set>.h. The quantized units include norm_rows.h alone: taking the address of
+// instruction-set unit (isa_portable.cc, isa_avx2.cc, isa_avx512.cc, isa_avx512_bf16.cc), which
+// includes this header after its isa_<set>.h; a unit that defines ONNXNORM_ONLY_BFLOAT16 holds
+// the kernels of a bfloat16 X only. The quantized units include norm_rows.h alone: taking the address of
 // every norm kernel here would make them instantiate (and, unoptimized, compile) all of them too.
 #pragma once
 
@@ -13,12 +14,14 @@ namespace {
 template <NormKind NK, ResidualKind RK>
 NormRowsFn PickTypes(ElemType x, ElemType w) {
   switch (x) {
+#if !defined(ONNXNORM_ONLY_BFLOAT16)
     case ElemType::kFloat32:
       return w == ElemType::kFloat32 ? &Rows<NK, RK, F32, F32> : nullptr;
     case ElemType::kFloat16:
       return w == ElemType::kFloat16 ? &Rows<NK, RK, F16, F16>
              : w == ElemType::kFloat32 ? &Rows<NK, RK, F16, F32>
                                        : nullptr;
+#endif
     case ElemType::kBFloat16:
       return w == ElemType::kBFloat16 ? &Rows<NK, RK, BF16, BF16>
              : w == ElemType::kFloat32 ? &Rows<NK, RK, BF16, F32>

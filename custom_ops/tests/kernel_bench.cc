@@ -3,7 +3,7 @@
 // from the cost of ONNX Runtime's call path and thread pool. Not a test; docs/benchmarks.md uses it.
 //
 //   onnxnorm_kernel_bench --op RMSNorm --dtype float32 --shape 2048x4096 [--threads 2]
-//       [--isa avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds 0.5] [--calls N]
+//       [--isa avx512_bf16|avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds 0.5] [--calls N]
 //
 // Prints, per call: the median microseconds of the kernel over the tensors (rows split into the
 // same blocks as the ORT glue's, claimed by the threads from a shared counter, as ORT's pool
@@ -151,7 +151,7 @@ Timing TimeCalls(const std::function<void()>& fn, double seconds, int64_t calls,
 int Usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s --op NAME --dtype float32|float16|bfloat16 --shape ROWSxCOLS [--threads N] "
-               "[--isa avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds S] [--calls N]\n",
+               "[--isa avx512_bf16|avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds S] [--calls N]\n",
                argv0);
   return 2;
 }
@@ -203,8 +203,9 @@ int main(int argc, char** argv) {
     return Usage(argv[0]);
   }
   cpu::Isa isa = cpu::SupportedIsa();
-  if (isa_name == "avx2") isa = cpu::Isa::kAvx2;
-  if (isa_name == "portable") isa = cpu::Isa::kPortable;
+  for (int level = 0; level <= static_cast<int>(cpu::Isa::kAvx512Bf16); ++level) {
+    if (isa_name == cpu::IsaName(static_cast<cpu::Isa>(level))) isa = static_cast<cpu::Isa>(level);
+  }
   if (stream_min >= 0) cpu::SetStreamMinBytes(stream_min);
   const NormRowsFn fn = cpu::GetNormRowsFor(isa, op->norm, op->residual, t, t);
   if (fn == nullptr) {

@@ -793,9 +793,9 @@ def load_results(path: str) -> list[Result]:
 
 
 def active_isa() -> str:
-    """The instruction set of the library's CPU kernels on this machine: "avx512", "avx2" or
-    "portable" (the library's onnxnorm_active_isa: the best the CPU has, unless ONNXNORM_CPU_ISA
-    asks for a lesser one)."""
+    """The instruction set of the library's CPU kernels on this machine: "avx512_bf16" (AVX-512
+    with its bfloat16 conversion instruction), "avx512", "avx2" or "portable" (the library's
+    onnxnorm_active_isa: the best the CPU has, unless ONNXNORM_CPU_ISA asks for a lesser one)."""
     import ctypes
 
     from onnxnorm import runtime

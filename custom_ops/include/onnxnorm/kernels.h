@@ -18,11 +18,12 @@ using NormRowsFn = void (*)(const NormArgs& args, int64_t row_begin, int64_t row
 namespace cpu {
 
 // The instruction sets the row kernels are written for, in increasing order. Every one gives the
-// same bits for the same inputs.
-enum class Isa : int32_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+// same bits for the same inputs. kAvx512Bf16 is AVX-512 with its bfloat16 conversion instruction
+// (AVX512_BF16), which only the kernels of a bfloat16 X use; the others are kAvx512's.
+enum class Isa : int32_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
 // The row kernel of one op for these element types on this CPU (the best instruction set it has,
-// unless the environment variable ONNXNORM_CPU_ISA = portable | avx2 asks for a lesser one), or
+// unless the environment variable ONNXNORM_CPU_ISA = portable | avx2 | avx512 asks for a lesser one), or
 // nullptr when the combination is not implemented. Every weight present in NormArgs must be of
 // weight_type, which is x_type or kFloat32 (args.x_type and args.weight_type are not read: the
 // kernel is typed). The kernel reads X, Residual and the weights, writes Y and (when not null)
@@ -32,15 +33,15 @@ enum class Isa : int32_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 // a small spread stay accurate (never E[x^2] - E[x]^2 on raw values). No heap allocation.
 NormRowsFn GetNormRows(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type);
 
-// The instruction set GetNormRows chooses on this CPU: "avx512", "avx2" or "portable" (the
-// library exports it as onnxnorm_active_isa).
+// The instruction set GetNormRows chooses on this CPU: "avx512_bf16", "avx512", "avx2" or
+// "portable" (the library exports it as onnxnorm_active_isa).
 const char* ActiveIsa();
 
 // The best instruction set this build has kernels for and this CPU (and operating system) can
 // run, whatever ONNXNORM_CPU_ISA says.
 Isa SupportedIsa();
 
-// "portable", "avx2" or "avx512".
+// "portable", "avx2", "avx512" or "avx512_bf16".
 const char* IsaName(Isa isa);
 
 // Calls of fewer elements (rows * cols) than this are small: see GetNormRowsForSmallCalls.
