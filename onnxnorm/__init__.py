@@ -13,30 +13,14 @@ from onnxnorm._deps import require_runtime as _require_runtime
 
 _require_runtime()
 
+from onnxnorm import _lazy  # noqa: E402
 from onnxnorm._io import OnnxNormError  # noqa: E402
 
 __version__ = "0.1.0"
 
-#: loaded on first use, so that ``import onnxnorm`` needs neither torch nor the fusion passes
-_LAZY = ("export", "convert")
-_SUBMODULES = ("fusion", "nn", "ops", "runtime")
-
-
-def __getattr__(name: str):
-    import importlib
-
-    if name in _LAZY:
-        value = getattr(importlib.import_module("onnxnorm.nn"), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f"onnxnorm.{name}")
-    else:
-        raise AttributeError(f"module 'onnxnorm' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+# loaded on first use, so that ``import onnxnorm`` needs neither torch nor the fusion passes
+__getattr__, __dir__ = _lazy.names("onnxnorm", {"export": "nn", "convert": "nn"}, globals(),
+                                   submodules=("fusion", "nn", "ops", "runtime"))
 
 
 __all__ = ["OnnxNormError", "convert", "export", "__version__"]
