@@ -1,6 +1,6 @@
 // Chooses the row kernels' instruction set once per process, from what the CPU and the operating
 // system support (cpuid / xgetbv), optionally lowered by the environment variable
-// ONNXNORM_CPU_ISA (portable | avx2 | avx512 | avx512_bf16) for testing and comparisons.
+// ONNXNORM_CPU_ISA (portable | avx2 | avx512) for testing and comparisons.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -28,12 +28,14 @@ Isa Detected() {
   if ((xcr0_lo & 0x6u) != 0x6u) return Isa::kPortable;  // the OS saves XMM and YMM state
   if (__get_cpuid_max(0, nullptr) < 7) return Isa::kPortable;
   __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const unsigned leaf7_subleaves = eax;  // the highest subleaf of leaf 7
   const bool avx2 = (ebx >> 5) & 1u;
   if (!avx2) return Isa::kPortable;
   const bool avx512 = ((ebx >> 16) & 1u) && ((ebx >> 30) & 1u) && ((ebx >> 31) & 1u);  // F, BW, VL
   const bool dq = (ebx >> 17) & 1u;
   const bool os_zmm = (xcr0_lo & 0xe0u) == 0xe0u;  // opmask, ZMM_Hi256, Hi16_ZMM state
   if (!(avx512 && os_zmm)) return Isa::kAvx2;
+  if (leaf7_subleaves < 1) return Isa::kAvx512;
   __cpuid_count(7, 1, eax, ebx, ecx, edx);
   const bool bf16 = (eax >> 5) & 1u;  // AVX512_BF16
   return bf16 && dq ? Isa::kAvx512Bf16 : Isa::kAvx512;

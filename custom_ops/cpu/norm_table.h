@@ -1,8 +1,9 @@
 // The norm row kernels by op, residual kind and type pair: the entry point of each norm
 // instruction-set unit (isa_portable.cc, isa_avx2.cc, isa_avx512.cc, isa_avx512_bf16.cc), which
 // includes this header after its isa_<set>.h; a unit that defines ONNXNORM_ONLY_BFLOAT16 holds
-// the kernels of a bfloat16 X only. The quantized units include norm_rows.h alone: taking the address of
-// every norm kernel here would make them instantiate (and, unoptimized, compile) all of them too.
+// the kernels of a bfloat16 X only. The quantized units include norm_rows.h alone: taking the
+// address of every norm kernel here would make them instantiate (and, unoptimized, compile) all
+// of them too.
 #pragma once
 
 #include "norm_rows.h"
