@@ -57,6 +57,14 @@ def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
     assert v["export"]["norm_ops"] == {}
     assert set(ort_group["gains"]) == set(e2e.ONNXNORM_VARIANTS)
     assert set(ort_group["gains"]["onnxnorm-fused"]) == set(e2e.VARIANTS) - {"onnxnorm-fused"}
+    # every group times a second session of its first variant beside the others: the noise
+    for group, first in ((ort_group, "export"), (genai_group, "genai")):
+        control = group["control"]
+        assert control["variant"] == first and control["same_tokens"] is True
+        assert 0 < control["min"] <= control["median"] <= control["max"]
+        assert 0 < control["decode_min"] <= control["decode_median"] <= control["decode_max"]
+        assert f"- control, {first} over a second session of itself, decode steps: " in out
+    assert "| control: the first variant vs itself, decode |" in out
     g = genai_group["variants"]
     assert g["genai+onnxnorm"]["norm_ops"] == {"onnxnorm.SkipRMSNorm": 4, "onnxnorm.RMSNorm": 1}
     assert not any(k.startswith("onnxnorm.") for k in g["genai"]["norm_ops"])
@@ -204,15 +212,85 @@ def test_norm_share_counts_norm_ops_and_named_nodes_and_splits_decode():
 
 
 def test_gains_are_paired_ratios_of_generation_times():
-    a = e2e.Row("onnxnorm-fused", {}, prefill=[1.0, 1.0], steps=[[1.0], [3.0]], tokens=[1])
-    b = e2e.Row("export", {}, prefill=[1.0, 1.0], steps=[[3.0], [3.0]], tokens=[1])
+    a = e2e.Row("onnxnorm-fused", {}, prefill=[1.0, 1.0], steps=[[1.0, 2.0], [3.0, 1.0]], tokens=[1])
+    b = e2e.Row("export", {}, prefill=[1.0, 1.0], steps=[[3.0, 2.0], [3.0, 3.0]], tokens=[1])
     g = e2e.gains({"onnxnorm-fused": a, "export": b}, ("onnxnorm-fused",))
-    assert g == {"onnxnorm-fused": {"export": {"median": pytest.approx(1.5), "min": 1.0, "max": 2.0,
-                                               "decode_median": pytest.approx(2.0)}}}
+    # per repetition: 6/4 and 7/5; decode only: 5/3 and 6/4; per step: 3, 1, 1, 3
+    assert g == {"onnxnorm-fused": {"export": {
+        "median": pytest.approx(1.45), "min": pytest.approx(1.4), "max": pytest.approx(1.5),
+        "decode_median": pytest.approx((5 / 3 + 1.5) / 2), "decode_min": pytest.approx(1.5),
+        "decode_max": pytest.approx(5 / 3), "step_median": pytest.approx(2.0)}}}
     summary = {"onnxnorm-fused": a.summary(), "export": b.summary()}
-    assert e2e.verdict(summary, ("onnxnorm-fused",)) == {"onnxnorm-fused": "met"}
+    assert e2e.verdict(summary, g, ("onnxnorm-fused",)) == {
+        "onnxnorm-fused": "met: 1.583x export (1.500-1.667)"}
+    assert summary["export"]["decode_s"] == 5.5
     assert summary["export"]["decode_ms_median"] == 3000.0
-    assert np.isclose(summary["onnxnorm-fused"]["generation_s"], 3.0)
+    assert np.isclose(summary["onnxnorm-fused"]["generation_s"], 4.5)
+
+
+@pytest.mark.parametrize("median, spread, word", [
+    (1.0, None, "met"), (0.99, 0.02, "within noise"), (0.99, 0.005, "MISSED"), (0.99, None, "MISSED")])
+def test_verdict_weighs_a_shortfall_against_the_control(median, spread, word):
+    """Short of the fastest other variant by less than the control's own spread is "within
+    noise"; the verdict is against the fastest other by median time, not the slower ones."""
+    summary = {"export": {"decode_s": 2.0}, "ort-optimizer": {"decode_s": 1.9},
+               "onnxnorm-fused": {"decode_s": 1.9}}
+    gain = {"onnxnorm-fused": {
+        "export": {"decode_median": 2.0, "decode_min": 2.0, "decode_max": 2.0},
+        "ort-optimizer": {"decode_median": median, "decode_min": 0.9, "decode_max": 1.1}}}
+    got = e2e.verdict(summary, gain, ("onnxnorm-fused",), spread)
+    assert got == {"onnxnorm-fused": f"{word}: {median:.3f}x ort-optimizer (0.900-1.100)"}
+    # the noise is that of the decode ratios; the whole generation's (with the prefill) aside
+    control = {"median": 1.0, "min": 0.5, "max": 1.5, "decode_median": 1.0, "decode_min": 0.97,
+               "decode_max": 1.01}
+    assert e2e.noise(control) == pytest.approx(0.03)
+
+
+class _Scripted:
+    """A generator whose steps take no time: it records the order in which steps run."""
+
+    def __init__(self, name: str, log: list, tokens: list[int]):
+        self.name, self.log, self.tokens = name, log, tokens
+
+    def generate(self, prompt, new_tokens):
+        return e2e._collect(self.steps(prompt, new_tokens))
+
+    def steps(self, prompt, new_tokens):
+        for k, token in enumerate(self.tokens[:new_tokens]):
+            self.log.append((self.name, k))
+            yield token, 0.001 * (k + 1)
+
+
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_variants_take_turns_by_step_or_by_generation(lockstep):
+    log: list = []
+    names = ["a", "b", "c", "d"]
+    rows = {n: e2e.Row(n, {}) for n in names + ["broken"]}
+    make = {n: (lambda n=n: _Scripted(n, log, [5, 6, 7, 8, 9, 10])) for n in names}
+    make["broken"] = lambda: 1 / 0
+    config = e2e.Config(new_tokens=6, repeats=3)
+    e2e._interleave(rows, make, config, [1, 2], lambda line: None, lockstep=lockstep)
+    timed = log[4 * 4:]  # after each variant's warm-up of 4 steps
+    assert sorted(timed) == sorted([(n, k) for n in names for k in range(6)] * 3)
+    chunks = [timed[i:i + 4] for i in range(0, len(timed), 4)]
+    if lockstep:
+        # step k of every variant before step k + 1 of any, in orders that change
+        assert all(sorted(c) == [(n, i % 6) for n in names] for i, c in enumerate(chunks))
+        orders = [tuple(n for n, _ in c) for c in chunks]
+        assert len(set(orders)) > 6
+        # no variant always runs right after the same one
+        before = {n: {c[c.index(n) - 1] for c in orders if c.index(n)} for n in names}
+        assert all(len(b) > 1 for b in before.values())
+    else:
+        # each generation whole, the variants in an order that changes between repetitions
+        runs = [timed[i:i + 6] for i in range(0, len(timed), 6)]
+        assert all(r == [(r[0][0], k) for k in range(6)] for r in runs)
+        orders = [tuple(r[0][0] for r in runs[i:i + 4]) for i in range(0, 12, 4)]
+        assert all(sorted(o) == names for o in orders) and len(set(orders)) > 1
+    for n in names:
+        assert rows[n].tokens == [5, 6, 7, 8, 9, 10] and rows[n].prefill == [0.001] * 3
+        assert rows[n].steps == [[0.002, 0.003, 0.004, 0.005, 0.006]] * 3
+    assert rows["broken"].error.startswith("does not run: ZeroDivisionError") and not rows["broken"].prefill
 
 
 @pytest.mark.parametrize("argv, message", [
