@@ -247,30 +247,43 @@ def test_verdict_weighs_a_shortfall_against_the_control(median, spread, word):
 
 
 class _Scripted:
-    """A generator whose steps take no time: it records the order in which steps run."""
+    """A generator whose steps take no time: it records the order in which it was opened and
+    in which its timed steps run (its untimed warm-up through ``generate`` is not recorded)."""
 
-    def __init__(self, name: str, log: list, tokens: list[int]):
-        self.name, self.log, self.tokens = name, log, tokens
+    def __init__(self, name: str, log: list, tokens: list[int], opened: list):
+        self.name, self.log, self.tokens, self.warming = name, log, tokens, False
+        opened.append(name)
 
     def generate(self, prompt, new_tokens):
-        return e2e._collect(self.steps(prompt, new_tokens))
+        self.warming = True
+        try:
+            return e2e._collect(self.steps(prompt, new_tokens))
+        finally:
+            self.warming = False
 
     def steps(self, prompt, new_tokens):
         for k, token in enumerate(self.tokens[:new_tokens]):
-            self.log.append((self.name, k))
+            if not self.warming:
+                self.log.append((self.name, k))
             yield token, 0.001 * (k + 1)
 
 
 @pytest.mark.parametrize("lockstep", [True, False])
 def test_variants_take_turns_by_step_or_by_generation(lockstep):
     log: list = []
+    opened: list = []
     names = ["a", "b", "c", "d"]
     rows = {n: e2e.Row(n, {}) for n in names + ["broken"]}
-    make = {n: (lambda n=n: _Scripted(n, log, [5, 6, 7, 8, 9, 10])) for n in names}
+    make = {n: (lambda n=n: _Scripted(n, log, [5, 6, 7, 8, 9, 10], opened)) for n in names}
     make["broken"] = lambda: 1 / 0
     config = e2e.Config(new_tokens=6, repeats=3)
     e2e._interleave(rows, make, config, [1, 2], lambda line: None, lockstep=lockstep)
-    timed = log[4 * 4:]  # after each variant's warm-up of 4 steps
+    # every repetition opens every variant anew, in an order that changes (the broken one is
+    # tried once)
+    openings = [tuple(opened[i:i + 4]) for i in range(0, 12, 4)]
+    assert len(opened) == 12 and all(sorted(o) == names for o in openings)
+    assert len(set(openings)) > 1
+    timed = log
     assert sorted(timed) == sorted([(n, k) for n in names for k in range(6)] * 3)
     chunks = [timed[i:i + 4] for i in range(0, len(timed), 4)]
     if lockstep:

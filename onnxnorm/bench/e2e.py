@@ -869,25 +869,31 @@ CONTROL = " (again)"
 
 def _interleave(rows: dict[str, Row], make: dict[str, Callable[[], Any]], config: Config,
                 prompt: list[int], log: Callable[[str], None], lockstep: bool = True) -> None:
-    """Opens every generator and generates once untimed (a short warm-up). Then ``repeats``
-    times, every variant generates; with ``lockstep``, step k (the prefill, then each token)
-    of every variant runs before step k + 1 of any, in a shuffled order (seeded, new every
-    step, so that no variant always runs after the same one): a load that comes and goes on
-    the machine falls on every variant alike. Without it, each variant generates whole in turn
-    (in a shuffled order, new every repetition): for sessions whose threads keep spinning
-    after a run, where the next variant's step would compete with them."""
-    generators: dict[str, Any] = {}
-    for name, opener in make.items():
-        try:
-            generators[name] = opener()
-            generators[name].generate(prompt, min(4, config.new_tokens))
-        except Exception as error:  # noqa: BLE001 - a variant that cannot run is a result
-            rows[name].error = f"does not run: {type(error).__name__}: {_first_line(error)}"
-            log(f"  {name}: {rows[name].error}")
-            generators.pop(name, None)
-    names = list(generators)
+    """``repeats`` times: opens every variant's generator anew, in a shuffled order (seeded,
+    new every repetition), generates once untimed with each (a short warm-up), then every
+    variant generates; with ``lockstep``, step k (the prefill, then each token) of every
+    variant runs before step k + 1 of any, in a shuffled order new every step (so that no
+    variant always runs after the same one): a load that comes and goes on the machine falls
+    on every variant alike. Without it, each variant generates whole in turn (in a shuffled
+    order): for sessions whose threads keep spinning after a run, where the next variant's step
+    would compete with them. The sessions are opened anew because the order of opening shows:
+    of sessions of one model in one process, the one opened last decoded fastest (1-6 %)."""
     order = random.Random(0)
+    failed: set[str] = set()
     for rep in range(config.repeats):
+        generators: dict[str, Any] = {}
+        for name in order.sample(list(make), len(make)):
+            if name in failed:
+                continue
+            try:
+                generators[name] = make[name]()
+                generators[name].generate(prompt, min(4, config.new_tokens))
+            except Exception as error:  # noqa: BLE001 - a variant that cannot run is a result
+                rows[name].error = f"does not run: {type(error).__name__}: {_first_line(error)}"
+                log(f"  {name}: {rows[name].error}")
+                generators.pop(name, None)
+                failed.add(name)
+        names = list(generators)
         made: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
         if lockstep:
             running = {name: generators[name].steps(prompt, config.new_tokens) for name in names}
@@ -901,6 +907,7 @@ def _interleave(rows: dict[str, Row], make: dict[str, Callable[[], Any]], config
         else:
             for name in order.sample(names, len(names)):
                 made[name] = list(generators[name].steps(prompt, config.new_tokens))
+        generators.clear()
         for name, steps in made.items():
             tokens = [token for token, _ in steps]
             row = rows[name]
@@ -910,8 +917,7 @@ def _interleave(rows: dict[str, Row], make: dict[str, Callable[[], Any]], config
             row.prefill.append(steps[0][1])
             row.steps.append([seconds for _, seconds in steps[1:]])
         log(f"  repetition {rep + 1}/{config.repeats}: " + ", ".join(
-            f"{n} {rows[n].totals[-1]:.2f} s" for n in names))
-    generators.clear()
+            f"{n} {rows[n].totals[-1]:.2f} s" for n in made))
 
 
 def paired(a: Row, b: Row) -> dict[str, float]:
