@@ -19,9 +19,10 @@ variant:
 
 The loop runs the prompt once (the prefill, which yields the first token), then one token at a
 time, binding the present keys and values the last run returned (ORT's own buffers, through IO
-binding, never copied) as the next run's past. All variants run in one process and generate
-in lockstep (step k of every variant before step k + 1 of any, in a rotating order), every
-step timed, ``repeats`` times; beside them a second session of the group's first variant (the
+binding, never copied) as the next run's past. All variants run in one process, ``repeats``
+times, their sessions opened anew each time in a shuffled order, and generate in lockstep (step
+k of every variant before step k + 1 of any, in a shuffled order; genai's by whole
+generations), every step timed; beside them a second session of the group's first variant (the
 control) shows what the timing's own noise is. Apart from the timed runs, one profiled
 generation per variant (ORT's profiler) gives the share of node time spent in norm kernels,
 and one generation per variant in a fresh interpreter gives its peak resident memory.
@@ -845,17 +846,17 @@ class Row:
             return out
         decode = [t for rep in self.steps for t in rep]
         totals = self.totals
+        decode_s = statistics.median([sum(s) for s in self.steps]) if decode else None
         out.update({
             "prefill_ms": 1e3 * statistics.median(self.prefill),
             "prefill_ms_range": [1e3 * min(self.prefill), 1e3 * max(self.prefill)],
             "decode_ms_median": 1e3 * statistics.median(decode) if decode else None,
             "decode_ms_p90": 1e3 * float(np.percentile(decode, 90)) if decode else None,
             "generation_s": statistics.median(totals),
-            "decode_s": statistics.median([sum(s) for s in self.steps]) if decode else None,
+            "decode_s": decode_s,
             "generation_s_range": [min(totals), max(totals)],
             "tokens_per_s": len(self.tokens or []) / statistics.median(totals),
-            "decode_tokens_per_s": (len(decode) / len(self.steps)) / statistics.median(
-                [sum(s) for s in self.steps]) if decode else None,
+            "decode_tokens_per_s": (len(decode) / len(self.steps)) / decode_s if decode else None,
             "generation_s_samples": totals,
             "tokens": self.tokens, "tokens_stable": self.tokens_stable,
         })
@@ -879,11 +880,10 @@ def _interleave(rows: dict[str, Row], make: dict[str, Callable[[], Any]], config
     would compete with them. The sessions are opened anew because the order of opening shows:
     of sessions of one model in one process, the one opened last decoded fastest (1-6 %)."""
     order = random.Random(0)
-    failed: set[str] = set()
     for rep in range(config.repeats):
         generators: dict[str, Any] = {}
         for name in order.sample(list(make), len(make)):
-            if name in failed:
+            if rows[name].error:  # a variant that could not run is not tried again
                 continue
             try:
                 generators[name] = make[name]()
@@ -892,16 +892,17 @@ def _interleave(rows: dict[str, Row], make: dict[str, Callable[[], Any]], config
                 rows[name].error = f"does not run: {type(error).__name__}: {_first_line(error)}"
                 log(f"  {name}: {rows[name].error}")
                 generators.pop(name, None)
-                failed.add(name)
         names = list(generators)
         made: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
         if lockstep:
             running = {name: generators[name].steps(prompt, config.new_tokens) for name in names}
             while running:
                 for name in order.sample(names, len(names)):
-                    step = next(running[name], None) if name in running else None
+                    if name not in running:
+                        continue
+                    step = next(running[name], None)
                     if step is None:
-                        running.pop(name, None)
+                        del running[name]
                     else:
                         made[name].append(step)
         else:
