@@ -18,9 +18,12 @@ _WHERE = {
     "CastAbsorb": "norms", "LayerCore": "norms", "MsSkipNorm": "norms", "RMSCore": "norms",
     "ScaleAbsorb": "norms", "SimplifiedLayerNorm": "norms", "StandardLayerNorm": "norms",
     "StandardRMSNorm": "norms",
-    "TARGETS": "pipeline", "fuse": "pipeline", "fuse_ir": "pipeline", "rules": "pipeline",
+    "OutputDoesNotLoad": "pipeline", "TARGETS": "pipeline", "fuse": "pipeline",
+    "fuse_ir": "pipeline", "rules": "pipeline", "upgrade_opset": "pipeline",
     "FusionReport": "report", "RuleReport": "report", "Skip": "report", "Tracker": "report",
-    "SandwichFusion": "residual", "SkipFusion": "residual", "XBiasAbsorb": "residual",
+    "CastSkipFusion": "residual", "SandwichFusion": "residual", "SkipFusion": "residual",
+    "XBiasAbsorb": "residual",
+    "ExpandedLayerNorm": "standard", "KerasLayerNorm": "standard",
 }
 
 

@@ -151,9 +151,18 @@ def _only_used_inside(context, shared=frozenset()) -> None:
             if value.is_graph_output():
                 raise Rejected(f"intermediate value {value.name!r} is a graph output")
             for user in value.consumers():
-                if user not in nodes:
+                if user not in nodes and not dead(user):
                     raise Rejected(f"intermediate value {value.name!r} is also used by "
                                    f"{user.op_type} node {user.name!r}")
+
+
+def dead(node: ir.Node, depth: int = 4) -> bool:
+    """Whether nothing reads ``node``'s outputs, directly or through nodes nothing reads (the
+    final dead-code pass removes it): ONNX's function expansion writes the statistics of
+    LayerNormalization's optional outputs whether the node had them or not."""
+    return depth > 0 and all(not v.is_graph_output() and all(dead(u, depth - 1)
+                                                             for u in v.consumers())
+                             for v in node.outputs)
 
 
 def dtype(value: ir.Value, what: str) -> ir.DataType:
@@ -193,6 +202,59 @@ def constant(value: ir.Value | None, what: str) -> np.ndarray:
     raise Rejected(f"{what} ({value.name!r}) is not a constant")
 
 
+#: integer ops :func:`int_values` evaluates (those of ONNX's function bodies' axis arithmetic)
+_INT_OPS = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}
+
+
+def int_values(value: ir.Value | None, what: str, depth: int = 8) -> np.ndarray:
+    """The value of a small integer computation on constants and on the rank or static shape of
+    a value, as ONNX's function bodies compute axes (``Range(axis, Size(Shape(X)), 1)``), which
+    no constant folding has run on."""
+    if value is None:
+        raise Rejected(f"{what} is missing")
+    node = value.producer()
+    if node is None or ir.convenience.get_const_tensor(value) is not None or depth == 0:
+        return constant(value, what)
+    args = list(node.inputs)
+    if node.domain not in ("", "ai.onnx") or None in args:
+        return constant(value, what)
+    op = node.op_type
+    if op in ("Shape", "Size"):
+        source = args[0]
+        inner = source.producer()
+        if (op == "Size" and inner is not None and inner.op_type == "Shape"
+                and not inner.attributes and inner.inputs[0].shape is not None):
+            return np.array(inner.inputs[0].shape.rank(), np.int64)  # Size(Shape(v)): the rank
+        dims = list(source.shape.dims) if source.shape is not None else None
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            raise Rejected(f"{what} ({value.name!r}) depends on the dims of {source.name!r}, "
+                           "which are not static")
+        if op == "Size":
+            return np.array(np.prod(dims, dtype=np.int64), np.int64)
+        rank = len(dims)
+        start, end = attribute(node, "start", 0), attribute(node, "end", rank)
+        return np.array(dims, np.int64)[slice(start, end)]
+    values = [int_values(a, what, depth - 1) for a in args]
+    if any(v.dtype.kind not in "iu" for v in values):
+        raise Rejected(f"{what} ({value.name!r}) is not an integer computation")
+    if op == "Identity":
+        return values[0]
+    if op == "Neg":
+        return -values[0]
+    if op in _INT_OPS and len(values) == 2:
+        return _INT_OPS[op](values[0], values[1])
+    if op == "Range":
+        if len(values) != 3 or any(v.size != 1 for v in values):
+            raise Rejected(f"{what} ({value.name!r}) is a Range of non-scalar bounds")
+        start, limit, delta = (int(v.reshape(())) for v in values)
+        if delta == 0 or (limit - start) // delta > 64:  # axes lists are short; no huge arrays
+            raise Rejected(f"{what} ({value.name!r}) is a Range of more than 64 values")
+        return np.arange(start, limit, delta, dtype=np.int64)
+    if op == "Concat":
+        return np.concatenate(values, axis=attribute(node, "axis", 0))
+    raise Rejected(f"{what} ({value.name!r}) is computed by {op}, not a constant")
+
+
 def scalar(value: ir.Value | None, what: str) -> float:
     """A constant of one element, of any numeric type, as a Python float."""
     array = constant(value, what)
@@ -225,6 +287,8 @@ def statistics_type(x_type: ir.DataType, strict: bool, what: str = "the statisti
     if x_type in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) and not strict:
         return HALF_STATISTICS.format(type=x_type.name)
     hint = " (strict precision)" if strict and x_type in DATA_TYPES else ""
+    if x_type == ir.DataType.DOUBLE:
+        hint = " and has no DOUBLE kernels: fusing would lose the original's precision"
     raise Rejected(f"{what} computed in {x_type.name}; onnxnorm computes them in FLOAT{hint}")
 
 

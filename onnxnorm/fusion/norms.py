@@ -23,7 +23,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion._base import (DATA_TYPES, FLOAT, FusionRule, NotThisPattern, Rejected,
-                                   Replacement, attribute, check_scale, constant, dtype, epsilon,
+                                   Replacement, attribute, check_scale, dtype, epsilon, int_values,
                                    scalar, statistics_type)
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
@@ -39,16 +39,19 @@ def check_type(x_type: ir.DataType, **values: ir.Value) -> None:
             raise Rejected(f"{what} is {dtype(value, what).name}, X is {x_type.name}")
 
 
-def check_last_axis_mean(node: ir.Node, x: ir.Value) -> None:
-    """The ReduceMean must keep its dims and reduce over X's last axis alone."""
+def mean_axis(node: ir.Node, x: ir.Value, rank: int | None = None) -> int:
+    """The first normalized axis, negative, of a ReduceMean over the trailing axes [axis, rank)
+    of X that keeps its dims (``rank``: X's where the caller knows it better than X's shape,
+    a 2-D view). The axes may be computed from X's rank, as ONNX's function bodies do."""
     if attribute(node, "keepdims", 1) != 1:
         raise Rejected(f"ReduceMean {node.name!r} has keepdims=0")
     axes_input = node.inputs[1] if len(node.inputs) > 1 else None
     if axes_input is not None:
-        axes = [int(a) for a in constant(axes_input, "the ReduceMean axes").reshape(-1)]
+        axes = [int(a) for a in int_values(axes_input, "the ReduceMean axes").reshape(-1)]
     else:
         axes = list(attribute(node, "axes", None) or [])
-    rank = x.shape.rank() if x.shape is not None else None
+    if rank is None and x.shape is not None:
+        rank = x.shape.rank()
     if not axes:
         if attribute(node, "noop_with_empty_axes", 0):
             raise Rejected(f"ReduceMean {node.name!r} has no axes and noop_with_empty_axes=1")
@@ -56,23 +59,33 @@ def check_last_axis_mean(node: ir.Node, x: ir.Value) -> None:
             raise Rejected(f"ReduceMean {node.name!r} reduces over all axes of X of unknown rank")
         axes = list(range(rank))
     if rank is None:
-        last = axes == [-1]
-    else:
-        last = len(axes) == 1 and -rank <= axes[0] < rank and axes[0] % rank == rank - 1
-    if not last:
-        raise Rejected(f"ReduceMean {node.name!r} reduces over axes {axes}, "
-                       "not over the last axis only")
+        # negative axes need no rank: [-k, ..., -1] in any order
+        negative = sorted(axes)
+        if negative == list(range(-len(axes), 0)):
+            return negative[0]
+    elif all(-rank <= a < rank for a in axes):
+        trailing = sorted(a % rank for a in axes)
+        if trailing == list(range(rank - len(axes), rank)):
+            return -len(axes)
+    raise Rejected(f"ReduceMean {node.name!r} reduces over axes {axes}, not over the trailing "
+                   "axes [axis, rank) of X")
 
 
-def check_weight(value: ir.Value, x: ir.Value, what: str) -> None:
+def check_weight(value: ir.Value, x: ir.Value, what: str, axis: int | None = None) -> None:
     """A Scale/Bias must be a weight: a constant, or a value of lower rank than X (a residual
-    stream or any other activation of X's full shape is never taken for one)."""
+    stream or any other activation of X's full shape is never taken for one). With ``axis``,
+    the norm's: a norm over all of X (ONNX's axis-0 test cases) takes a value of X's very
+    shape, all dims known, as its weight, since there the weight spans every element."""
     if ir.convenience.get_const_tensor(value) is not None:
         return
     x_rank = x.shape.rank() if x.shape is not None else None
     rank = value.shape.rank() if value.shape is not None else None
-    if x_rank is None or rank is None or rank >= x_rank:
-        raise NotThisPattern(f"{what} ({value.name!r}) is neither a constant nor of lower rank than X")
+    if x_rank is not None and rank is not None and rank < x_rank:
+        return
+    if (axis is not None and x_rank is not None and axis in (0, -x_rank) and rank == x_rank
+            and x.shape.is_static() and list(value.shape.dims) == list(x.shape.dims)):
+        return
+    raise NotThisPattern(f"{what} ({value.name!r}) is neither a constant nor of lower rank than X")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,9 +113,9 @@ class _Core(FusionRule):
             return op.Div(x, d, _outputs=["y"])
         return op.Mul(x, pattern.OrValue([op.Reciprocal(d), op.Div(one, d)]), _outputs=["y"])
 
-    def replacement(self, x: ir.Value, eps: ir.Value, note: str) -> Replacement:
+    def replacement(self, x: ir.Value, eps: ir.Value, axis: int, note: str) -> Replacement:
         return Replacement(self.op_name, {"X": x}, {
-            "axis": -1, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0},
+            "axis": axis, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0},
             note)
 
 
@@ -116,8 +129,8 @@ class RMSCore(_Core):
         return self.divide(op, x, op.Sqrt(op.Add(mean, eps)), one)
 
     def inspect(self, context, x, eps, mean, two=None, one=None, **_):
-        note = _core_checks(x, mean.producer(), two, one, self.strict_precision)
-        return self.replacement(x, eps, note)
+        note, axis = _core_checks(x, mean.producer(), two, one, self.strict_precision)
+        return self.replacement(x, eps, axis, note)
 
 
 class LayerCore(_Core):
@@ -134,20 +147,21 @@ class LayerCore(_Core):
         return self.divide(op, centred, op.Sqrt(op.Add(var, eps)), one)
 
     def inspect(self, context, x, eps, mean, mu, two=None, one=None, **_):
-        note = _core_checks(x, mean.producer(), two, one, self.strict_precision)
-        check_last_axis_mean(mu.producer(), x)
-        return self.replacement(x, eps, note)
+        note, axis = _core_checks(x, mean.producer(), two, one, self.strict_precision)
+        if mean_axis(mu.producer(), x) != axis:
+            raise Rejected("the mean and the variance reduce over different axes")
+        return self.replacement(x, eps, axis, note)
 
 
-def _core_checks(x, mean_node, two, one, strict: bool) -> str:
-    """The checks every core rule makes; returns the report's note on the statistics' type."""
+def _core_checks(x, mean_node, two, one, strict: bool) -> tuple[str, int]:
+    """The checks every core rule makes; returns the report's note on the statistics' type and
+    the first normalized axis."""
     note = statistics_type(dtype(x, "X"), strict)
     if two is not None and scalar(two, "the Pow exponent") != 2:
         raise Rejected(f"the Pow exponent is {scalar(two, 'the Pow exponent')}, not 2")
     if one is not None and scalar(one, "the reciprocal's numerator") != 1:
         raise Rejected(f"the reciprocal's numerator is {scalar(one, 'the numerator')}, not 1")
-    check_last_axis_mean(mean_node, x)
-    return note
+    return note, mean_axis(mean_node, x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,9 +184,9 @@ class ScaleAbsorb(FusionRule):
         return op.Mul(norm, factor, _outputs=["y"])
 
     def inspect(self, context, x, scale, norm, y, c=None, **_):
-        check_weight(scale, x, "Scale")
         norm = Replacement.of(norm.producer())
         attrs = norm.attributes
+        check_weight(scale, x, "Scale", attrs["axis"])
         if any(v is not None for k, v in norm.inputs.items() if k != "X"):
             raise NotThisPattern("the norm already has a Scale or Bias")
         if attrs.get("scale_offset"):
@@ -204,9 +218,9 @@ class BiasAbsorb(FusionRule):
         return op.Add(norm, bias, _outputs=["y"])
 
     def inspect(self, context, x, bias, norm, y, **_):
-        check_weight(bias, x, "Bias")
         norm = Replacement.of(norm.producer())
         attrs = norm.attributes
+        check_weight(bias, x, "Bias", attrs["axis"])
         if norm.inputs["Bias"] is not None:
             raise NotThisPattern("the norm already has a Bias")
         x_type = dtype(x, "X")
@@ -275,6 +289,10 @@ class StandardLayerNorm(FusionRule):
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         note = _stash(node, self.strict_precision)
         x_type = dtype(x, "X")
+        if x_type != FLOAT and dtype(y, "Y") == FLOAT == dtype(scale, "Scale"):
+            raise Rejected(f"Y is FLOAT, X is {x_type.name}: ONNX Runtime's LayerNormalization "
+                           "(below opset 17) gives Y in Scale's type, unrounded, where "
+                           "onnxnorm's LayerNorm gives it in X's type")
         check_type(x_type, Y=y)
         axis = _axis(node, x)
         for what, value in (("Scale", scale), ("Bias", bias)):
@@ -380,8 +398,10 @@ def _stash(node: ir.Node, strict: bool) -> str:
     try:
         return statistics_type(stash, strict)
     except Rejected:
-        raise Rejected(f"stash_type is {stash.name}; onnxnorm computes the statistics in FLOAT"
-                       + (" (strict precision)" if strict else "")) from None
+        why = (" and has no DOUBLE kernels: fusing would lose the original's precision"
+               if stash == ir.DataType.DOUBLE else " (strict precision)" if strict else "")
+        raise Rejected(f"stash_type is {stash.name}; onnxnorm computes the statistics in "
+                       f"FLOAT{why}") from None
 
 
 def _axis(node: ir.Node, x: ir.Value) -> int:
@@ -418,8 +438,11 @@ def norm_rules(tracker: Tracker, strict_precision: bool = False) -> list[pattern
     """Stage 1: every norm becomes an onnxnorm LayerNorm/RMSNorm (apply to a fixpoint).
     ``strict_precision``: leave norms whose statistics the original computes in float16 or
     bfloat16 as they are (by default they are fused, with float32 statistics, and noted)."""
+    from onnxnorm.fusion.standard import standard_rules
+
     strict = strict_precision
-    rules = [StandardLayerNorm.rule(tracker, strict_precision=strict),
+    rules = [*standard_rules(tracker, strict),
+             StandardLayerNorm.rule(tracker, strict_precision=strict),
              StandardRMSNorm.rule(tracker, strict_precision=strict),
              SimplifiedLayerNorm.rule(tracker, strict_precision=strict),
              *(MsSkipNorm.rule(tracker, layer=layer, n_out=n) for layer in (True, False)

@@ -128,6 +128,40 @@ class SkipFusion(FusionRule):
         return Replacement(f"Skip{self.op_name}", dict(norm.inputs, X=x, Residual=residual), attrs)
 
 
+class CastSkipFusion(SkipFusion):
+    """``Norm(Cast(a + b))``: a residual add whose sum is cast before the norm (float16 graphs
+    that keep their norms in float32 without casting the output back, whose input/output casts
+    ``norms.CastAbsorb`` would take). A Skip op adds, normalizes and gives Y and Sum in X's
+    type, so it is the original only where the Cast keeps the type; elsewhere the report says
+    why not (without this rule such an add would be passed over in silence)."""
+
+    def __init__(self, tracker: Tracker, op_name: str) -> None:
+        self.op_name, self.deep = op_name, False
+        self.title = f"Skip{op_name} (residual add cast before the norm)"
+        FusionRule.__init__(self, tracker, f"Skip{op_name}Cast")
+
+    def pattern(self, op, a, b):
+        total = op.Add(a, b, _outputs=["total"])
+        y = getattr(op, self.op_name)(op.Cast(total, _outputs=["cast"]), _domain=catalogue.DOMAIN,
+                                      _allow_other_inputs=True, _outputs=["y"])
+        return y, total
+
+    def inspect(self, context, a, b, total, cast, y, **_):
+        t, norm_type = dtype(total, "the sum"), dtype(cast, "the norm's input")
+        _same_shape(a, b, "the residual add's operands")
+        if t == norm_type:  # a Cast to the type it has (``rules()`` without the pipeline)
+            return super().inspect(context, a=a, b=b, total=total, y=y)
+        if t.itemsize < norm_type.itemsize:
+            why = (f"the Skip op would give Y in {t.name}, where the original's norm returns it "
+                   f"in {norm_type.name}; in {norm_type.name} it would not round the sum to "
+                   f"{t.name} as the original does")
+        else:
+            why = (f"a Skip op in {norm_type.name} would round the operands to {norm_type.name} "
+                   f"before adding them, where the original rounds their {t.name} sum")
+        raise Rejected(f"the residual add runs in {t.name} and its sum is cast to "
+                       f"{norm_type.name} for the norm: {why}")
+
+
 def _matters(attrs: dict, inputs: dict, t: ir.DataType) -> bool:
     """Whether a norm's rounding order changes its result."""
     return t != FLOAT and (inputs.get("Scale") is not None or inputs.get("Bias") is not None
@@ -251,7 +285,8 @@ def sandwich_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
 
 def skip_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
     return [SkipFusion.rule(tracker, op_name=name, deep=deep)
-            for deep in (True, False) for name in ("RMSNorm", "LayerNorm")]
+            for deep in (True, False) for name in ("RMSNorm", "LayerNorm")] + [
+        CastSkipFusion.rule(tracker, op_name=name) for name in ("RMSNorm", "LayerNorm")]
 
 
 def xbias_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
