@@ -268,7 +268,7 @@ def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.Model
 
     try:  # before any external data is read
         check_external_data(model, path.parent, own=path)
-        check_model(model)
+        check_model(model, path.parent)  # its repairs are the fuse pipeline's to make
     except ModelProblem as problem:
         raise OnnxNormError(f"{path}: {problem}") from None
     try:

@@ -22,7 +22,8 @@ def rng():
 # tests, which put the one-test sanitizer file last).
 _LONG_FILES = ("test_install.py", "test_sanitize.py", "test_cuda.py", "test_fusion_corpus.py",
                "test_pipelines.py", "test_bench_e2e.py", "test_optimum.py", "test_concurrency.py",
-               "test_encoders.py", "test_large_files.py", "test_olive.py", "test_external_data.py")
+               "test_encoders.py", "test_large_files.py", "test_olive.py", "test_external_data.py",
+               "test_conformance.py", "test_wild_models.py", "test_fusion_spellings.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -236,9 +236,11 @@ def test_schemas_registered_for_every_op():
         assert set(schema.attributes) == {a.name for a in spec.attributes}
 
 
-def test_function_bodies_need_opset_15():
-    with pytest.raises(ValueError, match="opset >= 15"):
+def test_function_bodies_below_opset_15_name_x_type():
+    """Below opset 15 (no CastLike) the overload names X's type; tests/test_opsets.py runs them."""
+    with pytest.raises(ValueError, match="names no element type of X .* below opset 15"):
         functions.function_proto("RMSNorm", "scale", 14)
+    assert functions.function_proto("RMSNorm", "scale_f16", 14).overload == "scale_f16"
 
 
 def _checked(node, inputs):
@@ -364,24 +366,35 @@ def _float8_node_model(opset, zero_point_type=onnx.TensorProto.FLOAT8E4M3FN, dec
 def test_float8_needs_opset_19(declared, tmp_path, capsys):
     """The function body of a float8 node ends in QuantizeLinear to float8, which ONNX has from
     opset 19: in an older model attaching the bodies, and lowering to the ort and onnx targets,
-    is an error naming the node, the opset and what it needs (the type found by shape inference
-    where nothing declares it), and `onnxnorm fuse` refuses such a model in one line. uint8 and
-    int8 take any opset; opset 19 takes float8."""
+    leave the node without a body (it needs the library), with a note naming the node, the
+    opset and what it needs (the type found by shape inference where nothing declares it);
+    `onnxnorm fuse` writes it so and says why, and with --upgrade-opset converts the model to
+    opset 19, where the node gets its body. uint8 and int8 take any opset; opset 19 takes
+    float8."""
     from onnxnorm import cli
-    from onnxnorm.fusion.lowering import lower
+    from onnxnorm.fusion.lowering import lower, lower_with_notes
 
-    message = (r"RMSNormQuantizeLinear node 'norm_q' quantizes to float8e4m3fn .* needs ONNX "
-               r"opset >= 19 .* the model imports opset 18")
+    note = (r"norm_q \(RMSNormQuantizeLinear\) -> onnxnorm node without a function body .*: "
+            r"quantizes to float8e4m3fn .* needs ONNX opset >= 19 .* the model imports opset "
+            r"18: .*")
     for target in ("function", "ort", "onnx"):
-        with pytest.raises(ValueError, match=message):
-            lower(_float8_node_model(18, declared=declared), target)
-    with pytest.raises(ValueError, match=message):
-        functions.attach_functions(_float8_node_model(18, declared=declared))
+        lowered, notes = lower_with_notes(_float8_node_model(18, declared=declared), target)
+        assert len(notes) == 1 and re.fullmatch(note, str(notes[0])), notes
+        norm = next(n for n in lowered.graph.node if n.op_type == "RMSNormQuantizeLinear")
+        assert norm.domain == ops.DOMAIN and not norm.overload and not lowered.functions
+    notes = []
+    functions.attach_functions(_float8_node_model(18, declared=declared), notes)
+    assert len(notes) == 1 and re.fullmatch(note, str(notes[0])), notes
     onnx.save(_float8_node_model(18, declared=declared), tmp_path / "old.onnx")
-    assert cli.main(["fuse", str(tmp_path / "old.onnx"), "-o", str(tmp_path / "out.onnx")]) == 1
-    error = capsys.readouterr().err
-    assert error.count("\n") == 1 and re.search(message, error), error
-    assert not (tmp_path / "out.onnx").exists()
+    assert cli.main(["fuse", str(tmp_path / "old.onnx"), "-o", str(tmp_path / "out.onnx")]) == 0
+    printed = capsys.readouterr().out
+    assert re.search("lowered to function: " + note[:-3], printed), printed
+    assert not onnx.load(tmp_path / "out.onnx").functions
+    assert cli.main(["fuse", str(tmp_path / "old.onnx"), "-o", str(tmp_path / "up.onnx"),
+                     "--upgrade-opset"]) == 0
+    assert "upgraded: ONNX opset 18 -> 19" in capsys.readouterr().out
+    upgraded = onnx.load(tmp_path / "up.onnx")
+    assert functions.model_opset(upgraded) == 19 and len(upgraded.functions) == 1
     assert len(lower(_float8_node_model(18, declared=declared), "fused").graph.node) == 1 + (
         not declared)  # the library's kernel needs no standard op
     for q_type in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8):

@@ -11,7 +11,7 @@ def add_fusion_options(parser: argparse.ArgumentParser, *, output_help: str,
                        verify_help: str, verify_default: bool | None = False) -> None:
     """The options ``onnxnorm fuse`` and ``onnxnorm genai`` share: the output, the target,
     --verify (``verify_default`` None: --verify/--no-verify, the default decided by the
-    command), --overwrite, --strict-precision and --json."""
+    command), --overwrite, --strict-precision, --upgrade-opset and --json."""
     from onnxnorm.targets import DEFAULT, TARGETS, help_text
 
     parser.add_argument("-o", "--output", required=True, help=output_help)
@@ -29,6 +29,13 @@ def add_fusion_options(parser: argparse.ArgumentParser, *, output_help: str,
                              "bfloat16 as they are (by default they are fused with float32 "
                              "statistics, as onnxnorm's ops compute them, and the report says "
                              "so)")
+    parser.add_argument("--upgrade-opset", action="store_true",
+                        help="where the model's ONNX opset is too old for an onnxnorm node's "
+                             "function body or lowering (bfloat16 below opset 13, quantizers "
+                             "below 10/11, float8 below 19), convert the model to the oldest "
+                             "opset that has them with onnx's version converter (by default "
+                             "such a node keeps no body and needs the onnxnorm library; the "
+                             "report says why)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON "
                                                        "('-' for standard output)")
 
@@ -112,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     fused, weights, report = fuse_detached(model, target=args.target,
                                            base_dir=str(model_dir(source)),
-                                           strict_precision=args.strict_precision)
+                                           strict_precision=args.strict_precision,
+                                           upgrade=args.upgrade_opset)
     print(report)
     result = report.to_dict()
     result["input_notes"] = notes
@@ -154,7 +162,7 @@ def run_folder(args: argparse.Namespace) -> int:
         check_output(args.json)
     report = fuse_folder(args.input, args.output, target=args.target,
                          verify=args.verify is not False, overwrite=args.overwrite,
-                         strict_precision=args.strict_precision)
+                         strict_precision=args.strict_precision, upgrade=args.upgrade_opset)
     print(report)
     write_json(report.to_dict(), args.json)
     if not report.written:

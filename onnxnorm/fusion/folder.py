@@ -124,7 +124,7 @@ def verify_file(original: Path, fused: Path) -> list:
 
 
 def fuse_file(source: Path, output: Path, *, target: str = "function",
-              strict_precision: bool = False) -> tuple[Any, set[Path]]:
+              strict_precision: bool = False, upgrade: bool = False) -> tuple[Any, set[Path]]:
     """Fuses the model file ``source`` into ``output`` (its folder made where missing), as
     ``onnxnorm fuse`` does; returns the fusion report and the resolved paths of the input's
     external data files (not to be copied beside the output)."""
@@ -134,7 +134,7 @@ def fuse_file(source: Path, output: Path, *, target: str = "function",
     model = load_model(source, load_weights=False)
     data = external_files(model, source.parent)
     fused, weights, report = fuse_detached(model, target=target, base_dir=str(source.parent),
-                                           strict_precision=strict_precision)
+                                           strict_precision=strict_precision, upgrade=upgrade)
     del model
     output.parent.mkdir(parents=True, exist_ok=True)
     save_model(fused, output, source=source, extra=weights)
@@ -143,10 +143,11 @@ def fuse_file(source: Path, output: Path, *, target: str = "function",
 
 def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
                 target: str = "function", verify: bool = True, overwrite: bool = False,
-                strict_precision: bool = False,
+                strict_precision: bool = False, upgrade: bool = False,
                 progress: Callable[[str], None] | None = None) -> FolderReport:
     """Writes to ``output`` a copy of the folder ``source`` with every ONNX file fused
-    (``target``, ``strict_precision``: see :func:`onnxnorm.fusion.fuse`) and the other files
+    (``target``, ``strict_precision``, ``upgrade``: see :func:`onnxnorm.fusion.fuse`) and the
+    other files
     copied. ``verify``: run each fused file against its original (the default); when one is
     over tolerance, nothing is written and the report says which (``written`` False).
     ``output`` must not exist unless ``overwrite``; ``source`` is never modified."""
@@ -166,7 +167,7 @@ def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
             if progress:
                 progress(f"fusing {name}")
             fused, data = fuse_file(source / name, work / name, target=target,
-                                    strict_precision=strict_precision)
+                                    strict_precision=strict_precision, upgrade=upgrade)
             skip |= data | {(source / name).resolve()}
             result = FileResult(str(name), fused)
             report.files.append(result)

@@ -5,10 +5,17 @@
 - ``function``: onnxnorm nodes with their model-local function bodies (``attach_functions``).
 - ``fused``: onnxnorm nodes without bodies (``strip_functions``; the library is required).
 - ``ort``: ONNX Runtime's own ops: LayerNormalization, SimplifiedLayerNormalization (ORT
-  registers it in the ONNX domain) and com.microsoft SkipLayerNormalization /
-  SkipSimplifiedLayerNormalization.
+  registers both in the ONNX domain, as contrib ops from version 1 and LayerNormalization as
+  ONNX's from 17) and com.microsoft SkipLayerNormalization / SkipSimplifiedLayerNormalization;
+  onnxruntime 1.32 loads and runs all four in models of every standard opset from 7 (measured).
 - ``onnx``: standard ONNX only: LayerNormalization (opset >= 17), RMSNormalization
   (opset >= 23); below those opsets the catalogue's own function body is inlined.
+
+Every opset from 7 is lowered; what the lowering writes besides the norm ops (shapes, constants,
+casts) is in the model's own opset's ops, through the body builder's ``functions.OpsetWriter``.
+A node that the model's opset cannot express at all (``functions.body_problem``: bfloat16 below
+opset 13, a quantizer older than its op, a float8 zero point below 19) stays an onnxnorm node
+without a body, which needs the onnxnorm library, and its note says why.
 
 Exactness. Measured with onnxruntime 1.32 on CPU: its LayerNormalization,
 SimplifiedLayerNormalization and RMSNormalization kernels round once at the end for float16
@@ -30,36 +37,25 @@ inlined. A quantized op becomes its norm, lowered as above, and the QuantizeLine
 DynamicQuantizeLinear it stands for (after a Cast to float32 for a float16 / bfloat16 X, where
 the quantizer computes in float32 anyway), its zero point as given: a float8e4m3fn zero point
 gives a QuantizeLinear to float8 (with its default ``saturate = 1``, which the op computes),
-which needs opset 19 or newer (an older model is an error). ``lower_with_notes`` also says, per
-node, what was emitted and why.
+which needs opset 19 or newer. ``lower_with_notes`` also says, per node, what was emitted and
+why.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterator, Sequence
 
 import onnx
 from onnx import TensorProto, helper
 
 from onnxnorm.ops import catalogue, functions
+from onnxnorm.ops.functions import Note
 from onnxnorm.targets import TARGETS
+
+__all__ = ["Note", "lower", "lower_with_notes", "op_types"]
 
 MS_DOMAIN = "com.microsoft"
 _FLOAT = TensorProto.FLOAT
-
-
-@dataclasses.dataclass(frozen=True)
-class Note:
-    """How one onnxnorm node was lowered: the node, its op, what replaced it and why."""
-
-    node: str
-    op: str
-    emitted: str
-    reason: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.node} ({self.op}) -> {self.emitted}" + (f": {self.reason}" if self.reason else "")
 
 
 def lower(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
@@ -69,78 +65,48 @@ def lower(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
 
 def lower_with_notes(model: onnx.ModelProto, target: str, weights: Sequence[onnx.TensorProto] = ()
                      ) -> tuple[onnx.ModelProto, list[Note]]:
-    """:func:`lower`, and a note per node; ``weights``: initializers kept apart from ``model``
-    (``fuse_detached``), whose types and shapes the lowering needs all the same."""
+    """:func:`lower`, and a note per node (``function``: per node left without a body);
+    ``weights``: initializers kept apart from ``model`` (``fuse_detached``), whose types and
+    shapes the lowering needs all the same."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
     out = onnx.ModelProto()
     out.CopyFrom(model)
     if target == "function":
-        return functions.attach_functions(out), []
+        notes: list[Note] = []
+        return functions.attach_functions(out, notes), notes
     if target == "fused":
         return functions.strip_functions(out), []
-    opset = functions.model_opset(out) or 0
-    if opset < functions.MIN_OPSET:
-        raise ValueError(f"lowering to {target!r} needs an ONNX opset >= {functions.MIN_OPSET}, "
-                         f"the model has {opset}")
-    functions.check_float8_opset(out, opset, {t.name: t.data_type for t in weights})
+    opset = functions.model_opset(out) or functions.MIN_OPSET
     lowerer = _Lowerer(out, target, opset, weights)
     lowerer.graph(out.graph)
     keep = [f for f in out.functions if f.domain != catalogue.DOMAIN]
     del out.functions[:]
     out.functions.extend(keep)
-    imports = [i for i in out.opset_import if i.domain != catalogue.DOMAIN]
+    imports = [i for i in out.opset_import if i.domain != catalogue.DOMAIN or lowerer.kept]
     if lowerer.uses_ms and not any(i.domain == MS_DOMAIN for i in imports):
         imports.append(helper.make_opsetid(MS_DOMAIN, 1))
     del out.opset_import[:]
     out.opset_import.extend(imports)
+    if functions.model_opset(out) is None and lowerer.kept < len(lowerer.notes):
+        functions._set_opset(out, "", opset)  # the standard ops written are of this opset
     return out, lowerer.notes
 
 
-def _types_and_ranks(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list]]:
-    """Element type and dims of every value the model declares (inputs, outputs, value_info,
-    initializers and Constant outputs)."""
-    types: dict[str, int] = {}
-    dims: dict[str, list] = {}
-    for graph in functions._all_graphs(model.graph):
-        for info in list(graph.input) + list(graph.output) + list(graph.value_info):
-            t = info.type.tensor_type
-            if t.elem_type:
-                types[info.name] = t.elem_type
-            if t.HasField("shape"):
-                dims[info.name] = [d.dim_value if d.HasField("dim_value") else None
-                                   for d in t.shape.dim]
-        for init in graph.initializer:
-            types[init.name] = init.data_type
-            dims[init.name] = list(init.dims)
-        for node in graph.node:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                for attr in node.attribute:
-                    if attr.name == "value":
-                        types[node.output[0]] = attr.t.data_type
-                        dims[node.output[0]] = list(attr.t.dims)
-    return types, dims
-
-
-class _Lowerer:
+class _Lowerer(functions.OpsetWriter):
     def __init__(self, model: onnx.ModelProto, target: str, opset: int,
                  weights: Sequence[onnx.TensorProto] = ()):
         self.target, self.opset = target, opset
         self.notes: list[Note] = []
         self.uses_ms = False
+        #: how many onnxnorm nodes stay (without a body): the opset cannot express them
+        self.kept = 0
         self.count = 0
         #: the element type of the X of the node being lowered
         self.t: int | None = None
-        self.types, self.dims = _types_and_ranks(model)
-        if any(n.domain == catalogue.DOMAIN and n.input and n.input[0] not in self.types
-               for n in functions.onnxnorm_nodes(model)):
-            try:  # the exporters and the fuse pipeline write value_info; others may not
-                inferred = onnx.shape_inference.infer_shapes(model)
-                self.types, self.dims = _types_and_ranks(inferred)
-            except Exception:  # noqa: BLE001 - without shapes every node takes the safe path
-                pass
-        for tensor in weights:
-            self.types[tensor.name], self.dims[tensor.name] = tensor.data_type, list(tensor.dims)
+        # X's type and dims, inferred where undeclared (without them a node takes the safe path)
+        self.types, self.dims = functions.node_types(
+            model, list(functions.onnxnorm_nodes(model)), opset, weights, all_x=True)
 
     # -- emitting nodes -------------------------------------------------------------------
     def _name(self, hint: str) -> str:
@@ -158,9 +124,6 @@ class _Lowerer:
         """One node of one output (``out``, or a new name), for ``functions.scale_and_shift``
         as for the rest."""
         return self.emit(op, list(inputs), outs=[out] if out else None, **attrs)[0]
-
-    def const(self, value_float: float) -> str:
-        return self("Constant", value=helper.make_tensor(self._name("c"), _FLOAT, [], [value_float]))
 
     def float32(self, value: str) -> str:
         return value if self.types.get(value) == _FLOAT else self("Cast", value, to=_FLOAT)
@@ -199,11 +162,17 @@ class _Lowerer:
         outs = {p.name: (node.output[i] if i < len(node.output) and node.output[i] else None)
                 for i, p in enumerate(spec.outputs)}
         self.t = t = self.types.get(args["X"])
+        problem = functions.node_problem(node, self.opset, self.types)
+        if problem:
+            return self._keep(node, problem)
         if t is None:
             return self._inline(node, "the element type of X is unknown")
         if self._core_op(spec) is None:
             return self._inline(node, f"opset {self.opset} has no standard "
                                       f"{'RMSNormalization (needs 23)' if spec.norm == 'rms' else 'LayerNormalization (needs 17)'}")
+        if self.opset < 9 and self._normalized_count(args["X"], attrs["axis"]) is None:
+            return self._inline(node, f"opset {self.opset} has no ConstantOfShape for a unit "
+                                      "scale, and the rank of X is unknown")
         if spec.quantize != "none":
             return self._quantized(spec, attrs, args, outs)
         return self._float(spec, attrs, args, outs)
@@ -287,8 +256,7 @@ class _Lowerer:
             return op
         # the norm with a unit Scale on X in float32, then the catalogue's own arithmetic
         xf = x if t == _FLOAT else self("Cast", x, to=_FLOAT)
-        ones = self("ConstantOfShape", self("Shape", xf, start=axis),
-                    value=helper.make_tensor("one", _FLOAT, [1], [1.0]))
+        ones = self.ones(xf, axis, self._normalized_count(x, axis))
         value = functions.scale_and_shift(
             self, self(op, xf, ones, axis=axis, epsilon=eps), scale, bias,
             float(attrs.get("scale_offset", 0.0)) or None,
@@ -316,7 +284,7 @@ class _Lowerer:
                 why_not = "XBias is not a 1-D tensor of X's type"
         if why_not is None and self.target == "ort" and scale is not None:
             if alpha != 1.0:
-                residual = self("Mul", residual, self.const(alpha))
+                residual = self("Mul", residual, self.scalar(alpha))
             op = "SkipLayerNormalization" if spec.norm == "layer" else "SkipSimplifiedLayerNormalization"
             inputs = [x, residual, scale] + ([bias or ""] if spec.norm == "layer" else [])
             if xbias is not None:
@@ -333,7 +301,7 @@ class _Lowerer:
         else:
             acc = self("Cast", residual, to=_FLOAT) if t != _FLOAT else residual
             if alpha != 1.0:
-                acc = self("Mul", acc, self.const(alpha))
+                acc = self("Mul", acc, self.scalar(alpha))
             acc = self("Add", acc, x if t == _FLOAT else self("Cast", x, to=_FLOAT))
             if xbias is not None:
                 acc = self("Add", acc, self.float32(xbias))
@@ -341,10 +309,20 @@ class _Lowerer:
         kind = self._norm(spec, attrs, total, scale, bias, y)
         return f"Add + {kind}", (why_not or "") if self.target == "ort" else ""
 
+    def _keep(self, node: onnx.NodeProto, reason: str) -> tuple[str, str]:
+        """``node`` as it is, without a body: the model's opset cannot express it."""
+        kept = onnx.NodeProto()
+        kept.CopyFrom(node)
+        kept.overload = ""
+        self.new_nodes.append(kept)
+        self.kept += 1
+        return functions.WITHOUT_BODY, reason
+
     # -- inlining the catalogue's function body --------------------------------------------
     def _inline(self, node: onnx.NodeProto, reason: str) -> tuple[str, str]:
         spec = catalogue.get(node.op_type)
-        body = functions.function_proto(node.op_type, functions.node_variant(node), self.opset)
+        body = functions.function_proto(
+            node.op_type, functions.node_variant(node, self.opset, self.t), self.opset)
         values = {**spec.defaults, **{a.name: helper.get_attribute_value(a) for a in node.attribute}}
         rename = {formal: actual for formal, actual in zip(body.input, node.input)}
         for i, formal in enumerate(body.output):

@@ -17,9 +17,10 @@ onnxnorm nodes lowered to the target (``lowering.py``).
 
 from __future__ import annotations
 
-from typing import Callable
-
+import logging
+import threading
 from pathlib import Path
+from typing import Callable
 
 import onnx
 import onnx_ir as ir
@@ -123,14 +124,46 @@ class _Driver:
         return count
 
 
-def _fixpoint(model: ir.Model, rule_set: pattern.RewriteRuleSet, limit: int = 20,
-              once: bool = False) -> None:
-    driver = _Driver(rule_set)
+def _fixpoint(model: ir.Model, driver: _Driver, limit: int = 20) -> None:
     for _ in range(limit):
         if not driver.apply(model):
             return
-        if once:
-            return
+
+
+class _TrackerProxy:
+    """What the cached rules report to: the tracker of the run at hand. Building the stages'
+    rule sets (their commuted variants) took 0.2 s, more than fusing a small model, so each
+    thread builds them once and every run points them at its own tracker."""
+
+    def __init__(self) -> None:
+        self.target: Tracker | None = None
+        self.titles: list[str] = []
+
+    def register(self, title: str) -> None:
+        self.titles.append(title)
+
+    def checked(self, title: str, root, reason) -> None:
+        self.target.checked(title, root, reason)
+
+    def fused(self, title: str, root, note: str = "") -> None:
+        self.target.fused(title, root, note)
+
+
+_CACHE = threading.local()
+
+
+def _drivers(tracker: Tracker, strict_precision: bool) -> list[tuple[str, _Driver]]:
+    """The stages' drivers, built once per thread and strictness, reporting to ``tracker``."""
+    cache = _CACHE.__dict__.setdefault("stages", {})
+    if strict_precision not in cache:
+        proxy = _TrackerProxy()
+        cache[strict_precision] = proxy, [(name, _Driver(rule_set)) for name, rule_set
+                                          in stages(proxy, strict_precision)]
+    proxy, drivers = cache[strict_precision]
+    proxy.target = tracker
+    for title in proxy.titles:  # the report lists the rules in this order
+        tracker.register(title)
+    return drivers
 
 
 def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
@@ -276,8 +309,6 @@ def symbolic_shapes(model: ir.Model) -> bool:
     the two name their dims each in its own way, so a proof compares two shapes of one source.
     Where onnx has no shape at all the value takes ORT's, its dims renamed ``ort:<name>``.
     Best effort: False when it fails."""
-    import logging
-
     try:
         from onnx_ir.passes.common import _c_api_utils
 
@@ -316,16 +347,23 @@ def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
     tracker = tracker or Tracker()
     # one value per name, or shape inference mixes up the branches of an If
     unique_value_names(model)
-    # the checks need element types and shapes, which exporters do not always write out
-    common_passes.ShapeInferencePass(strict_mode=False)(model)
+    # the checks need element types and shapes, which exporters do not always write out (where
+    # onnx's inference fails, the rules say which type or shape they missed: no traceback)
+    logger = logging.getLogger(common_passes.ShapeInferencePass.__module__)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        common_passes.ShapeInferencePass(strict_mode=False)(model)
+    finally:
+        logger.setLevel(level)
     symbolic_shapes(model)
     # exporters cast one value to float32 twice; the rules want one value per computation
     remove_noop_casts(model)
     common_passes.CommonSubexpressionEliminationPass()(model)
-    for name, rule_set in stages(tracker, strict_precision):
+    for name, driver in _drivers(tracker, strict_precision):
         if progress:
             progress(name)
-        _fixpoint(model, rule_set)
+        _fixpoint(model, driver)
     if progress:
         progress("quantize")
     quantized.fuse_quantizers(model, tracker)
@@ -368,19 +406,25 @@ def drop_unused_sums(model: onnx.ModelProto, outputs: tuple[str, ...] = ("Sum",)
                 del node.output[-1]
 
 
-def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None
+def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None, repairs=()
                        ) -> tuple[ir.Model, dict[str, onnx.TensorProto]]:
     """The IR of ``model`` built from a copy of everything but its weights (onnx_ir would
     otherwise write into the protos it wraps, e.g. naming a Constant's tensor); the weights,
     initializers of 1 KiB or more and external-data references, are wrapped where they are,
-    read only where a rule needs their values."""
+    read only where a rule needs their values. ``repairs`` (``_validate.check_model``'s) are
+    made in the copy."""
     from onnx import external_data_helper
 
     from onnxnorm._io import _shell
+    from onnxnorm._validate import apply_repairs, dropped_initializers
 
     shell = _shell(model)
+    apply_repairs(shell, list(repairs), main_initializers=False)
+    dropped = dropped_initializers(list(repairs))
     originals: dict[str, onnx.TensorProto] = {}
-    for tensor in model.graph.initializer:
+    for index, tensor in enumerate(model.graph.initializer):
+        if index in dropped:
+            continue
         if tensor.ByteSize() >= 1024 or external_data_helper.uses_external_data(tensor):
             stand_in = shell.graph.initializer.add()
             stand_in.name, stand_in.data_type = tensor.name, tensor.data_type
@@ -419,26 +463,69 @@ def _serialize_detached(model: ir.Model, originals: dict[str, onnx.TensorProto]
     return proto, detached
 
 
-def _check(model: onnx.ModelProto, base_dir: str | None) -> None:
-    """Refuses a broken or hostile model (``onnxnorm._validate``) before any weight is read, and
-    one whose onnxnorm nodes quantize to float8 below the opset that has it."""
+def _check(model: onnx.ModelProto, base_dir: str | None) -> list:
+    """Refuses a broken or hostile model (``onnxnorm._validate``) before any weight is read;
+    returns the repairs that mend what ONNX Runtime tolerates."""
     from onnxnorm._io import OnnxNormError
     from onnxnorm._validate import ModelProblem, check_external_data, check_model
-    from onnxnorm.ops import functions
 
     try:
-        check_model(model)
         check_external_data(model, base_dir or ".")
+        return check_model(model, base_dir or ".")
     except ModelProblem as problem:
         raise OnnxNormError(str(problem)) from None
+
+
+def upgrade_opset(model: onnx.ModelProto, weights: list[onnx.TensorProto]
+                  ) -> tuple[onnx.ModelProto, str]:
+    """``model`` converted by onnx's version converter to the oldest standard opset at which
+    every onnxnorm node has a function body (bfloat16 needs 13, a quantizer 10 or 11, float8
+    19: ``functions.body_problem``), and the report's line on it; ``model`` and "" where no
+    node needs it. ``weights``: the model's initializers kept apart from it, which the
+    converter sees as stand-ins without data (no weight is read) and which keep their names.
+    Where the converter fails, the model is kept as it is and the line says why."""
+    from onnxnorm.ops import functions
+
+    opset = functions.model_opset(model)
+    nodes = list(functions.onnxnorm_nodes(model))
+    if opset is None or not nodes:
+        return model, ""
+    types = functions.node_types(model, nodes, opset, weights, all_x=True)[0]
+    if all(functions.node_problem(n, opset, types) is None for n in nodes):
+        return model, ""
+    newest = onnx.defs.onnx_opset_version()
+    target = next((v for v in range(opset + 1, newest + 1)
+                   if all(functions.node_problem(n, v, types) is None for n in nodes)), None)
+    if target is None:
+        return model, (f"--upgrade-opset: no opset up to {newest} gives every onnxnorm node a "
+                       "body; the model keeps its opset")
+    shell = onnx.ModelProto()
+    shell.CopyFrom(model)
+    names = {t.name for t in weights}
+    for tensor in weights:  # stand-ins: type and shape, no data
+        stand_in = shell.graph.initializer.add()
+        stand_in.name, stand_in.data_type = tensor.name, tensor.data_type
+        stand_in.dims.extend(tensor.dims)
+        stand_in.data_location = onnx.TensorProto.EXTERNAL
+        entry = stand_in.external_data.add()
+        entry.key, entry.value = "location", "onnxnorm-stand-in"
     try:
-        functions.check_float8_opset(model)
-    except ValueError as problem:
-        raise OnnxNormError(str(problem)) from None
+        from onnx import version_converter
+
+        converted = version_converter.convert_version(shell, target)
+    except Exception as error:  # noqa: BLE001 - the converter's own words go in the report
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return model, (f"--upgrade-opset: onnx's version converter could not take the model "
+                       f"from opset {opset} to {target} ({first}); the model keeps its opset")
+    kept = [t for t in converted.graph.initializer if t.name not in names]
+    del converted.graph.initializer[:]
+    converted.graph.initializer.extend(kept)
+    return converted, (f"ONNX opset {opset} -> {target} (onnx's version converter), the oldest "
+                       "where every onnxnorm node has a function body")
 
 
 def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None,
-                  strict_precision: bool = False
+                  strict_precision: bool = False, upgrade: bool = False
                   ) -> tuple[onnx.ModelProto, list[onnx.TensorProto], FusionReport]:
     """:func:`fuse` for large models: returns the fused model without the input's unchanged
     weights, and those weights (the input's own TensorProtos, not copies) to be written beside
@@ -446,8 +533,8 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
     references into ``base_dir`` and are read only where a rule needs their values."""
     if target not in TARGETS:
         raise ValueError(f"unknown fusion target {target!r}; supported: {', '.join(TARGETS)}")
-    _check(model, base_dir)
-    graph, originals = _deserialize_apart(model, base_dir)
+    repairs = _check(model, base_dir)
+    graph, originals = _deserialize_apart(model, base_dir, repairs)
     before = count_norms(graph)
     tracker = fuse_ir(graph, strict_precision=strict_precision)
     after = count_norms(graph)
@@ -459,17 +546,48 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
         drop_unused_sums(fused)
     # a quantized op's Y_float where nothing reads it: its overload's body ends before it
     drop_unused_sums(fused, ("Y_float",))
+    upgraded = ""
+    if upgrade and target != "fused":
+        fused, upgraded = upgrade_opset(fused, weights)
     lowered, notes = lower_with_notes(fused, target, weights)
     report = tracker.report()
     report.norms = after[0] - before[0]
     report.residual_adds = after[1] - before[1]
     report.target = target
     report.lowering = [str(n) for n in notes if n.reason]
+    report.repairs = [r.line for r in repairs]
+    report.upgrade = upgraded
+    report.load_check = _check_loads(model, lowered, weights)
     return lowered, weights, report
 
 
+class OutputDoesNotLoad(RuntimeError):
+    """The fused model does not load in ONNX Runtime although the input does: a bug of the pass
+    (the command line's exit status 2), never written."""
+
+
+def _check_loads(model: onnx.ModelProto, lowered: onnx.ModelProto,
+                 weights: list[onnx.TensorProto]) -> str:
+    """Proves that ONNX Runtime loads the fused model, before anything is written, without
+    reading a weight (``verify.load_problem``); raises :class:`OutputDoesNotLoad` when it does
+    not although the input does. Returns "" when it loads, else the report's note on why the
+    check could not tell (the input does not load that way either)."""
+    from onnxnorm.fusion.verify import load_problem
+
+    problem = load_problem(lowered, weights)
+    if problem is None:
+        return ""
+    before = load_problem(model)
+    if before is None:
+        raise OutputDoesNotLoad(f"the fused model does not load in ONNX Runtime, although the "
+                                f"input does: {problem}")
+    return (f"not checked that ONNX Runtime loads the output: it does not load the input "
+            f"either ({before})")
+
+
 def fuse(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None,
-         strict_precision: bool = False) -> tuple[onnx.ModelProto, FusionReport]:
+         strict_precision: bool = False, upgrade: bool = False
+         ) -> tuple[onnx.ModelProto, FusionReport]:
     """Rewrites the norms of ``model`` into onnxnorm ops; ``model`` is left as is.
 
     ``target``: a name of :data:`onnxnorm.targets.TARGETS` (how each is written:
@@ -477,8 +595,11 @@ def fuse(model: onnx.ModelProto, target: str = "function", base_dir: str | None 
     ``strict_precision``: a norm whose statistics the original computes in float16 or
     bfloat16 (float16 conversions of float32 models) is left as it is, with the reason; by
     default it is fused, computing them in float32 as onnxnorm's ops do, and the report notes
-    it.
+    it. ``upgrade``: where the model's opset cannot hold a node's function body (bfloat16
+    below opset 13, ...), convert the model to the oldest opset that can with onnx's version
+    converter (:func:`upgrade_opset`); by default such a node is written without a body (it
+    needs the onnxnorm library) and the report says why.
     """
-    fused, weights, report = fuse_detached(model, target, base_dir, strict_precision)
+    fused, weights, report = fuse_detached(model, target, base_dir, strict_precision, upgrade)
     fused.graph.initializer.extend(weights)
     return fused, report

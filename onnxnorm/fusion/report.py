@@ -45,6 +45,12 @@ class FusionReport:
     target: str = "function"
     #: onnxnorm nodes the target could not take as one op of its own, and what they became
     lowering: list[str] = dataclasses.field(default_factory=list)
+    #: faults of the input that ONNX Runtime tolerates, mended in the output (``_validate``)
+    repairs: list[str] = dataclasses.field(default_factory=list)
+    #: what ``upgrade`` (--upgrade-opset) did to the model's opset ("": nothing)
+    upgrade: str = ""
+    #: "" when ONNX Runtime was shown to load the output, else why that could not be checked
+    load_check: str = ""
 
     @property
     def fused_total(self) -> int:
@@ -62,6 +68,9 @@ class FusionReport:
             "residual_adds": self.residual_adds,
             "target": self.target,
             "lowering": self.lowering,
+            "repairs": self.repairs,
+            "upgrade": self.upgrade,
+            "load_check": self.load_check,
             "fused_total": self.fused_total,
             "rules": [{"rule": r.rule, "found": r.found, "fused": r.fused, "skipped": r.skipped,
                        "skips": [dataclasses.asdict(s) for s in r.skips],
@@ -69,7 +78,7 @@ class FusionReport:
         }
 
     def __str__(self) -> str:
-        lines = []
+        lines = [f"repaired: {line}" for line in self.repairs]
         for r in self.rules:
             if r.found or r.skips:
                 lines.append(f"{r.rule}: found {r.found}, fused {r.fused}, skipped {r.skipped}")
@@ -77,11 +86,16 @@ class FusionReport:
                 lines.extend(f"  note {n.node}: {n.reason}" for n in r.notes)
         if not self.fused_total:
             lines.append("nothing to fuse: no norm pattern in the model"
-                         + (" fuses (see the skips above)" if lines else ""))
+                         + (" fuses (see the skips above)"
+                            if any(r.found or r.skips for r in self.rules) else ""))
         else:
             lines.append(f"total fused: {self.fused_total} rewrites; {self.norms} norm(s) and "
                          f"{self.residual_adds} residual add(s) now in onnxnorm ops")
+        if self.upgrade:
+            lines.append(f"upgraded: {self.upgrade}")
         lines.extend(f"lowered to {self.target}: {note}" for note in self.lowering)
+        if self.load_check:
+            lines.append(f"note: {self.load_check}")
         return "\n".join(lines)
 
 

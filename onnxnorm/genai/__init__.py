@@ -143,14 +143,14 @@ def _uses_cuda(options: dict | None) -> bool:
 
 
 def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str = "function",
-            overwrite: bool = False, strict_precision: bool = False, progress=None
-            ) -> GenaiReport:
+            overwrite: bool = False, strict_precision: bool = False, upgrade: bool = False,
+            progress=None) -> GenaiReport:
     """Writes to ``output`` a copy of the onnxruntime-genai model folder ``source`` whose norms
-    are fused (``target``: see :data:`onnxnorm.targets.TARGETS`; ``strict_precision``: see
-    :func:`onnxnorm.fusion.fuse`) and whose ``genai_config.json`` registers the onnxnorm
-    library where the models hold onnxnorm nodes. ``source`` is never modified; ``output``
-    must not exist unless ``overwrite``. The folder is built beside ``output`` under a
-    temporary name and renamed into place."""
+    are fused (``target``: see :data:`onnxnorm.targets.TARGETS`; ``strict_precision``,
+    ``upgrade``: see :func:`onnxnorm.fusion.fuse`) and whose ``genai_config.json`` registers
+    the onnxnorm library where the models hold onnxnorm nodes. ``source`` is never modified;
+    ``output`` must not exist unless ``overwrite``. The folder is built beside ``output`` under
+    a temporary name and renamed into place."""
     from onnxnorm._io import copy_rest, load_model, write_folder
     from onnxnorm.fusion.folder import fuse_file
     from onnxnorm.fusion.verify import uses_onnxnorm
@@ -179,7 +179,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
             if progress:
                 progress(f"fusing {key} ({name})")
             report, data = fuse_file(source / name, work / name, target=target,
-                                     strict_precision=strict_precision)
+                                     strict_precision=strict_precision, upgrade=upgrade)
             fused = load_model(work / name, load_weights=False)
             results.append(Component(key, name, report, uses_onnxnorm(fused)))
             skip |= data | {(source / name).resolve()}

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verify:
         require("onnxruntime_genai", "onnxnorm genai --verify")
     report = convert(args.input, args.output, target=args.target, overwrite=args.overwrite,
-                     strict_precision=args.strict_precision)
+                     strict_precision=args.strict_precision, upgrade=args.upgrade_opset)
     print(report)
     result = report.to_dict()
     status = 0

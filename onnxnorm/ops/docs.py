@@ -35,8 +35,12 @@ def render() -> str:
         "",
         "Every node carries a function *overload* naming its variant (optional inputs present, "
         "rounding order), and models hold the matching function bodies in standard ops of "
-        f"their own opset (opset {functions.MIN_OPSET} or newer): plain ONNX Runtime inlines "
-        "them, ONNX Runtime with the onnxnorm library runs its kernels.",
+        f"their own opset (any from opset {functions.OLDEST_OPSET}; below opset "
+        f"{functions.MIN_OPSET} the overload also names X's element type, below "
+        f"{functions.REF_OPSET} the node's attribute values): plain ONNX Runtime inlines them, "
+        "ONNX Runtime with the onnxnorm library runs its kernels. A node whose body its model's "
+        "opset cannot hold (bfloat16 below opset 13, the quantizers below their opsets) gets "
+        "none and needs the library.",
         "",
         "The ops ending in `QuantizeLinear` and `DynamicQuantizeLinear` are a norm followed by "
         "ONNX's quantizer of that name, per tensor: Y is the norm's output rounded to X's type, "
