@@ -376,12 +376,19 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         "(Gemma, Cohere). Single ops become catalogue ops too: LayerNormalization (order B, as "
         "PyTorch and ORT compute it), RMSNormalization (order A, as PyTorch's rms_norm), ORT's "
         "SimplifiedLayerNormalization and com.microsoft SkipLayerNormalization / "
-        "SkipSimplifiedLayerNormalization.",
+        "SkipSimplifiedLayerNormalization. Spellings of other tools (`standard.py`): ONNX's own "
+        "function body of LayerNormalization as onnx's function expansion writes it (Flatten to "
+        "rows, `E[x^2] - E[x]^2`, Reshape back; also after constant folding), tf2onnx's Keras "
+        "LayerNorm (the scale folded into the reciprocal, `x * s + (beta - mean * s)`); the "
+        "expansion of RMSNormalization is found by the core rule. Statistics over several "
+        "trailing axes (`axis` 0 to rank - 1) are fused with that axis.",
         "2. **sandwich**, **skip**, **xbias** (`residual.py`): norm -> add -> norm becomes a "
         "Sandwich op; the Add before a norm a Skip op (with Sum when the sum is used again: "
         "Pre-Norm; without: Post-Norm); `alpha * r + f` a Skip op with `alpha` (DeepNorm, float32 "
         "only: in half precision the original rounds `alpha * r` first); a sublayer's bias Add "
-        "before a Skip op its XBias (float32 only, for the same reason).",
+        "before a Skip op its XBias (float32 only, for the same reason). A residual Add in "
+        "float16 cast to float32 before a norm that is cast back is a Skip op of the float16 "
+        "sum; where the norm stays in float32 the report says why it cannot be one op.",
         "3. **BatchNormalization** folded into the Conv/ConvTranspose/Gemm before it "
         "(onnxscript's rules) or into a MatMul with a 2-D product (BatchNorm1d after a Linear); "
         "any other is reported with the reason.",
@@ -402,13 +409,20 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         "ORT's kernels round once, order B, which measured bit for bit), Skip ops for float32, "
         "otherwise the unit-scale op in float32 followed by the catalogue's own arithmetic; "
         "`onnx`: the same with LayerNormalization (opset 17) and RMSNormalization (opset 23), "
-        "the catalogue's function body inlined below those opsets.",
+        "the catalogue's function body inlined below those opsets. Every target is written in "
+        "the ops of the model's own opset, from 7 (`function`: bodies without CastLike below "
+        "15, with the attribute values in the body below 12); a node whose body the opset "
+        "cannot hold (bfloat16 below 13, ...) is written without one, with the reason, or the "
+        "model is converted to the oldest opset that can (`--upgrade-opset`).",
         "",
         "A rule fires only when it can prove the semantics: float32 statistics, the mean over "
-        "the last axis with keepdims, scalar constant epsilon and exponent, Scale/Bias a suffix "
+        "trailing axes with keepdims, scalar constant epsilon and exponent, Scale/Bias a suffix "
         "of X's shape, residual operands of provably equal shape (ORT's symbolic shape inference "
         "helps where onnx's leaves dims unknown), intermediate values used by the match alone. "
-        "Every rule reports what it found, fused and skipped with the reason (`--json`).",
+        "Every rule reports what it found, fused and skipped with the reason (`--json`). Before "
+        "anything is written, ONNX Runtime is shown to load the fused model (without reading a "
+        "weight); faults of the input that ONNX Runtime tolerates are mended and listed "
+        "(docs/reliability.md, Models from the wild).",
         "",
         "Large models: the CLI reads the model without its external data (tensors under 1 KiB "
         "excepted), the fused graph is serialized without the input's unchanged weights, and "

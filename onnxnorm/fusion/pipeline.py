@@ -18,7 +18,6 @@ onnxnorm nodes lowered to the target (``lowering.py``).
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -128,42 +127,6 @@ def _fixpoint(model: ir.Model, driver: _Driver, limit: int = 20) -> None:
     for _ in range(limit):
         if not driver.apply(model):
             return
-
-
-class _TrackerProxy:
-    """What the cached rules report to: the tracker of the run at hand. Building the stages'
-    rule sets (their commuted variants) took 0.2 s, more than fusing a small model, so each
-    thread builds them once and every run points them at its own tracker."""
-
-    def __init__(self) -> None:
-        self.target: Tracker | None = None
-        self.titles: list[str] = []
-
-    def register(self, title: str) -> None:
-        self.titles.append(title)
-
-    def checked(self, title: str, root, reason) -> None:
-        self.target.checked(title, root, reason)
-
-    def fused(self, title: str, root, note: str = "") -> None:
-        self.target.fused(title, root, note)
-
-
-_CACHE = threading.local()
-
-
-def _drivers(tracker: Tracker, strict_precision: bool) -> list[tuple[str, _Driver]]:
-    """The stages' drivers, built once per thread and strictness, reporting to ``tracker``."""
-    cache = _CACHE.__dict__.setdefault("stages", {})
-    if strict_precision not in cache:
-        proxy = _TrackerProxy()
-        cache[strict_precision] = proxy, [(name, _Driver(rule_set)) for name, rule_set
-                                          in stages(proxy, strict_precision)]
-    proxy, drivers = cache[strict_precision]
-    proxy.target = tracker
-    for title in proxy.titles:  # the report lists the rules in this order
-        tracker.register(title)
-    return drivers
 
 
 def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
@@ -360,10 +323,10 @@ def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
     # exporters cast one value to float32 twice; the rules want one value per computation
     remove_noop_casts(model)
     common_passes.CommonSubexpressionEliminationPass()(model)
-    for name, driver in _drivers(tracker, strict_precision):
+    for name, rule_set in stages(tracker, strict_precision):
         if progress:
             progress(name)
-        _fixpoint(model, driver)
+        _fixpoint(model, _Driver(rule_set))
     if progress:
         progress("quantize")
     quantized.fuse_quantizers(model, tracker)
@@ -406,6 +369,17 @@ def drop_unused_sums(model: onnx.ModelProto, outputs: tuple[str, ...] = ("Sum",)
                 del node.output[-1]
 
 
+def _add_stand_in(graph: onnx.GraphProto, tensor: onnx.TensorProto) -> None:
+    """An initializer of ``tensor``'s name, type and shape whose data is nowhere (an external
+    reference to no file): what reads the graph sees the weight, nothing reads its bytes."""
+    stand_in = graph.initializer.add()
+    stand_in.name, stand_in.data_type = tensor.name, tensor.data_type
+    stand_in.dims.extend(tensor.dims)
+    stand_in.data_location = onnx.TensorProto.EXTERNAL
+    entry = stand_in.external_data.add()
+    entry.key, entry.value = "location", "onnxnorm-stand-in"
+
+
 def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None, repairs=()
                        ) -> tuple[ir.Model, dict[str, onnx.TensorProto]]:
     """The IR of ``model`` built from a copy of everything but its weights (onnx_ir would
@@ -426,12 +400,7 @@ def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None, repairs=()
         if index in dropped:
             continue
         if tensor.ByteSize() >= 1024 or external_data_helper.uses_external_data(tensor):
-            stand_in = shell.graph.initializer.add()
-            stand_in.name, stand_in.data_type = tensor.name, tensor.data_type
-            stand_in.dims.extend(tensor.dims)
-            stand_in.data_location = onnx.TensorProto.EXTERNAL
-            entry = stand_in.external_data.add()
-            entry.key, entry.value = "location", "onnxnorm-stand-in"
+            _add_stand_in(shell.graph, tensor)
             originals[tensor.name] = tensor
         else:
             shell.graph.initializer.add().CopyFrom(tensor)
@@ -502,13 +471,8 @@ def upgrade_opset(model: onnx.ModelProto, weights: list[onnx.TensorProto]
     shell = onnx.ModelProto()
     shell.CopyFrom(model)
     names = {t.name for t in weights}
-    for tensor in weights:  # stand-ins: type and shape, no data
-        stand_in = shell.graph.initializer.add()
-        stand_in.name, stand_in.data_type = tensor.name, tensor.data_type
-        stand_in.dims.extend(tensor.dims)
-        stand_in.data_location = onnx.TensorProto.EXTERNAL
-        entry = stand_in.external_data.add()
-        entry.key, entry.value = "location", "onnxnorm-stand-in"
+    for tensor in weights:
+        _add_stand_in(shell.graph, tensor)
     try:
         from onnx import version_converter
 
