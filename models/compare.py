@@ -29,21 +29,8 @@ from onnxnorm.ops import catalogue
 ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "gpt_neox": "gpt_neox",
                   "qwen3": "qwen3", "phi3": "phi", "bert_encoder": "bert", "vit": "vit",
                   "clip_text": "clip", "clip_vision": "clip", "whisper_encoder": "bert"}
-#: the norm ops each tool writes: op type -> (norms, residual adds)
-NORM_OPS = {
-    ("", "LayerNormalization"): (1, 0), ("", "SimplifiedLayerNormalization"): (1, 0),
-    ("", "RMSNormalization"): (1, 0),
-    ("com.microsoft", "SkipLayerNormalization"): (1, 1),
-    ("com.microsoft", "SkipSimplifiedLayerNormalization"): (1, 1),
-    ("com.microsoft", "SimplifiedLayerNormalization"): (1, 0),
-    ("com.microsoft", "LayerNormalization"): (1, 0),
-    ("onnxnorm", "LayerNorm"): (1, 0), ("onnxnorm", "RMSNorm"): (1, 0),
-    ("onnxnorm", "SkipLayerNorm"): (1, 1), ("onnxnorm", "SkipRMSNorm"): (1, 1),
-    ("onnxnorm", "SandwichLayerNorm"): (2, 1), ("onnxnorm", "SandwichRMSNorm"): (2, 1),
-}
-# a norm fused with the quantizer after it counts as its norm
-NORM_OPS.update({("onnxnorm", name): NORM_OPS[("onnxnorm", spec.norm_op)]
-                 for name, spec in catalogue.QUANTIZED_OPS.items()})
+#: the norm ops each tool writes: (domain, op type) -> (norms, residual adds)
+NORM_OPS = catalogue.NORM_OPS
 
 
 def count(model: onnx.ModelProto, standard_counts: bool = True) -> tuple[int, int]:

@@ -14,13 +14,13 @@ from onnxnorm._deps import require_runtime as _require_runtime
 _require_runtime()
 
 from onnxnorm import _lazy  # noqa: E402
-from onnxnorm._io import OnnxNormError  # noqa: E402
+from onnxnorm.errors import OnnxNormError  # noqa: E402
 
 __version__ = "0.1.0"
 
 # loaded on first use, so that ``import onnxnorm`` needs neither torch nor the fusion passes
 __getattr__, __dir__ = _lazy.names("onnxnorm", {"export": "nn", "convert": "nn"}, globals(),
-                                   submodules=("fusion", "nn", "ops", "runtime"))
+                                   submodules=("errors", "fusion", "nn", "ops", "runtime"))
 
 
 __all__ = ["OnnxNormError", "convert", "export", "__version__"]

@@ -13,6 +13,8 @@ import importlib.util
 import sys
 from types import ModuleType
 
+from onnxnorm.errors import MissingDependency  # re-exported: its home before onnxnorm.errors
+
 #: module -> (pip extra, what installing it means)
 EXTRAS = {
     "onnxruntime": ("cpu", "pip install 'onnxnorm[cpu]' (onnxruntime) or "
@@ -25,9 +27,6 @@ EXTRAS = {
 }
 
 
-class MissingDependency(ImportError):
-    """An optional dependency is not installed; the message says what needs it and how to
-    install it, in one line."""
 
 
 def message(module: str, purpose: str) -> str:

@@ -23,6 +23,8 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, external_data_helper
 
+from onnxnorm.errors import OnnxNormError, first_line as _first_line  # noqa: F401 - re-exported
+
 #: Protobuf cannot serialize a message over 2 GiB.
 _PROTOBUF_LIMIT = 2**31 - 1
 #: tensors at least this large go to the data file when a model is written with external data
@@ -30,15 +32,6 @@ EXTERNAL_THRESHOLD = 1024
 #: tensors this small are loaded even when external: rules read them (epsilon, axes, exponents)
 SMALL_TENSOR = 1024
 _CHUNK = 1 << 24
-
-
-class OnnxNormError(Exception):
-    """An error for the user: the message says what is wrong and is printed as it is."""
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _external_tensors(model: onnx.ModelProto) -> Iterable[TensorProto]:

@@ -4,7 +4,7 @@ Each subcommand lives with its concern (``onnxnorm/<concern>/cli.py``) and provi
 ``register(subparsers)``; registering must stay cheap and work without the optional
 dependencies (no torch import), the command's ``run`` imports what it needs. Errors meant for the
 user are :class:`OnnxNormError` and, for a missing optional dependency,
-:class:`onnxnorm._deps.MissingDependency`: one line on stderr and exit status 1, never a
+:class:`onnxnorm.errors.MissingDependency`: one line on stderr and exit status 1, never a
 traceback.
 """
 
@@ -15,8 +15,7 @@ import importlib
 import sys
 from typing import Sequence
 
-from onnxnorm._deps import MissingDependency
-from onnxnorm._io import OnnxNormError
+from onnxnorm.errors import MissingDependency, OnnxNormError
 
 #: command -> (module that registers it, one-line help), in the order ``--help`` lists them
 COMMANDS = {

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import onnx
 
 import onnxnorm
-from onnxnorm._io import OnnxNormError
+from onnxnorm.errors import OnnxNormError
 
 _LIBRARY_NAMES = {
     "cpu": {"linux": "libonnxnorm_ops.so", "darwin": "libonnxnorm_ops.dylib", "win32": "onnxnorm_ops.dll"},

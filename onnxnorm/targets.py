@@ -1,7 +1,7 @@
 """The targets an onnxnorm model is written for, defined once: ``onnxnorm.export(mode=...)``
 and ``onnxnorm export --mode``, ``onnxnorm.fusion.fuse(target=...)`` and ``onnxnorm fuse
 --target`` take these names (how each is written: ``onnxnorm/fusion/lowering.py``). It
-imports nothing, so that registering a command that offers them stays cheap."""
+imports nothing at import time, so that registering a command that offers them stays cheap."""
 
 #: target -> what a model written for it holds
 TARGETS = {
@@ -11,6 +11,16 @@ TARGETS = {
     "onnx": "standard ONNX ops only",
 }
 DEFAULT = "function"
+
+
+def check(target: object, what: str = "target") -> str:
+    """``target`` if it names a target, else :class:`onnxnorm.errors.UnknownTarget` (an
+    OnnxNormError and a ValueError) in one line: the one check every entry point makes."""
+    if target not in TARGETS:
+        from onnxnorm.errors import UnknownTarget
+
+        raise UnknownTarget(f"unknown {what} {target!r}; supported: {', '.join(TARGETS)}")
+    return target
 
 
 def help_text() -> str:

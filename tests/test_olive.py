@@ -195,7 +195,7 @@ def test_strict_precision_report_says_why_a_norm_stays(llama, tmp_path):
     assert _ops(onnx.load(best.model_path)) == _ops(onnx.load(half))
 
 
-UNKNOWN = ("pass 'fuse' (OnnxNormFusion): unknown target 'fast'; choose one of function, "
+UNKNOWN = ("pass 'fuse' (OnnxNormFusion): unknown target 'fast'; supported: function, "
            "fused, ort, onnx")
 
 
@@ -220,7 +220,7 @@ def test_unknown_target_from_the_python_api(llama, tmp_path):
 
     before = _files(llama.parent)
     config = _workflow(llama, {"fuse": {"type": "OnnxNormFusion", "target": "fast"}}, tmp_path)
-    with pytest.raises(ValueError, match="OnnxNormFusion: unknown target 'fast'; choose one of "
+    with pytest.raises(ValueError, match="OnnxNormFusion: unknown target 'fast'; supported: "
                                          "function, fused, ort, onnx"):
         run(config, package_config=integration.package_config())
     surgery = {"surgeon": "OnnxNormFuse", "target": "fast"}
@@ -228,7 +228,7 @@ def test_unknown_target_from_the_python_api(llama, tmp_path):
                        tmp_path / "surgeon")
     with pytest.raises(integration.OliveSettingError) as error:
         run(config, package_config=integration.package_config())
-    assert str(error.value) == ("OnnxNormFuse: unknown target 'fast'; choose one of "
+    assert str(error.value) == ("OnnxNormFuse: unknown target 'fast'; supported: "
                                 "function, fused, ort, onnx")
     assert _files(llama.parent) == before
 

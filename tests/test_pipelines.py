@@ -318,7 +318,7 @@ def test_strict_precision_on_the_command_line(built, tmp_path):
 
 def test_cuda_library_travels_only_with_cuda_sessions(genai_root, tmp_path):
     from onnxnorm import runtime
-    from onnxnorm._io import OnnxNormError
+    from onnxnorm.errors import OnnxNormError
 
     folder = pipelines.genai_folder("llama", "fp32", genai_root)
     convert(folder, tmp_path / "cpu")

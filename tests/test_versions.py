@@ -279,5 +279,10 @@ rng = np.random.default_rng(0)
 work = Path(tempfile.mkdtemp())
 fuse_every_target(work, rng)
 half_precision(work, rng)
+# the private pieces of onnxscript and ONNX Runtime the pass relies on, at these versions
+from onnxnorm.fusion import _onnxscript_private, _ort_symbolic
+_onnxscript_private.check()
+_ort_symbolic.check()
+print("upstream private pieces ok", flush=True)
 print("CHECK OK")
 '''

@@ -81,6 +81,7 @@ def _problems(model, folder) -> list[str]:
 
     import onnx
 
+    from onnxnorm.errors import first_line
     from onnxnorm.ops import catalogue
     from onnxnorm.ops.functions import _all_graphs
 
@@ -89,8 +90,7 @@ def _problems(model, folder) -> list[str]:
         with contextlib.chdir(folder):
             onnx.checker.check_model(model)
     except Exception as error:  # noqa: BLE001 - any checker failure is reported, not raised
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        notes.append(f"the input fails onnx.checker: {first}")
+        notes.append(f"the input fails onnx.checker: {first_line(error)}")
     known = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", catalogue.DOMAIN}
     local = {(f.domain, f.name) for f in model.functions}
     unknown = sorted({f"{n.domain}::{n.op_type}" for g in _all_graphs(model.graph) for n in g.node
@@ -103,7 +103,8 @@ def _problems(model, folder) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from onnxnorm._io import (OnnxNormError, check_input, check_output, load_model, model_dir,
+    from onnxnorm.errors import OnnxNormError, first_line
+    from onnxnorm._io import (check_input, check_output, load_model, model_dir,
                               save_model)
     from onnxnorm.fusion.pipeline import fuse_detached
 
@@ -133,10 +134,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             checks = verify(source, args.output, sizes=_genai_sizes(source, model))
         except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             _remove(args.output)
-            raise OnnxNormError(f"--verify could not run the models in onnxruntime: {first}; "
-                                f"{args.output} not kept") from None
+            raise OnnxNormError(f"--verify could not run the models in onnxruntime: "
+                                f"{first_line(error)}; {args.output} not kept") from None
         for check in checks:
             print(f"verify: {check}")
         result["verify"] = [vars(c) for c in checks]

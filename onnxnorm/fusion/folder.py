@@ -20,7 +20,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from onnxnorm._io import OnnxNormError, check_output_folder
+from onnxnorm._io import check_output_folder
+from onnxnorm.errors import OnnxNormError, first_line
 
 
 @dataclasses.dataclass
@@ -152,10 +153,9 @@ def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
     over tolerance, nothing is written and the report says which (``written`` False).
     ``output`` must not exist unless ``overwrite``; ``source`` is never modified."""
     from onnxnorm._io import copy_rest, write_folder
-    from onnxnorm.targets import TARGETS
+    from onnxnorm import targets
 
-    if target not in TARGETS:
-        raise OnnxNormError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
+    targets.check(target)
     source, output = Path(source), Path(output)
     names = onnx_files(source)
     check_output_folder(source, output, overwrite)
@@ -178,11 +178,9 @@ def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
             try:
                 result.checks = verify_file(source / name, work / name)
             except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
-                text = str(error).strip()
                 raise OnnxNormError(
                     f"{name}: could not run it in onnxruntime to verify it: "
-                    f"{text.splitlines()[0] if text else type(error).__name__}; "
-                    f"{output} not written") from None
+                    f"{first_line(error)}; {output} not written") from None
         if not report.ok:
             return False
         copy_rest(source, work, skip)

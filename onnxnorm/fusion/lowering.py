@@ -50,7 +50,7 @@ from onnx import TensorProto, helper
 
 from onnxnorm.ops import catalogue, functions
 from onnxnorm.ops.functions import Note
-from onnxnorm.targets import TARGETS
+from onnxnorm import targets
 
 __all__ = ["Note", "lower", "lower_with_notes", "op_types"]
 
@@ -68,8 +68,7 @@ def lower_with_notes(model: onnx.ModelProto, target: str, weights: Sequence[onnx
     """:func:`lower`, and a note per node (``function``: per node left without a body);
     ``weights``: initializers kept apart from ``model`` (``fuse_detached``), whose types and
     shapes the lowering needs all the same."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
+    targets.check(target)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     if target == "function":

@@ -18,7 +18,6 @@ onnxnorm nodes lowered to the target (``lowering.py``).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Callable
 
 import onnx
@@ -27,9 +26,13 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion import batch_norm, norms, quantized, residual
+from onnxnorm.fusion._onnxscript_private import root_op
+from onnxnorm.fusion._ort_symbolic import infer_symbolic
 from onnxnorm.fusion.lowering import lower_with_notes
 from onnxnorm.fusion.report import FusionReport, Tracker
 from onnxnorm.ops import catalogue
+from onnxnorm import targets
+from onnxnorm.errors import OutputDoesNotLoad, first_line
 from onnxnorm.targets import TARGETS
 
 __all__ = ["TARGETS", "fuse", "fuse_ir", "rules", "stages"]
@@ -63,25 +66,13 @@ def rules(tracker: Tracker | None = None, strict_precision: bool = False
         + residual.skip_rules(tracker) + residual.xbias_rules(tracker), commute=True)
 
 
-def _root_op(rule) -> tuple[str, str] | None:
-    """(domain, op type) of the node a rule's pattern is rooted at, None when not fixed."""
-    root = rule._target_pattern.output_nodes[0]
-    ident = root.op_identifier()
-    if ident is not None:
-        return ident[0], ident[1]
-    domain, op = getattr(root, "domain", None), getattr(root, "op", None)
-    if hasattr(domain, "value") and hasattr(op, "value"):
-        return domain.value(), op.value()
-    return None
-
-
 class _Driver:
     """Applies a rule set like ``RewriteRuleSet.apply_to_model``, but tries at each node only
     the rules whose pattern is rooted at that node's op type (most nodes of a model root no
     pattern), which makes the pass several times faster on large models."""
 
     def __init__(self, rule_set: pattern.RewriteRuleSet):
-        self.rules = [(rule, _root_op(rule)) for rule in rule_set.rules]
+        self.rules = [(rule, root_op(rule)) for rule in rule_set.rules]
         self._for_op: dict[tuple[str, str], list] = {}
 
     def candidates(self, domain: str, op_type: str) -> list:
@@ -138,9 +129,8 @@ def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
     else:
         op_types = [n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph)
                     if n.domain == catalogue.DOMAIN]
-    norm_count = sum(2 if t.startswith("Sandwich") else 1 for t in op_types)
-    adds = sum(1 for t in op_types if t.startswith(("Sandwich", "Skip")))
-    return norm_count, adds
+    held = [catalogue.NORM_OPS.get((catalogue.DOMAIN, t), (0, 0)) for t in op_types]
+    return sum(n for n, _ in held), sum(a for _, a in held)
 
 
 def unique_value_names(model: ir.Model) -> int:
@@ -195,77 +185,8 @@ def remove_noop_casts(model: ir.Model) -> int:
     return count
 
 
-def _symbolic_shape_inference():
-    """ORT's SymbolicShapeInference, loaded from its file: importing the onnxruntime.tools
-    package imports torch, which takes seconds."""
-    import importlib.util
-    import sys
-
-    import onnxruntime
-
-    name = "_onnxnorm_symbolic_shape_infer"
-    if name not in sys.modules:
-        path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name].SymbolicShapeInference
-
-
-#: ops whose output shape ORT's symbolic inference takes from onnx's, broadcasting their inputs
-_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Sum", "Max", "Min", "MatMul"}
-
-
-def _infer_symbolic(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """ORT's symbolic shape inference of ``proto``, made sound for the residual rules, which
-    take two equal dims as proof that an Add does not broadcast. Upstream, an op that
-    broadcasts two dims it cannot prove equal either stops the inference or, with
-    ``auto_merge``, declares them equal, though one may be 1 at run time. Here no broadcast
-    merges dims: such an output dim gets a name of its own, equal to nothing else, and the
-    inference goes on past the op (``infer_shapes`` would also save the model to the working
-    directory where it stops; here the shapes found so far are kept)."""
-    import sympy
-
-    class Inference(_symbolic_shape_inference()):
-        def _fresh(self) -> str:
-            name = f"onnxnorm_unknown_{len(self.symbolic_dims_)}"
-            self.symbolic_dims_[name] = sympy.Symbol(name, integer=True, nonnegative=True)
-            return name
-
-        def _check_merged_dims(self, dims, allow_broadcast=True):
-            if not allow_broadcast:  # dims an op requires to be equal (Concat, MatMul's inner)
-                super()._check_merged_dims(dims, allow_broadcast)
-
-        def _broadcast_shapes(self, shape1, shape2):
-            shape = super()._broadcast_shapes(shape1, shape2)
-            return [self._fresh() if dim is None else dim for dim in shape]
-
-        def _onnx_infer_single_node(self, node):
-            super()._onnx_infer_single_node(node)
-            if node.op_type not in _BROADCASTING or node.domain not in ("", "ai.onnx"):
-                return
-            for name in node.output:
-                info = self.known_vi_.get(name)
-                if info is None or not info.type.HasField("tensor_type"):
-                    continue
-                for dim in info.type.tensor_type.shape.dim:
-                    if not dim.HasField("dim_value") and (
-                            not dim.dim_param or dim.dim_param.startswith("unk__")):
-                        dim.dim_param = self._fresh()
-
-    inference = Inference(2**31 - 1, False, False, 0)
-    inference._preprocess(proto)
-    while inference.run_:
-        if not inference._infer_impl():
-            break
-    if hasattr(inference, "_update_output_from_vi"):  # the graph outputs' shapes, where found
-        inference._update_output_from_vi()
-    return inference.out_mp_
-
-
 def symbolic_shapes(model: ir.Model) -> bool:
-    """ONNX Runtime's symbolic shape inference (``_infer_symbolic``), which proves dims equal
+    """ONNX Runtime's symbolic shape inference (``_ort_symbolic``), which proves dims equal
     where onnx's own inference leaves them unknown (TorchScript exports), run on a copy without
     the weights. Each value keeps onnx's shape and gets ORT's in
     ``value.meta[residual.SYMBOLIC_SHAPE]``:
@@ -280,7 +201,7 @@ def symbolic_shapes(model: ir.Model) -> bool:
         logger.setLevel(logging.ERROR)  # "unsupported broadcast": reported by the rules instead
         try:
             inferred = ir.serde.deserialize_model(
-                _c_api_utils.call_onnx_api(_infer_symbolic, model))
+                _c_api_utils.call_onnx_api(infer_symbolic, model))
         finally:
             logger.setLevel(level)
     except Exception:  # noqa: BLE001 - unknown ops, odd graphs: keep onnx's shapes
@@ -435,7 +356,7 @@ def _serialize_detached(model: ir.Model, originals: dict[str, onnx.TensorProto]
 def _check(model: onnx.ModelProto, base_dir: str | None) -> list:
     """Refuses a broken or hostile model (``onnxnorm._validate``) before any weight is read;
     returns the repairs that mend what ONNX Runtime tolerates."""
-    from onnxnorm._io import OnnxNormError
+    from onnxnorm.errors import OnnxNormError
     from onnxnorm._validate import ModelProblem, check_external_data, check_model
 
     try:
@@ -478,9 +399,9 @@ def upgrade_opset(model: onnx.ModelProto, weights: list[onnx.TensorProto]
 
         converted = version_converter.convert_version(shell, target)
     except Exception as error:  # noqa: BLE001 - the converter's own words go in the report
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return model, (f"--upgrade-opset: onnx's version converter could not take the model "
-                       f"from opset {opset} to {target} ({first}); the model keeps its opset")
+                       f"from opset {opset} to {target} ({first_line(error)}); the model keeps "
+                       "its opset")
     kept = [t for t in converted.graph.initializer if t.name not in names]
     del converted.graph.initializer[:]
     converted.graph.initializer.extend(kept)
@@ -495,8 +416,7 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
     weights, and those weights (the input's own TensorProtos, not copies) to be written beside
     it (``onnxnorm._io.save_model(..., extra=weights)``). Tensors stored as external data stay
     references into ``base_dir`` and are read only where a rule needs their values."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown fusion target {target!r}; supported: {', '.join(TARGETS)}")
+    targets.check(target, "fusion target")
     repairs = _check(model, base_dir)
     graph, originals = _deserialize_apart(model, base_dir, repairs)
     before = count_norms(graph)
@@ -523,11 +443,6 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
     report.upgrade = upgraded
     report.load_check = _check_loads(model, lowered, weights)
     return lowered, weights, report
-
-
-class OutputDoesNotLoad(RuntimeError):
-    """The fused model does not load in ONNX Runtime although the input does: a bug of the pass
-    (the command line's exit status 2), never written."""
 
 
 def _check_loads(model: onnx.ModelProto, lowered: onnx.ModelProto,

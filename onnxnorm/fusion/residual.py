@@ -70,7 +70,7 @@ def _same_shape(a: ir.Value, b: ir.Value, what: str) -> None:
     """Proves that an Add of ``a`` and ``b`` does not broadcast, or says exactly why not. Dims
     are equal when they are equal integers or the same symbol of one inference: onnx's (the
     values' shapes) or ORT's symbolic inference (which never merges two dims that an op
-    broadcasts, see ``pipeline._infer_symbolic``)."""
+    broadcasts, see ``fusion._ort_symbolic``)."""
     reasons = []
     for dims_a, dims_b in ((a.shape, b.shape), (_symbolic(a), _symbolic(b))):
         if dims_a is not None and dims_b is not None:

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxnorm.errors import first_line
 from onnxnorm.ops.functions import _all_graphs
 
 #: (rtol, atol) for whole models: a few norm-op tolerances, since errors add up through layers
@@ -299,6 +300,5 @@ def load_problem(model: onnx.ModelProto, weights=()) -> str | None:
         ort.InferenceSession(_weightless(model, weights), options,
                              providers=["CPUExecutionProvider"])
     except Exception as error:  # noqa: BLE001 - ORT's own words are the answer
-        text = str(error).strip()
-        return text.splitlines()[0] if text else type(error).__name__
+        return first_line(error)
     return None

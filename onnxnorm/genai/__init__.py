@@ -28,7 +28,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
-from onnxnorm._io import OnnxNormError, check_output_folder
+from onnxnorm._io import check_output_folder
+from onnxnorm.errors import OnnxNormError
 
 CONFIG = "genai_config.json"
 
@@ -154,10 +155,9 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
     from onnxnorm._io import copy_rest, load_model, write_folder
     from onnxnorm.fusion.folder import fuse_file
     from onnxnorm.fusion.verify import uses_onnxnorm
-    from onnxnorm.targets import TARGETS
+    from onnxnorm import targets
 
-    if target not in TARGETS:
-        raise OnnxNormError(f"unknown target {target!r}; supported: {', '.join(TARGETS)}")
+    targets.check(target)
     source, output = Path(source), Path(output)
     config = read_config(source)
     check_output_folder(source, output, overwrite)

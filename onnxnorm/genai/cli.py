@@ -73,13 +73,12 @@ def run(args: argparse.Namespace) -> int:
 def _generate(folder, what: str, output) -> list[int]:
     import shutil
 
-    from onnxnorm._io import OnnxNormError
+    from onnxnorm.errors import OnnxNormError, first_line
     from onnxnorm.genai import generate
 
     try:
         return generate(folder, VERIFY_PROMPT, VERIFY_TOKENS)
     except RuntimeError as error:  # onnxruntime-genai's own message says what failed
         shutil.rmtree(output, ignore_errors=True)
-        first = str(error).strip().splitlines()[0] if str(error).strip() else "failed"
-        raise OnnxNormError(f"--verify could not run {what} in onnxruntime-genai: {first}; "
-                            f"{output} not kept") from None
+        raise OnnxNormError(f"--verify could not run {what} in onnxruntime-genai: "
+                            f"{first_line(error, 'failed')}; {output} not kept") from None

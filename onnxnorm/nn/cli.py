@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from onnxnorm._deps import require
-from onnxnorm._io import OnnxNormError, check_output
+from onnxnorm._io import check_output
+from onnxnorm.errors import OnnxNormError, first_line
 from onnxnorm.nn import families
 from onnxnorm.targets import DEFAULT, TARGETS, help_text
 
@@ -143,7 +144,7 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as error:  # a config transformers cannot read: say why in one line
         raise OnnxNormError(f"{path}: not a readable Hugging Face config "
-                            f"({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
+                            f"({first_line(error)})") from None
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     classes = ([transformers.AutoModelForSeq2SeqLM] if seq2seq else
                [transformers.AutoModelForCausalLM]) + [transformers.AutoModel]
@@ -167,7 +168,7 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
             break
         except (ValueError, KeyError, OSError, RuntimeError, TypeError) as error:
             # RuntimeError, TypeError: sizes torch cannot make tensors of (negative, not ints)
-            problems.append(str(error).splitlines()[0] if str(error) else type(error).__name__)
+            problems.append(first_line(error))
     if model is None:
         raise OnnxNormError(f"{path}: transformers cannot build a model of type "
                             f"{getattr(config, 'model_type', '?')!r} ({problems[-1]})")

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import torch
 
-from onnxnorm._io import OnnxNormError
+from onnxnorm.errors import OnnxNormError, first_line
 from onnxnorm.nn.functional import call
 from onnxnorm.nn.modules import NORM_TYPES, LayerNorm, RMSNorm
 
@@ -215,7 +215,7 @@ def _run(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         y = module(x)
     except Exception as error:  # the module cannot be called as a norm: report why
         raise _ProbeFailure(f"its forward fails on a tensor input ({type(error).__name__}: "
-                            f"{str(error).splitlines()[0] if str(error) else ''})") from None
+                            f"{first_line(error, '')})") from None
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         raise _ProbeFailure("its forward does not return a tensor of its input's shape")
     return y

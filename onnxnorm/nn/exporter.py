@@ -16,10 +16,11 @@ from typing import Any, Iterator
 import onnx
 import torch
 
-from onnxnorm._io import OnnxNormError, save_model
+from onnxnorm._io import save_model
+from onnxnorm.errors import OnnxNormError, first_line
 from onnxnorm.nn.functional import TRANSLATION_TABLE
 from onnxnorm.ops import catalogue, functions
-from onnxnorm.targets import TARGETS
+from onnxnorm import targets
 
 
 @contextlib.contextmanager
@@ -104,11 +105,9 @@ def _auto(shapes: Any) -> Any:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    for line in text.splitlines():
-        if line.strip():
-            return f"{type(error).__name__}: {line.strip()}"
-    return type(error).__name__
+    """The error's type and first line: torch's exceptions say little without their type."""
+    text = first_line(error, "")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _innermost(error: BaseException) -> BaseException:
@@ -202,8 +201,7 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
     (default: only for models over 2 GB). The model is written to ``path`` (atomically) when
     given, and returned. Bad input raises :class:`OnnxNormError` with a one-line message.
     """
-    if mode not in TARGETS:
-        raise OnnxNormError(f"unknown export mode {mode!r}; supported: {', '.join(TARGETS)}")
+    targets.check(mode, "export mode")
     if not isinstance(opset_version, int) or opset_version < functions.MIN_OPSET:
         raise OnnxNormError(f"opset_version must be >= {functions.MIN_OPSET}, got {opset_version}")
     if not isinstance(model, torch.nn.Module):
@@ -282,11 +280,8 @@ def _exporter_failure(error: Exception) -> str:
 
 def count_norm_nodes(model: onnx.ModelProto) -> dict[str, int]:
     """Norm nodes of the model by op type: onnxnorm ops and the ORT / ONNX norm ops."""
-    names = set(catalogue.OPS) | {"LayerNormalization", "SimplifiedLayerNormalization",
-                                   "RMSNormalization", "SkipLayerNormalization",
-                                   "SkipSimplifiedLayerNormalization"}
     counts: dict[str, int] = {}
     for node in model.graph.node:
-        if node.op_type in names:
+        if ("" if node.domain == "ai.onnx" else node.domain, node.op_type) in catalogue.NORM_OPS:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxnorm._io import OnnxNormError
-from onnxnorm.targets import TARGETS
+from onnxnorm.errors import OnnxNormError
+from onnxnorm import targets
+from onnxnorm.errors import UnknownTarget
 
 #: the names a workflow config uses: the pass's ``type`` and the surgery's ``surgeon``
 PASS = "OnnxNormFusion"
@@ -47,10 +48,10 @@ class OliveSettingError(OnnxNormError, ValueError):
 
 def check_target(target: Any, where: str = PASS) -> str:
     """``target`` if it names an onnxnorm target, else :class:`OliveSettingError` in one line."""
-    if target not in TARGETS:
-        raise OliveSettingError(f"{where}: unknown target {target!r}; choose one of "
-                                f"{', '.join(TARGETS)}")
-    return target
+    try:
+        return targets.check(target)
+    except UnknownTarget as error:
+        raise OliveSettingError(f"{where}: {error}") from None
 
 
 #: the names ``onnxnorm.olive.passes`` defines, loaded on first use (they import Olive)

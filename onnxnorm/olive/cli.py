@@ -66,7 +66,8 @@ def workflow_problems(config: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from onnxnorm._io import OnnxNormError, _first_line, check_input
+    from onnxnorm._io import check_input
+    from onnxnorm.errors import OnnxNormError, first_line
 
     source = check_input(args.config)
     try:
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             config = json.loads(source.read_text())
     except Exception as error:  # noqa: BLE001 - a file that is not JSON/YAML: say so
-        raise OnnxNormError(f"{source}: not a workflow config: {_first_line(error)}") from None
+        raise OnnxNormError(f"{source}: not a workflow config: {first_line(error)}") from None
     if not isinstance(config, dict):
         raise OnnxNormError(f"{source}: not a workflow config (no mapping at its top)")
     problems = workflow_problems(config)

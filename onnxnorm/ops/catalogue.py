@@ -320,6 +320,23 @@ OPS.update({
 FLOAT_OPS = {name: spec for name, spec in OPS.items() if spec.quantize == "none"}
 #: The ops whose Y is quantized.
 QUANTIZED_OPS = {name: spec for name, spec in OPS.items() if spec.quantize != "none"}
+#: Every single op of any domain that computes a norm, as (domain, op type) -> (norms, residual
+#: adds) one node of it holds: the catalogue's ops (a Skip op one norm and one add, a Sandwich
+#: op two norms and one add, a quantized op its norm's), then the norm ops of ONNX and of ONNX
+#: Runtime (which registers LayerNormalization and SimplifiedLayerNormalization in both the
+#: ONNX domain and com.microsoft). What counts norms (the fusion comparison, the export's
+#: report) and what counts norm time (the generation benchmark's profile) reads this one table,
+#: so an op added to the catalogue counts everywhere.
+NORM_OPS: dict[tuple[str, str], tuple[int, int]] = {
+    **{(DOMAIN, name): (2 if spec.residual == "sandwich" else 1, int(spec.residual != "none"))
+       for name, spec in OPS.items()},
+    ("", "LayerNormalization"): (1, 0), ("", "RMSNormalization"): (1, 0),
+    ("", "SimplifiedLayerNormalization"): (1, 0),
+    ("com.microsoft", "LayerNormalization"): (1, 0),
+    ("com.microsoft", "SimplifiedLayerNormalization"): (1, 0),
+    ("com.microsoft", "SkipLayerNormalization"): (1, 1),
+    ("com.microsoft", "SkipSimplifiedLayerNormalization"): (1, 1),
+}
 
 
 def get(name: str) -> OpSpec:

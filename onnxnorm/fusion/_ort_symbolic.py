@@ -1,0 +1,127 @@
+"""ONNX Runtime's symbolic shape inference, made sound for the residual rules: the one place that
+reaches into its private methods.
+
+The residual rules take two equal dims as proof that an Add does not broadcast. Upstream
+(``onnxruntime/tools/symbolic_shape_infer.py``), an op that broadcasts two dims it cannot prove
+equal either stops the inference or, with ``auto_merge``, declares them equal, though one may be
+1 at run time. Here no broadcast merges dims: such an output dim gets a name of its own, equal to
+nothing else, and the inference goes on past the op (``infer_shapes`` would also save the model
+to the working directory where it stops; here the shapes found so far are kept).
+
+What it overrides and reads, none of it public (read on onnxruntime 1.21 to 1.32):
+``_check_merged_dims``, ``_broadcast_shapes``, ``_onnx_infer_single_node``, ``_preprocess``,
+``_infer_impl``, ``_update_output_from_vi`` (where present), and the attributes
+``symbolic_dims_``, ``known_vi_``, ``run_``, ``out_mp_``. The public API that would replace
+them: an option of ``SymbolicShapeInference.infer_shapes`` to give a broadcast of unproven dims
+a fresh symbol instead of merging them or stopping, and to return the shapes found so far.
+
+Where a future ONNX Runtime changes these, the pass goes on with onnx's shapes alone (its
+caller, ``pipeline.symbolic_shapes``, is best effort), and :func:`check`, which the tests call on
+every supported version, fails loudly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import onnx
+
+#: ops whose output shape ORT's symbolic inference takes from onnx's, broadcasting their inputs
+_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Sum", "Max", "Min", "MatMul"}
+#: the private methods and attributes this module relies on
+_METHODS = ("_check_merged_dims", "_broadcast_shapes", "_onnx_infer_single_node", "_preprocess",
+            "_infer_impl")
+_ATTRIBUTES = ("symbolic_dims_", "known_vi_", "run_", "out_mp_")
+
+
+def _upstream():
+    """ORT's SymbolicShapeInference, loaded from its file: importing the onnxruntime.tools
+    package imports torch, which takes seconds."""
+    import onnxruntime
+
+    name = "_onnxnorm_symbolic_shape_infer"
+    if name not in sys.modules:
+        path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].SymbolicShapeInference
+
+
+def _inference_class():
+    import sympy
+
+    class Inference(_upstream()):
+        def _fresh(self) -> str:
+            name = f"onnxnorm_unknown_{len(self.symbolic_dims_)}"
+            self.symbolic_dims_[name] = sympy.Symbol(name, integer=True, nonnegative=True)
+            return name
+
+        def _check_merged_dims(self, dims, allow_broadcast=True):
+            if not allow_broadcast:  # dims an op requires to be equal (Concat, MatMul's inner)
+                super()._check_merged_dims(dims, allow_broadcast)
+
+        def _broadcast_shapes(self, shape1, shape2):
+            shape = super()._broadcast_shapes(shape1, shape2)
+            return [self._fresh() if dim is None else dim for dim in shape]
+
+        def _onnx_infer_single_node(self, node):
+            super()._onnx_infer_single_node(node)
+            if node.op_type not in _BROADCASTING or node.domain not in ("", "ai.onnx"):
+                return
+            for name in node.output:
+                info = self.known_vi_.get(name)
+                if info is None or not info.type.HasField("tensor_type"):
+                    continue
+                for dim in info.type.tensor_type.shape.dim:
+                    if not dim.HasField("dim_value") and (
+                            not dim.dim_param or dim.dim_param.startswith("unk__")):
+                        dim.dim_param = self._fresh()
+
+    return Inference
+
+
+def infer_symbolic(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with ORT's symbolic shapes, no broadcast merging two dims (module docstring)."""
+    inference = _inference_class()(2**31 - 1, False, False, 0)
+    inference._preprocess(proto)
+    while inference.run_:
+        if not inference._infer_impl():
+            break
+    if hasattr(inference, "_update_output_from_vi"):  # the graph outputs' shapes, where found
+        inference._update_output_from_vi()
+    return inference.out_mp_
+
+
+def check() -> None:
+    """Raises AssertionError, naming the installed onnxruntime, when the private pieces this
+    module relies on are gone or no longer behave as it expects: a broadcast of two unproven
+    dims must give a fresh dim, and an Add of two equal symbols keep it."""
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    version = f"onnxruntime {onnxruntime.__version__}"
+    upstream = _upstream()
+    missing = [m for m in _METHODS if not callable(getattr(upstream, m, None))]
+    assert not missing, f"{version}: SymbolicShapeInference lacks {missing}"
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Add", ["a", "a"], ["d"])],
+        "check", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4]),
+                  helper.make_tensor_value_info("b", TensorProto.FLOAT, ["m", 4])],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("c", "d")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    instance = _inference_class()(2**31 - 1, False, False, 0)
+    instance._preprocess(model)
+    missing = [a for a in _ATTRIBUTES if not hasattr(instance, a)]
+    assert not missing, f"{version}: SymbolicShapeInference lacks {missing} after _preprocess"
+    inferred = infer_symbolic(model)
+    shapes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    assert shapes.get("d") == ["n", 4], f"{version}: Add(a, a) gives {shapes.get('d')}"
+    first = (shapes.get("c") or [None])[0]
+    assert isinstance(first, str) and first.startswith("onnxnorm_unknown_"), (
+        f"{version}: a broadcast of n and m gives {shapes.get('c')}, not a fresh dim: "
+        "onnxnorm/fusion/_ort_symbolic.py must follow ONNX Runtime's change")
