@@ -1,8 +1,8 @@
 """The declared minimum versions of the runtime dependencies are true, and said once.
 
 Fast: every runtime dependency in pyproject.toml (``dependencies`` and the ``cpu``/``gpu``
-extras, which choose the ONNX Runtime) has a lower bound, and README.md's supported-versions
-table names the same ones.
+extras, which choose the ONNX Runtime) has a lower bound, and docs/development.md's
+supported-versions table names the same ones.
 
 Slow (``test_install.py``, which builds the wheel it installs): a virtual environment with
 exactly those lower bounds (read from pyproject.toml by :func:`minimum_versions`, so the test and
@@ -101,28 +101,28 @@ def test_every_runtime_dependency_has_a_lower_bound():
 
 
 def _readme_table() -> dict[str, tuple[str, str]]:
-    """README.md's ``## Supported versions`` table: normalized package -> (its row, its
-    ``required`` cell)."""
-    text = (ROOT / "README.md").read_text()
+    """docs/development.md's ``## Supported versions`` table: normalized package -> (its row,
+    its ``required`` cell)."""
+    text = (ROOT / "docs" / "development.md").read_text()
     heading = re.search(r"^## Supported versions[ \t]*$", text, re.MULTILINE)
-    assert heading, "README.md has no '## Supported versions' section"
+    assert heading, "docs/development.md has no '## Supported versions' section"
     section = text[heading.end():]
     following = re.search(r"^#{1,2} ", section, re.MULTILINE)
     section = section[:following.start()] if following else section
     rows = [line.strip() for line in section.splitlines() if line.strip().startswith("|")]
-    assert rows, "README.md '## Supported versions' has no table"
+    assert rows, "docs/development.md '## Supported versions' has no table"
     header = [c.strip().lower() for c in rows[0].strip("|").split("|")]
     assert header == ["package", "required", "tested by ci"], \
-        f"README.md supported-versions table header is {rows[0]!r}, " \
+        f"docs/development.md supported-versions table header is {rows[0]!r}, " \
         "expected '| package | required | tested by CI |'"
     table = {}
     for row in rows[1:]:
         cells = [c.strip().strip("`").strip() for c in row.strip("|").split("|")]
         if set("".join(cells)) <= set("-: "):
             continue  # the separator row
-        assert len(cells) == 3, f"README.md supported-versions row {row!r}: not 3 cells"
+        assert len(cells) == 3, f"docs/development.md supported-versions row {row!r}: not 3 cells"
         name = _normalized(cells[0])
-        assert name not in table, f"README.md supported-versions table: {cells[0]} twice"
+        assert name not in table, f"docs/development.md supported-versions table: {cells[0]} twice"
         table[name] = (row, cells[1])
     return table
 
@@ -132,14 +132,14 @@ def test_readme_names_the_declared_lower_bounds():
     table = _readme_table()
     missing = [f"| {name} | >={version} | ... |" for name, version in declared.items()
                if name not in table]
-    assert not missing, "README.md's supported-versions table lacks the rows " + \
+    assert not missing, "docs/development.md's supported-versions table lacks the rows " + \
         "; ".join(missing)
     for name, version in declared.items():
         row, required = table[name]
         # the required cell: 1.2.3, >=1.2.3, >= 1.2.3 or ≥ 1.2.3, backticks allowed
         found = re.fullmatch(r"(?:>=|≥)?\s*`?([0-9][0-9A-Za-z.+-]*)`?", required)
         assert found and _same_version(found.group(1), version), \
-            f"README.md row {row!r}: pyproject.toml declares {name}>={version}"
+            f"docs/development.md row {row!r}: pyproject.toml declares {name}>={version}"
 
 
 # --- slow ---------------------------------------------------------------------------------------
