@@ -10,7 +10,7 @@ int8, float8e4m3fn) x zero point (given or not, static) x optional outputs (Sum,
 widths, their Y_float and Sum bit for bit the float op's Y and Sum from the same library, their
 quantized Y (and the dynamic scale and zero point) exactly the reference quantizer's of that
 Y_float (float8: the same bits; a NaN's sign may differ only where the reference gives NaN).
-Arguments are ``onnxnorm.bench.cuda.NormArgs`` (and ``CudaQuantArgs``) on torch tensors.
+Arguments are ``onnxnorm._native.NormArgs`` (and ``CudaQuantArgs``) on torch tensors.
 
 On a GPU (tests/test_cuda.py, tools/gpu_check.sh) it drives the built CUDA library. Without one,
 ``--emulation`` builds the host emulation of the kernels (custom_ops/cuda/emulation: the same
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from onnxnorm.bench import cuda  # noqa: E402
+from onnxnorm import _native  # noqa: E402
 from onnxnorm.ops import catalogue, reference  # noqa: E402
 
 CUDA_DIR = ROOT / "custom_ops" / "cuda"
@@ -98,7 +98,8 @@ def cases(quick: bool = False) -> list[Case]:
               (2, 16384)]
     if not quick:
         widths += [(9, 32), (3, 2048), (1, 24576), (1, 40000), (2, 1, 4, 8)]
-    type_pairs = [(cuda.elem_type_name(t), cuda.elem_type_name(s)) for t, s in catalogue.TYPE_PAIRS]
+    type_name = _native.elem_type_name
+    type_pairs = [(type_name(t), type_name(s)) for t, s in catalogue.TYPE_PAIRS]
     for op, spec in catalogue.FLOAT_OPS.items():
         rms = spec.norm == "rms"
         skip = spec.residual == "skip"
@@ -158,13 +159,15 @@ def quant_cases(quick: bool = False) -> list[QuantCase]:
     widths = [(5, 64), (3, 1000), (3, 1001), (2, 4096)]
     if not quick:
         widths += [(9, 32), (7, 128), (4, 768), (2, 16384), (1, 40000)]
-    type_pairs = [(cuda.elem_type_name(t), cuda.elem_type_name(s)) for t, s in catalogue.TYPE_PAIRS]
+    type_name = _native.elem_type_name
+    type_pairs = [(type_name(t), type_name(s)) for t, s in catalogue.TYPE_PAIRS]
     if quick:  # each X type once, float32 weights with a 16-bit X once
         type_pairs = [("float32", "float32"), ("float16", "float16"), ("bfloat16", "float32")]
     outputs = [(True, True), (False, False)] + ([] if quick else [(True, False), (False, True)])
     for op, spec in catalogue.QUANTIZED_OPS.items():
         dynamic = spec.quantize == "dynamic"
-        for (dt, wt), qt in itertools.product(type_pairs, [cuda.elem_type_name(t) for t in spec.quant_types]):
+        quant_types = [type_name(t) for t in spec.quant_types]
+        for (dt, wt), qt in itertools.product(type_pairs, quant_types):
             for zp in ((False,) if dynamic else (False, True)):
                 for i, shape in enumerate(widths):
                     for with_sum, with_y_float in (outputs if i == 0 else outputs[:1]):
@@ -274,7 +277,7 @@ def _make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
 def _to_device(a: np.ndarray, unaligned: bool = False):
     import torch
 
-    t = cuda.from_numpy(a)
+    t = _native.from_numpy(a)
     if unaligned:  # a view one element into a larger buffer: not 16-byte aligned
         buf = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
         view = buf[1:].view(t.shape)
@@ -283,7 +286,7 @@ def _to_device(a: np.ndarray, unaligned: bool = False):
     return t.cuda()
 
 
-def run_case(kernels: cuda.Kernels, case: Case, seed: int = 0) -> tuple[bool, str]:
+def run_case(kernels: _native.Kernels, case: Case, seed: int = 0) -> tuple[bool, str]:
     """Runs one case; returns (passed, message)."""
     import torch
 
@@ -307,7 +310,7 @@ def run_case(kernels: cuda.Kernels, case: Case, seed: int = 0) -> tuple[bool, st
     got = [y] + ([s] if s is not None else [])
     rtol, atol = reference.tolerance(arrays["X"].dtype)
     for label, g, w in zip(("Y", "Sum"), got, want):
-        g32 = cuda.to_numpy(g).astype(np.float32)
+        g32 = _native.to_numpy(g).astype(np.float32)
         w32 = w.astype(np.float32)
         if case.kind == "large-mean":
             rtol, atol = 1e-4, 1e-4  # float32 inputs of mean 1e4 carry 1e-3 absolute noise
@@ -325,7 +328,7 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def run_quant_case(kernels: cuda.Kernels, case: QuantCase, seed: int = 0) -> tuple[bool, str]:
+def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> tuple[bool, str]:
     """Runs one quantized case; returns (passed, message)."""
     import torch
 
@@ -380,14 +383,14 @@ def run_quant_case(kernels: cuda.Kernels, case: QuantCase, seed: int = 0) -> tup
     y_ref, s_ref = empty(x.dtype), empty(x.dtype) if residual else None
     kernels.launch(kernels.args(spec.base, dev, y_ref, s_ref, **attrs))
 
-    q = empty(cuda.quant_torch_dtype(case.q_dtype), case.unaligned)
+    q = empty(_native.quant_torch_dtype(case.q_dtype), case.unaligned)
     y_float = empty(x.dtype, case.unaligned) if case.with_y_float else None
     s = empty(x.dtype) if residual and case.with_sum else None
     args = kernels.args(case.op, dev, y_float if y_float is not None else x, s, **attrs)
     if y_float is None:
         args.y = None
-    quant = cuda.CudaQuantArgs(q_type=cuda.QUANT_ELEM_TYPES[case.q_dtype], q=q.data_ptr())
-    npq = cuda.QUANT_NP_TYPES[case.q_dtype]
+    quant = _native.CudaQuantArgs(q_type=_native.QUANT_ELEM_TYPES[case.q_dtype], q=q.data_ptr())
+    npq = _native.QUANT_NP_TYPES[case.q_dtype]
     keep = []
     if dynamic:
         out_scale = torch.empty((), dtype=torch.float32, device="cuda")
@@ -411,15 +414,15 @@ def run_quant_case(kernels: cuda.Kernels, case: QuantCase, seed: int = 0) -> tup
     torch.cuda.synchronize()
 
     label = f"{case.label()} [{name}]"
-    want_y = cuda.to_numpy(y_ref)
-    if y_float is not None and not _same_bits(cuda.to_numpy(y_float), want_y):
+    want_y = _native.to_numpy(y_ref)
+    if y_float is not None and not _same_bits(_native.to_numpy(y_float), want_y):
         return False, f"FAIL {label}: Y_float differs from {spec.base}'s Y"
-    if s is not None and not _same_bits(cuda.to_numpy(s), cuda.to_numpy(s_ref)):
+    if s is not None and not _same_bits(_native.to_numpy(s), _native.to_numpy(s_ref)):
         return False, f"FAIL {label}: Sum differs from {spec.base}'s Sum"
-    got_q = cuda.to_numpy(q)
+    got_q = _native.to_numpy(q)
     if dynamic:
         want_q, want_scale, want_zp = reference.dynamic_quantize_linear(want_y)
-        got_scale, got_zp = cuda.to_numpy(out_scale), cuda.to_numpy(out_zp)
+        got_scale, got_zp = _native.to_numpy(out_scale), _native.to_numpy(out_zp)
         if got_scale.tobytes() != want_scale.tobytes() or got_zp.tobytes() != want_zp.tobytes():
             return False, (f"FAIL {label}: scale, zero point {got_scale}, {got_zp}; "
                            f"the reference's {want_scale}, {want_zp}")
@@ -438,7 +441,7 @@ def run_quant_case(kernels: cuda.Kernels, case: QuantCase, seed: int = 0) -> tup
     return True, f"ok   {label}"
 
 
-def check(kernels: cuda.Kernels, quick: bool = False, verbose: bool = False,
+def check(kernels: _native.Kernels, quick: bool = False, verbose: bool = False,
           ops: Sequence[str] | None = None) -> list[str]:
     """Runs the correctness matrix; returns the failure messages (empty: all passed)."""
     failures = []
@@ -458,7 +461,7 @@ def check(kernels: cuda.Kernels, quick: bool = False, verbose: bool = False,
     return failures
 
 
-def check_bad_arguments(kernels: cuda.Kernels) -> list[str]:
+def check_bad_arguments(kernels: _native.Kernels) -> list[str]:
     """Bad arguments are refused before any launch, with a message naming the op."""
     import torch
 
@@ -492,7 +495,7 @@ def check_bad_arguments(kernels: cuda.Kernels) -> list[str]:
     return problems
 
 
-def check_quantized_edges(kernels: cuda.Kernels) -> list[str]:
+def check_quantized_edges(kernels: _native.Kernels) -> list[str]:
     """The quantized launcher's refusals, and an empty dynamic call's scale and zero point."""
     import torch
 
@@ -508,7 +511,7 @@ def check_quantized_edges(kernels: cuda.Kernels) -> list[str]:
          "the quantized type must be uint8, int8 or float8e4m3fn, got type code 2"),
         ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr(),
                                               scratch=scale.data_ptr(),
-                                              q_type=cuda.QUANT_ELEM_TYPES["float8e4m3fn"]),
+                                              q_type=_native.QUANT_ELEM_TYPES["float8e4m3fn"]),
          "the quantized type must be uint8, got type code 5"),
         ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr()),
          "scratch"),
@@ -521,8 +524,8 @@ def check_quantized_edges(kernels: cuda.Kernels) -> list[str]:
             if change is None:
                 kernels.launch(args)
             else:
-                fields = {"q_type": cuda.QUANT_ELEM_TYPES["uint8"], "q": q.data_ptr(), **change}
-                kernels.launch_quantized(args, cuda.CudaQuantArgs(**fields))
+                fields = {"q_type": _native.QUANT_ELEM_TYPES["uint8"], "q": q.data_ptr(), **change}
+                kernels.launch_quantized(args, _native.CudaQuantArgs(**fields))
             problems.append(f"{op} {change}: accepted")
         except ValueError as e:
             if expect not in str(e):
@@ -535,7 +538,7 @@ def check_quantized_edges(kernels: cuda.Kernels) -> list[str]:
     args.y = None
     if kernels.quant_scratch_bytes(args) != 0:
         problems.append("an empty call asks for scratch")
-    kernels.launch_quantized(args, cuda.CudaQuantArgs(q_type=cuda.QUANT_ELEM_TYPES["uint8"],
+    kernels.launch_quantized(args, _native.CudaQuantArgs(q_type=_native.QUANT_ELEM_TYPES["uint8"],
                                                       y_scale=out_scale.data_ptr(),
                                                       y_zero_point=out_zp.data_ptr()))
     torch.cuda.synchronize()
@@ -623,7 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             library = build_emulation(folder)
             run_on_host()
-            return _check_all(cuda.Kernels(library), args.quick, args.verbose, ops)
+            return _check_all(_native.Kernels(library), args.quick, args.verbose, ops)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     import torch
@@ -631,16 +634,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("cuda_harness: torch sees no CUDA device (use --emulation)", file=sys.stderr)
         return 2
-    kernels = cuda.Kernels(args.library)
+    kernels = _native.Kernels(args.library)
     print(f"# {kernels.path} ({kernels.build_info()}) on {torch.cuda.get_device_name(0)}", flush=True)
     return _check_all(kernels, args.quick, args.verbose, ops)
 
 
-def _check_all(kernels: cuda.Kernels, quick: bool, verbose: bool, ops: list[str] | None) -> int:
+def _check_all(kernels: _native.Kernels, quick: bool, verbose: bool, ops: list[str] | None) -> int:
     failures = check(kernels, quick=quick, verbose=verbose, ops=ops)
     problems = check_bad_arguments(kernels) + check_quantized_edges(kernels)
-    if kernels.layout() != cuda.layout():
-        problems.append(f"NormArgs mirror {cuda.layout()} differs from the library's {kernels.layout()}")
+    if kernels.layout() != _native.layout():
+        problems.append(f"NormArgs mirror {_native.layout()} differs from the library's "
+                        f"{kernels.layout()}")
     for p in problems:
         print("FAIL", p)
     return 1 if failures or problems else 0

@@ -169,6 +169,14 @@ def test_quantized_groups_take_the_variants_named():
     assert e2e.quantized_variants(["export", "onnxnorm-fused"]) == ["quantized", "onnxnorm-fused"]
 
 
+def test_old_private_names_still_work_with_a_warning():
+    """The names tests and scripts reached into when the benchmark was one module."""
+    for old, new in (("_collect", e2e.collect), ("_interleave", e2e.interleave),
+                     ("add_parser", e2e.register), ("_memory_child", e2e.memory_child)):
+        with pytest.warns(DeprecationWarning, match=f"onnxnorm.bench.e2e.{old} is deprecated"):
+            assert getattr(e2e, old) is new
+
+
 def _torch_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     import torch
 
@@ -257,7 +265,7 @@ class _Scripted:
     def generate(self, prompt, new_tokens):
         self.warming = True
         try:
-            return e2e._collect(self.steps(prompt, new_tokens))
+            return e2e.collect(self.steps(prompt, new_tokens))
         finally:
             self.warming = False
 
@@ -277,7 +285,7 @@ def test_variants_take_turns_by_step_or_by_generation(lockstep):
     make = {n: (lambda n=n: _Scripted(n, log, [5, 6, 7, 8, 9, 10], opened)) for n in names}
     make["broken"] = lambda: 1 / 0
     config = e2e.Config(new_tokens=6, repeats=3)
-    e2e._interleave(rows, make, config, [1, 2], lambda line: None, lockstep=lockstep)
+    e2e.interleave(rows, make, config, [1, 2], lambda line: None, lockstep=lockstep)
     # every repetition opens every variant anew, in an order that changes (the broken one is
     # tried once)
     openings = [tuple(opened[i:i + 4]) for i in range(0, 12, 4)]

@@ -203,8 +203,7 @@ import onnxruntime as ort
 sys.path.insert(0, "tests")
 from helpers import BF16, run, single_node_model
 from test_quantized import F8, F8_ZERO_POINT, assert_float8_equal
-from onnxnorm import ops, runtime
-from onnxnorm.bench import cuda
+from onnxnorm import _native, ops, runtime
 
 mode = sys.argv[1]
 arrays = {"X": np.ones((2, 16), np.float32)}
@@ -221,7 +220,7 @@ types = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 checked = 0
 for op, spec in ops.catalogue.FLOAT_OPS.items():
     for t, s in ops.catalogue.TYPE_PAIRS:
-        t, s = types[cuda.elem_type_name(t)], types[cuda.elem_type_name(s)]
+        t, s = types[_native.elem_type_name(t)], types[_native.elem_type_name(s)]
         # per-head weights [4, 64] for X [2, 3, 4, 64]: the register kernels; width 40: the general one
         for shape, wshape in (((2, 3, 4, 64), (4, 64)), ((3, 40), (40,))):
             arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
@@ -247,7 +246,7 @@ for op, spec in ops.catalogue.QUANTIZED_OPS.items():
     zero_points = [None] if spec.quantize == "dynamic" else [
         None, np.uint8(131), np.int8(-7), F8_ZERO_POINT]
     for (t, s), zp in itertools.product(ops.catalogue.TYPE_PAIRS, zero_points):
-        t, s = types[cuda.elem_type_name(t)], types[cuda.elem_type_name(s)]
+        t, s = types[_native.elem_type_name(t)], types[_native.elem_type_name(s)]
         for shape, wshape in (((2, 3, 4, 64), (4, 64)), ((3, 40), (40,))):
             arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
             if base.has_residual:
@@ -337,21 +336,42 @@ def test_cuda_glue_in_host_emulation(tmp_path):
     assert f"onnxnorm::RMSNorm: {foreign / 'libonnxnorm_cuda_ops.so'} is not the onnxnorm CUDA library" in out, out
 
 
+def test_bench_cuda_is_a_command_and_a_module(capsys):
+    """``onnxnorm bench cuda`` and ``python -m onnxnorm.bench.cuda`` (tools/gpu_check.sh) take the
+    same options; without a GPU the command says so in one line."""
+    from onnxnorm import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "cuda", "--help"])
+    assert stop.value.code == 0 and "--library LIBRARY" in capsys.readouterr().out
+    result = subprocess.run([sys.executable, "-m", "onnxnorm.bench.cuda", "--help"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m onnxnorm.bench.cuda")
+    assert "--reps" in result.stdout
+    assert cli.main(["bench", "cuda", "--reps", "0"]) == 1
+    assert capsys.readouterr().err == "onnxnorm: error: --reps must be at least 1\n"
+    if not _gpu():
+        assert cli.main(["bench", "cuda", "--reps", "1"]) == 1
+        assert capsys.readouterr().err == ("onnxnorm: error: onnxnorm bench cuda: torch sees no "
+                                           "CUDA device\n")
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU machine
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def kernels():
-    from onnxnorm.bench import cuda
+    from onnxnorm import _native
 
-    return cuda.Kernels(_cuda_library())
+    return _native.Kernels(_cuda_library())
 
 
 @needs_gpu
 def test_cuda_library_has_the_args_layout_of_the_mirror(kernels):
-    from onnxnorm.bench import cuda
+    from onnxnorm import _native
 
-    assert kernels.layout() == cuda.layout()
+    assert kernels.layout() == _native.layout()
 
 
 @needs_gpu
@@ -370,7 +390,7 @@ def test_cuda_bad_arguments_refused_before_launch(kernels):
 def test_cuda_kernel_runs_on_the_given_stream(kernels):
     import torch
 
-    from onnxnorm.bench import cuda
+    from onnxnorm import _native
 
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     scale = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
@@ -381,8 +401,8 @@ def test_cuda_kernel_runs_on_the_given_stream(kernels):
         args = kernels.args("RMSNorm", {"X": x, "Scale": scale}, y)
         kernels.launch(args, side.cuda_stream)
     side.synchronize()
-    want = ops.reference.run("RMSNorm", cuda.to_numpy(x[:8]), cuda.to_numpy(scale))[0]
-    np.testing.assert_allclose(cuda.to_numpy(y[:8]).astype(np.float32), want.astype(np.float32),
+    want = ops.reference.run("RMSNorm", _native.to_numpy(x[:8]), _native.to_numpy(scale))[0]
+    np.testing.assert_allclose(_native.to_numpy(y[:8]).astype(np.float32), want.astype(np.float32),
                                *ops.reference.tolerance(want.dtype))
     assert "regs:" in kernels.kernel_name(args)
 
@@ -424,7 +444,7 @@ def _run_on_cuda_provider(op, arrays, attrs=None):
     import onnx
     import onnxruntime as ort
 
-    from helpers import BF16
+    from helpers import BF16, single_node_model
     from test_quantized import F8
 
     options = ort.SessionOptions()

@@ -19,7 +19,7 @@ import pytest
 
 from helpers import BF16, run, single_node_model
 from onnxnorm import ops
-from onnxnorm.bench.kernels import active_isa
+from onnxnorm._native import active_isa
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 TYPE_PAIRS = [(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)]
@@ -248,7 +248,7 @@ for op in t.ops.catalogue.FLOAT_OPS:
             t._check(op, arrays, t._attrs(op, attrs), with_sum=with_sum and t.ops.OPS[op].has_residual)
         arrays = t._arrays(op, *types, t.WEIGHTS, (3, 1000), (1000,), rng)
         t._check(op, arrays, t._attrs(op, {"cast_before_scale": 1}), threads=2)
-from onnxnorm.bench.kernels import active_isa
+from onnxnorm._native import active_isa
 print("isa", active_isa())
 print("ok")
 """
@@ -317,6 +317,39 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     assert kernels.load_results(str(tmp_path / "run.json"))[0].op == "SkipRMSNorm"
 
 
+def test_bench_quant_types_are_the_catalogues():
+    """--quant-type offers the types the benchmark has a zero point for, which must be the
+    catalogue's quantized types (its options are declared without importing the catalogue)."""
+    from onnxnorm import _native
+    from onnxnorm.bench import kernels
+
+    assert list(kernels.QUANT_ZERO_POINTS) == [_native.elem_type_name(t)
+                                               for t in ops.catalogue.QUANT_TYPES]
+
+
+def test_bench_help_imports_neither_torch_nor_onnx():
+    """Registering the bench subcommands imports nothing heavy: each one's --help takes a tenth of
+    a second, where importing onnx for the catalogue's op names took 1.3 s."""
+    script = """
+import sys
+from onnxnorm.bench.cli import SUBCOMMANDS
+from onnxnorm.cli import main
+for name in SUBCOMMANDS:
+    try:
+        main(["bench", name, "--help"])
+    except SystemExit as stop:
+        assert stop.code == 0, name
+heavy = ("torch", "transformers", "onnx", "onnxruntime", "onnxnorm.ops", "onnxnorm._native")
+print("LOADED", sorted(m for m in heavy if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    for name in ("kernels", "e2e", "cuda"):
+        assert f"usage: onnxnorm bench {name}" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "LOADED []"
+
+
 @pytest.mark.parametrize("threads,nbytes", [(2, 1 << 20), (2, 1000003), (3, 4097), (4, 64)])
 def test_bench_threaded_copy_copies_every_byte(threads, nbytes):
     """The copy bound's threaded contender copies the whole buffer, whatever its size and the
@@ -328,7 +361,7 @@ def test_bench_threaded_copy_copies_every_byte(threads, nbytes):
     source = np.random.default_rng(nbytes).integers(0, 255, nbytes, dtype=np.uint8)
     target = np.zeros_like(source)
     with ThreadPoolExecutor(threads - 1) as pool:
-        kernels._threaded_copy(pool, threads, source, target)()
+        kernels.threaded_copy(pool, threads, source, target)()
     np.testing.assert_array_equal(target, source)
 
 
@@ -378,14 +411,14 @@ BENCH_SHAPE = (2, 16, 256)
 
 
 def bench_arrays(op, dtype, zero_point, rng, scale=1.0):
-    """Inputs for the benchmark's models of the quantized ``op`` (``kernels._weights`` names) on
+    """Inputs for the benchmark's models of the quantized ``op`` (``kernels.input_names``) on
     BENCH_SHAPE: X and Residual standard normal, Scale about ``scale``, Bias and XBias
     about 0, the benchmark's Y_scale and the given zero point."""
     from onnxnorm.bench import kernels
 
-    np_type = kernels._np_dtype(dtype)
+    np_type = kernels.np_dtype(dtype)
     arrays = {}
-    for name in kernels._weights(op).values():
+    for name in kernels.input_names(op).values():
         if name == "ys":
             arrays[name] = np.array(kernels.Y_SCALE, np_type)
         elif name == "yz":
@@ -409,7 +442,7 @@ def test_bench_quant_type_contenders_agree(op, dtype, quant_type, rng):
 
     shape, d = BENCH_SHAPE, BENCH_SHAPE[-1]
     # a Scale about 4: some values saturate
-    arrays = bench_arrays(op, dtype, kernels._zero_point(quant_type), rng, scale=4.0)
+    arrays = bench_arrays(op, dtype, kernels.zero_point(quant_type), rng, scale=4.0)
 
     def outputs(model, with_library):
         """Y (float8: its codes), and the names of the outputs."""
@@ -417,17 +450,17 @@ def test_bench_quant_type_contenders_agree(op, dtype, quant_type, rng):
         options.log_severity_level = 3
         session = runtime.session(model, options, with_library=with_library)
         names = [i.name for i in session.get_inputs()]
-        got = session.run_with_ort_values(["y"], {n: kernels._ortvalue(arrays[n]) for n in names})
+        got = session.run_with_ort_values(["y"], {n: kernels.ortvalue(arrays[n]) for n in names})
         return {"y": got[0].numpy(), "names": {o.name for o in session.get_outputs()}}
 
-    ours = outputs(kernels._onnxnorm_model(op, dtype, shape, d, quant_type), True)
+    ours = outputs(kernels.onnxnorm_model(op, dtype, shape, d, quant_type), True)
     compared = 0
-    for label in kernels._ORT_BUILTINS[op]:
+    for label in kernels.ORT_BUILTINS[op]:
         cast = "+Cast+" in label
         if (cast and dtype == "float32") or (not cast and dtype == "bfloat16"):
             continue  # (no Cast for float32; no QuantizeLinear of bfloat16 in ORT's CPU provider)
         try:
-            theirs = outputs(kernels._ort_builtin_model(label, dtype, shape, d, quant_type), False)
+            theirs = outputs(kernels.ort_builtin_model(label, dtype, shape, d, quant_type), False)
         except ort.capi.onnxruntime_pybind11_state.NotImplemented:
             continue  # ORT's norm lacks this type (the bench notes it n/a)
         compared += 1

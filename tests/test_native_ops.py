@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib.util
-import json
 import types
 from pathlib import Path
 
@@ -17,8 +16,7 @@ import numpy as np
 import pytest
 
 from helpers import run, single_node_model
-from onnxnorm import runtime
-from onnxnorm.bench import cuda
+from onnxnorm import _native
 from onnxnorm.ops import catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,16 +31,9 @@ def _generator():
     return module
 
 
-def _library():
-    library = ctypes.CDLL(str(runtime.library_path()))
-    for name in ("onnxnorm_op_manifest", "onnxnorm_args_layout", "onnxnorm_active_isa"):
-        getattr(library, name).restype = ctypes.c_char_p
-    return library
-
-
 @pytest.fixture(scope="module")
 def manifest():
-    return json.loads(_library().onnxnorm_op_manifest())
+    return _native.manifest()
 
 
 def test_generated_op_table_is_current():
@@ -82,18 +73,19 @@ def test_generator_follows_the_catalogue():
 
 def test_manifest_matches_catalogue(manifest):
     assert (manifest["domain"], manifest["version"]) == (catalogue.DOMAIN, catalogue.VERSION)
-    assert manifest["elem_types"] == [cuda.elem_type_name(t) for t in catalogue.DATA_TYPES]
-    assert manifest["elem_types"] == list(cuda.ELEM_TYPES)
-    assert manifest["quant_types"] == [cuda.elem_type_name(t) for t in catalogue.QUANT_TYPES]
+    assert manifest["elem_types"] == [_native.elem_type_name(t) for t in catalogue.DATA_TYPES]
+    assert manifest["elem_types"] == list(_native.ELEM_TYPES)
+    assert manifest["quant_types"] == [_native.elem_type_name(t) for t in catalogue.QUANT_TYPES]
     assert [entry["name"] for entry in manifest["ops"]] == list(catalogue.OPS)
-    pairs = [(cuda.elem_type_name(t), cuda.elem_type_name(s)) for t, s in catalogue.TYPE_PAIRS]
+    type_name = _native.elem_type_name
+    pairs = [(type_name(t), type_name(s)) for t, s in catalogue.TYPE_PAIRS]
     for index, entry in enumerate(manifest["ops"]):
         spec = catalogue.OPS[entry["name"]]
-        assert entry["id"] == index == cuda.OP_IDS[spec.name]
+        assert entry["id"] == index == _native.OP_IDS[spec.name]
         assert entry["since_version"] == catalogue.VERSION
         assert (entry["norm"], entry["residual"]) == (spec.norm, spec.residual)
         assert (entry["quantize"], entry["quant_types"]) == (
-            spec.quantize, [cuda.elem_type_name(t) for t in spec.quant_types])
+            spec.quantize, [_native.elem_type_name(t) for t in spec.quant_types])
         for got, want in ((entry["inputs"], spec.inputs), (entry["outputs"], spec.outputs)):
             assert got == [{"name": p.name, "type": p.type_var, "optional": p.optional} for p in want]
         assert [(a["name"], a["kind"], a["check"]) for a in entry["attributes"]] == [
@@ -108,7 +100,7 @@ def test_manifest_matches_catalogue(manifest):
         if spec.quantize == "none":
             want = [(provider, t, s) for provider in PROVIDERS for t, s in pairs]
         else:
-            want = [(provider, t, s, cuda.elem_type_name(q))
+            want = [(provider, t, s, _native.elem_type_name(q))
                     for provider in PROVIDERS for t, s in pairs for q in spec.quant_types]
         assert sorted(map(tuple, entry["kernels"])) == sorted(want)
 
@@ -139,7 +131,21 @@ def test_attribute_errors_are_worded_as_in_the_catalogue(op):
 
 
 def test_norm_args_mirror_has_the_library_layout():
-    layout = json.loads(_library().onnxnorm_args_layout())
-    assert layout == cuda.layout()
-    assert [name for name, _, _ in layout["fields"]] == [name for name, _ in cuda.NormArgs._fields_]
-    assert layout["size"] == ctypes.sizeof(cuda.NormArgs) == 160
+    layout = _native.args_layout()
+    assert layout == _native.layout()
+    assert [f for f, _, _ in layout["fields"]] == [f for f, _ in _native.NormArgs._fields_]
+    assert layout["size"] == ctypes.sizeof(_native.NormArgs) == 160
+
+
+def test_the_binding_keeps_its_old_names_in_bench():
+    """The binding lived in onnxnorm.bench.cuda (active_isa in onnxnorm.bench.kernels): the old
+    names still give it, with a DeprecationWarning that names the new place."""
+    from onnxnorm.bench import cuda, kernels
+
+    for module, old, new in ((cuda, "NormArgs", "NormArgs"), (cuda, "OP_IDS", "OP_IDS"),
+                             (cuda, "Kernels", "Kernels"), (cuda, "layout", "layout"),
+                             (cuda, "library_path", "cuda_library_path"),
+                             (kernels, "active_isa", "active_isa")):
+        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{old} is deprecated: use "
+                                                    f"onnxnorm._native.{new}"):
+            assert getattr(module, old) is getattr(_native, new)

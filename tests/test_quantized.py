@@ -491,7 +491,7 @@ def test_bench_contenders_agree(op, dtype, rng):
     from test_kernels import BENCH_SHAPE, bench_arrays
 
     shape, d = BENCH_SHAPE, BENCH_SHAPE[-1]
-    arrays = bench_arrays(op, dtype, kernels._zero_point("int8"), rng)
+    arrays = bench_arrays(op, dtype, kernels.zero_point("int8"), rng)
 
     def outputs(model, with_library):
         from onnxnorm import runtime
@@ -501,11 +501,11 @@ def test_bench_contenders_agree(op, dtype, rng):
         return dict(zip([o.name for o in session.get_outputs()],
                         session.run(None, {n: arrays[n] for n in names})))
 
-    ours = outputs(kernels._onnxnorm_model(op, dtype, shape, d), True)
-    for label in kernels._ORT_BUILTINS[op]:
+    ours = outputs(kernels.onnxnorm_model(op, dtype, shape, d), True)
+    for label in kernels.ORT_BUILTINS[op]:
         if "+Cast+" in label and dtype == "float32":
             continue  # (no Cast for float32: the bench notes it n/a)
-        theirs = outputs(kernels._ort_builtin_model(label, dtype, shape, d), False)
+        theirs = outputs(kernels.ort_builtin_model(label, dtype, shape, d), False)
         assert set(theirs) == set(ours), label
         diff = ours["y"].astype(np.int32) - theirs["y"].astype(np.int32)
         assert ours["y"].dtype == theirs["y"].dtype and np.abs(diff).max() <= 1, label

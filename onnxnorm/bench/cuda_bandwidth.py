@@ -1,0 +1,107 @@
+"""The CUDA kernels' bandwidth: each float op at each shape against a device-to-device copy of
+the same shape, measured in the same run (see the package's docstring)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+from onnxnorm import _native
+from onnxnorm.bench import common, timing
+from onnxnorm.ops import catalogue
+
+#: (label, rows, cols, is Q/K)
+BENCH_SHAPES = [
+    ("4096x4096", 4096, 4096, False),
+    ("4096x8192", 4096, 8192, False),
+    ("Q/K 16384x32 heads x128", 16384 * 32, 128, True),
+    ("Q/K 4096x8 heads x256", 4096 * 8, 256, True),
+    ("Q/K 4096x32 heads x64", 4096 * 32, 64, True),
+]
+#: percent of the copy bandwidth (bfloat16, 4096 x 4096 and 4096 x 8192; Q/K-norm shapes: 75%)
+TARGETS = {"RMSNorm": 90, "SkipRMSNorm": 90, "LayerNorm": 85, "SkipLayerNorm": 85}
+QK_TARGET = 75
+
+
+def _copy_gbs(src, flush, reps: int) -> float:
+    """The copy bound of ``src``'s shape in GB/s: read X, write Y (the bytes RMSNorm moves)."""
+    import torch
+
+    dst = torch.empty_like(src)
+    ms = timing.cuda_ms(lambda: dst.copy_(src), flush, reps)
+    return 2 * src.numel() * src.element_size() / ms / 1e6
+
+
+def bench(kernels: _native.Kernels, ops: Iterable[str] | None = None, dtype: str = "bfloat16",
+          reps: int = 30, shapes=None) -> list[dict[str, Any]]:
+    """Measures each op at each shape; returns rows with GB/s and % of copy."""
+    import torch
+
+    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 64 << 20) or (64 << 20)
+    flush_buf = torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.float32, device="cuda")
+    flush = flush_buf.zero_  # writing more than L2 holds: every repetition starts from memory
+    results = []
+    for label, rows, cols, qk in shapes or BENCH_SHAPES:
+        src = torch.randn(rows, cols, device="cuda", dtype=tdt)
+        copy_gbs = _copy_gbs(src, flush, reps)
+        # (the quantized ops: the float ops' kernels with another epilogue)
+        for op in ops or catalogue.FLOAT_OPS:
+            spec = catalogue.get(op)
+            inputs = {"X": src}
+            if spec.has_residual:
+                inputs["Residual"] = torch.randn_like(src)
+            for name in spec.optional_inputs:
+                if name != "XBias":
+                    inputs[name] = torch.randn(cols, device="cuda", dtype=tdt)
+            y = torch.empty_like(src)
+            s = torch.empty_like(src) if spec.has_residual else None
+            args = kernels.args(op, inputs, y, s)
+            kernels.launch(args)  # warm-up, and errors surface here
+            torch.cuda.synchronize()
+            ms = timing.cuda_ms(lambda: kernels.launch(args), flush, reps)
+            moved = sum(t.numel() * t.element_size() for t in inputs.values()) + y.numel() * \
+                y.element_size() * (2 if s is not None else 1)
+            gbs = moved / ms / 1e6
+            target = QK_TARGET if qk and spec.residual == "none" else (
+                None if qk else TARGETS.get(op))
+            pct = 100 * gbs / copy_gbs
+            results.append(dict(op=op, dtype=dtype, shape=label, kernel=kernels.kernel_name(args),
+                                ms=ms, gbs=gbs, copy_gbs=copy_gbs, pct_of_copy=pct, target=target,
+                                met=None if target is None else pct >= target))
+            del y, s
+        del src
+        torch.cuda.empty_cache()
+    return results
+
+
+def markdown(results: list[dict[str, Any]], device: str = "") -> str:
+    lines = [f"CUDA kernels on {device}" if device else "CUDA kernels", "",
+             common.table_row(["op", "dtype", "shape", "kernel", "time (us)", "GB/s", "copy GB/s",
+                               "% of copy", "target", "met?"]),
+             common.table_rule("llllrrrrrl")]
+    for r in results:
+        target = f"{r['target']}%" if r["target"] is not None else "-"
+        met = "-" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        lines.append(common.table_row([
+            r["op"], r["dtype"], r["shape"], r["kernel"].split("/")[-1], f"{1000 * r['ms']:.1f}",
+            f"{r['gbs']:.0f}", f"{r['copy_gbs']:.0f}", f"{r['pct_of_copy']:.1f}%", target, met]))
+    return "\n".join(lines)
+
+
+def report(library: str | os.PathLike | None = None, dtype: str = "bfloat16", reps: int = 30,
+           json_path: str | None = None) -> list[dict[str, Any]]:
+    """Measures every float op with the CUDA library at ``library`` (default: the installed
+    one) on the first GPU, prints the table, writes the rows as JSON where asked."""
+    import torch
+
+    kernels = _native.Kernels(library)
+    device = torch.cuda.get_device_name(0)
+    print(f"# {kernels.path} ({kernels.build_info()}) on {device}, torch {torch.__version__}",
+          flush=True)
+    results = bench(kernels, dtype=dtype, reps=reps)
+    print(markdown(results, device))
+    if json_path:
+        common.write_json(json_path, dict(device=device, results=results))
+    return results

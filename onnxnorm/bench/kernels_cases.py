@@ -1,0 +1,136 @@
+"""What ``onnxnorm bench kernels`` measures and what each row must meet: the shapes, dtypes and
+quantized types it offers, the targets (docs/benchmarks.md), and :class:`Result`, one row.
+Imports nothing heavy: the command's options come from here."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+#: --shapes: name -> X's shape (the Q/K-norm one normalized over its last dimension, run as
+#: (1, 16384, 128) by every contender)
+SHAPES: dict[str, tuple[int, ...]] = {
+    "1x1x4096": (1, 1, 4096),
+    "1x128x4096": (1, 128, 4096),
+    "4x512x4096": (4, 512, 4096),
+    "1x2048x8192": (1, 2048, 8192),
+    "qk-1x512x32x128": (1, 512, 32, 128),
+}
+# The targets (docs/benchmarks.md), each held by the median times and by the best-of times:
+# - every row: onnxnorm no slower than ORT's fastest built-in op for the same math;
+# - the large shapes: onnxnorm at BANDWIDTH_FRACTION of the copy bandwidth or more;
+# - single-token rows, where a call is almost all per-call overhead: onnxnorm within FLOOR_FACTOR
+#   of ORT's floor (one node that only copies the same bytes).
+BANDWIDTH_SHAPES = ("4x512x4096", "1x2048x8192")
+BANDWIDTH_FRACTION = 0.90
+SINGLE_TOKEN_SHAPES = ("1x1x4096",)
+FLOOR_FACTOR = 1.2
+# The quantized ops' target instead: on the large shapes at least QUANT_SPEEDUP times as fast as
+# ORT's fastest norm followed by its quantizer (elsewhere no slower).
+QUANT_SPEEDUP = 1.5
+DTYPES = ("float32", "float16", "bfloat16")
+EPSILON = 1e-5
+Y_SCALE = 0.02
+Y_ZERO_POINT = -3
+#: the static quantized ops' Y type (``--quant-type``) -> their zero point; int8 by default. A
+#: float8 zero point's value is not used (it gives Y's type only). tests/test_kernels.py holds
+#: its types to the catalogue's quantized types.
+QUANT_ZERO_POINTS = {"uint8": 125, "int8": Y_ZERO_POINT, "float8e4m3fn": 0.0}
+QUANT_TYPE = "int8"
+
+
+@dataclasses.dataclass
+class Result:
+    """One row: an op on a shape in a dtype, every contender's times, and the targets it meets."""
+
+    op: str
+    shape: str
+    dtype: str
+    #: contender -> median seconds per call (None: not supported for this dtype)
+    times: dict[str, float | None]
+    notes: dict[str, str]
+    #: contender -> fastest repetition's seconds per call (less sensitive to a busy machine)
+    best: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    #: the static quantized ops' Y type (a key of QUANT_ZERO_POINTS); None for the other ops
+    quant_type: str | None = None
+
+    @property
+    def onnxnorm(self) -> float | None:
+        """onnxnorm's median seconds per call."""
+        return self.times.get("onnxnorm")
+
+    def best_ort(self, times: dict[str, float | None] | None = None
+                 ) -> tuple[str | None, float | None]:
+        """ORT's fastest built-in contender ("ort:<label>") and its time, by the median (or the
+        given) times; (None, None) where none ran."""
+        times = self.times if times is None else times
+        found = [(t, k) for k, t in times.items() if k.startswith("ort:") and t is not None]
+        if not found:
+            return None, None
+        t, k = min(found)
+        return k, t
+
+    def targets(self, times: dict[str, float | None] | None = None) -> list[str]:
+        """Misses of the kernel targets (docs/benchmarks.md) by the median (or the given) times;
+        empty: all met."""
+        from onnxnorm.ops import catalogue
+
+        times = self.times if times is None else times
+        misses = []
+        mine = times.get("onnxnorm")
+        if mine is None:
+            return ["no onnxnorm time"]
+        name, best = self.best_ort(times)
+        if catalogue.get(self.op).quantize != "none":
+            if best is not None and self.shape in BANDWIDTH_SHAPES and best / mine < QUANT_SPEEDUP:
+                misses.append(f"{best / mine:.2f}x as fast as {name[4:]} < {QUANT_SPEEDUP}x")
+            elif best is not None and mine > best:
+                misses.append(f"slower than {name[4:]} ({mine / best:.2f}x)")
+            return misses
+        if best is not None and mine > best:
+            misses.append(f"slower than {name[4:]} ({mine / best:.2f}x)")
+        copy = times.get("copy")
+        if self.shape in BANDWIDTH_SHAPES and copy is not None and copy / mine < BANDWIDTH_FRACTION:
+            misses.append(f"{100 * copy / mine:.0f}% of copy bandwidth "
+                          f"< {100 * BANDWIDTH_FRACTION:.0f}%")
+        floor = times.get("floor")
+        if self.shape in SINGLE_TOKEN_SHAPES and floor is not None and mine > FLOOR_FACTOR * floor:
+            misses.append(f"{mine / floor:.2f}x ORT's floor > {FLOOR_FACTOR}x")
+        return misses
+
+    def verdict(self) -> str:
+        """"met", or the misses by the median times and by the best-of times."""
+        by_median = self.targets()
+        by_best = self.targets(self.best) if self.best else by_median
+        if not by_median and not by_best:
+            return "met"
+        def kind(miss: str) -> str:
+            if miss.startswith("slower"):
+                return "slower"
+            if "bandwidth" in miss:
+                return "bandwidth"
+            return "speed-up" if " as fast as " in miss else miss
+
+        parts = []
+        if by_median:
+            parts.append("MISSED: " + "; ".join(by_median))
+        only_best = [m for m in by_best if kind(m) not in {kind(n) for n in by_median}]
+        if only_best:
+            parts.append("MISSED by best-of: " + "; ".join(only_best))
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        name, best = self.best_ort()
+        mine = self.onnxnorm
+        copy = self.times.get("copy")
+        floor = self.times.get("floor")
+        return {
+            "op": self.op, "shape": self.shape, "dtype": self.dtype, "quant_type": self.quant_type,
+            "median_seconds": self.times, "best_seconds": self.best, "notes": self.notes,
+            "best_ort": name, "ratio_to_best_ort": (mine / best) if mine and best else None,
+            "ratio_to_ort_floor": (mine / floor) if mine and floor else None,
+            "fraction_of_copy_bandwidth": (copy / mine) if mine and copy else None,
+            "target_misses": self.targets(),
+            "target_misses_by_best_times": self.targets(self.best) if self.best else None,
+        }
+

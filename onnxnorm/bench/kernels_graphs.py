@@ -1,0 +1,251 @@
+"""The ONNX models ``onnxnorm bench kernels`` times: the onnxnorm node, ONNX Runtime's built-in
+ops for the same math (:data:`ORT_BUILTINS`; for the quantized ops each followed by ORT's
+quantizer) and ORT's floor, one node that only copies the same bytes. The arrays they read are
+named by :func:`input_names`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxnorm import _native
+from onnxnorm.bench.kernels_cases import EPSILON, QUANT_TYPE, QUANT_ZERO_POINTS
+from onnxnorm.ops import catalogue
+
+#: op -> labels of ORT's own ops for the same math (each a model of :func:`ort_builtin_model`)
+ORT_BUILTINS = {
+    "LayerNorm": ["LayerNormalization-17"],
+    "RMSNorm": ["RMSNormalization-23", "SimplifiedLayerNormalization"],
+    "SkipLayerNorm": ["SkipLayerNormalization"],
+    "SkipRMSNorm": ["SkipSimplifiedLayerNormalization"],
+    "SandwichLayerNorm": ["LayerNormalization+SkipLayerNormalization"],
+    "SandwichRMSNorm": ["SimplifiedLayerNormalization+SkipSimplifiedLayerNormalization"],
+}
+# the quantized ops: each built-in of their norm followed by ORT's quantizer
+_QUANTIZERS = {"static": "QuantizeLinear", "dynamic": "DynamicQuantizeLinear"}
+for _name, _spec in catalogue.QUANTIZED_OPS.items():
+    ORT_BUILTINS[_name] = [f"{label}+{_QUANTIZERS[_spec.quantize]}"
+                           for label in ORT_BUILTINS[_spec.norm_op]]
+    if _spec.quantize == "static":  # ORT's CPU QuantizeLinear has no bfloat16 kernel: cast first
+        ORT_BUILTINS[_name] += [f"{label}+Cast+QuantizeLinear"
+                                for label in ORT_BUILTINS[_spec.norm_op]]
+
+
+def onnx_type(dtype: str) -> int:
+    """"float16" -> TensorProto.FLOAT16 (a dtype of ``--dtypes``)."""
+    import onnx
+
+    return {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
+            "bfloat16": onnx.TensorProto.BFLOAT16}[dtype]
+
+
+def np_dtype(dtype: str) -> np.dtype:
+    """"bfloat16" -> ml_dtypes' bfloat16 (a dtype of ``--dtypes``)."""
+    import ml_dtypes
+
+    return np.dtype({"float32": np.float32, "float16": np.float16,
+                     "bfloat16": ml_dtypes.bfloat16}[dtype])
+
+
+def quant_onnx_type(quant_type: str) -> int:
+    """"int8" -> TensorProto.INT8 (a key of QUANT_ZERO_POINTS)."""
+    import onnx
+
+    return onnx.helper.np_dtype_to_tensor_dtype(_native.QUANT_NP_TYPES[quant_type])
+
+
+def zero_point(quant_type: str) -> np.ndarray:
+    """The static ops' zero point for Y of type ``quant_type`` (a numpy scalar array)."""
+    return np.array(QUANT_ZERO_POINTS[quant_type], _native.QUANT_NP_TYPES[quant_type])
+
+
+def _model(nodes, inputs: dict[str, tuple], outputs: list[str], dtype: str,
+           opsets: dict[str, int]):
+    """A model of ``nodes``: ``inputs`` (name -> shape) and ``outputs`` of X's type."""
+    from onnx import helper
+
+    t = onnx_type(dtype)
+    graph = helper.make_graph(
+        nodes, "bench",
+        [helper.make_tensor_value_info(name, t, shape) for name, shape in inputs.items()],
+        [helper.make_tensor_value_info(name, t, None) for name in outputs])
+    imports = [helper.make_opsetid(domain, version) for domain, version in opsets.items()]
+    model = helper.make_model(graph, opset_imports=imports)
+    model.ir_version = min(model.ir_version, 10)
+    return model
+
+
+def input_names(op: str) -> dict[str, str]:
+    """The onnxnorm inputs the benchmark feeds: catalogue name -> the name of its array, which
+    every contender's model takes as its graph input of that name."""
+    spec = catalogue.get(op)
+    names = {"X": "x"}
+    if spec.quantize == "static":
+        names.update(Y_scale="ys", Y_zero_point="yz")
+    if spec.has_residual:
+        names["Residual"] = "r"
+    names["Scale"] = "s"
+    if spec.norm == "layer":
+        names["Bias"] = "b"
+    if spec.residual == "sandwich":
+        names["InnerScale"] = "si"
+        if spec.norm == "layer":
+            names["InnerBias"] = "bi"
+    return names
+
+
+def output_names(op: str) -> list[str]:
+    """The outputs the benchmark asks of an op (and of the ORT graphs for the same math)."""
+    spec = catalogue.get(op)
+    outputs = ["y", "ys_out", "yz_out"] if spec.quantize == "dynamic" else ["y"]
+    return outputs + (["sum"] if spec.has_residual else [])
+
+
+def _quantized_types(model, quantize: str, quant_type: str = QUANT_TYPE) -> None:
+    """Sets the types and shapes of the quantized outputs (and of Y_scale and Y_zero_point) in
+    ``model``'s graph; ``quantize``: catalogue.QUANTIZE_KINDS; ``quant_type``: the static Y's
+    type (the dynamic one's is uint8)."""
+    import onnx
+
+    if quantize == "none":
+        return
+    q_type = quant_onnx_type(quant_type) if quantize == "static" else onnx.TensorProto.UINT8
+    for out in model.graph.output:
+        t = out.type.tensor_type
+        if out.name == "y":
+            t.elem_type = q_type
+        elif out.name in ("ys_out", "yz_out"):
+            t.elem_type = onnx.TensorProto.FLOAT if out.name == "ys_out" else q_type
+            t.shape.Clear()
+            t.shape.SetInParent()
+    for inp in model.graph.input:
+        if inp.name in ("ys", "yz"):
+            inp.type.tensor_type.shape.Clear()
+            inp.type.tensor_type.shape.SetInParent()
+            if inp.name == "yz":
+                inp.type.tensor_type.elem_type = q_type
+
+
+def onnxnorm_model(op: str, dtype: str, x_shape, d: int, quant_type: str = QUANT_TYPE):
+    """The onnxnorm node of ``op`` alone (no function body: it needs the library)."""
+    from onnx import helper
+
+    spec = catalogue.get(op)
+    names = input_names(op)
+    inputs = [names.get(p.name, "") for p in spec.inputs]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    outputs = output_names(op)
+    node_outputs = outputs if spec.quantize == "none" or not spec.has_residual else (
+        outputs[:-1] + ["sum"])
+    node = helper.make_node(op, inputs, node_outputs, domain=catalogue.DOMAIN, epsilon=EPSILON)
+    shapes = {n: (x_shape if n in ("x", "r") else (d,)) for n in names.values()}
+    model = _model([node], shapes, outputs, dtype, {"": 18, catalogue.DOMAIN: catalogue.VERSION})
+    _quantized_types(model, spec.quantize, quant_type)
+    return model
+
+
+def _ort_quantized_model(label: str, dtype: str, x_shape, d: int, quant_type: str = QUANT_TYPE):
+    """ORT's built-in norm ``label`` (before the "+") followed by its quantizer (QuantizeLinear:
+    to ``quant_type``, float8 included, which ORT's CPU kernel takes from opset 19 on, from
+    float32 and float16)."""
+    import onnx
+    from onnx import helper
+
+    norm_label, quantizer = label.rsplit("+", 1)
+    cast = norm_label.endswith("+Cast")
+    if cast:
+        if dtype == "float32":
+            raise ValueError("float32 needs no Cast before QuantizeLinear")
+        norm_label = norm_label[:-len("+Cast")]
+    model = ort_builtin_model(norm_label, dtype, x_shape, d)
+    graph = model.graph
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            if name == "y":
+                node.output[i] = "y_float"
+    y = "y_float"
+    if quantizer == "DynamicQuantizeLinear":
+        if dtype != "float32":
+            graph.node.append(helper.make_node("Cast", [y], ["y_float32"],
+                                               to=onnx.TensorProto.FLOAT))
+            y = "y_float32"
+        graph.node.append(helper.make_node("DynamicQuantizeLinear", [y], ["y", "ys_out", "yz_out"]))
+    else:
+        scale = "ys"
+        if cast:  # the norm's output and the scale in float32 (QuantizeLinear divides in float32)
+            graph.node.extend([
+                helper.make_node("Cast", [y], ["y_float32"], to=onnx.TensorProto.FLOAT),
+                helper.make_node("Cast", ["ys"], ["ys_float32"], to=onnx.TensorProto.FLOAT)])
+            y, scale = "y_float32", "ys_float32"
+        graph.node.append(helper.make_node("QuantizeLinear", [y, scale, "yz"], ["y"]))
+        graph.input.extend([helper.make_tensor_value_info("ys", onnx_type(dtype), []),
+                            helper.make_tensor_value_info("yz", quant_onnx_type(quant_type), [])])
+        for imp in model.opset_import:
+            if imp.domain == "":
+                imp.version = max(imp.version, 21)
+    outputs = {o.name: o for o in graph.output}
+    names = ["y"] + (["ys_out", "yz_out"] if quantizer == "DynamicQuantizeLinear" else []) + (
+        ["sum"] if "sum" in outputs else [])
+    del graph.output[:]
+    graph.output.extend(helper.make_tensor_value_info(n, onnx_type(dtype), None) for n in names)
+    _quantized_types(model, "dynamic" if quantizer == "DynamicQuantizeLinear" else "static",
+                     quant_type)
+    return model
+
+
+def ort_builtin_model(label: str, dtype: str, x_shape, d: int, quant_type: str = QUANT_TYPE):
+    """ONNX Runtime's own ops for an op's math, by their label in :data:`ORT_BUILTINS`."""
+    from onnx import helper
+
+    if label.endswith(("+QuantizeLinear", "+DynamicQuantizeLinear")):
+        return _ort_quantized_model(label, dtype, x_shape, d, quant_type)
+    ms = "com.microsoft"
+
+    def norm(op: str, inputs: list[str], output: str = "y"):  # over the last axis
+        return helper.make_node(op, inputs, [output], axis=-1, epsilon=EPSILON)
+
+    def skip(op: str, inputs: list[str]):  # Sum is a Skip op's fourth output
+        return helper.make_node(op, inputs, ["y", "", "", "sum"], domain=ms, epsilon=EPSILON)
+
+    xs = {"x": x_shape}
+    w = {"s": (d,)}
+    wb = {"s": (d,), "b": (d,)}
+    if label == "LayerNormalization-17":
+        return _model([norm("LayerNormalization", ["x", "s", "b"])], {**xs, **wb}, ["y"], dtype,
+                      {"": 17})
+    if label == "RMSNormalization-23":
+        return _model([norm("RMSNormalization", ["x", "s"])], {**xs, **w}, ["y"], dtype, {"": 23})
+    if label == "SimplifiedLayerNormalization":
+        return _model([norm("SimplifiedLayerNormalization", ["x", "s"])], {**xs, **w}, ["y"], dtype,
+                      {"": 17})
+    rs = {"r": x_shape}
+    opsets = {"": 17, ms: 1}
+    if label == "SkipLayerNormalization":
+        return _model([skip(label, ["x", "r", "s", "b"])], {**xs, **rs, **wb}, ["y", "sum"], dtype,
+                      opsets)
+    if label == "SkipSimplifiedLayerNormalization":
+        return _model([skip(label, ["x", "r", "s"])], {**xs, **rs, **w}, ["y", "sum"], dtype,
+                      opsets)
+    if label == "LayerNormalization+SkipLayerNormalization":
+        nodes = [norm("LayerNormalization", ["x", "si", "bi"], "inner"),
+                 skip("SkipLayerNormalization", ["inner", "r", "s", "b"])]
+        inputs = {**xs, **rs, **wb, "si": (d,), "bi": (d,)}
+        return _model(nodes, inputs, ["y", "sum"], dtype, opsets)
+    if label == "SimplifiedLayerNormalization+SkipSimplifiedLayerNormalization":
+        nodes = [norm("SimplifiedLayerNormalization", ["x", "si"], "inner"),
+                 skip("SkipSimplifiedLayerNormalization", ["inner", "r", "s"])]
+        return _model(nodes, {**xs, **rs, **w, "si": (d,)}, ["y", "sum"], dtype, opsets)
+    raise KeyError(label)
+
+
+def ort_floor_model(op: str, dtype: str, x_shape):
+    """One ONNX Runtime node that only moves the bytes of the op: Identity of X (read X, write Y);
+    for the residual ops Concat of X and Residual (read both, write as much as Y and Sum)."""
+    from onnx import helper
+
+    if not catalogue.get(op).has_residual:
+        node = helper.make_node("Identity", ["x"], ["y"])
+        return _model([node], {"x": x_shape}, ["y"], dtype, {"": 17})
+    node = helper.make_node("Concat", ["x", "r"], ["y"], axis=0)
+    return _model([node], {"x": x_shape, "r": x_shape}, ["y"], dtype, {"": 17})
+
