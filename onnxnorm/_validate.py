@@ -71,13 +71,10 @@ class Repair:
 
 def graphs(model: onnx.ModelProto):
     """The model's main graph and its subgraphs, depth first, in a fixed order: graph numbers
-    of :class:`Repair` count in it."""
-    def walk(graph):
-        yield graph
-        for node in graph.node:
-            for sub in _subgraphs(node):
-                yield from walk(sub)
-    yield from walk(model.graph)
+    of :class:`Repair` count in it (``_Checker.graph`` visits them in this order)."""
+    from onnxnorm.ops.functions import _all_graphs
+
+    return _all_graphs(model.graph)
 
 
 @functools.lru_cache(maxsize=1)

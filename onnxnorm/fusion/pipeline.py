@@ -17,6 +17,7 @@ onnxnorm nodes lowered to the target (``lowering.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable
 
@@ -25,14 +26,14 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
+from onnxnorm import targets
+from onnxnorm.errors import OutputDoesNotLoad, first_line
 from onnxnorm.fusion import batch_norm, norms, quantized, residual
 from onnxnorm.fusion._onnxscript_private import root_op
 from onnxnorm.fusion._ort_symbolic import infer_symbolic
 from onnxnorm.fusion.lowering import lower_with_notes
 from onnxnorm.fusion.report import FusionReport, Tracker
 from onnxnorm.ops import catalogue
-from onnxnorm import targets
-from onnxnorm.errors import OutputDoesNotLoad, first_line
 from onnxnorm.targets import TARGETS
 
 __all__ = ["TARGETS", "fuse", "fuse_ir", "rules", "stages"]
@@ -185,6 +186,19 @@ def remove_noop_casts(model: ir.Model) -> int:
     return count
 
 
+@contextlib.contextmanager
+def _quiet(logger: str, level: int):
+    """The logger ``logger`` at ``level`` for the block: what a library logs there the pass
+    reports in its own words (a rule's skip), not as a log line or a traceback."""
+    log = logging.getLogger(logger)
+    before = log.level
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.setLevel(before)
+
+
 def symbolic_shapes(model: ir.Model) -> bool:
     """ONNX Runtime's symbolic shape inference (``_ort_symbolic``), which proves dims equal
     where onnx's own inference leaves them unknown (TorchScript exports), run on a copy without
@@ -196,14 +210,10 @@ def symbolic_shapes(model: ir.Model) -> bool:
     try:
         from onnx_ir.passes.common import _c_api_utils
 
-        logger = logging.getLogger("_onnxnorm_symbolic_shape_infer")
-        level = logger.level
-        logger.setLevel(logging.ERROR)  # "unsupported broadcast": reported by the rules instead
-        try:
+        # "unsupported broadcast": reported by the rules instead
+        with _quiet("_onnxnorm_symbolic_shape_infer", logging.ERROR):
             inferred = ir.serde.deserialize_model(
                 _c_api_utils.call_onnx_api(infer_symbolic, model))
-        finally:
-            logger.setLevel(level)
     except Exception:  # noqa: BLE001 - unknown ops, odd graphs: keep onnx's shapes
         return False
     for graph, other in zip(model.graphs(), inferred.graphs()):
@@ -233,13 +243,8 @@ def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
     unique_value_names(model)
     # the checks need element types and shapes, which exporters do not always write out (where
     # onnx's inference fails, the rules say which type or shape they missed: no traceback)
-    logger = logging.getLogger(common_passes.ShapeInferencePass.__module__)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
+    with _quiet(common_passes.ShapeInferencePass.__module__, logging.CRITICAL):
         common_passes.ShapeInferencePass(strict_mode=False)(model)
-    finally:
-        logger.setLevel(level)
     symbolic_shapes(model)
     # exporters cast one value to float32 twice; the rules want one value per computation
     remove_noop_casts(model)
@@ -310,7 +315,7 @@ def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None, repairs=()
     made in the copy."""
     from onnx import external_data_helper
 
-    from onnxnorm._io import _shell
+    from onnxnorm._io import SMALL_TENSOR, _shell
     from onnxnorm._validate import apply_repairs, dropped_initializers
 
     shell = _shell(model)
@@ -320,7 +325,7 @@ def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None, repairs=()
     for index, tensor in enumerate(model.graph.initializer):
         if index in dropped:
             continue
-        if tensor.ByteSize() >= 1024 or external_data_helper.uses_external_data(tensor):
+        if tensor.ByteSize() >= SMALL_TENSOR or external_data_helper.uses_external_data(tensor):
             _add_stand_in(shell.graph, tensor)
             originals[tensor.name] = tensor
         else:

@@ -264,18 +264,18 @@ def verify(original, fused, *, with_library: bool | None = None, seed: int = 0,
 
 
 def _weightless(model: onnx.ModelProto, weights=()) -> bytes:
-    """``model`` for ONNX Runtime's loader without its weights: initializers of 1 KiB or more,
-    stored inline or as external data, and ``weights`` (kept apart from the model) become
-    graph inputs of their type and shape, so that nothing is read and the graph, its types,
-    opsets and kernels are still checked."""
+    """``model`` for ONNX Runtime's loader without its weights: initializers of 1 KiB or more
+    (those the pass keeps apart, ``SMALL_TENSOR``), stored inline or as external data, and
+    ``weights`` (kept apart from the model) become graph inputs of their type and shape, so
+    that nothing is read and the graph, its types, opsets and kernels are still checked."""
     from onnx import external_data_helper
 
-    from onnxnorm._io import _shell
+    from onnxnorm._io import SMALL_TENSOR, _shell
 
     shell = _shell(model)
     declared = {i.name for i in shell.graph.input}
     for tensor in [*model.graph.initializer, *weights]:
-        if tensor.ByteSize() < 1024 and not external_data_helper.uses_external_data(tensor):
+        if tensor.ByteSize() < SMALL_TENSOR and not external_data_helper.uses_external_data(tensor):
             shell.graph.initializer.add().CopyFrom(tensor)
         elif tensor.name not in declared:
             shell.graph.input.append(helper.make_tensor_value_info(
