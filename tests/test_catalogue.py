@@ -392,7 +392,7 @@ def test_float8_needs_opset_19(declared, tmp_path, capsys):
     assert not onnx.load(tmp_path / "out.onnx").functions
     assert cli.main(["fuse", str(tmp_path / "old.onnx"), "-o", str(tmp_path / "up.onnx"),
                      "--upgrade-opset"]) == 0
-    assert "upgraded: ONNX opset 18 -> 19" in capsys.readouterr().out
+    assert "--upgrade-opset: ONNX opset 18 -> 19" in capsys.readouterr().out
     upgraded = onnx.load(tmp_path / "up.onnx")
     assert functions.model_opset(upgraded) == 19 and len(upgraded.functions) == 1
     assert len(lower(_float8_node_model(18, declared=declared), "fused").graph.node) == 1 + (

@@ -148,3 +148,37 @@ def test_nan_outputs_of_both_models_are_equal_in_verify():
     assert "epsilon must be a finite number >= 0, got nan" in str(report)
     checks = verify(model, fused)
     assert checks and all(c.ok for c in checks)
+
+
+def _bfloat16_norm(opset: int) -> onnx.ModelProto:
+    """One onnxnorm RMSNorm on bfloat16, whose body needs opset 13 (Cast-13 added bfloat16)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("RMSNorm", ["x"], ["y"], domain=catalogue.DOMAIN)], "bf16",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 8])])
+    return helper.make_model(graph, ir_version=7, opset_imports=[
+        helper.make_opsetid("", opset), helper.make_opsetid(catalogue.DOMAIN, 1)])
+
+
+def test_upgrade_opset_gives_the_body_or_says_why_not(monkeypatch):
+    """--upgrade-opset takes an opset-11 model whose bfloat16 node has no body there to 13;
+    where onnx's version converter fails, the model keeps its opset, the node stays without a
+    body, and the report says both."""
+    from onnx import version_converter
+
+    fused, report = fuse(_bfloat16_norm(11), "function", upgrade=True)
+    assert report.upgrade.startswith("ONNX opset 11 -> 13"), str(report)
+    assert [n.overload for n in fused.graph.node] == ["none_bf16"] and len(fused.functions) == 1
+
+    def refuse(model, target):
+        raise RuntimeError("no adapter for this op\nmore detail")
+
+    monkeypatch.setattr(version_converter, "convert_version", refuse)
+    fused, report = fuse(_bfloat16_norm(11), "function", upgrade=True)
+    assert ("--upgrade-opset: onnx's version converter could not take the model from opset 11 "
+            "to 13 (no adapter for this op); the model keeps its opset") in str(report)
+    assert [n.overload for n in fused.graph.node] == [""] and not fused.functions
+    assert "X is bfloat16, which ONNX casts to from opset 13 on" in str(report)
+

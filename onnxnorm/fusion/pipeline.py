@@ -392,8 +392,8 @@ def upgrade_opset(model: onnx.ModelProto, weights: list[onnx.TensorProto]
     target = next((v for v in range(opset + 1, newest + 1)
                    if all(functions.node_problem(n, v, types) is None for n in nodes)), None)
     if target is None:
-        return model, (f"--upgrade-opset: no opset up to {newest} gives every onnxnorm node a "
-                       "body; the model keeps its opset")
+        return model, (f"no opset up to {newest} gives every onnxnorm node a body; the model "
+                       "keeps its opset")
     shell = onnx.ModelProto()
     shell.CopyFrom(model)
     names = {t.name for t in weights}
@@ -404,7 +404,7 @@ def upgrade_opset(model: onnx.ModelProto, weights: list[onnx.TensorProto]
 
         converted = version_converter.convert_version(shell, target)
     except Exception as error:  # noqa: BLE001 - the converter's own words go in the report
-        return model, (f"--upgrade-opset: onnx's version converter could not take the model "
+        return model, (f"onnx's version converter could not take the model "
                        f"from opset {opset} to {target} ({first_line(error)}); the model keeps "
                        "its opset")
     kept = [t for t in converted.graph.initializer if t.name not in names]

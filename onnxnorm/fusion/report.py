@@ -47,7 +47,8 @@ class FusionReport:
     lowering: list[str] = dataclasses.field(default_factory=list)
     #: faults of the input that ONNX Runtime tolerates, mended in the output (``_validate``)
     repairs: list[str] = dataclasses.field(default_factory=list)
-    #: what ``upgrade`` (--upgrade-opset) did to the model's opset ("": nothing)
+    #: what ``upgrade`` (--upgrade-opset) did to the model's opset, or why it could not ("":
+    #: not asked for, or no node needed it)
     upgrade: str = ""
     #: "" when ONNX Runtime was shown to load the output, else why that could not be checked
     load_check: str = ""
@@ -92,7 +93,7 @@ class FusionReport:
             lines.append(f"total fused: {self.fused_total} rewrites; {self.norms} norm(s) and "
                          f"{self.residual_adds} residual add(s) now in onnxnorm ops")
         if self.upgrade:
-            lines.append(f"upgraded: {self.upgrade}")
+            lines.append(f"--upgrade-opset: {self.upgrade}")
         lines.extend(f"lowered to {self.target}: {note}" for note in self.lowering)
         if self.load_check:
             lines.append(f"note: {self.load_check}")
