@@ -182,3 +182,12 @@ def test_upgrade_opset_gives_the_body_or_says_why_not(monkeypatch):
     assert [n.overload for n in fused.graph.node] == [""] and not fused.functions
     assert "X is bfloat16, which ONNX casts to from opset 13 on" in str(report)
 
+
+def test_the_comparison_times_the_fuse_command_as_a_user_runs_it(tmp_path):
+    """models/compare.py times `onnxnorm fuse` with every option at its default; it once built
+    the command's arguments by hand and broke when the command gained an option."""
+    path, out = tmp_path / "model.onnx", tmp_path / "out.onnx"
+    onnx.save(CORPUS["bert_opset13"].build(), path)
+    seconds, peak = compare._timed(compare._TIMED["onnxnorm fuse"], path, out)
+    assert seconds > 0 and peak > 0
+    assert _onnxnorm_ops(onnx.load(out)) == CORPUS["bert_opset13"].expect
