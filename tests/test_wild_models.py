@@ -191,3 +191,17 @@ def test_the_comparison_times_the_fuse_command_as_a_user_runs_it(tmp_path):
     seconds, peak = compare._timed(compare._TIMED["onnxnorm fuse"], path, out)
     assert seconds > 0 and peak > 0
     assert _onnxnorm_ops(onnx.load(out)) == CORPUS["bert_opset13"].expect
+
+
+@pytest.mark.parametrize("target", ["function", "ort", "onnx"])
+def test_an_opset_below_7_keeps_the_node_without_a_body_and_says_why(target):
+    """Below opset 7 (Add and Mul broadcast from 7 on) no body is written, on any target: the
+    node stays an onnxnorm node, and the report names the opset to convert to."""
+    model = _bfloat16_norm(6)
+    model.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    model.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    fused, report = fuse(model, target)
+    assert [(n.domain, n.op_type, n.overload) for n in fused.graph.node] == [
+        (catalogue.DOMAIN, "RMSNorm", "")] and not fused.functions
+    assert ("onnxnorm writes function bodies in ONNX opset 7 or newer; the model imports opset "
+            "6: convert the model to opset 7 or newer") in str(report), str(report)
