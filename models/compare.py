@@ -26,9 +26,19 @@ from models import corpus
 from onnxnorm.ops import catalogue
 
 #: ORT's optimizer needs a model type; these are its closest ones for each family
-ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "gpt_neox": "gpt_neox",
-                  "qwen3": "qwen3", "phi3": "phi", "bert_encoder": "bert", "vit": "vit",
-                  "clip_text": "clip", "clip_vision": "clip", "whisper_encoder": "bert"}
+ORT_MODEL_TYPE = {
+    "bert": "bert",
+    "gpt2": "gpt2",
+    "t5": "t5",
+    "gpt_neox": "gpt_neox",
+    "qwen3": "qwen3",
+    "phi3": "phi",
+    "bert_encoder": "bert",
+    "vit": "vit",
+    "clip_text": "clip",
+    "clip_vision": "clip",
+    "whisper_encoder": "bert",
+}
 #: the norm ops each tool writes: (domain, op type) -> (norms, residual adds)
 NORM_OPS = catalogue.NORM_OPS
 
@@ -58,8 +68,13 @@ def _run_onnxnorm(model, path):
 def _run_ort(model, path, name):
     from onnxruntime.transformers.optimizer import optimize_model
 
-    optimized = optimize_model(str(path), model_type=ORT_MODEL_TYPE.get(name, "gpt2"),
-                               num_heads=0, hidden_size=0, opt_level=0)
+    optimized = optimize_model(
+        str(path),
+        model_type=ORT_MODEL_TYPE.get(name, "gpt2"),
+        num_heads=0,
+        hidden_size=0,
+        opt_level=0,
+    )
     return optimized.model
 
 
@@ -98,9 +113,11 @@ def corpus_rows(names, exporters, folder: Path, log=print) -> list[dict]:
             onnx.save(model, path)
             row["norm_calls"] = calls
             row["exported_ops"] = count(model)[0]
-            for tool, run in (("onnxnorm", lambda: _run_onnxnorm(model, path)),
-                              ("ort", lambda: _run_ort(model, path, name)),
-                              ("onnxscript", lambda: _run_onnxscript(model, path))):
+            for tool, run in (
+                ("onnxnorm", lambda: _run_onnxnorm(model, path)),
+                ("ort", lambda: _run_ort(model, path, name)),
+                ("onnxscript", lambda: _run_onnxscript(model, path)),
+            ):
                 try:
                     started = time.perf_counter()
                     optimized = run()
@@ -121,59 +138,73 @@ _TIMED = {
     # default, as a user who names none gets it)
     "onnxnorm fuse": (
         "from onnxnorm import cli; a = cli.parser('fuse').parse_args(['fuse', SRC, '-o', DST]); "
-        "rc = a.run(a)"),
+        "rc = a.run(a)"
+    ),
     "ORT transformers optimizer": (
         "from onnxruntime.transformers.optimizer import optimize_model; "
         "m = optimize_model(SRC, model_type='gpt2', num_heads=0, hidden_size=0, opt_level=0); "
-        "m.save_model_to_file(DST, use_external_data_format=EXT); rc = 0"),
+        "m.save_model_to_file(DST, use_external_data_format=EXT); rc = 0"
+    ),
     "onnxscript optimize_for_ort": (
         "import os, onnx_ir as ir; from onnxscript.rewriter.ort_fusions import optimize_for_ort; "
         "m = ir.load(SRC); m, _ = optimize_for_ort(m); "
-        "ir.save(m, DST, external_data=os.path.basename(DST) + '.data' if EXT else None); rc = 0"),
+        "ir.save(m, DST, external_data=os.path.basename(DST) + '.data' if EXT else None); rc = 0"
+    ),
 }
 
 
 #: the peak resident set of this process (VmHWM): unlike ru_maxrss, not inherited from the
 #: parent that forked it
-_PEAK = ("def _peak():\n"
-         "    for line in open('/proc/self/status'):\n"
-         "        if line.startswith('VmHWM:'):\n"
-         "            return int(line.split()[1]) / 1024\n")
+_PEAK = (
+    "def _peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            return int(line.split()[1]) / 1024\n"
+)
 
 
 def _timed(code: str, src: Path, dst: Path, external: bool = False) -> tuple[float, float]:
     """(seconds, peak RSS MiB) of ``code`` in a fresh interpreter, imports excluded from the
     time (they are the same for every run of a tool and small against the pass); ``external``:
     the output is written with external data."""
-    script = (_PEAK + "import sys, time, logging, warnings; warnings.simplefilter('ignore'); "
-              "logging.disable(logging.WARNING); "
-              "import onnx, onnx_ir, onnxscript, onnxruntime, numpy; "
-              f"SRC, DST, EXT = {str(src)!r}, {str(dst)!r}, {external!r}; "
-              "t = time.perf_counter(); "
-              f"{code}; t = time.perf_counter() - t; "
-              "print('RESULT', t, _peak()); "
-              "sys.exit(rc)")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=3600)
+    script = (
+        _PEAK + "import sys, time, logging, warnings; warnings.simplefilter('ignore'); "
+        "logging.disable(logging.WARNING); "
+        "import onnx, onnx_ir, onnxscript, onnxruntime, numpy; "
+        f"SRC, DST, EXT = {str(src)!r}, {str(dst)!r}, {external!r}; "
+        "t = time.perf_counter(); "
+        f"{code}; t = time.perf_counter() - t; "
+        "print('RESULT', t, _peak()); "
+        "sys.exit(rc)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=3600
+    )
     if result.returncode == -9:
         raise RuntimeError("killed (SIGKILL: the kernel's out-of-memory killer)")
     if result.returncode != 0:
-        raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip()
-                           else f"exit {result.returncode}")
+        raise RuntimeError(
+            result.stderr.strip().splitlines()[-1]
+            if result.stderr.strip()
+            else f"exit {result.returncode}"
+        )
     line = [x for x in result.stdout.splitlines() if x.startswith("RESULT")][-1]
     _, seconds, peak = line.split()
     return float(seconds), float(peak)
 
 
 def _import_baseline() -> float:
-    script = (_PEAK + "import onnx, onnx_ir, onnxscript, onnxruntime, numpy; "
-              "import onnxnorm.fusion, onnxruntime.transformers.optimizer; print(_peak())")
+    script = (
+        _PEAK + "import onnx, onnx_ir, onnxscript, onnxruntime, numpy; "
+        "import onnxnorm.fusion, onnxruntime.transformers.optimizer; print(_peak())"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     return float(result.stdout.strip().splitlines()[-1])
 
 
-def decoder_export(folder: Path, layers: int = 8, hidden: int = 1024,
-                   external: bool = False) -> Path:
+def decoder_export(
+    folder: Path, layers: int = 8, hidden: int = 1024, external: bool = False
+) -> Path:
     """A Llama-style decoder from ``models/llama.py`` exported with the dynamo exporter, its
     weights inside the file or (``external``) in ``<name>.onnx.data`` beside it."""
     import torch
@@ -182,8 +213,11 @@ def decoder_export(folder: Path, layers: int = 8, hidden: int = 1024,
     from onnxnorm.nn.exporter import quiet_export
 
     torch.manual_seed(0)
-    model = llama.build(llama.LlamaConfig(hidden=hidden, heads=hidden // 64,
-                                          intermediate=hidden * 11 // 4, layers=layers)).eval()
+    model = llama.build(
+        llama.LlamaConfig(
+            hidden=hidden, heads=hidden // 64, intermediate=hidden * 11 // 4, layers=layers
+        )
+    ).eval()
     path = folder / f"decoder_{layers}x{hidden}{'_external' if external else ''}.onnx"
     with quiet_export(), torch.no_grad():
         program = torch.onnx.export(model, (torch.randn(1, 16, hidden),), dynamo=True)
@@ -223,13 +257,21 @@ def filesystem(folder: Path) -> str:
         fields = line.split()
         if len(fields) > 2:
             mount = fields[1].replace("\\040", " ")
-            if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+            if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(
+                best
+            ):
                 best, kind = mount, fields[2]
     return kind
 
 
-def large_timing(folders: list[Path], layers: int = 12, hidden: int = 2048, runs: int = 3,
-                 ort_runs: int = 1, log=print) -> list[dict]:
+def large_timing(
+    folders: list[Path],
+    layers: int = 12,
+    hidden: int = 2048,
+    runs: int = 3,
+    ort_runs: int = 1,
+    log=print,
+) -> list[dict]:
     """The three tools on a decoder with its weights in external data (12 x 2048: 2.47 GB),
     exported once and copied to each of ``folders`` (on different file systems); per tool the
     median time of ``runs`` runs (ORT's optimizer: ``ort_runs``) and the highest peak RSS.
@@ -246,8 +288,13 @@ def large_timing(folders: list[Path], layers: int = 12, hidden: int = 2048, runs
             for file in (source, Path(f"{source}.data")):
                 shutil.copyfile(file, folder / file.name)
         size = (path.stat().st_size + Path(f"{path}.data").stat().st_size) / 2**20
-        block = {"filesystem": filesystem(folder), "size_mib": size, "layers": layers,
-                 "hidden": hidden, "rows": []}
+        block = {
+            "filesystem": filesystem(folder),
+            "size_mib": size,
+            "layers": layers,
+            "hidden": hidden,
+            "rows": [],
+        }
         for tool, code in _TIMED.items():
             row = {"tool": tool, "runs": []}
             try:
@@ -294,27 +341,36 @@ def _large_markdown(blocks: list[dict], baseline: float) -> list[str]:
         "",
     ]
     for block in blocks:
-        out += [f"**{block['filesystem']}**", "",
-                "| tool | time (s) | runs (s) | peak RSS (MiB) | peak above imports (MiB) |",
-                "|---|---:|---|---:|---:|"]
+        out += [
+            f"**{block['filesystem']}**",
+            "",
+            "| tool | time (s) | runs (s) | peak RSS (MiB) | peak above imports (MiB) |",
+            "|---|---:|---|---:|---:|",
+        ]
         for row in block["rows"]:
             runs = ", ".join(f"{r:.2f}" for r in row["runs"])
             if "error" in row:
                 out.append(f"| {row['tool']} | fails: {row['error']} | {runs} | | |")
             else:
-                out.append(f"| {row['tool']} | {row['seconds']:.2f} | {runs} | "
-                           f"{row['peak_mib']:.0f} | {row['peak_mib'] - baseline:.0f} |")
+                out.append(
+                    f"| {row['tool']} | {row['seconds']:.2f} | {runs} | "
+                    f"{row['peak_mib']:.0f} | {row['peak_mib'] - baseline:.0f} |"
+                )
         ok = [r for r in block["rows"] if "error" not in r]
         mine = [r["seconds"] for r in ok if r["tool"] == "onnxnorm fuse"]
         others = [r["seconds"] for r in ok if r["tool"] != "onnxnorm fuse"]
         if mine and others:
-            out += ["", f"onnxnorm is {min(others) / mine[0]:.1f}x faster than the faster of "
-                        "the other two."]
+            out += [
+                "",
+                f"onnxnorm is {min(others) / mine[0]:.1f}x faster than the faster of "
+                "the other two.",
+            ]
         out.append("")
     return out
 
 
 # --- docs/fusion.md -------------------------------------------------------------------------------
+
 
 def _versions() -> str:
     import onnxruntime
@@ -322,9 +378,11 @@ def _versions() -> str:
     import torch
     import transformers
 
-    return (f"onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}, onnxscript "
-            f"{onnxscript.__version__}, torch {torch.__version__}, transformers "
-            f"{transformers.__version__}, Python {sys.version.split()[0]}")
+    return (
+        f"onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}, onnxscript "
+        f"{onnxscript.__version__}, torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, Python {sys.version.split()[0]}"
+    )
 
 
 def _memory_gib() -> float:
@@ -442,8 +500,10 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
     calls = 0
     for row in rows:
         if "export_error" in row:
-            out.append(f"| {row['model']} | {row['exporter']} | export fails: "
-                       f"{row['export_error']} | | | | | | | | | | |")
+            out.append(
+                f"| {row['model']} | {row['exporter']} | export fails: "
+                f"{row['export_error']} | | | | | | | | | | |"
+            )
             continue
         calls += row["norm_calls"]
         cells = []
@@ -453,11 +513,15 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
             if n.isdigit():
                 totals[tool][0] += int(n)
                 totals[tool][1] += int(a)
-        out.append(f"| {row['model']} | {row['exporter']} | {row['norm_calls']} | "
-                   f"{row['exported_ops']} | " + " | ".join(cells) + " |")
-    out.append(f"| **total** | | **{calls}** | | **{totals['onnxnorm'][0]}** | "
-               f"**{totals['onnxnorm'][1]}** | | **{totals['ort'][0]}** | **{totals['ort'][1]}** "
-               f"| | **{totals['onnxscript'][0]}** | **{totals['onnxscript'][1]}** | |")
+        out.append(
+            f"| {row['model']} | {row['exporter']} | {row['norm_calls']} | "
+            f"{row['exported_ops']} | " + " | ".join(cells) + " |"
+        )
+    out.append(
+        f"| **total** | | **{calls}** | | **{totals['onnxnorm'][0]}** | "
+        f"**{totals['onnxnorm'][1]}** | | **{totals['ort'][0]}** | **{totals['ort'][1]}** "
+        f"| | **{totals['onnxscript'][0]}** | **{totals['onnxscript'][1]}** | |"
+    )
     out += [
         "",
         "Where onnxnorm absorbs fewer adds than there are norms, no Skip op can take the add: "
@@ -487,28 +551,37 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
             if "error" in row:
                 out.append(f"| {row['tool']} | fails: {row['error']} | | |")
             else:
-                out.append(f"| {row['tool']} | {row['seconds']:.2f} | {row['peak_mib']:.0f} | "
-                           f"{(row['peak_mib'] - baseline) / size:.2f} |")
+                out.append(
+                    f"| {row['tool']} | {row['seconds']:.2f} | {row['peak_mib']:.0f} | "
+                    f"{(row['peak_mib'] - baseline) / size:.2f} |"
+                )
         ok = [r for r in timing if "error" not in r]
         mine = [r for r in ok if r["tool"] == "onnxnorm fuse"]
         others = [r["seconds"] for r in ok if r["tool"] != "onnxnorm fuse"]
         if mine and others:
-            out += ["", f"onnxnorm is {min(others) / mine[0]['seconds']:.1f}x faster than the "
-                        "faster of the other two."]
+            out += [
+                "",
+                f"onnxnorm is {min(others) / mine[0]['seconds']:.1f}x faster than the "
+                "faster of the other two.",
+            ]
         out.append("")
     out += _large_markdown(list(large), baseline)
     return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.compare",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m models.compare", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--models", default=",".join([*corpus.ENTRIES, *corpus.ENCODERS]))
     parser.add_argument("--exporters", default="dynamo,torchscript")
     parser.add_argument("--no-timing", action="store_true")
-    parser.add_argument("--large", metavar="FOLDERS",
-                        help="also time the tools on a 2.47 GB external-data decoder in each of "
-                             "these folders (comma-separated; e.g. one on ext4, one on XFS)")
+    parser.add_argument(
+        "--large",
+        metavar="FOLDERS",
+        help="also time the tools on a 2.47 GB external-data decoder in each of "
+        "these folders (comma-separated; e.g. one on ext4, one on XFS)",
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per tool for --large")
     parser.add_argument("-o", "--output", default="docs/fusion.md")
     parser.add_argument("--json", help="also write the raw rows as JSON")
@@ -520,14 +593,27 @@ def main(argv=None) -> int:
         folder = Path(tmp)
         rows = corpus_rows(args.models.split(","), args.exporters.split(","), folder)
         timing, size, baseline = ([], 0.0, 0.0) if args.no_timing else timing_rows(folder)
-        large = (large_timing([Path(f) for f in args.large.split(",")], runs=args.runs)
-                 if args.large else [])
+        large = (
+            large_timing([Path(f) for f in args.large.split(",")], runs=args.runs)
+            if args.large
+            else []
+        )
         if large and not baseline:
             baseline = _import_baseline()
     Path(args.output).write_text(markdown(rows, timing, size, baseline, large))
     if args.json:
-        Path(args.json).write_text(json.dumps({"corpus": rows, "timing": timing, "size_mib": size,
-                                               "import_mib": baseline, "large": large}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "corpus": rows,
+                    "timing": timing,
+                    "size_mib": size,
+                    "import_mib": baseline,
+                    "large": large,
+                },
+                indent=2,
+            )
+        )
     print(f"wrote {args.output}")
     return 0
 

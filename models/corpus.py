@@ -31,8 +31,14 @@ def _hf(config_name: str, model_name: str, **overrides) -> Callable[[], Any]:
         import torch
         import transformers
 
-        common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+        common = dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
         config = getattr(transformers, config_name)(**{**common, **overrides})
         config.use_cache = False
         config._attn_implementation = "eager"
@@ -116,8 +122,16 @@ def block_config(name: str):
     from onnxnorm.nn import decoder
 
     norm, position, overrides = BLOCKS[name]
-    return decoder.DecoderConfig(hidden=32, heads=2, intermediate=64, layers=2, norm=norm,
-                                 position=position, impl="decomposed", **overrides)
+    return decoder.DecoderConfig(
+        hidden=32,
+        heads=2,
+        intermediate=64,
+        layers=2,
+        norm=norm,
+        position=position,
+        impl="decomposed",
+        **overrides,
+    )
 
 
 def _decoder_block(name: str) -> Callable[[], Any]:
@@ -141,36 +155,46 @@ def expected_adds(name: str) -> int | None:
     return sum(n for op, n in nodes.items() if op.startswith(("Skip", "Sandwich")))
 
 
-ENTRIES: dict[str, Entry] = {e.name: e for e in [
-    Entry("llama", _hf("LlamaConfig", "LlamaModel", num_key_value_heads=1)),
-    Entry("mistral", _hf("MistralConfig", "MistralModel", num_key_value_heads=1)),
-    Entry("qwen2", _hf("Qwen2Config", "Qwen2Model", num_key_value_heads=1)),
-    Entry("qwen3", _hf("Qwen3Config", "Qwen3Model", num_key_value_heads=1, head_dim=16)),
-    Entry("gemma", _hf("GemmaConfig", "GemmaModel", num_key_value_heads=1, head_dim=16)),
-    Entry("gemma2", _hf("Gemma2Config", "Gemma2Model", num_key_value_heads=1, head_dim=16)),
-    Entry("gemma3", _hf("Gemma3TextConfig", "Gemma3TextModel", num_key_value_heads=1,
-                        head_dim=16)),
-    Entry("phi3", _hf("Phi3Config", "Phi3Model", num_key_value_heads=2, pad_token_id=0)),
-    Entry("gpt2", _hf("GPT2Config", "GPT2Model", n_embd=32, n_layer=2, n_head=2,
-                      n_positions=64)),
-    Entry("gpt_neox", _hf("GPTNeoXConfig", "GPTNeoXModel")),
-    Entry("bert", _hf("BertConfig", "BertModel")),
-    Entry("t5", _hf("T5Config", "T5Model", d_model=32, d_kv=16, d_ff=64, num_layers=2,
-                    num_heads=2)),
-    Entry("bloom", _hf("BloomConfig", "BloomModel", n_layer=2, n_head=2)),
-    Entry("opt", _hf("OPTConfig", "OPTModel", ffn_dim=64, word_embed_proj_dim=32)),
-    Entry("falcon", _hf("FalconConfig", "FalconModel", new_decoder_architecture=False)),
-    Entry("olmo", _hf("OlmoConfig", "OlmoModel", num_key_value_heads=2)),
-    Entry("cohere", _hf("CohereConfig", "CohereModel", num_key_value_heads=2, use_qk_norm=True)),
-    Entry("block_llama", _block()),
-    *(Entry(name, _decoder_block(name)) for name in BLOCKS),
-]}
+ENTRIES: dict[str, Entry] = {
+    e.name: e
+    for e in [
+        Entry("llama", _hf("LlamaConfig", "LlamaModel", num_key_value_heads=1)),
+        Entry("mistral", _hf("MistralConfig", "MistralModel", num_key_value_heads=1)),
+        Entry("qwen2", _hf("Qwen2Config", "Qwen2Model", num_key_value_heads=1)),
+        Entry("qwen3", _hf("Qwen3Config", "Qwen3Model", num_key_value_heads=1, head_dim=16)),
+        Entry("gemma", _hf("GemmaConfig", "GemmaModel", num_key_value_heads=1, head_dim=16)),
+        Entry("gemma2", _hf("Gemma2Config", "Gemma2Model", num_key_value_heads=1, head_dim=16)),
+        Entry(
+            "gemma3", _hf("Gemma3TextConfig", "Gemma3TextModel", num_key_value_heads=1, head_dim=16)
+        ),
+        Entry("phi3", _hf("Phi3Config", "Phi3Model", num_key_value_heads=2, pad_token_id=0)),
+        Entry(
+            "gpt2", _hf("GPT2Config", "GPT2Model", n_embd=32, n_layer=2, n_head=2, n_positions=64)
+        ),
+        Entry("gpt_neox", _hf("GPTNeoXConfig", "GPTNeoXModel")),
+        Entry("bert", _hf("BertConfig", "BertModel")),
+        Entry(
+            "t5",
+            _hf("T5Config", "T5Model", d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2),
+        ),
+        Entry("bloom", _hf("BloomConfig", "BloomModel", n_layer=2, n_head=2)),
+        Entry("opt", _hf("OPTConfig", "OPTModel", ffn_dim=64, word_embed_proj_dim=32)),
+        Entry("falcon", _hf("FalconConfig", "FalconModel", new_decoder_architecture=False)),
+        Entry("olmo", _hf("OlmoConfig", "OlmoModel", num_key_value_heads=2)),
+        Entry(
+            "cohere", _hf("CohereConfig", "CohereModel", num_key_value_heads=2, use_qk_norm=True)
+        ),
+        Entry("block_llama", _block()),
+        *(Entry(name, _decoder_block(name)) for name in BLOCKS),
+    ]
+}
 
 
 def _encoder(config_name: str, model_name: str, inputs: str, **overrides) -> Callable[[], Any]:
     """An encoder of transformers (text: token ids of BATCH x SEQ; vision: BATCH images of
     32 x 32 pixels in patches of 8; audio: BATCH log-mel spectrograms of 16 bins x 40 frames),
     hidden 32, 2 layers, random norm weights."""
+
     def build():
         import torch
         import transformers
@@ -181,37 +205,88 @@ def _encoder(config_name: str, model_name: str, inputs: str, **overrides) -> Cal
         model = getattr(transformers, model_name)(config)
         model = (model.get_encoder() if model_name == "WhisperModel" else model).eval()
         _randomize_norms(model)
-        example = {"input_ids": lambda: torch.randint(0, VOCAB, (ENCODER_BATCH, SEQ)),
-                   "pixel_values": lambda: torch.randn(ENCODER_BATCH, 3, 32, 32),
-                   "input_features": lambda: torch.randn(ENCODER_BATCH, 16, 40)}[inputs]()
+        example = {
+            "input_ids": lambda: torch.randint(0, VOCAB, (ENCODER_BATCH, SEQ)),
+            "pixel_values": lambda: torch.randn(ENCODER_BATCH, 3, 32, 32),
+            "input_features": lambda: torch.randn(ENCODER_BATCH, 16, 40),
+        }[inputs]()
         return _Outputs(model, [inputs]), (example,), [inputs]
 
     return build
 
 
 ENCODER_BATCH = 2
-_TEXT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-             intermediate_size=64, max_position_embeddings=64)
-_VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-               image_size=32, patch_size=8)
+_TEXT = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+_VISION = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    image_size=32,
+    patch_size=8,
+)
 #: encoders (Post-Norm BERT; Pre-Norm ViT, CLIP, Whisper), exported with a dynamic batch and,
 #: for text, a dynamic sequence: the residual adds' shapes are symbolic
-ENCODERS: dict[str, Entry] = {e.name: e for e in [
-    Entry("bert_encoder", _encoder("BertConfig", "BertModel", "input_ids", **_TEXT),
-          ({0: "batch", 1: "sequence"},)),
-    Entry("vit", _encoder("ViTConfig", "ViTModel", "pixel_values", **_VISION), ({0: "batch"},)),
-    Entry("clip_text", _encoder("CLIPTextConfig", "CLIPTextModel", "input_ids", **_TEXT,
-                                pad_token_id=0, bos_token_id=1, eos_token_id=2),
-          ({0: "batch", 1: "sequence"},)),
-    Entry("clip_vision", _encoder("CLIPVisionConfig", "CLIPVisionModel", "pixel_values",
-                                  **_VISION), ({0: "batch"},)),
-    Entry("whisper_encoder", _encoder(
-        "WhisperConfig", "WhisperModel", "input_features", vocab_size=VOCAB, d_model=32,
-        encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
-        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=20,
-        max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        decoder_start_token_id=1), ({0: "batch"},)),
-]}
+ENCODERS: dict[str, Entry] = {
+    e.name: e
+    for e in [
+        Entry(
+            "bert_encoder",
+            _encoder("BertConfig", "BertModel", "input_ids", **_TEXT),
+            ({0: "batch", 1: "sequence"},),
+        ),
+        Entry("vit", _encoder("ViTConfig", "ViTModel", "pixel_values", **_VISION), ({0: "batch"},)),
+        Entry(
+            "clip_text",
+            _encoder(
+                "CLIPTextConfig",
+                "CLIPTextModel",
+                "input_ids",
+                **_TEXT,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            ({0: "batch", 1: "sequence"},),
+        ),
+        Entry(
+            "clip_vision",
+            _encoder("CLIPVisionConfig", "CLIPVisionModel", "pixel_values", **_VISION),
+            ({0: "batch"},),
+        ),
+        Entry(
+            "whisper_encoder",
+            _encoder(
+                "WhisperConfig",
+                "WhisperModel",
+                "input_features",
+                vocab_size=VOCAB,
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                num_mel_bins=16,
+                max_source_positions=20,
+                max_target_positions=32,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+                decoder_start_token_id=1,
+            ),
+            ({0: "batch"},),
+        ),
+    ]
+}
 
 
 def count_norm_calls(model, inputs) -> int:
@@ -223,8 +298,11 @@ def count_norm_calls(model, inputs) -> int:
     def hook(*_):
         calls[0] += 1
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if type(m).__name__.endswith("Norm") or isinstance(m, torch.nn.LayerNorm)]
+    handles = [
+        m.register_forward_hook(hook)
+        for m in model.modules()
+        if type(m).__name__.endswith("Norm") or isinstance(m, torch.nn.LayerNorm)
+    ]
     try:
         with torch.no_grad():
             model(*inputs)
@@ -234,8 +312,9 @@ def count_norm_calls(model, inputs) -> int:
     return calls[0]
 
 
-def export(name: str, exporter: str, dtype: str = "float32", opset: int | None = None
-           ) -> tuple[onnx.ModelProto, int]:
+def export(
+    name: str, exporter: str, dtype: str = "float32", opset: int | None = None
+) -> tuple[onnx.ModelProto, int]:
     """The model ``name`` exported with ``exporter`` ("dynamo" or "torchscript"), and the number
     of norm calls in its forward pass."""
     import torch
@@ -253,13 +332,25 @@ def export(name: str, exporter: str, dtype: str = "float32", opset: int | None =
     with quiet_export(), warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
-            program = torch.onnx.export(model, inputs, input_names=names, dynamo=True,
-                                        opset_version=opset, optimize=True,
-                                        dynamic_shapes=(entry.dynamic,) if entry.dynamic else None)
+            program = torch.onnx.export(
+                model,
+                inputs,
+                input_names=names,
+                dynamo=True,
+                opset_version=opset,
+                optimize=True,
+                dynamic_shapes=(entry.dynamic,) if entry.dynamic else None,
+            )
             proto = program.model_proto
         else:
-            torch.onnx.export(model, inputs, buffer, input_names=names, dynamo=False,
-                              opset_version=opset,
-                              dynamic_axes=dict(zip(names, entry.dynamic)) or None)
+            torch.onnx.export(
+                model,
+                inputs,
+                buffer,
+                input_names=names,
+                dynamo=False,
+                opset_version=opset,
+                dynamic_axes=dict(zip(names, entry.dynamic)) or None,
+            )
             proto = onnx.load_from_string(buffer.getvalue())
     return proto, count

@@ -27,8 +27,14 @@ from onnxnorm.nn.exporter import count_norm_nodes, quiet_export
 
 def _export_decomposed(model: torch.nn.Module, x: torch.Tensor, path: Path) -> None:
     with quiet_export():
-        torch.onnx.export(model, (x,), path, dynamo=True, input_names=["hidden_states"],
-                          dynamic_shapes=({0: "batch", 1: "sequence"},))
+        torch.onnx.export(
+            model,
+            (x,),
+            path,
+            dynamo=True,
+            input_names=["hidden_states"],
+            dynamic_shapes=({0: "batch", 1: "sequence"},),
+        )
 
 
 def _median_ms(sess: ort.InferenceSession, feeds: dict, repeat: int) -> float:
@@ -50,8 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args(argv)
 
-    config = llama.LlamaConfig(hidden=args.hidden, heads=max(1, args.hidden // 64),
-                               intermediate=int(args.hidden * 2.6875), layers=args.layers)
+    config = llama.LlamaConfig(
+        hidden=args.hidden,
+        heads=max(1, args.hidden // 64),
+        intermediate=int(args.hidden * 2.6875),
+        layers=args.layers,
+    )
     model = llama.build(config)
     x = torch.randn(1, args.seq, args.hidden)
     with torch.no_grad():
@@ -63,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         decomposed, fused_path = out / "llama_decomposed.onnx", out / "llama_fused.onnx"
         direct = out / "llama_onnxnorm_export.onnx"
-        print(f"1. export: {config.layers}-layer Llama-style decoder, hidden {config.hidden}, "
-              f"{model.count_norms()} RMSNorm modules -> {decomposed}")
+        print(
+            f"1. export: {config.layers}-layer Llama-style decoder, hidden {config.hidden}, "
+            f"{model.count_norms()} RMSNorm modules -> {decomposed}"
+        )
         _export_decomposed(model, x, decomposed)
 
         print(f"2. fuse -> {fused_path}")
@@ -74,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"3. onnxnorm.export (convert=True: LlamaRMSNorm -> onnxnorm.nn.RMSNorm) -> {direct}")
         proto = onnxnorm.export(model, (x,), direct, convert=True, input_names=["hidden_states"])
-        print("   norm nodes: " + ", ".join(f"{n} {op}" for op, n in
-                                            sorted(count_norm_nodes(proto).items())))
+        print(
+            "   norm nodes: "
+            + ", ".join(f"{n} {op}" for op, n in sorted(count_norm_nodes(proto).items()))
+        )
 
         print("4. run in ONNX Runtime (CPU), compare with torch eager")
         cases = [
@@ -96,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
 
     base = rows[0][2]
     print()
-    print(f"| model | max abs error vs torch | median ms (batch 1, seq {args.seq}) "
-          "| vs decomposed | onnxnorm kernels run |")
+    print(
+        f"| model | max abs error vs torch | median ms (batch 1, seq {args.seq}) "
+        "| vs decomposed | onnxnorm kernels run |"
+    )
     print("|---|---:|---:|---:|---:|")
     for label, error, ms, kernels in rows:
         print(f"| {label} | {error:.2e} | {ms:.3f} | {base / ms:.2f}x | {kernels} |")

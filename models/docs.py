@@ -10,9 +10,14 @@ import sys
 
 from onnxnorm.nn.families import FAMILIES, Family
 
-_POSITION_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "sandwich": "Sandwich-Norm",
-                   "deepnorm": "DeepNorm", "reordered": "post-sublayer (reordered)",
-                   "parallel": "Pre-Norm, parallel"}
+_POSITION_NAMES = {
+    "pre": "Pre-Norm",
+    "post": "Post-Norm",
+    "sandwich": "Sandwich-Norm",
+    "deepnorm": "DeepNorm",
+    "reordered": "post-sublayer (reordered)",
+    "parallel": "Pre-Norm, parallel",
+}
 
 _INTRO = """\
 # Normalization in transformer LLMs
@@ -118,49 +123,73 @@ def _number(value: float) -> str:
 
 def _family_row(f: Family) -> str:
     norm = "RMSNorm" if f.norm == "rms" else "LayerNorm"
-    params = ("none" if not f.weight else
-              "weight" + (" + bias" if f.bias else "") + (", 1 + w" if f.scale_offset else ""))
+    params = (
+        "none"
+        if not f.weight
+        else "weight" + (" + bias" if f.bias else "") + (", 1 + w" if f.scale_offset else "")
+    )
     qk = {"": "-", "head": "per head", "full": "full width"}[f.qk_norm]
-    return (f"| {f.name} | {f.examples} | {norm} | {_POSITION_NAMES[f.position]} | "
-            f"{_number(f.eps)} | {params} | {qk} | {'yes' if f.embedding_norm else '-'} | "
-            f"{f.order} | `{f.hf_norm_class}` | {f.note or ''} |")
+    return (
+        f"| {f.name} | {f.examples} | {norm} | {_POSITION_NAMES[f.position]} | "
+        f"{_number(f.eps)} | {params} | {qk} | {'yes' if f.embedding_norm else '-'} | "
+        f"{f.order} | `{f.hf_norm_class}` | {f.note or ''} |"
+    )
 
 
 def _deepnorm_rows() -> list[str]:
     from onnxnorm.nn.residual import deepnorm_constants
 
     rows = []
-    for arch, n, m in (("encoder", 12, 0), ("decoder", 0, 12), ("encoder-decoder", 12, 12),
-                       ("encoder", 100, 0), ("decoder", 0, 100), ("encoder-decoder", 100, 100)):
+    for arch, n, m in (
+        ("encoder", 12, 0),
+        ("decoder", 0, 12),
+        ("encoder-decoder", 12, 12),
+        ("encoder", 100, 0),
+        ("decoder", 0, 100),
+        ("encoder-decoder", 100, 100),
+    ):
         consts = deepnorm_constants(arch, encoder_layers=n, decoder_layers=m)
-        cells = [f"{consts[s].alpha:.3f}, {consts[s].beta:.3f}" if s in consts else "-"
-                 for s in ("encoder", "decoder")]
+        cells = [
+            f"{consts[s].alpha:.3f}, {consts[s].beta:.3f}" if s in consts else "-"
+            for s in ("encoder", "decoder")
+        ]
         layers = ", ".join(part for part in (f"N={n}" if n else "", f"M={m}" if m else "") if part)
         rows.append(f"| {arch} | {layers} | {cells[0]} | {cells[1]} |")
     return rows
 
 
 def render() -> str:
-    lines = [_INTRO.rstrip("\n"), "",
-             "### DeepNorm's constants", "",
-             "From the table of Figure 2 of arXiv:2203.00555 (N encoder layers, M decoder layers; "
-             "`onnxnorm.nn.deepnorm_constants`):", "",
-             "```",
-             "encoder-only      alpha = (2N)^(1/4)             beta = (8N)^(-1/4)",
-             "decoder-only      alpha = (2M)^(1/4)             beta = (8M)^(-1/4)",
-             "encoder-decoder   encoder: alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16)",
-             "                  decoder: alpha = (3M)^(1/4),          beta = (12M)^(-1/4)",
-             "```", "",
-             "| architecture | layers | encoder alpha, beta | decoder alpha, beta |",
-             "|---|---|---|---|", *_deepnorm_rows(), "",
-             "## Which family uses which", "",
-             "Generated from `onnxnorm/nn/families.py` (the same rows build the reference decoders: "
-             "`onnxnorm export <family> -o model.onnx`). eps is that of the usual published "
-             "configs; order is the rounding order in float16/bfloat16.", "",
-             "| family | models | norm | placement | eps | parameters | Q/K norm | "
-             "embedding norm | order | Hugging Face class | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|",
-             *[_family_row(f) for f in FAMILIES], ""]
+    lines = [
+        _INTRO.rstrip("\n"),
+        "",
+        "### DeepNorm's constants",
+        "",
+        "From the table of Figure 2 of arXiv:2203.00555 (N encoder layers, M decoder layers; "
+        "`onnxnorm.nn.deepnorm_constants`):",
+        "",
+        "```",
+        "encoder-only      alpha = (2N)^(1/4)             beta = (8N)^(-1/4)",
+        "decoder-only      alpha = (2M)^(1/4)             beta = (8M)^(-1/4)",
+        "encoder-decoder   encoder: alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16)",
+        "                  decoder: alpha = (3M)^(1/4),          beta = (12M)^(-1/4)",
+        "```",
+        "",
+        "| architecture | layers | encoder alpha, beta | decoder alpha, beta |",
+        "|---|---|---|---|",
+        *_deepnorm_rows(),
+        "",
+        "## Which family uses which",
+        "",
+        "Generated from `onnxnorm/nn/families.py` (the same rows build the reference decoders: "
+        "`onnxnorm export <family> -o model.onnx`). eps is that of the usual published "
+        "configs; order is the rounding order in float16/bfloat16.",
+        "",
+        "| family | models | norm | placement | eps | parameters | Q/K norm | "
+        "embedding norm | order | Hugging Face class | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *[_family_row(f) for f in FAMILIES],
+        "",
+    ]
     return "\n".join(lines)
 
 

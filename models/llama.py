@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onnxnorm.nn.decoder import MLP  # the same SwiGLU MLP (it reads config.hidden, config.intermediate)
+from onnxnorm.nn.decoder import (
+    MLP,
+)  # the same SwiGLU MLP (it reads config.hidden, config.intermediate)
 
 
 @dataclasses.dataclass
@@ -63,8 +65,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, hidden = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, hidden // self.heads).unbind(2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2), is_causal=True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, hidden))
 
 

@@ -22,29 +22,69 @@ VOCAB = 200
 def _configs():
     import transformers
 
-    decoder = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                   num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
-                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    decoder = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     return {
-        "llama": ("text-generation-with-past", transformers.LlamaForCausalLM,
-                  lambda: transformers.LlamaConfig(**decoder)),
-        "gemma2": ("text-generation-with-past", transformers.Gemma2ForCausalLM,
-                   lambda: transformers.Gemma2Config(**decoder, head_dim=16, sliding_window=16)),
-        "t5": ("text2text-generation-with-past", transformers.T5ForConditionalGeneration,
-               lambda: transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64,
-                                             num_layers=2, num_decoder_layers=2, num_heads=2,
-                                             decoder_start_token_id=0, pad_token_id=0,
-                                             eos_token_id=1)),
+        "llama": (
+            "text-generation-with-past",
+            transformers.LlamaForCausalLM,
+            lambda: transformers.LlamaConfig(**decoder),
+        ),
+        "gemma2": (
+            "text-generation-with-past",
+            transformers.Gemma2ForCausalLM,
+            lambda: transformers.Gemma2Config(**decoder, head_dim=16, sliding_window=16),
+        ),
+        "t5": (
+            "text2text-generation-with-past",
+            transformers.T5ForConditionalGeneration,
+            lambda: transformers.T5Config(
+                vocab_size=VOCAB,
+                d_model=32,
+                d_kv=16,
+                d_ff=64,
+                num_layers=2,
+                num_decoder_layers=2,
+                num_heads=2,
+                decoder_start_token_id=0,
+                pad_token_id=0,
+                eos_token_id=1,
+            ),
+        ),
         # 1500 source positions: Optimum's dummy audio is 3000 mel frames long
-        "whisper": ("automatic-speech-recognition-with-past",
-                    transformers.WhisperForConditionalGeneration,
-                    lambda: transformers.WhisperConfig(
-                        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
-                        encoder_attention_heads=2, decoder_attention_heads=2,
-                        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80,
-                        max_source_positions=1500, max_target_positions=64,
-                        decoder_start_token_id=1, pad_token_id=0, bos_token_id=1,
-                        eos_token_id=2, begin_suppress_tokens=None, suppress_tokens=None)),
+        "whisper": (
+            "automatic-speech-recognition-with-past",
+            transformers.WhisperForConditionalGeneration,
+            lambda: transformers.WhisperConfig(
+                vocab_size=VOCAB,
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                num_mel_bins=80,
+                max_source_positions=1500,
+                max_target_positions=64,
+                decoder_start_token_id=1,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+                begin_suppress_tokens=None,
+                suppress_tokens=None,
+            ),
+        ),
     }
 
 
@@ -58,8 +98,13 @@ def tokenizer():
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<unk>",
+    )
 
 
 def _randomize_norms(model) -> None:
@@ -92,8 +137,11 @@ def main(argv: list[str]) -> int:
     root, families = Path(argv[0]), argv[1:]
     root.mkdir(parents=True, exist_ok=True)
     for family in families:
-        with (warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()),
-              contextlib.redirect_stderr(io.StringIO()) as err):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()) as err,
+        ):
             warnings.simplefilter("ignore")
             try:
                 export(root, family)

@@ -58,21 +58,37 @@ def genai_checkpoint(family: str, folder: Path) -> Path:
     import torch
     import transformers
 
-    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     config, cls = {
         "llama": (lambda: transformers.LlamaConfig(**common), "LlamaForCausalLM"),
         "qwen3": (lambda: transformers.Qwen3Config(**common, head_dim=16), "Qwen3ForCausalLM"),
         # a sliding window the generation's KV cache covers (the CPU provider checks it)
-        "gemma2": (lambda: transformers.Gemma2Config(**common, head_dim=16, sliding_window=16),
-                   "Gemma2ForCausalLM"),
-        "phi3": (lambda: transformers.Phi3Config(**common, original_max_position_embeddings=256),
-                 "Phi3ForCausalLM"),
+        "gemma2": (
+            lambda: transformers.Gemma2Config(**common, head_dim=16, sliding_window=16),
+            "Gemma2ForCausalLM",
+        ),
+        "phi3": (
+            lambda: transformers.Phi3Config(**common, original_max_position_embeddings=256),
+            "Phi3ForCausalLM",
+        ),
         # Phi-2: LayerNorm, one norm per parallel block; head size 32, so that its partial
         # rotary embedding (half the head) meets GroupQueryAttention's multiple of 8
-        "phi": (lambda: transformers.PhiConfig(**dict(common, hidden_size=128,
-                                                      num_key_value_heads=4)), "PhiForCausalLM"),
+        "phi": (
+            lambda: transformers.PhiConfig(**dict(common, hidden_size=128, num_key_value_heads=4)),
+            "PhiForCausalLM",
+        ),
     }[family]
     torch.manual_seed(0)
     model = getattr(transformers, cls)(config()).eval()
@@ -94,10 +110,12 @@ def genai_build(checkpoint: Path, precision: str, folder: Path) -> Path:
     extra = ["fuse_qk_norm_gqa=false"] if precision == "fp16" else []
     cache = folder.parent / f".{folder.name}.cache"
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        options = builder.parse_extra_options(None, str(checkpoint), str(folder), precision,
-                                              provider, str(cache), extra)
-        builder.create_model(None, str(checkpoint), str(folder), precision, provider,
-                             str(cache), **options)
+        options = builder.parse_extra_options(
+            None, str(checkpoint), str(folder), precision, provider, str(cache), extra
+        )
+        builder.create_model(
+            None, str(checkpoint), str(folder), precision, provider, str(cache), **options
+        )
     shutil.rmtree(cache, ignore_errors=True)
     if precision == "fp16":
         path = folder / "genai_config.json"
@@ -142,12 +160,17 @@ def profiled_kernels(folder: Path, prompt=PROMPT, new_tokens: int = NEW_TOKENS) 
             os.chdir(cwd)
         profiles = sorted(Path(tmp).glob("onnxnorm_profile*.json"))
         events = json.loads(profiles[-1].read_text())
-    return dict(collections.Counter(
-        e["args"]["op_name"] for e in events
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")))
+    return dict(
+        collections.Counter(
+            e["args"]["op_name"]
+            for e in events
+            if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
+        )
+    )
 
 
 # --- ONNX models of the other sources -----------------------------------------------------------
+
 
 def llama() -> onnx.ModelProto:
     """The corpus Llama (dynamo export), the model the other sources transform."""
@@ -182,8 +205,13 @@ def quantized_static(model: onnx.ModelProto, folder: Path, matmul_only: bool) ->
     onnx.save(model, src)
     with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=["MatMul"] if matmul_only else None)
+        quantize_static(
+            str(src),
+            str(out),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=["MatMul"] if matmul_only else None,
+        )
     return onnx.load(out)
 
 
@@ -206,8 +234,9 @@ def norm_node_names(model: onnx.ModelProto) -> list[str]:
     return names
 
 
-def float16(model: onnx.ModelProto, converter: str, norms_in_float32: bool = False
-            ) -> onnx.ModelProto:
+def float16(
+    model: onnx.ModelProto, converter: str, norms_in_float32: bool = False
+) -> onnx.ModelProto:
     """``convert_float_to_float16(keep_io_types=True)`` of onnxconverter-common ("occ") or
     ONNX Runtime ("ort"); ``norms_in_float32`` keeps every norm's nodes in float32."""
     if converter == "occ":
@@ -227,8 +256,9 @@ def ort_optimized(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
     src, out = folder / "float.onnx", folder / "ort_optimized.onnx"
     onnx.save(model, src)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        optimize_model(str(src), model_type="gpt2", num_heads=0, hidden_size=0,
-                       opt_level=0).save_model_to_file(str(out))
+        optimize_model(
+            str(src), model_type="gpt2", num_heads=0, hidden_size=0, opt_level=0
+        ).save_model_to_file(str(out))
     return onnx.load(out)
 
 
@@ -267,10 +297,18 @@ def kv_cache(family: str = "llama") -> onnx.ModelProto:
     from onnxnorm.nn.exporter import quiet_export
 
     config_name, model_name, overrides = KV_FAMILIES[family]
-    config = getattr(transformers, config_name)(**{
-        "vocab_size": corpus.VOCAB, "hidden_size": 32, "num_hidden_layers": KV_LAYERS,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 64,
-        "max_position_embeddings": 64, **overrides})
+    config = getattr(transformers, config_name)(
+        **{
+            "vocab_size": corpus.VOCAB,
+            "hidden_size": 32,
+            "num_hidden_layers": KV_LAYERS,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+            **overrides,
+        }
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     decoder = getattr(transformers, model_name)(config).eval()
@@ -286,9 +324,15 @@ def kv_cache(family: str = "llama") -> onnx.ModelProto:
             cache = DynamicCache(config=config)
             for i in range(KV_LAYERS):
                 cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
-                               past_key_values=cache, use_cache=True)
-            present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+            out = self.decoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            present = [
+                t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
+            ]
             return (out.last_hidden_state, *present)
 
     past, seq = 3, 4
@@ -296,15 +340,25 @@ def kv_cache(family: str = "llama") -> onnx.ModelProto:
     mask = torch.ones(1, past + seq, dtype=torch.int64)
     cache = [torch.randn(1, 1, past, head_dim) for _ in range(2 * KV_LAYERS)]
     dim = torch.export.Dim
-    p, s, t = (dim("past_sequence_length", max=28), dim("sequence_length", max=28),
-               dim("total_sequence_length", max=56))
-    names = ["input_ids", "attention_mask"] + [f"past_key_values.{i}.{kv}"
-                                               for i in range(KV_LAYERS) for kv in ("key", "value")]
+    p, s, t = (
+        dim("past_sequence_length", max=28),
+        dim("sequence_length", max=28),
+        dim("total_sequence_length", max=56),
+    )
+    names = ["input_ids", "attention_mask"] + [
+        f"past_key_values.{i}.{kv}" for i in range(KV_LAYERS) for kv in ("key", "value")
+    ]
     with quiet_export(), warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            WithCache(), (ids, mask, *cache), input_names=names, dynamo=True, opset_version=18,
-            optimize=True, dynamic_shapes=({1: s}, {1: t}, tuple({2: p} for _ in cache)))
+            WithCache(),
+            (ids, mask, *cache),
+            input_names=names,
+            dynamo=True,
+            opset_version=18,
+            optimize=True,
+            dynamic_shapes=({1: s}, {1: t}, tuple({2: p} for _ in cache)),
+        )
     return program.model_proto
 
 
@@ -312,35 +366,47 @@ def kv_cache(family: str = "llama") -> onnx.ModelProto:
 SOURCES = {
     "dynamic MatMul quantization": (
         "quantize_dynamic(src, dst, op_types_to_quantize=['MatMul'])",
-        lambda folder: quantized_dynamic(llama(), folder)),
+        lambda folder: quantized_dynamic(llama(), folder),
+    ),
     "static QDQ, MatMul only": (
         "quantize_static(src, dst, reader, quant_format=QuantFormat.QDQ, "
         "op_types_to_quantize=['MatMul'])",
-        lambda folder: quantized_static(llama(), folder, matmul_only=True)),
+        lambda folder: quantized_static(llama(), folder, matmul_only=True),
+    ),
     "static QDQ, every op": (
         "quantize_static(src, dst, reader, quant_format=QuantFormat.QDQ)",
-        lambda folder: quantized_static(llama(), folder, matmul_only=False)),
+        lambda folder: quantized_static(llama(), folder, matmul_only=False),
+    ),
     "float16, onnxconverter-common": (
         "onnxconverter_common.float16.convert_float_to_float16(model, keep_io_types=True)",
-        lambda folder: float16(llama(), "occ")),
+        lambda folder: float16(llama(), "occ"),
+    ),
     "float16, ONNX Runtime": (
         "onnxruntime.transformers.float16.convert_float_to_float16(model, keep_io_types=True)",
-        lambda folder: float16(llama(), "ort")),
+        lambda folder: float16(llama(), "ort"),
+    ),
     "float16, norms kept in float32": (
         "convert_float_to_float16(model, keep_io_types=True, node_block_list=<the norms' nodes>)",
-        lambda folder: float16(llama(), "occ", norms_in_float32=True)),
+        lambda folder: float16(llama(), "occ", norms_in_float32=True),
+    ),
     "ORT transformers optimizer": (
         "optimize_model(src, model_type='gpt2', num_heads=0, hidden_size=0, opt_level=0)",
-        lambda folder: ort_optimized(llama(), folder)),
+        lambda folder: ort_optimized(llama(), folder),
+    ),
     "onnxsim": ("onnxsim.simplify(model)", lambda folder: simplified(llama(), "onnxsim")),
     "onnxslim": ("onnxslim.slim(model)", lambda folder: simplified(llama(), "onnxslim")),
     "KV-cache decoder (dynamo)": (
         "torch.onnx.export(decoder_with_cache, (ids, mask, *past), dynamo=True, dynamic_shapes=...)",
-        lambda folder: kv_cache()),
-    **{f"KV-cache {family} (dynamo)": (
-        f"the same with a {family} decoder",
-        lambda folder, family=family: kv_cache(family)) for family in KV_FAMILIES
-       if family != "llama"},
+        lambda folder: kv_cache(),
+    ),
+    **{
+        f"KV-cache {family} (dynamo)": (
+            f"the same with a {family} decoder",
+            lambda folder, family=family: kv_cache(family),
+        )
+        for family in KV_FAMILIES
+        if family != "llama"
+    },
 }
 
 
@@ -349,20 +415,40 @@ SOURCES = {
 #: optimum-onnx (its only release) requires transformers < 4.58, older than this environment's;
 #: these go to an overlay folder put before site-packages for the export only (torch, onnx
 #: and the rest come from this environment)
-OPTIMUM_PACKAGES = ("optimum-onnx==0.1.0", "optimum==2.1.0", "transformers==4.57.6",
-                    "huggingface_hub==0.36.2", "tokenizers==0.22.2", "requests==2.34.2",
-                    "charset-normalizer==3.5.3", "urllib3==2.8.0", "certifi==2026.10.19.post1")
+OPTIMUM_PACKAGES = (
+    "optimum-onnx==0.1.0",
+    "optimum==2.1.0",
+    "transformers==4.57.6",
+    "huggingface_hub==0.36.2",
+    "tokenizers==0.22.2",
+    "requests==2.34.2",
+    "charset-normalizer==3.5.3",
+    "urllib3==2.8.0",
+    "certifi==2026.10.19.post1",
+)
 OVERLAY = Path(__file__).resolve().parent.parent / "build" / "optimum-overlay"
 #: family -> (the task optimum-cli is given, the files of its folder)
 OPTIMUM_FAMILIES = {
     "llama": ("text-generation-with-past", ("model.onnx",)),
     "gemma2": ("text-generation-with-past", ("model.onnx",)),
-    "t5": ("text2text-generation-with-past",
-           ("decoder_model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx",
-            "encoder_model.onnx")),
-    "whisper": ("automatic-speech-recognition-with-past",
-                ("decoder_model.onnx", "decoder_model_merged.onnx",
-                 "decoder_with_past_model.onnx", "encoder_model.onnx")),
+    "t5": (
+        "text2text-generation-with-past",
+        (
+            "decoder_model.onnx",
+            "decoder_model_merged.onnx",
+            "decoder_with_past_model.onnx",
+            "encoder_model.onnx",
+        ),
+    ),
+    "whisper": (
+        "automatic-speech-recognition-with-past",
+        (
+            "decoder_model.onnx",
+            "decoder_model_merged.onnx",
+            "decoder_with_past_model.onnx",
+            "encoder_model.onnx",
+        ),
+    ),
 }
 
 
@@ -376,9 +462,22 @@ def optimum_overlay(path: Path = OVERLAY) -> Path:
     if stamp.is_file() and stamp.read_text() == wanted:
         return path
     shutil.rmtree(path, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "--no-deps", "--target", str(path), *OPTIMUM_PACKAGES], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            str(path),
+            *OPTIMUM_PACKAGES,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     stamp.write_text(wanted)
     return path
 
@@ -392,14 +491,21 @@ def optimum_folders(root: Path, families=tuple(OPTIMUM_FAMILIES)) -> dict[str, P
     missing = [f for f in families if not (root / f / OPTIMUM_FAMILIES[f][1][0]).is_file()]
     if missing:
         overlay = optimum_overlay()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(overlay), str(Path(__file__).resolve().parent.parent)]))
-        subprocess.run([sys.executable, "-m", "models.optimum_export", str(root), *missing],
-                       check=True, env=env, stdout=subprocess.DEVNULL)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(overlay), str(Path(__file__).resolve().parent.parent)]),
+        )
+        subprocess.run(
+            [sys.executable, "-m", "models.optimum_export", str(root), *missing],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
     return {f: root / f for f in families}
 
 
 # --- measuring ----------------------------------------------------------------------------------
+
 
 def _tools(model: onnx.ModelProto, folder: Path, sizes=None) -> dict:
     """norms, adds and parity (or the error) of onnxnorm, ORT's optimizer and onnxscript."""
@@ -409,9 +515,11 @@ def _tools(model: onnx.ModelProto, folder: Path, sizes=None) -> dict:
     path = folder / "input.onnx"
     onnx.save(model, path)
     row = {}
-    runs = {"onnxnorm": lambda: fuse(model)[0],
-            "ort": lambda: compare._run_ort(model, path, "llama"),
-            "onnxscript": lambda: compare._run_onnxscript(model, path)}
+    runs = {
+        "onnxnorm": lambda: fuse(model)[0],
+        "ort": lambda: compare._run_ort(model, path, "llama"),
+        "onnxscript": lambda: compare._run_onnxscript(model, path),
+    }
     for tool, run in runs.items():
         try:
             with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
@@ -451,12 +559,26 @@ def measure_genai(families=GENAI_FAMILIES, precisions=GENAI_PRECISIONS, log=prin
                 want, have = (generate(f, PROMPT, NEW_TOKENS) for f in (folder, out))
                 kernels = profiled_kernels(out)
                 model = onnx.load(folder / "model.onnx", load_external_data=False)
-                row = {"family": family, "precision": precision, "norms": report.norms,
-                       "adds": report.residual_adds, "tokens_equal": want == have,
-                       "tokens": len(have),
-                       "onnxnorm_kernels": sum(v for k, v in kernels.items()
-                                               if k in ("RMSNorm", "SkipRMSNorm", "LayerNorm",
-                                                        "SkipLayerNorm", "SandwichRMSNorm"))}
+                row = {
+                    "family": family,
+                    "precision": precision,
+                    "norms": report.norms,
+                    "adds": report.residual_adds,
+                    "tokens_equal": want == have,
+                    "tokens": len(have),
+                    "onnxnorm_kernels": sum(
+                        v
+                        for k, v in kernels.items()
+                        if k
+                        in (
+                            "RMSNorm",
+                            "SkipRMSNorm",
+                            "LayerNorm",
+                            "SkipLayerNorm",
+                            "SandwichRMSNorm",
+                        )
+                    ),
+                }
                 # the past (the KV cache's capacity) must cover Gemma 2's sliding window (16)
                 sizes = dim_sizes(read_config(folder), model, past=16)
                 full = onnx.load(folder / "model.onnx")
@@ -498,8 +620,13 @@ def _other_tool(tool: str, path: Path, family: str, out: Path) -> None:
     if tool == "ort":
         from onnxruntime.transformers.optimizer import optimize_model
 
-        optimize_model(str(path), model_type=compare.ORT_MODEL_TYPE.get(family, "gpt2"),
-                       num_heads=0, hidden_size=0, opt_level=0).save_model_to_file(str(out))
+        optimize_model(
+            str(path),
+            model_type=compare.ORT_MODEL_TYPE.get(family, "gpt2"),
+            num_heads=0,
+            hidden_size=0,
+            opt_level=0,
+        ).save_model_to_file(str(out))
     else:
         onnx.save(compare._run_onnxscript(None, path), out)
 
@@ -517,14 +644,17 @@ def measure_optimum(families=tuple(OPTIMUM_FAMILIES), log=print) -> list[dict]:
             report = fuse_folder(folder, root / f"{family}_onnxnorm")
             for result in report.files:
                 path = folder / result.name
-                row = {"family": family, "file": result.name, "onnxnorm_norms":
-                       result.report.norms, "onnxnorm_adds": result.report.residual_adds,
-                       "onnxnorm_parity": result.parity().replace("max abs error ", "")}
+                row = {
+                    "family": family,
+                    "file": result.name,
+                    "onnxnorm_norms": result.report.norms,
+                    "onnxnorm_adds": result.report.residual_adds,
+                    "onnxnorm_parity": result.parity().replace("max abs error ", ""),
+                }
                 for tool in ("ort", "onnxscript"):
                     out = root / f"{family}_{tool}_{result.name}"
                     try:
-                        with contextlib.redirect_stdout(io.StringIO()), \
-                                warnings.catch_warnings():
+                        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
                             warnings.simplefilter("ignore")
                             _other_tool(tool, path, family, out)
                     except Exception as error:  # noqa: BLE001 - a tool's failure is a result
@@ -539,6 +669,7 @@ def measure_optimum(families=tuple(OPTIMUM_FAMILIES), log=print) -> list[dict]:
 
 # --- docs/pipelines.md ----------------------------------------------------------------------------
 
+
 def _cells(row, tool):
     if f"{tool}_error" in row:
         return f"fails: {row[f'{tool}_error']}".replace("|", "/"), "", ""
@@ -549,9 +680,11 @@ TEMPLATE = Path(__file__).with_name("pipelines.md.in")
 
 
 def _optimum_table(rows) -> str:
-    lines = ["| model | file | onnxnorm norms | adds | parity | ORT opt. norms | adds | parity | "
-             "onnxscript norms | adds | parity |",
-             "|---|---|---:|---:|---|---:|---:|---|---:|---:|---|"]
+    lines = [
+        "| model | file | onnxnorm norms | adds | parity | ORT opt. norms | adds | parity | "
+        "onnxscript norms | adds | parity |",
+        "|---|---|---:|---:|---|---:|---:|---|---:|---:|---|",
+    ]
     for r in rows:
         cells = [c for tool in ("onnxnorm", "ort", "onnxscript") for c in _cells(r, tool)]
         lines.append(f"| {r['family']} | {r['file']} | " + " | ".join(cells) + " |")
@@ -563,33 +696,45 @@ def markdown(genai_rows, source_rows, optimum_rows=()) -> str:
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     versions = f"onnxruntime-genai {onnxruntime_genai.__version__}, {compare._versions()}"
-    genai = ["| model | precision | norms fused | adds absorbed | decoder parity (past 16) | "
-             "32 greedy tokens | onnxnorm kernels run | ORT opt. norms / adds | onnxscript "
-             "norms / adds |",
-             "|---|---|---:|---:|---|---|---:|---|---|"]
+    genai = [
+        "| model | precision | norms fused | adds absorbed | decoder parity (past 16) | "
+        "32 greedy tokens | onnxnorm kernels run | ORT opt. norms / adds | onnxscript "
+        "norms / adds |",
+        "|---|---|---:|---:|---|---|---:|---|---|",
+    ]
     for r in genai_rows:
         o, s = _cells(r, "ort"), _cells(r, "onnxscript")
-        genai.append(f"| {r['family']} | {r['precision']} | {r['norms']} | {r['adds']} | "
-                     f"{_cells(r, 'onnxnorm')[2]} | "
-                     f"{'identical' if r['tokens_equal'] else 'DIFFER'} ({r['tokens']}) | "
-                     f"{r['onnxnorm_kernels']} | {o[0]} / {o[1]} | {s[0]} / {s[1]} |")
-    sources = ["| source | what was run | onnxnorm norms | adds | parity | ORT opt. norms | adds | "
-               "parity | onnxscript norms | adds | parity |",
-               "|---|---|---:|---:|---|---:|---:|---|---:|---:|---|"]
+        genai.append(
+            f"| {r['family']} | {r['precision']} | {r['norms']} | {r['adds']} | "
+            f"{_cells(r, 'onnxnorm')[2]} | "
+            f"{'identical' if r['tokens_equal'] else 'DIFFER'} ({r['tokens']}) | "
+            f"{r['onnxnorm_kernels']} | {o[0]} / {o[1]} | {s[0]} / {s[1]} |"
+        )
+    sources = [
+        "| source | what was run | onnxnorm norms | adds | parity | ORT opt. norms | adds | "
+        "parity | onnxscript norms | adds | parity |",
+        "|---|---|---:|---:|---|---:|---:|---|---:|---:|---|",
+    ]
     for r in source_rows:
         cells = [c for tool in ("onnxnorm", "ort", "onnxscript") for c in _cells(r, tool)]
-        sources.append(f"| {r['source']} | `{SOURCES[r['source']][0]}` | " + " | ".join(cells)
-                       + " |")
+        sources.append(
+            f"| {r['source']} | `{SOURCES[r['source']][0]}` | " + " | ".join(cells) + " |"
+        )
     text = TEMPLATE.read_text()
-    return (text.replace("GENERATED", f"Generated by `python -m models.pipelines` on {now}; "
-                                      f"{versions}.")
-            .replace("GENAI_TABLE", "\n".join(genai)).replace("SOURCES_TABLE", "\n".join(sources))
-            .replace("OPTIMUM_TABLE", _optimum_table(optimum_rows)))
+    return (
+        text.replace(
+            "GENERATED", f"Generated by `python -m models.pipelines` on {now}; {versions}."
+        )
+        .replace("GENAI_TABLE", "\n".join(genai))
+        .replace("SOURCES_TABLE", "\n".join(sources))
+        .replace("OPTIMUM_TABLE", _optimum_table(optimum_rows))
+    )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.pipelines",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m models.pipelines", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("-o", "--output", default="docs/pipelines.md")
     args = parser.parse_args(argv)
     genai_rows = measure_genai()

@@ -34,12 +34,16 @@ class Graph:
     def __call__(self, op: str, *inputs: str, domain: str = "", **attrs) -> str:
         self.count += 1
         out = f"{op.lower()}_{self.count}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], name=f"{op}_{self.count}",
-                                           domain=domain, **attrs))
+        self.nodes.append(
+            helper.make_node(
+                op, list(inputs), [out], name=f"{op}_{self.count}", domain=domain, **attrs
+            )
+        )
         return out
 
-    def weight(self, name: str, shape, scale: float = 1.0, offset: float = 0.0,
-               dtype=np.float32) -> str:
+    def weight(
+        self, name: str, shape, scale: float = 1.0, offset: float = 0.0, dtype=np.float32
+    ) -> str:
         value = (self.rng.standard_normal(shape) * scale + offset).astype(dtype)
         self.inits.append(numpy_helper.from_array(value, name))
         return name
@@ -62,14 +66,24 @@ class Graph:
         y = self("MatMul", x, self.weight(f"{name}.weight", (HIDDEN, HIDDEN), 0.25))
         return self("Add", y, self.weight(f"{name}.bias", (HIDDEN,), 0.1)) if bias else y
 
-    def layer_norm(self, x: str, name: str, eps: float = 1e-12, square: str = "pow",
-                   scale: str | None = None, bias: str | None = None) -> str:
+    def layer_norm(
+        self,
+        x: str,
+        name: str,
+        eps: float = 1e-12,
+        square: str = "pow",
+        scale: str | None = None,
+        bias: str | None = None,
+    ) -> str:
         """The decomposed LayerNorm of PyTorch's older exporters (BERT, GPT-2):
         ReduceMean, Sub, Pow (or Mul), ReduceMean, Add, Sqrt, Div, Mul, Add."""
         mean = self.reduce_mean(x)
         centred = self("Sub", x, mean)
-        squared = (self("Pow", centred, self.scalar("two", 2.0)) if square == "pow"
-                   else self("Mul", centred, centred))
+        squared = (
+            self("Pow", centred, self.scalar("two", 2.0))
+            if square == "pow"
+            else self("Mul", centred, centred)
+        )
         std = self("Sqrt", self("Add", self.reduce_mean(squared), self.scalar(f"eps{eps}", eps)))
         normalized = self("Div", centred, std)
         scale = scale or self.weight(f"{name}.weight", (HIDDEN,), 0.3, 1.0)
@@ -80,22 +94,32 @@ class Graph:
         """T5's LayerNorm as TorchScript wrote it: Pow, ReduceMean, Add, Sqrt, Reciprocal,
         Mul, then the weight times it."""
         variance = self.reduce_mean(self("Pow", x, self.scalar("two", 2.0)))
-        inv = self("Reciprocal", self("Sqrt", self("Add", variance,
-                                                   self.scalar(f"eps{eps}", eps))))
-        return self("Mul", self.weight(f"{name}.weight", (HIDDEN,), 0.3, 1.0),
-                    self("Mul", x, inv))
+        inv = self("Reciprocal", self("Sqrt", self("Add", variance, self.scalar(f"eps{eps}", eps))))
+        return self("Mul", self.weight(f"{name}.weight", (HIDDEN,), 0.3, 1.0), self("Mul", x, inv))
 
-    def model(self, inputs: list[tuple[str, int]], outputs: list[tuple[str, int]],
-              value_info: bool = True, name: str = "wild") -> onnx.ModelProto:
+    def model(
+        self,
+        inputs: list[tuple[str, int]],
+        outputs: list[tuple[str, int]],
+        value_info: bool = True,
+        name: str = "wild",
+    ) -> onnx.ModelProto:
         dims = ["batch", "sequence", HIDDEN]
         graph = helper.make_graph(
-            self.nodes, name, [helper.make_tensor_value_info(n, t, dims) for n, t in inputs],
-            [helper.make_tensor_value_info(n, t, dims if value_info else None)
-             for n, t in outputs], self.inits)
+            self.nodes,
+            name,
+            [helper.make_tensor_value_info(n, t, dims) for n, t in inputs],
+            [helper.make_tensor_value_info(n, t, dims if value_info else None) for n, t in outputs],
+            self.inits,
+        )
         # the IR version the opset came with, as the exporters of its day wrote it
         ir_version = {7: 3, 8: 3, 9: 4, 10: 5, 11: 6, 12: 7, 13: 7, 14: 7}.get(self.opset, 8)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
-                                  ir_version=ir_version, producer_name="hand-built")
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", self.opset)],
+            ir_version=ir_version,
+            producer_name="hand-built",
+        )
         if value_info:
             model = onnx.shape_inference.infer_shapes(model)
         return model
@@ -123,8 +147,10 @@ def gpt2(opset: int, layers: int = 2, value_info: bool = True) -> onnx.ModelProt
     for i in range(layers):
         attn = g.matmul(g.layer_norm(h, f"h{i}.ln_1", eps=1e-5), f"h{i}.attn.c_proj")
         h = g("Add", h, attn)
-        mlp = g.matmul(g("Tanh", g.matmul(g.layer_norm(h, f"h{i}.ln_2", eps=1e-5),
-                                          f"h{i}.mlp.c_fc")), f"h{i}.mlp.c_proj")
+        mlp = g.matmul(
+            g("Tanh", g.matmul(g.layer_norm(h, f"h{i}.ln_2", eps=1e-5), f"h{i}.mlp.c_fc")),
+            f"h{i}.mlp.c_proj",
+        )
         h = g("Add", h, mlp)
     g.nodes.append(helper.make_node("Identity", [g.layer_norm(h, "ln_f", eps=1e-5)], ["y"]))
     return g.model([("x", FLOAT)], [("y", FLOAT)], value_info)
@@ -135,11 +161,25 @@ def t5(opset: int, layers: int = 2, value_info: bool = True) -> onnx.ModelProto:
     g = Graph(opset, seed=2)
     h = "x"
     for i in range(layers):
-        h = g("Add", h, g.matmul(g.rms_norm(h, f"block{i}.layer0.layer_norm"), f"block{i}.o",
-                                 bias=False))
-        h = g("Add", h, g.matmul(g("Relu", g.matmul(g.rms_norm(h, f"block{i}.layer1.layer_norm"),
-                                                    f"block{i}.wi", bias=False)),
-                                 f"block{i}.wo", bias=False))
+        h = g(
+            "Add",
+            h,
+            g.matmul(g.rms_norm(h, f"block{i}.layer0.layer_norm"), f"block{i}.o", bias=False),
+        )
+        h = g(
+            "Add",
+            h,
+            g.matmul(
+                g(
+                    "Relu",
+                    g.matmul(
+                        g.rms_norm(h, f"block{i}.layer1.layer_norm"), f"block{i}.wi", bias=False
+                    ),
+                ),
+                f"block{i}.wo",
+                bias=False,
+            ),
+        )
     g.nodes.append(helper.make_node("Identity", [g.rms_norm(h, "final_layer_norm")], ["y"]))
     return g.model([("x", FLOAT)], [("y", FLOAT)], value_info)
 
@@ -150,8 +190,9 @@ def identity_weights(opset: int) -> onnx.ModelProto:
     g = Graph(opset, seed=3)
     scale = g("Identity", g.weight("ln.weight", (HIDDEN,), 0.3, 1.0))
     bias = g("Identity", g.weight("ln.bias", (HIDDEN,), 0.1))
-    g.nodes.append(helper.make_node("Identity", [g.layer_norm("x", "ln", scale=scale,
-                                                              bias=bias)], ["y"]))
+    g.nodes.append(
+        helper.make_node("Identity", [g.layer_norm("x", "ln", scale=scale, bias=bias)], ["y"])
+    )
     return g.model([("x", FLOAT)], [("y", FLOAT)])
 
 
@@ -197,19 +238,26 @@ def corpus() -> list[Wild]:
     for opset in (10, 11, 12, 13, 14):
         entries += [
             Wild(f"bert_opset{opset}", lambda o=opset: bert(o), {"SkipLayerNorm": 5}),
-            Wild(f"gpt2_opset{opset}", lambda o=opset: gpt2(o),
-                 {"LayerNorm": 1, "SkipLayerNorm": 4}),
-            Wild(f"t5_opset{opset}", lambda o=opset: t5(o),
-                 {"RMSNorm": 1, "SkipRMSNorm": 4}),
+            Wild(
+                f"gpt2_opset{opset}", lambda o=opset: gpt2(o), {"LayerNorm": 1, "SkipLayerNorm": 4}
+            ),
+            Wild(f"t5_opset{opset}", lambda o=opset: t5(o), {"RMSNorm": 1, "SkipRMSNorm": 4}),
         ]
     entries += [
         Wild("bert_opset7", lambda: bert(7), {"SkipLayerNorm": 5}),
-        Wild("bert_no_value_info_opset11", lambda: bert(11, value_info=False),
-             {"SkipLayerNorm": 5}),
-        Wild("gpt2_no_value_info_opset13", lambda: gpt2(13, value_info=False),
-             {"LayerNorm": 1, "SkipLayerNorm": 4}),
-        Wild("t5_no_value_info_opset12", lambda: t5(12, value_info=False),
-             {"RMSNorm": 1, "SkipRMSNorm": 4}),
+        Wild(
+            "bert_no_value_info_opset11", lambda: bert(11, value_info=False), {"SkipLayerNorm": 5}
+        ),
+        Wild(
+            "gpt2_no_value_info_opset13",
+            lambda: gpt2(13, value_info=False),
+            {"LayerNorm": 1, "SkipLayerNorm": 4},
+        ),
+        Wild(
+            "t5_no_value_info_opset12",
+            lambda: t5(12, value_info=False),
+            {"RMSNorm": 1, "SkipRMSNorm": 4},
+        ),
         Wild("identity_weights_opset11", lambda: identity_weights(11), {"LayerNorm": 1}),
         Wild("cast_wrapped_float16_opset13", lambda: cast_wrapped(13), {"SkipLayerNorm": 1}),
         Wild("sum_is_output_opset12", lambda: sum_is_output(12), {"SkipLayerNorm": 1}),
@@ -239,8 +287,9 @@ def _gelu_unimported(model: onnx.ModelProto) -> None:
     """A com.microsoft Gelu after the norm, its domain not imported."""
     out = model.graph.output[0].name
     model.graph.node[-1].output[0] = "pre_gelu"
-    model.graph.node.append(helper.make_node("Gelu", ["pre_gelu"], [out], name="gelu",
-                                             domain="com.microsoft"))
+    model.graph.node.append(
+        helper.make_node("Gelu", ["pre_gelu"], [out], name="gelu", domain="com.microsoft")
+    )
 
 
 def _constants_twice(model: onnx.ModelProto, second: float) -> None:
@@ -250,15 +299,20 @@ def _constants_twice(model: onnx.ModelProto, second: float) -> None:
     value = float(numpy_helper.to_array(init))
     model.graph.initializer.remove(init)
     for v in (second, value):  # inserted in front: ``value`` first, ``second`` after it
-        model.graph.node.insert(0, helper.make_node(
-            "Constant", [], [init.name], value=numpy_helper.from_array(np.array(v, np.float32))))
+        model.graph.node.insert(
+            0,
+            helper.make_node(
+                "Constant", [], [init.name], value=numpy_helper.from_array(np.array(v, np.float32))
+            ),
+        )
 
 
 def _initializers_twice(model: onnx.ModelProto, scale: float) -> None:
     """The first norm's weight declared twice, the second copy times ``scale``."""
     weight = next(t for t in model.graph.initializer if t.name.endswith(".weight"))
-    model.graph.initializer.append(numpy_helper.from_array(
-        numpy_helper.to_array(weight) * np.float32(scale), weight.name))
+    model.graph.initializer.append(
+        numpy_helper.from_array(numpy_helper.to_array(weight) * np.float32(scale), weight.name)
+    )
 
 
 def _constant_over_initializer(model: onnx.ModelProto) -> None:
@@ -276,8 +330,9 @@ def _epsilon(model: onnx.ModelProto, value: float) -> None:
 def _standard_epsilon(value: float) -> onnx.ModelProto:
     g = Graph(17, seed=7)
     scale, bias = g.weight("ln.weight", (HIDDEN,), 0.3, 1.0), g.weight("ln.bias", (HIDDEN,), 0.1)
-    g.nodes.append(helper.make_node("LayerNormalization", ["x", scale, bias], ["y"], name="ln",
-                                    epsilon=value))
+    g.nodes.append(
+        helper.make_node("LayerNormalization", ["x", scale, bias], ["y"], name="ln", epsilon=value)
+    )
     return g.model([("x", FLOAT)], [("y", FLOAT)])
 
 
@@ -295,40 +350,73 @@ def sloppy() -> list[Sloppy]:
     """Models with faults that ONNX Runtime loads and runs regardless: the pass mends each in
     its output and says so, or leaves the norm it cannot fuse as it is, with the reason."""
     return [
-        Sloppy("default domain named ai.onnx",
-               lambda: _with(gpt2(13), _alias_default),
-               "the default domain is imported as 'ai.onnx': read as ''",
-               {"LayerNorm": 1, "SkipLayerNorm": 4}),
-        Sloppy("default domain named ai.onnx, no value_info",
-               lambda: _with(gpt2(11, value_info=False), _alias_default),
-               "the default domain is imported as 'ai.onnx'", {"LayerNorm": 1,
-                                                              "SkipLayerNorm": 4}),
-        Sloppy("nodes in domain ai.onnx", lambda: _with(t5(13), _nodes_in_alias),
-               "", {"RMSNorm": 1, "SkipRMSNorm": 4}),
-        Sloppy("com.microsoft node, domain not imported",
-               lambda: _with(t5(13), _gelu_unimported),
-               "domain 'com.microsoft' is used by node 'gelu' (com.microsoft::Gelu) but not "
-               "imported: imported at version 1, as ONNX Runtime assumes",
-               {"RMSNorm": 1, "SkipRMSNorm": 4}),
-        Sloppy("two Constants, same value", lambda: _with(gpt2(13), lambda m: _constants_twice(
-            m, 1e-5)), "both hold the same value: one kept", {"LayerNorm": 1, "SkipLayerNorm": 4}),
-        Sloppy("two Constants, different values", lambda: _with(gpt2(13), lambda m:
-                                                                _constants_twice(m, 1e-3)),
-               "they hold different values: the last one kept, the value ONNX Runtime uses",
-               {"LayerNorm": 1, "SkipLayerNorm": 4}),
-        Sloppy("two initializers, same value", lambda: _with(bert(12), lambda m:
-                                                             _initializers_twice(m, 1.0)),
-               "two initializers are named 'embeddings.LayerNorm.weight'; both hold the same "
-               "value: one kept", {"SkipLayerNorm": 5}),
-        Sloppy("two initializers, different values", lambda: _with(bert(12), lambda m:
-                                                                   _initializers_twice(m, 2.0)),
-               "they hold different values: the last one kept", {"SkipLayerNorm": 5}),
-        Sloppy("a Constant over an initializer", lambda: _with(bert(12),
-                                                                _constant_over_initializer),
-               "is an initializer and also produced by node #0 (Constant); both hold the same "
-               "value: one kept", {"SkipLayerNorm": 5}),
-        Sloppy("decomposed norm, epsilon negative", lambda: _with(t5(11), lambda m: _epsilon(
-            m, -1e-6)), "epsilon must be a finite number >= 0, got -", {}),
-        Sloppy("LayerNormalization, epsilon NaN", lambda: _standard_epsilon(float("nan")),
-               "epsilon must be a finite number >= 0, got nan", {}),
+        Sloppy(
+            "default domain named ai.onnx",
+            lambda: _with(gpt2(13), _alias_default),
+            "the default domain is imported as 'ai.onnx': read as ''",
+            {"LayerNorm": 1, "SkipLayerNorm": 4},
+        ),
+        Sloppy(
+            "default domain named ai.onnx, no value_info",
+            lambda: _with(gpt2(11, value_info=False), _alias_default),
+            "the default domain is imported as 'ai.onnx'",
+            {"LayerNorm": 1, "SkipLayerNorm": 4},
+        ),
+        Sloppy(
+            "nodes in domain ai.onnx",
+            lambda: _with(t5(13), _nodes_in_alias),
+            "",
+            {"RMSNorm": 1, "SkipRMSNorm": 4},
+        ),
+        Sloppy(
+            "com.microsoft node, domain not imported",
+            lambda: _with(t5(13), _gelu_unimported),
+            "domain 'com.microsoft' is used by node 'gelu' (com.microsoft::Gelu) but not "
+            "imported: imported at version 1, as ONNX Runtime assumes",
+            {"RMSNorm": 1, "SkipRMSNorm": 4},
+        ),
+        Sloppy(
+            "two Constants, same value",
+            lambda: _with(gpt2(13), lambda m: _constants_twice(m, 1e-5)),
+            "both hold the same value: one kept",
+            {"LayerNorm": 1, "SkipLayerNorm": 4},
+        ),
+        Sloppy(
+            "two Constants, different values",
+            lambda: _with(gpt2(13), lambda m: _constants_twice(m, 1e-3)),
+            "they hold different values: the last one kept, the value ONNX Runtime uses",
+            {"LayerNorm": 1, "SkipLayerNorm": 4},
+        ),
+        Sloppy(
+            "two initializers, same value",
+            lambda: _with(bert(12), lambda m: _initializers_twice(m, 1.0)),
+            "two initializers are named 'embeddings.LayerNorm.weight'; both hold the same "
+            "value: one kept",
+            {"SkipLayerNorm": 5},
+        ),
+        Sloppy(
+            "two initializers, different values",
+            lambda: _with(bert(12), lambda m: _initializers_twice(m, 2.0)),
+            "they hold different values: the last one kept",
+            {"SkipLayerNorm": 5},
+        ),
+        Sloppy(
+            "a Constant over an initializer",
+            lambda: _with(bert(12), _constant_over_initializer),
+            "is an initializer and also produced by node #0 (Constant); both hold the same "
+            "value: one kept",
+            {"SkipLayerNorm": 5},
+        ),
+        Sloppy(
+            "decomposed norm, epsilon negative",
+            lambda: _with(t5(11), lambda m: _epsilon(m, -1e-6)),
+            "epsilon must be a finite number >= 0, got -",
+            {},
+        ),
+        Sloppy(
+            "LayerNormalization, epsilon NaN",
+            lambda: _standard_epsilon(float("nan")),
+            "epsilon must be a finite number >= 0, got nan",
+            {},
+        ),
     ]

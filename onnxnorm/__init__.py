@@ -19,8 +19,12 @@ from onnxnorm.errors import OnnxNormError  # noqa: E402
 __version__ = "0.1.0"
 
 # loaded on first use, so that ``import onnxnorm`` needs neither torch nor the fusion passes
-__getattr__, __dir__ = _lazy.names("onnxnorm", {"export": "nn", "convert": "nn"}, globals(),
-                                   submodules=("errors", "fusion", "nn", "ops", "runtime"))
+__getattr__, __dir__ = _lazy.names(
+    "onnxnorm",
+    {"export": "nn", "convert": "nn"},
+    globals(),
+    submodules=("errors", "fusion", "nn", "ops", "runtime"),
+)
 
 
 __all__ = ["OnnxNormError", "convert", "export", "__version__"]

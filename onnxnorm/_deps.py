@@ -17,16 +17,16 @@ from onnxnorm.errors import MissingDependency  # re-exported: its home before on
 
 #: module -> (pip extra, what installing it means)
 EXTRAS = {
-    "onnxruntime": ("cpu", "pip install 'onnxnorm[cpu]' (onnxruntime) or "
-                           "'onnxnorm[gpu]' (onnxruntime-gpu)"),
+    "onnxruntime": (
+        "cpu",
+        "pip install 'onnxnorm[cpu]' (onnxruntime) or 'onnxnorm[gpu]' (onnxruntime-gpu)",
+    ),
     "torch": ("torch", "pip install 'onnxnorm[torch]'"),
     "transformers": ("torch", "pip install 'onnxnorm[torch]'"),
     "matplotlib": ("bench", "pip install 'onnxnorm[bench]'"),
     "onnxruntime_genai": ("genai", "pip install 'onnxnorm[genai]'"),
     "olive": ("olive", "pip install 'onnxnorm[olive]'"),
 }
-
-
 
 
 def message(module: str, purpose: str) -> str:

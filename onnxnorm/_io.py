@@ -35,8 +35,11 @@ _CHUNK = 1 << 24
 
 
 def _external_tensors(model: onnx.ModelProto) -> Iterable[TensorProto]:
-    return (t for t in external_data_helper._get_all_tensors(model)
-            if external_data_helper.uses_external_data(t))
+    return (
+        t
+        for t in external_data_helper._get_all_tensors(model)
+        if external_data_helper.uses_external_data(t)
+    )
 
 
 def _nbytes(tensor: TensorProto) -> int:
@@ -105,16 +108,22 @@ def _load_weights_as_references(path: Path) -> onnx.ModelProto:
                     continue
                 meta, reference = bytearray(), None
                 for t_number, t_wire, t_field, t_start, t_end in _fields(buf, g_start, g_end):
-                    if (t_number == _TENSOR_RAW_DATA and t_wire == 2
-                            and t_end - t_start >= SMALL_TENSOR):
+                    if (
+                        t_number == _TENSOR_RAW_DATA
+                        and t_wire == 2
+                        and t_end - t_start >= SMALL_TENSOR
+                    ):
                         reference = (t_start, t_end - t_start)
                     else:
                         meta += buf[t_field:t_end]
                 tensor = TensorProto.FromString(bytes(meta))
                 if reference is not None:
                     tensor.data_location = TensorProto.EXTERNAL
-                    for key, value in (("location", path.name), ("offset", str(reference[0])),
-                                       ("length", str(reference[1]))):
+                    for key, value in (
+                        ("location", path.name),
+                        ("offset", str(reference[0])),
+                        ("length", str(reference[1])),
+                    ):
                         entry = tensor.external_data.add()
                         entry.key, entry.value = key, value
                 tensors.append(tensor)
@@ -168,21 +177,26 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
     for source in inputs:
         source = Path(source).resolve()
         if target in (source, Path(str(source) + ".data")):
-            raise OnnxNormError(f"cannot write {path}: it is the input {source}; the input is "
-                                "never modified, choose another output")
+            raise OnnxNormError(
+                f"cannot write {path}: it is the input {source}; the input is "
+                "never modified, choose another output"
+            )
     return path
 
 
-def check_output_folder(source: str | os.PathLike, output: str | os.PathLike,
-                        overwrite: bool = False) -> Path:
+def check_output_folder(
+    source: str | os.PathLike, output: str | os.PathLike, overwrite: bool = False
+) -> Path:
     """Refuses, in one line and before any work, an output folder that is, holds or lies in the
     input folder ``source``, that exists (unless ``overwrite``; then it must be a folder), or
     whose parent is missing or not writable."""
     source, output = Path(source), Path(output)
     src, out = source.resolve(), output.resolve()
     if out == src or src in out.parents or out in src.parents:
-        raise OnnxNormError(f"cannot write {output}: it is, holds or lies inside the input "
-                            f"folder {source}; the input is never modified, choose another output")
+        raise OnnxNormError(
+            f"cannot write {output}: it is, holds or lies inside the input "
+            f"folder {source}; the input is never modified, choose another output"
+        )
     if output.exists() or output.is_symlink():
         if not overwrite:
             raise OnnxNormError(f"{output} exists; pass --overwrite to replace it")
@@ -271,7 +285,9 @@ def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.Model
                 tensor.data_location = TensorProto.DEFAULT
                 del tensor.external_data[:]
     except (OSError, ValueError) as error:
-        raise OnnxNormError(f"{path}: cannot read its external data ({_first_line(error)})") from None
+        raise OnnxNormError(
+            f"{path}: cannot read its external data ({_first_line(error)})"
+        ) from None
     return model
 
 
@@ -297,13 +313,22 @@ def _read_external(tensor: TensorProto, folder: Path) -> None:
 
 def _location(tensor: TensorProto) -> tuple[str, int, int | None]:
     info = {e.key: e.value for e in tensor.external_data}
-    return info["location"], int(info.get("offset", 0)), (int(info["length"]) if "length" in info
-                                                          else None)
+    return (
+        info["location"],
+        int(info.get("offset", 0)),
+        (int(info["length"]) if "length" in info else None),
+    )
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
-               source: str | os.PathLike | None = None, like: str | os.PathLike | None = None,
-               external: bool | None = None, extra: Iterable[TensorProto] = ()) -> Path:
+def save_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike,
+    *,
+    source: str | os.PathLike | None = None,
+    like: str | os.PathLike | None = None,
+    external: bool | None = None,
+    extra: Iterable[TensorProto] = (),
+) -> Path:
     """Writes ``model`` to ``path`` atomically.
 
     ``source`` (or ``like``): the file the model was read from; external tensors of the model
@@ -318,16 +343,19 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
     source = source or like
     source_dir = model_dir(source) if source else folder.resolve()
     if external is None:
-        external = (has_external_data(model, source)
-                    or any(external_data_helper.uses_external_data(t) for t in extra)
-                    or _size(model, extra) > _PROTOBUF_LIMIT)
+        external = (
+            has_external_data(model, source)
+            or any(external_data_helper.uses_external_data(t) for t in extra)
+            or _size(model, extra) > _PROTOBUF_LIMIT
+        )
     temps: list[str] = []
     _remove_stale_temps(folder, path.name)
 
     def temp(suffix: str) -> tuple[int, str]:
         # named after this process, so that a later run can tell it was killed
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=suffix,
-                                    dir=folder)
+        fd, name = tempfile.mkstemp(
+            prefix=f".{path.name}.{os.getpid()}.", suffix=suffix, dir=folder
+        )
         temps.append(name)
         umask = os.umask(0)
         os.umask(umask)
@@ -339,14 +367,17 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *,
             if _size(model, extra) > _PROTOBUF_LIMIT:
                 raise OnnxNormError(f"cannot write {path}: over 2 GB without external data")
             fd, tmp = temp(".tmp")
-            referenced = [t for t in model.graph.initializer
-                          if external_data_helper.uses_external_data(t)]
+            referenced = [
+                t for t in model.graph.initializer if external_data_helper.uses_external_data(t)
+            ]
             with os.fdopen(fd, "wb") as f:
                 if referenced:
                     main = _shell(model)
                     main.graph.initializer.extend(
-                        t for t in model.graph.initializer
-                        if not external_data_helper.uses_external_data(t))
+                        t
+                        for t in model.graph.initializer
+                        if not external_data_helper.uses_external_data(t)
+                    )
                     f.write(main.SerializeToString())
                     del main
                 else:
@@ -430,8 +461,9 @@ _FICLONE = 0x40049409
 _WHOLE_FILE_COPY = 0.9
 
 
-def _set_external(mine: TensorProto, theirs: TensorProto, location: str, offset: int,
-                  length: int) -> None:
+def _set_external(
+    mine: TensorProto, theirs: TensorProto, location: str, offset: int, length: int
+) -> None:
     mine.name, mine.data_type = theirs.name, theirs.data_type
     mine.dims.extend(theirs.dims)
     if theirs.doc_string:
@@ -462,7 +494,7 @@ def _base_data(tensors: list[TensorProto], source_dir: Path, data) -> Path | Non
             ranges.setdefault(file, []).append((start, start + length))
     if len(ranges) != 1:
         return None
-    (file, used), = ranges.items()
+    ((file, used),) = ranges.items()
     size = os.path.getsize(file)
     with open(file, "rb") as f:
         data.flush()
@@ -517,7 +549,7 @@ def _remove_stale_temps(folder: Path, name: str) -> None:
     for entry in os.scandir(folder):
         if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
             continue
-        pid = entry.name[len(prefix):].split(".", 1)[0]
+        pid = entry.name[len(prefix) :].split(".", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
@@ -568,8 +600,9 @@ def _write_referenced(f, tensor: TensorProto, source_dir: Path) -> None:
 def _size(model: onnx.ModelProto, extra: list[TensorProto]) -> int:
     """The size of the model written inline: referenced tensors counted at their length."""
     total = model.ByteSize() + sum(t.ByteSize() + 8 for t in extra)
-    for tensor in itertools.chain(_external_tensors(model),
-                                  (t for t in extra if external_data_helper.uses_external_data(t))):
+    for tensor in itertools.chain(
+        _external_tensors(model), (t for t in extra if external_data_helper.uses_external_data(t))
+    ):
         total += _nbytes(tensor)
     return total
 
@@ -607,8 +640,9 @@ def _copy_range(file: Path, start: int, length: int | None, out) -> int:
             out.flush()
             try:
                 while remaining > 0:
-                    done = os.copy_file_range(f.fileno(), out.fileno(), min(remaining, 1 << 30),
-                                              start + total)
+                    done = os.copy_file_range(
+                        f.fileno(), out.fileno(), min(remaining, 1 << 30), start + total
+                    )
                     if done == 0:
                         raise OSError(f"{file} ends before the tensor data it should hold")
                     remaining -= done

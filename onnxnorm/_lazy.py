@@ -7,13 +7,19 @@ import importlib
 from typing import Any, Callable
 
 
-def names(package: str, where: dict[str, str], namespace: dict[str, Any],
-          before: Callable[[str], None] | None = None, submodules: tuple[str, ...] = ()):
+def names(
+    package: str,
+    where: dict[str, str],
+    namespace: dict[str, Any],
+    before: Callable[[str], None] | None = None,
+    submodules: tuple[str, ...] = (),
+):
     """``__getattr__`` and ``__dir__`` for ``package`` (whose globals are ``namespace``): a name of
     ``where`` (name -> submodule) is imported from that submodule, after ``before(name)`` (which
     may raise, e.g. for a missing dependency), and kept; a name of ``submodules`` is that
     submodule, imported; other names are left to the import system (other submodules) or are an
     AttributeError."""
+
     def __getattr__(name: str):
         if name in submodules:
             value = importlib.import_module(f"{package}.{name}")

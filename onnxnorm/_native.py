@@ -25,25 +25,34 @@ from onnxnorm.ops import catalogue, reference
 
 
 def elem_type_name(onnx_type: str) -> str:
-    """"tensor(float)" -> "float32", "tensor(bfloat16)" -> "bfloat16": the native names."""
-    name = onnx_type[len("tensor("):-1]
+    """ "tensor(float)" -> "float32", "tensor(bfloat16)" -> "bfloat16": the native names."""
+    name = onnx_type[len("tensor(") : -1]
     return "float32" if name == "float" else name
 
 
 #: the element type codes of NormArgs (onnxnorm::ElemType: catalogue.DATA_TYPES in order)
 ELEM_TYPES = {elem_type_name(t): i for i, t in enumerate(catalogue.DATA_TYPES)}
 #: the quantized element type codes (onnxnorm::ElemType: after the float types)
-QUANT_ELEM_TYPES = {elem_type_name(t): len(catalogue.DATA_TYPES) + i
-                    for i, t in enumerate(catalogue.QUANT_TYPES)}
+QUANT_ELEM_TYPES = {
+    elem_type_name(t): len(catalogue.DATA_TYPES) + i for i, t in enumerate(catalogue.QUANT_TYPES)
+}
 #: the numpy types of the quantized element types (float8e4m3fn: ml_dtypes')
-QUANT_NP_TYPES = {"uint8": np.dtype(np.uint8), "int8": np.dtype(np.int8),
-                  "float8e4m3fn": reference.FLOAT8_E4M3FN}
+QUANT_NP_TYPES = {
+    "uint8": np.dtype(np.uint8),
+    "int8": np.dtype(np.int8),
+    "float8e4m3fn": reference.FLOAT8_E4M3FN,
+}
 #: the op codes of NormArgs (onnxnorm::OpId: catalogue.OPS in order)
 OP_IDS = {name: i for i, name in enumerate(catalogue.OPS)}
 #: the weight inputs, each a pointer and a row count in NormArgs
 WEIGHT_INPUTS = ("Scale", "Bias", "InnerScale", "InnerBias", "XBias")
-_FIELD = {"Scale": "scale", "Bias": "bias", "InnerScale": "inner_scale",
-          "InnerBias": "inner_bias", "XBias": "xbias"}
+_FIELD = {
+    "Scale": "scale",
+    "Bias": "bias",
+    "InnerScale": "inner_scale",
+    "InnerBias": "inner_bias",
+    "XBias": "xbias",
+}
 
 
 class NormArgs(ctypes.Structure):
@@ -51,16 +60,29 @@ class NormArgs(ctypes.Structure):
     to the layout the libraries export (onnxnorm_args_layout)."""
 
     _fields_ = [
-        ("op", ctypes.c_int32), ("x_type", ctypes.c_int32), ("weight_type", ctypes.c_int32),
+        ("op", ctypes.c_int32),
+        ("x_type", ctypes.c_int32),
+        ("weight_type", ctypes.c_int32),
         ("cast_before_scale", ctypes.c_int32),
-        ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
-        ("x", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("scale", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p), ("xbias", ctypes.c_void_p), ("inner_scale", ctypes.c_void_p),
-        ("inner_bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("sum", ctypes.c_void_p),
-        ("scale_rows", ctypes.c_int64), ("bias_rows", ctypes.c_int64),
-        ("xbias_rows", ctypes.c_int64), ("inner_scale_rows", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("x", ctypes.c_void_p),
+        ("residual", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("xbias", ctypes.c_void_p),
+        ("inner_scale", ctypes.c_void_p),
+        ("inner_bias", ctypes.c_void_p),
+        ("y", ctypes.c_void_p),
+        ("sum", ctypes.c_void_p),
+        ("scale_rows", ctypes.c_int64),
+        ("bias_rows", ctypes.c_int64),
+        ("xbias_rows", ctypes.c_int64),
+        ("inner_scale_rows", ctypes.c_int64),
         ("inner_bias_rows", ctypes.c_int64),
-        ("epsilon", ctypes.c_float), ("scale_offset", ctypes.c_float), ("alpha", ctypes.c_float),
+        ("epsilon", ctypes.c_float),
+        ("scale_offset", ctypes.c_float),
+        ("alpha", ctypes.c_float),
     ]
 
     def __init__(self, **fields: Any):
@@ -75,16 +97,23 @@ class CudaQuantArgs(ctypes.Structure):
     op's quantized Y and where its scale and zero point live (device pointers)."""
 
     _fields_ = [
-        ("q_type", ctypes.c_int32), ("q", ctypes.c_void_p), ("y_scale", ctypes.c_void_p),
-        ("y_zero_point", ctypes.c_void_p), ("scratch", ctypes.c_void_p),
+        ("q_type", ctypes.c_int32),
+        ("q", ctypes.c_void_p),
+        ("y_scale", ctypes.c_void_p),
+        ("y_zero_point", ctypes.c_void_p),
+        ("scratch", ctypes.c_void_p),
     ]
 
 
 def layout(args_type: type[ctypes.Structure] = NormArgs) -> dict[str, Any]:
     """The mirror's layout in the form of onnxnorm_args_layout: size and [name, offset, size]."""
-    return {"size": ctypes.sizeof(args_type),
-            "fields": [[name, getattr(args_type, name).offset, getattr(args_type, name).size]
-                       for name, _ in args_type._fields_]}
+    return {
+        "size": ctypes.sizeof(args_type),
+        "fields": [
+            [name, getattr(args_type, name).offset, getattr(args_type, name).size]
+            for name, _ in args_type._fields_
+        ],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,8 +169,9 @@ def _torch():
 
 def _type_code(dtype) -> int:
     torch = _torch()
-    return ELEM_TYPES[{torch.float32: "float32", torch.float16: "float16",
-                       torch.bfloat16: "bfloat16"}[dtype]]
+    return ELEM_TYPES[
+        {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+    ]
 
 
 def quant_torch_dtype(name: str):
@@ -188,16 +218,27 @@ class Kernels:
         if not self.path.is_file():
             raise FileNotFoundError(f"the onnxnorm CUDA library is not built: {self.path}")
         lib = ctypes.CDLL(str(self.path))
-        lib.onnxnorm_cuda_launch.argtypes = [ctypes.POINTER(NormArgs), ctypes.c_void_p,
-                                             ctypes.c_char_p, ctypes.c_size_t]
+        lib.onnxnorm_cuda_launch.argtypes = [
+            ctypes.POINTER(NormArgs),
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
         lib.onnxnorm_cuda_launch.restype = ctypes.c_int
-        lib.onnxnorm_cuda_kernel_name.argtypes = [ctypes.POINTER(NormArgs), ctypes.c_char_p,
-                                                  ctypes.c_size_t]
+        lib.onnxnorm_cuda_kernel_name.argtypes = [
+            ctypes.POINTER(NormArgs),
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
         lib.onnxnorm_cuda_kernel_name.restype = ctypes.c_int
         if hasattr(lib, "onnxnorm_cuda_launch_quantized"):  # (libraries built before it: none)
             lib.onnxnorm_cuda_launch_quantized.argtypes = [
-                ctypes.POINTER(NormArgs), ctypes.POINTER(CudaQuantArgs), ctypes.c_void_p,
-                ctypes.c_char_p, ctypes.c_size_t]
+                ctypes.POINTER(NormArgs),
+                ctypes.POINTER(CudaQuantArgs),
+                ctypes.c_void_p,
+                ctypes.c_char_p,
+                ctypes.c_size_t,
+            ]
             lib.onnxnorm_cuda_launch_quantized.restype = ctypes.c_int
             lib.onnxnorm_cuda_quant_scratch_bytes.argtypes = [ctypes.POINTER(NormArgs)]
             lib.onnxnorm_cuda_quant_scratch_bytes.restype = ctypes.c_size_t
@@ -212,8 +253,9 @@ class Kernels:
         """The library's NormArgs layout (onnxnorm_args_layout)."""
         return json.loads(self.lib.onnxnorm_args_layout())
 
-    def args(self, op: str, inputs: dict[str, Any], y, sum_=None, axis: int = -1,
-             **attrs: Any) -> NormArgs:
+    def args(
+        self, op: str, inputs: dict[str, Any], y, sum_=None, axis: int = -1, **attrs: Any
+    ) -> NormArgs:
         """Launcher arguments for catalogue op ``op`` on torch CUDA tensors ``inputs`` (by
         parameter name; absent ones left out), outputs ``y`` and ``sum_``."""
         spec = catalogue.get(op)
@@ -262,29 +304,48 @@ class Kernels:
         if stream is None:
             stream = _torch().cuda.current_stream().cuda_stream
         buf = ctypes.create_string_buffer(512)
-        _raise(self.lib.onnxnorm_cuda_launch(ctypes.byref(args), ctypes.c_void_p(stream), buf,
-                                             len(buf)), buf)
+        _raise(
+            self.lib.onnxnorm_cuda_launch(
+                ctypes.byref(args), ctypes.c_void_p(stream), buf, len(buf)
+            ),
+            buf,
+        )
 
     def quant_scratch_bytes(self, args: NormArgs) -> int:
         """The device scratch a dynamic quantized op's call needs (0 for the others)."""
         return int(self.lib.onnxnorm_cuda_quant_scratch_bytes(ctypes.byref(args)))
 
-    def launch_quantized(self, args: NormArgs, quant: CudaQuantArgs, stream: int | None = None
-                         ) -> None:
+    def launch_quantized(
+        self, args: NormArgs, quant: CudaQuantArgs, stream: int | None = None
+    ) -> None:
         """launch() for a quantized op (``args.y``: Y_float or 0, ``args.sum``: Sum or 0)."""
         if stream is None:
             stream = _torch().cuda.current_stream().cuda_stream
         buf = ctypes.create_string_buffer(512)
-        _raise(self.lib.onnxnorm_cuda_launch_quantized(ctypes.byref(args), ctypes.byref(quant),
-                                                       ctypes.c_void_p(stream), buf, len(buf)), buf)
+        _raise(
+            self.lib.onnxnorm_cuda_launch_quantized(
+                ctypes.byref(args), ctypes.byref(quant), ctypes.c_void_p(stream), buf, len(buf)
+            ),
+            buf,
+        )
 
-    def run(self, op: str, inputs: dict[str, Any], *, with_sum: bool = True, axis: int = -1,
-            **attrs: Any):
+    def run(
+        self,
+        op: str,
+        inputs: dict[str, Any],
+        *,
+        with_sum: bool = True,
+        axis: int = -1,
+        **attrs: Any,
+    ):
         """Runs ``op`` and returns [Y] or [Y, Sum] as new torch tensors."""
         torch = _torch()
         x = inputs["X"]
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        s = (torch.empty(x.shape, dtype=x.dtype, device=x.device)
-             if with_sum and catalogue.get(op).has_residual else None)
+        s = (
+            torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            if with_sum and catalogue.get(op).has_residual
+            else None
+        )
         self.launch(self.args(op, inputs, y, s, axis, **attrs))
         return [y] if s is None else [y, s]

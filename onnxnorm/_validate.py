@@ -96,15 +96,32 @@ def _known_domains() -> dict[str, int]:
     return known
 
 
-_FOUR_BIT = {getattr(TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
-             if hasattr(TensorProto, name)}
+_FOUR_BIT = {
+    getattr(TensorProto, name)
+    for name in ("INT4", "UINT4", "FLOAT4E2M1")
+    if hasattr(TensorProto, name)
+}
 #: the typed field that holds a tensor's values when it has no raw_data
-_TYPED_FIELD = {TensorProto.FLOAT: "float_data", TensorProto.DOUBLE: "double_data",
-                TensorProto.INT64: "int64_data", TensorProto.UINT32: "uint64_data",
-                TensorProto.UINT64: "uint64_data",
-                **{t: "int32_data" for t in (TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
-                                             TensorProto.UINT16, TensorProto.UINT8, TensorProto.BOOL,
-                                             TensorProto.FLOAT16, TensorProto.BFLOAT16)}}
+_TYPED_FIELD = {
+    TensorProto.FLOAT: "float_data",
+    TensorProto.DOUBLE: "double_data",
+    TensorProto.INT64: "int64_data",
+    TensorProto.UINT32: "uint64_data",
+    TensorProto.UINT64: "uint64_data",
+    **{
+        t: "int32_data"
+        for t in (
+            TensorProto.INT32,
+            TensorProto.INT16,
+            TensorProto.INT8,
+            TensorProto.UINT16,
+            TensorProto.UINT8,
+            TensorProto.BOOL,
+            TensorProto.FLOAT16,
+            TensorProto.BFLOAT16,
+        )
+    },
+}
 
 
 def _elements(tensor: TensorProto) -> int:
@@ -137,8 +154,10 @@ def _external_info(tensor: TensorProto) -> tuple[str, int, int | None]:
         offset = int(info.get("offset", 0))
         length = int(info["length"]) if "length" in info else None
     except ValueError:
-        raise ModelProblem(f"tensor {tensor.name!r}: external data offset/length are not "
-                           f"integers ({info.get('offset')!r}, {info.get('length')!r})") from None
+        raise ModelProblem(
+            f"tensor {tensor.name!r}: external data offset/length are not "
+            f"integers ({info.get('offset')!r}, {info.get('length')!r})"
+        ) from None
     if offset < 0 or (length is not None and length < 0):
         raise ModelProblem(f"tensor {tensor.name!r}: negative external data offset or length")
     return location, offset, length
@@ -153,12 +172,17 @@ def _hugging_face_blob(root: Path, location: str, resolved: Path) -> bool:
     if root.parent.name != "snapshots" or len(PurePath(location).parts) != 1:
         return False
     blobs = root.parent.parent / "blobs"
-    return (blobs.is_dir() and not blobs.is_symlink() and resolved.parent == blobs
-            and (root / location).is_symlink())
+    return (
+        blobs.is_dir()
+        and not blobs.is_symlink()
+        and resolved.parent == blobs
+        and (root / location).is_symlink()
+    )
 
 
-def check_external_data(model: onnx.ModelProto, folder: str | os.PathLike,
-                        own: str | os.PathLike | None = None) -> None:
+def check_external_data(
+    model: onnx.ModelProto, folder: str | os.PathLike, own: str | os.PathLike | None = None
+) -> None:
     """Refuses external-data references that leave ``folder`` or do not fit their file,
     before any of them is opened. ``own``: the model file itself, which references made by
     :func:`onnxnorm._io.load_model` name (it is the input, wherever a link to it leads)."""
@@ -173,17 +197,21 @@ def check_external_data(model: onnx.ModelProto, folder: str | os.PathLike,
         if not location:
             raise ModelProblem(f"tensor {tensor.name!r}: external data without a location")
         if os.path.isabs(location) or PurePath(location).anchor or location.startswith("\\"):
-            raise ModelProblem(f"{where} is an absolute path; only files in the model's folder "
-                               "are read (refused, not read)")
+            raise ModelProblem(
+                f"{where} is an absolute path; only files in the model's folder "
+                "are read (refused, not read)"
+            )
         if ".." in PurePath(location.replace("\\", "/")).parts:
             raise ModelProblem(f"{where} leaves the model's folder (refused, not read)")
         resolved = (root / location).resolve()
         if own is not None and location == own.name:
             resolved = own
         elif root not in resolved.parents and not _hugging_face_blob(root, location, resolved):
-            raise ModelProblem(f"{where} is a symbolic link to {resolved}, outside the model's "
-                               "folder (refused, not read); to read a link you trust, copy "
-                               "the folder with `cp -rL`")
+            raise ModelProblem(
+                f"{where} is a symbolic link to {resolved}, outside the model's "
+                "folder (refused, not read); to read a link you trust, copy "
+                "the folder with `cp -rL`"
+            )
         if location not in sizes:
             if not resolved.exists():
                 raise ModelProblem(f"{where}: no such file in the model's folder")
@@ -193,14 +221,21 @@ def check_external_data(model: onnx.ModelProto, folder: str | os.PathLike,
         size = sizes[location]
         expected = _expected_bytes(tensor)
         if length is not None and expected is not None and length != expected:
-            held = ("it holds" if own is not None and resolved == own
-                    else "its external data length says")
-            raise ModelProblem(f"tensor {tensor.name!r} of shape {list(tensor.dims)} needs "
-                               f"{expected} bytes, {held} {length}")
+            held = (
+                "it holds"
+                if own is not None and resolved == own
+                else "its external data length says"
+            )
+            raise ModelProblem(
+                f"tensor {tensor.name!r} of shape {list(tensor.dims)} needs "
+                f"{expected} bytes, {held} {length}"
+            )
         needed = length if length is not None else expected
         if offset > size or (needed is not None and offset + needed > size):
-            raise ModelProblem(f"{where} holds {size} bytes, tensor {tensor.name!r} needs bytes "
-                               f"{offset} to {offset + (needed or 0)}")
+            raise ModelProblem(
+                f"{where} holds {size} bytes, tensor {tensor.name!r} needs bytes "
+                f"{offset} to {offset + (needed or 0)}"
+            )
 
 
 def _check_inline(tensor: TensorProto) -> None:
@@ -209,15 +244,19 @@ def _check_inline(tensor: TensorProto) -> None:
     count = _elements(tensor)
     if tensor.HasField("raw_data"):
         if expected is not None and len(tensor.raw_data) != expected:
-            raise ModelProblem(f"tensor {tensor.name!r} of shape {list(tensor.dims)} needs "
-                               f"{expected} bytes, it holds {len(tensor.raw_data)}")
+            raise ModelProblem(
+                f"tensor {tensor.name!r} of shape {list(tensor.dims)} needs "
+                f"{expected} bytes, it holds {len(tensor.raw_data)}"
+            )
         return
     field = _TYPED_FIELD.get(tensor.data_type)
     if field is not None and tensor.data_type not in _FOUR_BIT:
         held = len(getattr(tensor, field))
         if held != count:
-            raise ModelProblem(f"tensor {tensor.name!r} of shape {list(tensor.dims)} declares "
-                               f"{count} elements, it holds {held}")
+            raise ModelProblem(
+                f"tensor {tensor.name!r} of shape {list(tensor.dims)} declares "
+                f"{count} elements, it holds {held}"
+            )
 
 
 def _label(node: onnx.NodeProto, index: int) -> str:
@@ -226,25 +265,43 @@ def _label(node: onnx.NodeProto, index: int) -> str:
     return f"node {name} ({op})"
 
 
-_EPSILON = {("", op) for op in ("LayerNormalization", "RMSNormalization", "BatchNormalization",
-                                "InstanceNormalization", "GroupNormalization")} | {
-    ("com.microsoft", op) for op in ("LayerNormalization", "SimplifiedLayerNormalization",
-                                     "SkipLayerNormalization", "SkipSimplifiedLayerNormalization")}
-_AXIS = {("", "LayerNormalization"), ("", "RMSNormalization"),
-         ("com.microsoft", "LayerNormalization"), ("com.microsoft", "SimplifiedLayerNormalization")}
+_EPSILON = {
+    ("", op)
+    for op in (
+        "LayerNormalization",
+        "RMSNormalization",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+    )
+} | {
+    ("com.microsoft", op)
+    for op in (
+        "LayerNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization",
+    )
+}
+_AXIS = {
+    ("", "LayerNormalization"),
+    ("", "RMSNormalization"),
+    ("com.microsoft", "LayerNormalization"),
+    ("com.microsoft", "SimplifiedLayerNormalization"),
+}
 _KIND = {"int": AttributeProto.INT, "float": AttributeProto.FLOAT}
 _ONNXNORM = "onnxnorm"  # catalogue.DOMAIN, without importing the catalogue for every model
 
 
-def _check_attributes(node: onnx.NodeProto, domain: str, label: str,
-                      ranks: dict[str, int]) -> None:
+def _check_attributes(node: onnx.NodeProto, domain: str, label: str, ranks: dict[str, int]) -> None:
     from onnxnorm.ops import catalogue
 
     attrs = {a.name: a for a in node.attribute}
     if domain == catalogue.DOMAIN:
         if node.op_type not in catalogue.OPS:
-            raise ModelProblem(f"{label}: not an op of the onnxnorm domain "
-                               f"({', '.join(catalogue.OPS)})")
+            raise ModelProblem(
+                f"{label}: not an op of the onnxnorm domain ({', '.join(catalogue.OPS)})"
+            )
         specs = catalogue.get(node.op_type).attributes
         checks = [(spec, spec.validate) for spec in specs]
     else:
@@ -263,8 +320,10 @@ def _check_attributes(node: onnx.NodeProto, domain: str, label: str,
             continue
         if attr.type != _KIND[spec.kind]:
             kind = "an int" if spec.kind == "int" else "a float"
-            raise ModelProblem(f"{label}: attribute {spec.name} must be {kind}, got "
-                               f"{AttributeProto.AttributeType.Name(attr.type)}")
+            raise ModelProblem(
+                f"{label}: attribute {spec.name} must be {kind}, got "
+                f"{AttributeProto.AttributeType.Name(attr.type)}"
+            )
         value = attr.f if spec.kind == "float" else attr.i
         problem = validate(value) if validate else None
         if problem:
@@ -272,8 +331,9 @@ def _check_attributes(node: onnx.NodeProto, domain: str, label: str,
         if spec.name == "axis" and node.input and node.input[0] in ranks:
             rank = ranks[node.input[0]]
             if not -rank <= value < rank:
-                raise ModelProblem(f"{label}: attribute axis {value} is out of range for its "
-                                   f"input of rank {rank}")
+                raise ModelProblem(
+                    f"{label}: attribute axis {value} is out of range for its input of rank {rank}"
+                )
 
 
 def _subgraphs(node: onnx.NodeProto):
@@ -332,8 +392,11 @@ def _produced_value(producer, folder: Path | None):
     None where it cannot be known here (any other node)."""
     if isinstance(producer, TensorProto):
         return _tensor_bytes(producer, folder)
-    if producer.op_type != "Constant" or producer.domain not in ("", DEFAULT_ALIAS) \
-            or len(producer.attribute) != 1:
+    if (
+        producer.op_type != "Constant"
+        or producer.domain not in ("", DEFAULT_ALIAS)
+        or len(producer.attribute) != 1
+    ):
         return None
     attr = producer.attribute[0]
     if attr.ref_attr_name:
@@ -353,14 +416,17 @@ def _duplicate(first, second, folder: Path | None, label: str) -> str:
     if _is_constant(first) and _is_constant(second):
         if a is not None and a == b:
             return "both hold the same value: one kept"
-        return ("they hold different values: the last one kept, the value ONNX Runtime uses "
-                "(other runtimes may take the first)")
+        return (
+            "they hold different values: the last one kept, the value ONNX Runtime uses "
+            "(other runtimes may take the first)"
+        )
     raise ModelProblem(label)
 
 
 def _is_constant(producer) -> bool:
     return isinstance(producer, TensorProto) or (
-        producer.op_type == "Constant" and producer.domain in ("", DEFAULT_ALIAS))
+        producer.op_type == "Constant" and producer.domain in ("", DEFAULT_ALIAS)
+    )
 
 
 class _Checker:
@@ -376,17 +442,26 @@ class _Checker:
         if domain in self.domains:
             return
         if domain == "":
-            raise ModelProblem(f"{what}: {label}: the model imports no version of the default "
-                               "ONNX domain (opset_import); ONNX Runtime refuses it too")
+            raise ModelProblem(
+                f"{what}: {label}: the model imports no version of the default "
+                "ONNX domain (opset_import); ONNX Runtime refuses it too"
+            )
         if domain not in self.known:
-            raise ModelProblem(f"{what}: {label}: domain {node_domain!r} is not imported by the "
-                               "model (opset_import)")
+            raise ModelProblem(
+                f"{what}: {label}: domain {node_domain!r} is not imported by the "
+                "model (opset_import)"
+            )
         version = self.known[domain]
         self.domains.add(domain)
-        self.repairs.append(Repair(
-            "import", f"domain {domain!r} is used by {label} but not imported: imported at "
-                      f"version {version}, as ONNX Runtime assumes", domain=domain,
-            version=version))
+        self.repairs.append(
+            Repair(
+                "import",
+                f"domain {domain!r} is used by {label} but not imported: imported at "
+                f"version {version}, as ONNX Runtime assumes",
+                domain=domain,
+                version=version,
+            )
+        )
 
     def drop_node(self, graph: int, index: int, line: str) -> None:
         self.repairs.append(Repair("drop_node", line, graph=graph, index=index))
@@ -407,15 +482,22 @@ class _Checker:
             if tensor.name in initializers:
                 earlier = initializers[tensor.name]
                 how = _duplicate(earlier, tensor, self.folder, "")
-                self.repairs.append(Repair(
-                    "drop_initializer", f"{what}: two initializers are named {tensor.name!r}; "
-                    f"{how}", graph=number, index=init_index[tensor.name]))
+                self.repairs.append(
+                    Repair(
+                        "drop_initializer",
+                        f"{what}: two initializers are named {tensor.name!r}; {how}",
+                        graph=number,
+                        index=init_index[tensor.name],
+                    )
+                )
             initializers[tensor.name] = tensor
             init_index[tensor.name] = index
         given = inputs | set(initializers)
-        ranks = {v.name: len(v.type.tensor_type.shape.dim)
-                 for v in (*graph.input, *graph.value_info, *graph.output)
-                 if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+        ranks = {
+            v.name: len(v.type.tensor_type.shape.dim)
+            for v in (*graph.input, *graph.value_info, *graph.output)
+            if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
+        }
         ranks.update({t.name: len(t.dims) for t in graph.initializer})
         label = lambda i: _label(graph.node[i], i)  # noqa: E731 - messages only
         producer: dict[str, int] = {}
@@ -429,34 +511,58 @@ class _Checker:
                     continue
                 if name in producer:
                     earlier = producer[name]
-                    how = _duplicate(graph.node[earlier], node, self.folder,
-                                     f"{what}: value {name!r} is produced twice, by "
-                                     f"{label(earlier)} and {label(index)}")
-                    self.drop_node(number, earlier, f"{what}: value {name!r} is produced by "
-                                   f"{label(earlier)} and again by {label(index)}; {how}")
+                    how = _duplicate(
+                        graph.node[earlier],
+                        node,
+                        self.folder,
+                        f"{what}: value {name!r} is produced twice, by "
+                        f"{label(earlier)} and {label(index)}",
+                    )
+                    self.drop_node(
+                        number,
+                        earlier,
+                        f"{what}: value {name!r} is produced by "
+                        f"{label(earlier)} and again by {label(index)}; {how}",
+                    )
                     dropped.add(earlier)
                 elif name in given:
                     if name in inputs or name not in initializers:
-                        raise ModelProblem(f"{what}: value {name!r} is a graph input or "
-                                           f"initializer and also produced by {label(index)}")
-                    how = _duplicate(initializers[name], node, self.folder,
-                                     f"{what}: value {name!r} is an initializer and also "
-                                     f"produced by {label(index)}")
-                    self.repairs.append(Repair(
-                        "drop_initializer", f"{what}: value {name!r} is an initializer and "
-                        f"also produced by {label(index)}; {how}", graph=number,
-                        index=init_index[name]))
+                        raise ModelProblem(
+                            f"{what}: value {name!r} is a graph input or "
+                            f"initializer and also produced by {label(index)}"
+                        )
+                    how = _duplicate(
+                        initializers[name],
+                        node,
+                        self.folder,
+                        f"{what}: value {name!r} is an initializer and also "
+                        f"produced by {label(index)}",
+                    )
+                    self.repairs.append(
+                        Repair(
+                            "drop_initializer",
+                            f"{what}: value {name!r} is an initializer and "
+                            f"also produced by {label(index)}; {how}",
+                            graph=number,
+                            index=init_index[name],
+                        )
+                    )
                     given = given - {name}
                 producer[name] = index
             subgraphs = []
             if node.attribute:
                 for attr in node.attribute:
-                    if (attr.type == AttributeProto.TENSOR
-                            and not external_data_helper.uses_external_data(attr.t)):
+                    if (
+                        attr.type == AttributeProto.TENSOR
+                        and not external_data_helper.uses_external_data(attr.t)
+                    ):
                         _check_inline(attr.t)
                 subgraphs = list(_subgraphs(node))
-                if (domain, node.op_type) in _EPSILON or (domain, node.op_type) in _AXIS \
-                        or domain == _ONNXNORM:
+                if (
+                    (domain, node.op_type) in _EPSILON
+                    or (domain, node.op_type) in _AXIS
+                    or domain == _ONNXNORM
+                ):
                     _check_attributes(node, domain, label(index), ranks)
             elif domain == _ONNXNORM:
                 _check_attributes(node, domain, label(index), ranks)
@@ -471,13 +577,17 @@ class _Checker:
                 reads += sorted(_free_names(sub))
             for name in reads:
                 if name not in visible:
-                    raise ModelProblem(f"{what}: {label(index)} reads {name!r}, which no node, "
-                                       "graph input or initializer provides")
+                    raise ModelProblem(
+                        f"{what}: {label(index)} reads {name!r}, which no node, "
+                        "graph input or initializer provides"
+                    )
             depends.append({producer[name] for name in reads if name in producer})
         for value in graph.output:
             if value.name not in visible:
-                raise ModelProblem(f"{what}: output {value.name!r} is produced by no node, graph "
-                                   "input or initializer")
+                raise ModelProblem(
+                    f"{what}: output {value.name!r} is produced by no node, graph "
+                    "input or initializer"
+                )
         _check_acyclic(graph, depends, what)
 
 
@@ -504,12 +614,13 @@ def _check_acyclic(graph: onnx.GraphProto, depends: list[set[int]], what: str) -
         while index not in seen:
             seen.append(index)
             index = next(d for d in depends[index] if waiting[d])
-        cycle = seen[seen.index(index):][::-1]  # in the direction values flow
+        cycle = seen[seen.index(index) :][::-1]  # in the direction values flow
         first = cycle.index(min(cycle))
         cycle = cycle[first:] + cycle[:first]  # from the node that comes first in the file
         path = " -> ".join(_label(graph.node[i], i) for i in cycle[:4])
-        raise ModelProblem(f"{what}: the nodes form a cycle: {path}"
-                           + (" -> ..." if len(cycle) > 4 else ""))
+        raise ModelProblem(
+            f"{what}: the nodes form a cycle: {path}" + (" -> ..." if len(cycle) > 4 else "")
+        )
 
 
 def _imports(opsets) -> tuple[set[str], list[Repair]]:
@@ -519,10 +630,13 @@ def _imports(opsets) -> tuple[set[str], list[Repair]]:
     if DEFAULT_ALIAS in names:
         versions = {o.version for o in opsets if o.domain in ("", DEFAULT_ALIAS)}
         if len(versions) > 1:
-            raise ModelProblem(f"the model imports the default domain twice, at versions "
-                               f"{sorted(versions)} (as '' and as {DEFAULT_ALIAS!r})")
-        repairs.append(Repair("alias", f"the default domain is imported as {DEFAULT_ALIAS!r}: "
-                                       "read as ''"))
+            raise ModelProblem(
+                f"the model imports the default domain twice, at versions "
+                f"{sorted(versions)} (as '' and as {DEFAULT_ALIAS!r})"
+            )
+        repairs.append(
+            Repair("alias", f"the default domain is imported as {DEFAULT_ALIAS!r}: read as ''")
+        )
     return {"" if name == DEFAULT_ALIAS else name for name in names}, repairs
 
 
@@ -542,13 +656,16 @@ def check_model(model: onnx.ModelProto, folder: str | os.PathLike | None = None)
         inner = _Checker(imported, checker.folder, checker.known)
         inner.graph(body, set(), f"function {function.domain}::{function.name}")
         if inner.repairs:
-            raise ModelProblem(f"function {function.domain}::{function.name}: "
-                               f"{inner.repairs[0].line}, inside a function body")
+            raise ModelProblem(
+                f"function {function.domain}::{function.name}: "
+                f"{inner.repairs[0].line}, inside a function body"
+            )
     return repairs + checker.repairs
 
 
-def apply_repairs(model: onnx.ModelProto, repairs: list[Repair], main_initializers: bool = True
-                  ) -> None:
+def apply_repairs(
+    model: onnx.ModelProto, repairs: list[Repair], main_initializers: bool = True
+) -> None:
     """Applies :func:`check_model`'s repairs to ``model`` in place: the model they were found
     in, or a copy with the same graphs. ``main_initializers`` False: the copy has none in its
     main graph (``_io._shell``), where the caller leaves out the dropped ones itself

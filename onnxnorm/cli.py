@@ -31,7 +31,9 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with the full arguments of ``command`` only: the other commands are listed
     by name and help, so that ``onnxnorm fuse`` never imports torch."""
     top = argparse.ArgumentParser(
-        prog="onnxnorm", description="Normalization layers of LLMs as fused ONNX / ONNX Runtime ops.")
+        prog="onnxnorm",
+        description="Normalization layers of LLMs as fused ONNX / ONNX Runtime ops.",
+    )
     top.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     commands = top.add_subparsers(dest="command", required=True)
     for name, (module, text) in COMMANDS.items():
@@ -60,8 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # a bug, not bad input: say so in one line unless --debug
         if args.debug:
             raise
-        print(f"onnxnorm: internal error: {type(error).__name__}: {error} "
-              "(rerun with --debug for the traceback)", file=sys.stderr)
+        print(
+            f"onnxnorm: internal error: {type(error).__name__}: {error} "
+            "(rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -25,9 +25,16 @@ import onnxnorm
 from onnxnorm.errors import OnnxNormError
 
 _LIBRARY_NAMES = {
-    "cpu": {"linux": "libonnxnorm_ops.so", "darwin": "libonnxnorm_ops.dylib", "win32": "onnxnorm_ops.dll"},
-    "cuda": {"linux": "libonnxnorm_cuda_ops.so", "darwin": "libonnxnorm_cuda_ops.dylib",
-             "win32": "onnxnorm_cuda_ops.dll"},
+    "cpu": {
+        "linux": "libonnxnorm_ops.so",
+        "darwin": "libonnxnorm_ops.dylib",
+        "win32": "onnxnorm_ops.dll",
+    },
+    "cuda": {
+        "linux": "libonnxnorm_cuda_ops.so",
+        "darwin": "libonnxnorm_cuda_ops.dylib",
+        "win32": "onnxnorm_cuda_ops.dll",
+    },
 }
 #: names the (CPU) library file explicitly, a build of your own say; the CUDA library is the one
 #: next to it
@@ -77,11 +84,15 @@ def library_path(kind: str = "cpu") -> Path:
             return candidate
     looked = ", ".join(str(c) for c in candidates)
     if kind == "cuda":
-        raise OnnxNormError(f"the onnxnorm CUDA library is not built (looked for {looked}); it is "
-                            "built next to the CPU library when nvcc is found (ONNXNORM_CUDA=AUTO|ON)")
-    raise OnnxNormError(f"the onnxnorm native library is not built (looked for {looked}); "
-                        "install the package with `make install` or `pip install .`, or set "
-                        f"{ENV_LIBRARY}")
+        raise OnnxNormError(
+            f"the onnxnorm CUDA library is not built (looked for {looked}); it is "
+            "built next to the CPU library when nvcc is found (ONNXNORM_CUDA=AUTO|ON)"
+        )
+    raise OnnxNormError(
+        f"the onnxnorm native library is not built (looked for {looked}); "
+        "install the package with `make install` or `pip install .`, or set "
+        f"{ENV_LIBRARY}"
+    )
 
 
 def build_info() -> dict[str, Any]:
@@ -112,7 +123,8 @@ def check_compatible(runtime_version: str | None = None) -> None:
             f"onnxruntime {runtime_version} provides C API version "
             f"{runtime_api_version(runtime_version)}, older than the API version {built} "
             f"(ONNX Runtime 1.{built} headers) that the onnxnorm library was built against: "
-            f"upgrade onnxruntime to >= 1.{built} or rebuild onnxnorm against older headers")
+            f"upgrade onnxruntime to >= 1.{built} or rebuild onnxnorm against older headers"
+        )
 
 
 def register(options: Any = None) -> Any:
@@ -129,9 +141,14 @@ def register(options: Any = None) -> Any:
     return options
 
 
-def session(model: str | os.PathLike | bytes | onnx.ModelProto, options: Any = None,
-            providers: Sequence[Any] | None = None, *, with_library: bool = True,
-            **kwargs: Any) -> Any:
+def session(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+    options: Any = None,
+    providers: Sequence[Any] | None = None,
+    *,
+    with_library: bool = True,
+    **kwargs: Any,
+) -> Any:
     """Opens an ``onnxruntime.InferenceSession`` on ``model`` (a path, bytes or a ModelProto)
     with the onnxnorm library registered (``with_library=False`` opens a plain session, where
     onnxnorm nodes run their function bodies). Providers default to the CPU;
@@ -147,9 +164,9 @@ def session(model: str | os.PathLike | bytes | onnx.ModelProto, options: Any = N
     elif not isinstance(model, bytes):
         model = os.fspath(model)
         _check_external_data(model)
-    return onnxruntime.InferenceSession(model, options,
-                                        providers=list(providers or ["CPUExecutionProvider"]),
-                                        **kwargs)
+    return onnxruntime.InferenceSession(
+        model, options, providers=list(providers or ["CPUExecutionProvider"]), **kwargs
+    )
 
 
 def _check_external_data(path: str) -> None:
@@ -171,9 +188,13 @@ def _check_external_data(path: str) -> None:
         raise OnnxNormError(f"{path}: {problem}") from None
 
 
-def executed_ops(model: str | os.PathLike | bytes | onnx.ModelProto, feeds: dict[str, Any], *,
-                 with_library: bool = True, providers: Sequence[Any] | None = None
-                 ) -> "collections.Counter[str]":
+def executed_ops(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+    feeds: dict[str, Any],
+    *,
+    with_library: bool = True,
+    providers: Sequence[Any] | None = None,
+) -> "collections.Counter[str]":
     """Runs ``model`` once on ``feeds`` with ORT's profiler on and counts the op types of the
     kernels that actually ran: shows whether an onnxnorm node ran the library's kernel
     (op ``RMSNorm``) or its inlined function body (the body's standard ops)."""
@@ -191,8 +212,10 @@ def executed_ops(model: str | os.PathLike | bytes | onnx.ModelProto, feeds: dict
         with open(sess.end_profiling()) as f:
             events = json.load(f)
     return collections.Counter(
-        event["args"]["op_name"] for event in events
-        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"))
+        event["args"]["op_name"]
+        for event in events
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time")
+    )
 
 
 def cuda_available() -> bool:

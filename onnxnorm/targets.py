@@ -25,5 +25,7 @@ def check(target: object, what: str = "target") -> str:
 
 def help_text() -> str:
     """The targets and what they hold, in one line for a command-line option's help."""
-    return "; ".join(f"{name}: {text}" + (" (default)" if name == DEFAULT else "")
-                     for name, text in TARGETS.items())
+    return "; ".join(
+        f"{name}: {text}" + (" (default)" if name == DEFAULT else "")
+        for name, text in TARGETS.items()
+    )

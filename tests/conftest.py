@@ -20,14 +20,28 @@ def rng():
 # at the end instead of one long file running alone last (make test passes
 # --no-loadscope-reorder, which keeps this order instead of sorting files by their number of
 # tests, which put the one-test sanitizer file last).
-_LONG_FILES = ("test_install.py", "test_sanitize.py", "test_cuda.py", "test_fusion_corpus.py",
-               "test_pipelines.py", "test_bench_e2e.py", "test_optimum.py", "test_concurrency.py",
-               "test_encoders.py", "test_large_files.py", "test_olive.py", "test_external_data.py",
-               "test_conformance.py", "test_wild_models.py", "test_fusion_spellings.py")
+_LONG_FILES = (
+    "test_install.py",
+    "test_sanitize.py",
+    "test_cuda.py",
+    "test_fusion_corpus.py",
+    "test_pipelines.py",
+    "test_bench_e2e.py",
+    "test_optimum.py",
+    "test_concurrency.py",
+    "test_encoders.py",
+    "test_large_files.py",
+    "test_olive.py",
+    "test_external_data.py",
+    "test_conformance.py",
+    "test_wild_models.py",
+    "test_fusion_spellings.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
     def rank(item):
         name = item.path.name
         return _LONG_FILES.index(name) if name in _LONG_FILES else len(_LONG_FILES)
+
     items.sort(key=rank)  # stable: the order within a file is kept

@@ -67,13 +67,19 @@ class Case:
     with_sum: bool = True
 
     def label(self) -> str:
-        extra = "".join([f" axis={self.axis}" if self.axis != -1 else "",
-                         f" w{list(self.weight_shape)}" if self.weight_shape else "",
-                         " unaligned" if self.unaligned else "",
-                         f" {self.kind}" if self.kind != "random" else "",
-                         "" if self.with_sum else " no-Sum"])
-        return (f"{self.op} {self.dtype}/{self.weight_dtype} {list(self.shape)} "
-                f"[{','.join(self.present) or '-'}] {self.attrs}{extra}")
+        extra = "".join(
+            [
+                f" axis={self.axis}" if self.axis != -1 else "",
+                f" w{list(self.weight_shape)}" if self.weight_shape else "",
+                " unaligned" if self.unaligned else "",
+                f" {self.kind}" if self.kind != "random" else "",
+                "" if self.with_sum else " no-Sum",
+            ]
+        )
+        return (
+            f"{self.op} {self.dtype}/{self.weight_dtype} {list(self.shape)} "
+            f"[{','.join(self.present) or '-'}] {self.attrs}{extra}"
+        )
 
 
 def _optional_sets(spec: catalogue.OpSpec, quick: bool) -> list[tuple[str, ...]]:
@@ -94,8 +100,17 @@ def _optional_sets(spec: catalogue.OpSpec, quick: bool) -> list[tuple[str, ...]]
 def cases(quick: bool = False) -> list[Case]:
     """The correctness matrix."""
     out: list[Case] = []
-    widths = [(5, 64), (7, 128), (3, 256), (4, 768), (3, 1000), (3, 1001), (2, 4096), (2, 8192),
-              (2, 16384)]
+    widths = [
+        (5, 64),
+        (7, 128),
+        (3, 256),
+        (4, 768),
+        (3, 1000),
+        (3, 1001),
+        (2, 4096),
+        (2, 8192),
+        (2, 16384),
+    ]
     if not quick:
         widths += [(9, 32), (3, 2048), (1, 24576), (1, 40000), (2, 1, 4, 8)]
     type_name = _native.elem_type_name
@@ -112,8 +127,9 @@ def cases(quick: bool = False) -> list[Case]:
             if skip:
                 attrs["alpha"] = 0.5 if order else 1.0
             for shape in widths:
-                present_sets = _optional_sets(spec, quick) if shape[-1] <= 1000 else [
-                    spec.optional_inputs]
+                present_sets = (
+                    _optional_sets(spec, quick) if shape[-1] <= 1000 else [spec.optional_inputs]
+                )
                 for present in present_sets:
                     out.append(Case(op, dt, wt, shape, present, dict(attrs)))
             all_in = spec.optional_inputs
@@ -134,6 +150,7 @@ def cases(quick: bool = False) -> list[Case]:
 @dataclasses.dataclass
 class QuantCase:
     """A quantized op's call (the inputs of its float op as Case makes them)."""
+
     op: str
     dtype: str
     weight_dtype: str
@@ -146,11 +163,19 @@ class QuantCase:
     kind: str = "random"  # "random" | "nan" | "directed" (Y chosen: see _directed_values)
 
     def label(self) -> str:
-        outputs = [n for n, on in (("Sum", self.with_sum and catalogue.get(self.op).has_residual),
-                                   ("Y_float", self.with_y_float)) if on]
-        return (f"{self.op} {self.dtype}/{self.weight_dtype}->{self.q_dtype} {list(self.shape)}"
-                f"{' zp' if self.zero_point else ''} out[{','.join(outputs) or '-'}]"
-                f"{' unaligned' if self.unaligned else ''}{'' if self.kind == 'random' else ' ' + self.kind}")
+        outputs = [
+            n
+            for n, on in (
+                ("Sum", self.with_sum and catalogue.get(self.op).has_residual),
+                ("Y_float", self.with_y_float),
+            )
+            if on
+        ]
+        return (
+            f"{self.op} {self.dtype}/{self.weight_dtype}->{self.q_dtype} {list(self.shape)}"
+            f"{' zp' if self.zero_point else ''} out[{','.join(outputs) or '-'}]"
+            f"{' unaligned' if self.unaligned else ''}{'' if self.kind == 'random' else ' ' + self.kind}"
+        )
 
 
 def quant_cases(quick: bool = False) -> list[QuantCase]:
@@ -168,14 +193,16 @@ def quant_cases(quick: bool = False) -> list[QuantCase]:
         dynamic = spec.quantize == "dynamic"
         quant_types = [type_name(t) for t in spec.quant_types]
         for (dt, wt), qt in itertools.product(type_pairs, quant_types):
-            for zp in ((False,) if dynamic else (False, True)):
+            for zp in (False,) if dynamic else (False, True):
                 for i, shape in enumerate(widths):
-                    for with_sum, with_y_float in (outputs if i == 0 else outputs[:1]):
+                    for with_sum, with_y_float in outputs if i == 0 else outputs[:1]:
                         out.append(QuantCase(op, dt, wt, qt, shape, zp, with_sum, with_y_float))
                 out.append(QuantCase(op, dt, wt, qt, (3, 512), zp, True, True, unaligned=True))
                 out.append(QuantCase(op, dt, wt, qt, (2, 31), zp, True, True, kind="nan"))
                 for width in (64, 1001):
-                    out.append(QuantCase(op, dt, wt, qt, (3, width), zp, True, True, kind="directed"))
+                    out.append(
+                        QuantCase(op, dt, wt, qt, (3, width), zp, True, True, kind="directed")
+                    )
     return out
 
 
@@ -183,8 +210,9 @@ _NP_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes
 F8 = reference.FLOAT8_E4M3FN
 
 
-def _directed_values(dtype: str, scale: float, lo: float, hi: float, count: int,
-                     rng: np.random.Generator) -> np.ndarray:
+def _directed_values(
+    dtype: str, scale: float, lo: float, hi: float, count: int, rng: np.random.Generator
+) -> np.ndarray:
     """count values of dtype in [lo, hi] whose quantization by ``scale`` tells a correct quantizer
     from a near miss: v / scale a tie (x.5: round half to even), or within a rounding of one
     (v * (1 / scale), which differs from the division, rounds to another whole number)."""
@@ -202,7 +230,7 @@ def _directed_values(dtype: str, scale: float, lo: float, hi: float, count: int,
         near = f * (np.float32(1) / s)
     ties = pool[(exact - np.floor(exact)) == 0.5]
     misses = pool[np.rint(exact) != np.rint(near)]
-    chosen = np.concatenate([ties[:count // 2], misses[:count - min(len(ties), count // 2)]])
+    chosen = np.concatenate([ties[: count // 2], misses[: count - min(len(ties), count // 2)]])
     return np.resize(chosen, count).astype(t) if chosen.size else np.zeros(count, t)
 
 
@@ -219,8 +247,9 @@ _F8_FINITE = np.unique(_F8_FINITE[np.isfinite(_F8_FINITE)])
 _F8_TIES = (_F8_FINITE[:-1] + _F8_FINITE[1:]) / np.float32(2)  # (exact: 4 significant bits)
 
 
-def _directed_float8_values(dtype: str, scale: float, count: int,
-                            rng: np.random.Generator) -> np.ndarray:
+def _directed_float8_values(
+    dtype: str, scale: float, count: int, rng: np.random.Generator
+) -> np.ndarray:
     """count values of dtype whose float8 quantization by ``scale`` tells a correct quantizer from
     a near miss: v / scale a tie between two float8 values (round half to even, subnormals
     included), beyond 448 (saturation), or where v * (1 / scale) converts otherwise."""
@@ -243,8 +272,11 @@ def _directed_float8_values(dtype: str, scale: float, count: int,
     misses = pool[_float8_bits(exact) != _float8_bits(near)]
     beyond = pool[np.abs(exact) > np.float32(catalogue.FLOAT8_E4M3FN_MAX)]
     inside = pool[np.abs(exact) <= np.float32(catalogue.FLOAT8_E4M3FN_MAX)]
-    parts = [rng.permutation(ties)[:count // 2], rng.permutation(misses)[:count // 4],
-             rng.permutation(beyond)[:max(2, count // 16)]]
+    parts = [
+        rng.permutation(ties)[: count // 2],
+        rng.permutation(misses)[: count // 4],
+        rng.permutation(beyond)[: max(2, count // 16)],
+    ]
     rest = count - sum(len(p) for p in parts)  # and values of the range's every binade
     parts.append(rng.choice(inside, rest) if inside.size else np.zeros(rest, pool.dtype))
     return rng.permutation(np.concatenate(parts)).astype(t)
@@ -294,8 +326,9 @@ def run_case(kernels: _native.Kernels, case: Case, seed: int = 0) -> tuple[bool,
     spec = catalogue.get(case.op)
     arrays = _make_inputs(case, rng)
     attrs = dict(case.attrs)
-    want = reference.run(case.op, *[arrays.get(p.name) for p in spec.inputs], axis=case.axis,
-                         **attrs)
+    want = reference.run(
+        case.op, *[arrays.get(p.name) for p in spec.inputs], axis=case.axis, **attrs
+    )
     dev = {k: _to_device(v, case.unaligned and k in ("X", "Residual")) for k, v in arrays.items()}
     x = dev["X"]
     y = torch.empty_like(x)
@@ -314,13 +347,16 @@ def run_case(kernels: _native.Kernels, case: Case, seed: int = 0) -> tuple[bool,
         w32 = w.astype(np.float32)
         if case.kind == "large-mean":
             rtol, atol = 1e-4, 1e-4  # float32 inputs of mean 1e4 carry 1e-3 absolute noise
-        if not np.allclose(g32, w32, rtol=rtol, atol=atol, equal_nan=True) or \
-                not np.array_equal(np.isnan(g32), np.isnan(w32)):
+        if not np.allclose(g32, w32, rtol=rtol, atol=atol, equal_nan=True) or not np.array_equal(
+            np.isnan(g32), np.isnan(w32)
+        ):
             bad = ~np.isclose(g32, w32, rtol=rtol, atol=atol, equal_nan=True)
             idx = np.argwhere(bad)[:3].tolist()
             err = np.nanmax(np.abs(g32 - w32)) if g32.size else 0
-            return False, (f"FAIL {case.label()} [{name}] {label}: max abs err {err:.3g} "
-                           f"(rtol {rtol}, atol {atol}); first bad {idx}")
+            return False, (
+                f"FAIL {case.label()} [{name}] {label}: max abs err {err:.3g} "
+                f"(rtol {rtol}, atol {atol}); first bad {idx}"
+            )
     return True, f"ok   {case.label()} [{name}]"
 
 
@@ -337,8 +373,16 @@ def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> 
     base = catalogue.get(spec.base)
     dynamic = spec.quantize == "dynamic"
     weights = tuple(n for n in base.optional_inputs)
-    float_case = Case(spec.base, case.dtype, case.weight_dtype, case.shape, weights, {},
-                      kind=case.kind, unaligned=case.unaligned)
+    float_case = Case(
+        spec.base,
+        case.dtype,
+        case.weight_dtype,
+        case.shape,
+        weights,
+        {},
+        kind=case.kind,
+        unaligned=case.unaligned,
+    )
     arrays = _make_inputs(float_case, rng)
     scale = None
     if case.kind == "directed":
@@ -360,8 +404,9 @@ def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> 
             if case.q_dtype == "float8e4m3fn":
                 values = _directed_float8_values(case.dtype, float(scale), cols, rng)
             else:
-                values = _directed_values(case.dtype, float(scale), -40 * float(scale),
-                                          40 * float(scale), cols, rng)
+                values = _directed_values(
+                    case.dtype, float(scale), -40 * float(scale), 40 * float(scale), cols, rng
+                )
             values[:5] = [np.nan, np.inf, -np.inf, 1e4 * float(scale), -1e4 * float(scale)]
         arrays["Scale"] = np.zeros(cols, w)
         arrays["Bias"] = values.astype(w)
@@ -395,8 +440,9 @@ def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> 
     if dynamic:
         out_scale = torch.empty((), dtype=torch.float32, device="cuda")
         out_zp = torch.empty((), dtype=torch.uint8, device="cuda")
-        scratch = torch.empty(max(1, kernels.quant_scratch_bytes(args) // 4), dtype=torch.float32,
-                              device="cuda")
+        scratch = torch.empty(
+            max(1, kernels.quant_scratch_bytes(args) // 4), dtype=torch.float32, device="cuda"
+        )
         quant.y_scale, quant.y_zero_point = out_scale.data_ptr(), out_zp.data_ptr()
         quant.scratch = scratch.data_ptr()
     else:
@@ -424,8 +470,10 @@ def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> 
         want_q, want_scale, want_zp = reference.dynamic_quantize_linear(want_y)
         got_scale, got_zp = _native.to_numpy(out_scale), _native.to_numpy(out_zp)
         if got_scale.tobytes() != want_scale.tobytes() or got_zp.tobytes() != want_zp.tobytes():
-            return False, (f"FAIL {label}: scale, zero point {got_scale}, {got_zp}; "
-                           f"the reference's {want_scale}, {want_zp}")
+            return False, (
+                f"FAIL {label}: scale, zero point {got_scale}, {got_zp}; "
+                f"the reference's {want_scale}, {want_zp}"
+            )
     else:
         zp = zero_point if case.zero_point else np.zeros((), npq)
         want_q = reference.quantize_linear(want_y, scale, zp)
@@ -436,17 +484,24 @@ def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> 
     else:
         differs = got_q != want_q
     if differs.any():
-        return False, (f"FAIL {label}: {int(differs.sum())} quantized values differ from the "
-                       f"reference's; first at {np.argwhere(differs)[0].tolist()}")
+        return False, (
+            f"FAIL {label}: {int(differs.sum())} quantized values differ from the "
+            f"reference's; first at {np.argwhere(differs)[0].tolist()}"
+        )
     return True, f"ok   {label}"
 
 
-def check(kernels: _native.Kernels, quick: bool = False, verbose: bool = False,
-          ops: Sequence[str] | None = None) -> list[str]:
+def check(
+    kernels: _native.Kernels,
+    quick: bool = False,
+    verbose: bool = False,
+    ops: Sequence[str] | None = None,
+) -> list[str]:
     """Runs the correctness matrix; returns the failure messages (empty: all passed)."""
     failures = []
-    selected: list[Case | QuantCase] = [c for c in [*cases(quick), *quant_cases(quick)]
-                                        if ops is None or c.op in ops]
+    selected: list[Case | QuantCase] = [
+        c for c in [*cases(quick), *quant_cases(quick)] if ops is None or c.op in ops
+    ]
     for i, case in enumerate(selected):
         try:
             run = run_quant_case if isinstance(case, QuantCase) else run_case
@@ -476,7 +531,11 @@ def check_bad_arguments(kernels: _native.Kernels) -> list[str]:
         ("RMSNorm", dict(cols=0), "no elements"),
         ("RMSNorm", dict(x_type=7), "float32, float16 or bfloat16"),
         ("RMSNorm", dict(op=99), "unknown op"),
-        ("LayerNorm", dict(x_type=1, weight_type=2, scale=x.data_ptr()), "X's type float16 or float32"),
+        (
+            "LayerNorm",
+            dict(x_type=1, weight_type=2, scale=x.data_ptr()),
+            "X's type float16 or float32",
+        ),
         ("RMSNorm", dict(scale=x.data_ptr(), scale_rows=0), "Scale rows"),
     ]
     for op, change, expect in bad:
@@ -507,16 +566,36 @@ def check_quantized_edges(kernels: _native.Kernels) -> list[str]:
         ("RMSNormQuantizeLinear", None, "onnxnorm_cuda_launch_quantized"),
         ("RMSNorm", dict(y_scale=scale.data_ptr()), "not a quantized op"),
         ("RMSNormQuantizeLinear", dict(), "Y_scale is required"),
-        ("RMSNormQuantizeLinear", dict(y_scale=scale.data_ptr(), q_type=2),
-         "the quantized type must be uint8, int8 or float8e4m3fn, got type code 2"),
-        ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr(),
-                                              scratch=scale.data_ptr(),
-                                              q_type=_native.QUANT_ELEM_TYPES["float8e4m3fn"]),
-         "the quantized type must be uint8, got type code 5"),
-        ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr()),
-         "scratch"),
-        ("RMSNormDynamicQuantizeLinear", dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr(),
-                                              scratch=scale.data_ptr(), q_type=4), "uint8"),
+        (
+            "RMSNormQuantizeLinear",
+            dict(y_scale=scale.data_ptr(), q_type=2),
+            "the quantized type must be uint8, int8 or float8e4m3fn, got type code 2",
+        ),
+        (
+            "RMSNormDynamicQuantizeLinear",
+            dict(
+                y_scale=scale.data_ptr(),
+                y_zero_point=q.data_ptr(),
+                scratch=scale.data_ptr(),
+                q_type=_native.QUANT_ELEM_TYPES["float8e4m3fn"],
+            ),
+            "the quantized type must be uint8, got type code 5",
+        ),
+        (
+            "RMSNormDynamicQuantizeLinear",
+            dict(y_scale=scale.data_ptr(), y_zero_point=q.data_ptr()),
+            "scratch",
+        ),
+        (
+            "RMSNormDynamicQuantizeLinear",
+            dict(
+                y_scale=scale.data_ptr(),
+                y_zero_point=q.data_ptr(),
+                scratch=scale.data_ptr(),
+                q_type=4,
+            ),
+            "uint8",
+        ),
     ]
     for op, change, expect in bad:
         args = kernels.args(op, {"X": x}, x)
@@ -538,9 +617,14 @@ def check_quantized_edges(kernels: _native.Kernels) -> list[str]:
     args.y = None
     if kernels.quant_scratch_bytes(args) != 0:
         problems.append("an empty call asks for scratch")
-    kernels.launch_quantized(args, _native.CudaQuantArgs(q_type=_native.QUANT_ELEM_TYPES["uint8"],
-                                                      y_scale=out_scale.data_ptr(),
-                                                      y_zero_point=out_zp.data_ptr()))
+    kernels.launch_quantized(
+        args,
+        _native.CudaQuantArgs(
+            q_type=_native.QUANT_ELEM_TYPES["uint8"],
+            y_scale=out_scale.data_ptr(),
+            y_zero_point=out_zp.data_ptr(),
+        ),
+    )
     torch.cuda.synchronize()
     if (float(out_scale.cpu()), int(out_zp.cpu())) != (1.0, 0):
         problems.append(f"empty dynamic call: scale {out_scale}, zero point {out_zp}")
@@ -564,10 +648,21 @@ def build_emulation(folder: str | os.PathLike) -> Path:
     if cxx is None:
         raise RuntimeError("no host C++ compiler")
     out = Path(folder) / "libonnxnorm_cuda_ops.so"
-    command = [cxx, "-std=c++17", "-O0", "-shared", "-fPIC",
-               f"-I{CUDA_DIR / 'emulation'}", f"-I{CUDA_DIR}", f"-I{ROOT / 'custom_ops' / 'include'}",
-               "-DONNXNORM_CUDA_ARCHS=host-emulation", str(CUDA_DIR / "emulation" / "host_emulation.cc"),
-               "-x", "c++", str(CUDA_DIR / "launch.cu")]
+    command = [
+        cxx,
+        "-std=c++17",
+        "-O0",
+        "-shared",
+        "-fPIC",
+        f"-I{CUDA_DIR / 'emulation'}",
+        f"-I{CUDA_DIR}",
+        f"-I{ROOT / 'custom_ops' / 'include'}",
+        "-DONNXNORM_CUDA_ARCHS=host-emulation",
+        str(CUDA_DIR / "emulation" / "host_emulation.cc"),
+        "-x",
+        "c++",
+        str(CUDA_DIR / "launch.cu"),
+    ]
     # unoptimized: the quick matrix compiles and runs in 34 s at -O0, 41 s at -O1 (27 s of it the
     # compile). One build per content of the sources and the command, kept in build/ (the
     # kernel-logic and glue tests both need it)
@@ -579,8 +674,9 @@ def build_emulation(folder: str | os.PathLike) -> Path:
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_name(f"{out.name}.{os.getpid()}.tmp")
-        build = subprocess.run(command + ["-o", str(partial)], capture_output=True, text=True,
-                               timeout=600)
+        build = subprocess.run(
+            command + ["-o", str(partial)], capture_output=True, text=True, timeout=600
+        )
         if build.returncode != 0:
             raise RuntimeError(f"{' '.join(command)}\n{build.stderr[-4000:]}")
         os.replace(partial, cached)
@@ -602,6 +698,7 @@ def run_on_host() -> None:
         def call(*a, **k):
             k.pop("device", None)
             return f(*a, **k)
+
         return call
 
     torch.empty = no_device(torch.empty)
@@ -611,8 +708,11 @@ def run_on_host() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--emulation", action="store_true",
-                        help="build the host emulation and run on the CPU (no GPU needed)")
+    parser.add_argument(
+        "--emulation",
+        action="store_true",
+        help="build the host emulation and run on the CPU (no GPU needed)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smaller matrix")
     parser.add_argument("--verbose", action="store_true", help="print every case")
     parser.add_argument("--ops", help="comma-separated ops (default: all)")
@@ -635,7 +735,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("cuda_harness: torch sees no CUDA device (use --emulation)", file=sys.stderr)
         return 2
     kernels = _native.Kernels(args.library)
-    print(f"# {kernels.path} ({kernels.build_info()}) on {torch.cuda.get_device_name(0)}", flush=True)
+    print(
+        f"# {kernels.path} ({kernels.build_info()}) on {torch.cuda.get_device_name(0)}", flush=True
+    )
     return _check_all(kernels, args.quick, args.verbose, ops)
 
 
@@ -643,8 +745,9 @@ def _check_all(kernels: _native.Kernels, quick: bool, verbose: bool, ops: list[s
     failures = check(kernels, quick=quick, verbose=verbose, ops=ops)
     problems = check_bad_arguments(kernels) + check_quantized_edges(kernels)
     if kernels.layout() != _native.layout():
-        problems.append(f"NormArgs mirror {_native.layout()} differs from the library's "
-                        f"{kernels.layout()}")
+        problems.append(
+            f"NormArgs mirror {_native.layout()} differs from the library's {kernels.layout()}"
+        )
     for p in problems:
         print("FAIL", p)
     return 1 if failures or problems else 0

@@ -14,19 +14,26 @@ from onnxnorm import ops, runtime
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F8 = np.dtype(ml_dtypes.float8_e4m3fn)
-NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT,
-              np.dtype(np.float16): onnx.TensorProto.FLOAT16,
-              BF16: onnx.TensorProto.BFLOAT16,
-              np.dtype(np.uint8): onnx.TensorProto.UINT8,
-              np.dtype(np.int8): onnx.TensorProto.INT8,
-              F8: onnx.TensorProto.FLOAT8E4M3FN}
+NP_TO_ONNX = {
+    np.dtype(np.float32): onnx.TensorProto.FLOAT,
+    np.dtype(np.float16): onnx.TensorProto.FLOAT16,
+    BF16: onnx.TensorProto.BFLOAT16,
+    np.dtype(np.uint8): onnx.TensorProto.UINT8,
+    np.dtype(np.int8): onnx.TensorProto.INT8,
+    F8: onnx.TensorProto.FLOAT8E4M3FN,
+}
 #: the types ORT's Python API takes and gives only as their bits, with those bits' numpy type
 _AS_BITS = {BF16: np.uint16, F8: np.uint8}
 
 
-def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None = None,
-                      opset: int = 18, functions: bool = True,
-                      optional_outputs: bool = True) -> onnx.ModelProto:
+def single_node_model(
+    op: str,
+    arrays: dict[str, np.ndarray],
+    attrs: dict | None = None,
+    opset: int = 18,
+    functions: bool = True,
+    optional_outputs: bool = True,
+) -> onnx.ModelProto:
     """A model holding one onnxnorm node of ``op``; each present input is a graph input named
     after its parameter (lower case); Sum is an output for ops with a Residual unless
     ``optional_outputs`` is False (a set of names: those optional outputs). bfloat16 outputs are
@@ -39,12 +46,19 @@ def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None
     while inputs and not inputs[-1]:
         inputs.pop()
     quantized = spec.quantize != "none"
-    wanted = [p for p in spec.outputs
-              if not p.optional or optional_outputs is True
-              or (not isinstance(optional_outputs, bool) and p.name in optional_outputs)]
+    wanted = [
+        p
+        for p in spec.outputs
+        if not p.optional
+        or optional_outputs is True
+        or (not isinstance(optional_outputs, bool) and p.name in optional_outputs)
+    ]
     x_type = NP_TO_ONNX[arrays["X"].dtype]
-    q_type = NP_TO_ONNX[arrays["Y_zero_point"].dtype] if "Y_zero_point" in arrays else \
-        onnx.TensorProto.UINT8
+    q_type = (
+        NP_TO_ONNX[arrays["Y_zero_point"].dtype]
+        if "Y_zero_point" in arrays
+        else onnx.TensorProto.UINT8
+    )
     shape = arrays["X"].shape
     cast = x_type == onnx.TensorProto.BFLOAT16
     names, nodes, infos = [], [], []
@@ -57,7 +71,9 @@ def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None
         dims = shape if p.type_var == "T" or p.name == "Y" else []
         if cast and p.type_var == "T":
             names.append(name + "_raw")
-            nodes.append(helper.make_node("Cast", [name + "_raw"], [name], to=onnx.TensorProto.FLOAT))
+            nodes.append(
+                helper.make_node("Cast", [name + "_raw"], [name], to=onnx.TensorProto.FLOAT)
+            )
             elem = onnx.TensorProto.FLOAT
         else:
             names.append(name)
@@ -66,18 +82,34 @@ def single_node_model(op: str, arrays: dict[str, np.ndarray], attrs: dict | None
         names.pop()
     nodes.insert(0, helper.make_node(op, inputs, names, domain=ops.DOMAIN, **(attrs or {})))
     graph = helper.make_graph(
-        nodes, op,
-        [helper.make_tensor_value_info(p.name.lower(), NP_TO_ONNX[arrays[p.name].dtype],
-                                       arrays[p.name].shape)
-         for p in spec.inputs if p.name in arrays],
-        infos)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
-                                                    helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+        nodes,
+        op,
+        [
+            helper.make_tensor_value_info(
+                p.name.lower(), NP_TO_ONNX[arrays[p.name].dtype], arrays[p.name].shape
+            )
+            for p in spec.inputs
+            if p.name in arrays
+        ],
+        infos,
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", opset),
+            helper.make_opsetid(ops.DOMAIN, ops.VERSION),
+        ],
+    )
     return ops.attach_functions(model) if functions else model
 
 
-def run(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *, with_library: bool = False,
-        threads: int = 1) -> list[np.ndarray]:
+def run(
+    model: onnx.ModelProto,
+    arrays: dict[str, np.ndarray],
+    *,
+    with_library: bool = False,
+    threads: int = 1,
+) -> list[np.ndarray]:
     """Runs a :func:`single_node_model` on ``arrays`` in ORT (CPU). bfloat16 and float8 inputs
     go in as their bits; float8 outputs come back as float8 arrays."""
     options = ort.SessionOptions()
@@ -88,13 +120,16 @@ def run(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *, with_library: 
     for name, value in arrays.items():
         if value.dtype in _AS_BITS:
             value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                np.ascontiguousarray(value).view(_AS_BITS[value.dtype]), NP_TO_ONNX[value.dtype])
+                np.ascontiguousarray(value).view(_AS_BITS[value.dtype]), NP_TO_ONNX[value.dtype]
+            )
         else:
             value = ort.OrtValue.ortvalue_from_numpy(value)
         feeds[name.lower()] = value
     outputs = sess.run_with_ort_values(None, feeds)
-    return [value.numpy().view(F8) if value.data_type() == "tensor(float8e4m3fn)" else value.numpy()
-            for value in outputs]
+    return [
+        value.numpy().view(F8) if value.data_type() == "tensor(float8e4m3fn)" else value.numpy()
+        for value in outputs
+    ]
 
 
 def _float8_nan(bits: np.ndarray) -> np.ndarray:
@@ -111,8 +146,9 @@ def assert_float8_equal(got: np.ndarray, want: np.ndarray) -> None:
     if bad.any():
         at = np.argwhere(bad)[:5].tolist()
         pairs = [(hex(g[tuple(i)]), hex(w[tuple(i)])) for i in at]
-        raise AssertionError(f"{int(bad.sum())} float8 values differ; first at {at}: "
-                             f"(got, want) {pairs}")
+        raise AssertionError(
+            f"{int(bad.sum())} float8 values differ; first at {at}: (got, want) {pairs}"
+        )
 
 
 def reference_outputs(op: str, arrays: dict[str, np.ndarray], attrs: dict | None = None):
@@ -132,12 +168,15 @@ def fuse_peak_rss(*argv: str) -> tuple[float, float]:
     import sys
 
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the (large) forking process
-    code = ("import sys, time; from onnxnorm import cli; t = time.perf_counter(); "
-            f"rc = cli.main(['fuse', *{list(argv)!r}]); t = time.perf_counter() - t; "
-            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]; "
-            "print(int(hwm.split()[1]) / 1024, t); sys.exit(rc)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=900)
+    code = (
+        "import sys, time; from onnxnorm import cli; t = time.perf_counter(); "
+        f"rc = cli.main(['fuse', *{list(argv)!r}]); t = time.perf_counter() - t; "
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]; "
+        "print(int(hwm.split()[1]) / 1024, t); sys.exit(rc)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stderr
     peak, seconds = result.stdout.strip().splitlines()[-1].split()
     return float(peak), float(seconds)
@@ -162,5 +201,8 @@ def backend_cases() -> dict:
         cases = getattr(node, "_NodeTestCases", None)
         if not cases:  # another onnx: the public, slower way
             cases = node.collect_testcases(None)
-    return {c.name: c for c in cases
-            if c.name.startswith(("test_layer_normalization", "test_rms_normalization"))}
+    return {
+        c.name: c
+        for c in cases
+        if c.name.startswith(("test_layer_normalization", "test_rms_normalization"))
+    }

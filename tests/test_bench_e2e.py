@@ -11,8 +11,20 @@ import pytest
 from onnxnorm import cli
 from onnxnorm.bench import e2e
 
-TINY = ["--layers", "2", "--hidden", "64", "--vocab", "128", "--prompt", "8", "--new-tokens", "4",
-        "--repeats", "1"]
+TINY = [
+    "--layers",
+    "2",
+    "--hidden",
+    "64",
+    "--vocab",
+    "128",
+    "--prompt",
+    "8",
+    "--new-tokens",
+    "4",
+    "--repeats",
+    "1",
+]
 
 
 @pytest.mark.slow
@@ -20,8 +32,19 @@ def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
     pytest.importorskip("transformers")
     pytest.importorskip("onnxruntime_genai")
     out_json, out_png, keep = tmp_path / "e2e.json", tmp_path / "e2e.png", tmp_path / "models"
-    argv = ["bench", "e2e", "--models", "llama", "--dtypes", "float32", "--genai", "fp32", *TINY,
-            "--keep", str(keep)]
+    argv = [
+        "bench",
+        "e2e",
+        "--models",
+        "llama",
+        "--dtypes",
+        "float32",
+        "--genai",
+        "fp32",
+        *TINY,
+        "--keep",
+        str(keep),
+    ]
     status = cli.main([*argv, "--json", str(out_json), "--plot", str(out_png)])
     assert status == 0
     out = capsys.readouterr().out
@@ -30,9 +53,18 @@ def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
     assert "| variant | nodes | norm ops | prefill ms |" in out
     data = json.loads(out_json.read_text())
     assert data["complete"] is True
-    assert data["config"] == {"layers": 2, "hidden": 64, "vocab": 128, "prompt": 8, "new_tokens": 4,
-                              "repeats": 1, "threads": 2}
-    assert {"date", "cpu", "onnxruntime", "torch", "transformers", "load_average"} <= set(data["environment"])
+    assert data["config"] == {
+        "layers": 2,
+        "hidden": 64,
+        "vocab": 128,
+        "prompt": 8,
+        "new_tokens": 4,
+        "repeats": 1,
+        "threads": 2,
+    }
+    assert {"date", "cpu", "onnxruntime", "torch", "transformers", "load_average"} <= set(
+        data["environment"]
+    )
     ort_group, genai_group = data["groups"]
     assert list(ort_group["variants"]) == list(e2e.VARIANTS)
     assert list(genai_group["variants"]) == list(e2e.GENAI_VARIANTS)
@@ -46,14 +78,18 @@ def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
         for name, v in group["variants"].items():
             assert v["prefill_ms"] > 0 and v["decode_ms_p90"] >= v["decode_ms_median"] > 0, name
             assert len(v["generation_s_samples"]) == 1 and v["tokens_per_s"] > 0
-            assert 0 <= v["norm_share"]["all"] <= 1 and v["peak_rss_mib"] > v["baseline_rss_mib"] > 0
+            assert (
+                0 <= v["norm_share"]["all"] <= 1 and v["peak_rss_mib"] > v["baseline_rss_mib"] > 0
+            )
     v = ort_group["variants"]
     # the fused variants hold onnxnorm ops (5 norms of a 2-layer Llama: 2 per layer and the
     # final one; the residual adds go into Skip ops when fused from the graph), the others none
     assert v["onnxnorm-fused"]["norm_ops"] == {"onnxnorm.SkipRMSNorm": 4, "onnxnorm.RMSNorm": 1}
     assert v["onnxnorm-export"]["norm_ops"] == {"onnxnorm.RMSNorm": 5}
-    assert v["onnxnorm-ort"]["norm_ops"] == {"com.microsoft.SkipSimplifiedLayerNormalization": 4,
-                                             "ai.onnx.SimplifiedLayerNormalization": 1}
+    assert v["onnxnorm-ort"]["norm_ops"] == {
+        "com.microsoft.SkipSimplifiedLayerNormalization": 4,
+        "ai.onnx.SimplifiedLayerNormalization": 1,
+    }
     assert v["export"]["norm_ops"] == {}
     assert set(ort_group["gains"]) == set(e2e.ONNXNORM_VARIANTS)
     assert set(ort_group["gains"]["onnxnorm-fused"]) == set(e2e.VARIANTS) - {"onnxnorm-fused"}
@@ -79,17 +115,25 @@ def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
     assert cli.main([*argv[:-2], "--layers", "3", "--keep", str(keep)]) == 1
     assert capsys.readouterr().err.strip() == (
         f"onnxnorm: error: --keep {keep}: holds models made for another configuration "
-        "(e2e-config.json); choose another folder")
+        "(e2e-config.json); choose another folder"
+    )
 
 
 #: the fused quantized decoder's ops: a 2-layer Llama has 5 norms (2 per layer and the final
 #: one), each read by quantized MatMuls (q/k/v, gate/up, the LM head): each becomes the norm's
 #: quantized form, the first without a residual add, the others with it
 QUANTIZED_FUSED = {
-    "dynamic": ({"onnxnorm.RMSNormDynamicQuantizeLinear": 1, "onnxnorm.SkipRMSNormDynamicQuantizeLinear": 4},
-                "DynamicQuantizeLinear"),
-    "static": ({"onnxnorm.RMSNormQuantizeLinear": 1, "onnxnorm.SkipRMSNormQuantizeLinear": 4},
-               "QuantizeLinear"),
+    "dynamic": (
+        {
+            "onnxnorm.RMSNormDynamicQuantizeLinear": 1,
+            "onnxnorm.SkipRMSNormDynamicQuantizeLinear": 4,
+        },
+        "DynamicQuantizeLinear",
+    ),
+    "static": (
+        {"onnxnorm.RMSNormQuantizeLinear": 1, "onnxnorm.SkipRMSNormQuantizeLinear": 4},
+        "QuantizeLinear",
+    ),
 }
 
 
@@ -99,8 +143,21 @@ def test_quantized_decoder_through_the_whole_command(tmp_path, capsys):
     import onnx
 
     out_json, out_png, keep = tmp_path / "e2e.json", tmp_path / "e2e.png", tmp_path / "models"
-    argv = ["bench", "e2e", "--models", "llama", "--dtypes", "float32", "--genai", "none",
-            "--quantize", "dynamic,static", *TINY, "--keep", str(keep)]
+    argv = [
+        "bench",
+        "e2e",
+        "--models",
+        "llama",
+        "--dtypes",
+        "float32",
+        "--genai",
+        "none",
+        "--quantize",
+        "dynamic,static",
+        *TINY,
+        "--keep",
+        str(keep),
+    ]
     assert cli.main([*argv, "--json", str(out_json), "--plot", str(out_png)]) == 0
     out = capsys.readouterr().out
     data = json.loads(out_json.read_text())
@@ -108,7 +165,9 @@ def test_quantized_decoder_through_the_whole_command(tmp_path, capsys):
     assert set(data["quantizations"]) == {"dynamic", "static"}
     assert list(data["quantized_variants"]) == list(e2e.QUANT_VARIANTS)
     assert [(g["quantization"], g["engine"], g["dtype"]) for g in data["groups"]] == [
-        ("dynamic", "onnxruntime", "float32"), ("static", "onnxruntime", "float32")]
+        ("dynamic", "onnxruntime", "float32"),
+        ("static", "onnxruntime", "float32"),
+    ]
     folder = keep / "llama-float32-cpu-quantized"
     for group in data["groups"]:
         kind = group["quantization"]
@@ -123,15 +182,23 @@ def test_quantized_decoder_through_the_whole_command(tmp_path, capsys):
         assert v["onnxnorm-fused"]["norm_ops"] == norm_ops
         before = v["quantized"]["quantizers"][quantizer]
         assert v["onnxnorm-fused"]["quantizers"] == {quantizer: before - 5}
-        assert v["onnxnorm-ort"]["norm_ops"] == {"com.microsoft.SkipSimplifiedLayerNormalization": 4,
-                                                 "ai.onnx.SimplifiedLayerNormalization": 1}
+        assert v["onnxnorm-ort"]["norm_ops"] == {
+            "com.microsoft.SkipSimplifiedLayerNormalization": 4,
+            "ai.onnx.SimplifiedLayerNormalization": 1,
+        }
         assert v["onnxnorm-ort"]["quantizers"] == {quantizer: before}
         fused = onnx.load(folder / f"{kind}-onnxnorm-fused.onnx", load_external_data=False)
         assert {n.domain for n in fused.graph.node if n.op_type in e2e.NORM_OPS} == {"onnxnorm"}
         # the profile counts each quantizer of a norm's output as norm(+quantize) time
         quantized = onnx.load(folder / f"{kind}.onnx", load_external_data=False)
-        assert sum(n.op_type == quantizer for n in quantized.graph.node
-                   if n.name in e2e.norm_node_names(quantized)) == 5
+        assert (
+            sum(
+                n.op_type == quantizer
+                for n in quantized.graph.node
+                if n.name in e2e.norm_node_names(quantized)
+            )
+            == 5
+        )
         # every variant that runs generates the quantized model's tokens, or the report says
         # from which token it departs
         reference = v["quantized"]["tokens"]
@@ -142,7 +209,9 @@ def test_quantized_decoder_through_the_whole_command(tmp_path, capsys):
                 continue
             assert s["prefill_ms"] > 0 and s["decode_ms_p90"] >= s["decode_ms_median"] > 0, name
             assert s["tokens_per_s"] > 0 and len(s["generation_s_samples"]) == 1
-            assert 0 <= s["norm_share"]["all"] <= 1 and s["peak_rss_mib"] > s["baseline_rss_mib"] > 0
+            assert (
+                0 <= s["norm_share"]["all"] <= 1 and s["peak_rss_mib"] > s["baseline_rss_mib"] > 0
+            )
             if s["tokens"] == reference:
                 assert s["tokens_identical"] is True and "first_difference" not in s
             else:
@@ -154,7 +223,10 @@ def test_quantized_decoder_through_the_whole_command(tmp_path, capsys):
         gain = group["gains"]["onnxnorm-fused"]["quantized"]
         assert gain["min"] <= gain["median"] <= gain["max"] and gain["median"] > 0
         assert set(group["gains"]) == set(e2e.QUANT_ONNXNORM_VARIANTS)
-    assert "| onnxruntime | llama float32 dynamic 8-bit (cpu) | llama float32 static 8-bit (cpu) |" in out
+    assert (
+        "| onnxruntime | llama float32 dynamic 8-bit (cpu) | llama float32 static 8-bit (cpu) |"
+        in out
+    )
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # what was built is kept: a second run makes nothing again
@@ -171,8 +243,12 @@ def test_quantized_groups_take_the_variants_named():
 
 def test_old_private_names_still_work_with_a_warning():
     """The names tests and scripts reached into when the benchmark was one module."""
-    for old, new in (("_collect", e2e.collect), ("_interleave", e2e.interleave),
-                     ("add_parser", e2e.register), ("_memory_child", e2e.memory_child)):
+    for old, new in (
+        ("_collect", e2e.collect),
+        ("_interleave", e2e.interleave),
+        ("add_parser", e2e.register),
+        ("_memory_child", e2e.memory_child),
+    ):
         with pytest.warns(DeprecationWarning, match=f"onnxnorm.bench.e2e.{old} is deprecated"):
             assert getattr(e2e, old) is new
 
@@ -183,7 +259,7 @@ def _torch_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     model.generation_config.eos_token_id = None  # the benchmark's loop never stops early
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.slow
@@ -208,49 +284,110 @@ def test_generation_loop_matches_torch_greedy_generation(tmp_path):
 def test_norm_share_counts_norm_ops_and_named_nodes_and_splits_decode():
     events = [
         {"cat": "Session", "name": "model_run", "ts": 0, "dur": 100},
-        {"cat": "Node", "name": "a_kernel_time", "ts": 10, "dur": 30, "args": {"op_name": "MatMul"}},
-        {"cat": "Node", "name": "n_kernel_time", "ts": 50, "dur": 10, "args": {"op_name": "RMSNorm"}},
+        {
+            "cat": "Node",
+            "name": "a_kernel_time",
+            "ts": 10,
+            "dur": 30,
+            "args": {"op_name": "MatMul"},
+        },
+        {
+            "cat": "Node",
+            "name": "n_kernel_time",
+            "ts": 50,
+            "dur": 10,
+            "args": {"op_name": "RMSNorm"},
+        },
         {"cat": "Session", "name": "model_run", "ts": 200, "dur": 100},
-        {"cat": "Node", "name": "a_kernel_time", "ts": 210, "dur": 20, "args": {"op_name": "MatMul"}},
-        {"cat": "Node", "name": "pow_kernel_time", "ts": 240, "dur": 20, "args": {"op_name": "Pow"}},
-        {"cat": "Node", "name": "pow_fence_before", "ts": 240, "dur": 0, "args": {"op_name": "Pow"}},
+        {
+            "cat": "Node",
+            "name": "a_kernel_time",
+            "ts": 210,
+            "dur": 20,
+            "args": {"op_name": "MatMul"},
+        },
+        {
+            "cat": "Node",
+            "name": "pow_kernel_time",
+            "ts": 240,
+            "dur": 20,
+            "args": {"op_name": "Pow"},
+        },
+        {
+            "cat": "Node",
+            "name": "pow_fence_before",
+            "ts": 240,
+            "dur": 0,
+            "args": {"op_name": "Pow"},
+        },
     ]
     share = e2e.norm_share(events, {"pow"})
     assert share == {"all": pytest.approx(30 / 80), "decode": pytest.approx(0.5)}
 
 
 def test_gains_are_paired_ratios_of_generation_times():
-    a = e2e.Row("onnxnorm-fused", {}, prefill=[1.0, 1.0], steps=[[1.0, 2.0], [3.0, 1.0]], tokens=[1])
+    a = e2e.Row(
+        "onnxnorm-fused", {}, prefill=[1.0, 1.0], steps=[[1.0, 2.0], [3.0, 1.0]], tokens=[1]
+    )
     b = e2e.Row("export", {}, prefill=[1.0, 1.0], steps=[[3.0, 2.0], [3.0, 3.0]], tokens=[1])
     g = e2e.gains({"onnxnorm-fused": a, "export": b}, ("onnxnorm-fused",))
     # per repetition: 6/4 and 7/5; decode only: 5/3 and 6/4; per step: 3, 1, 1, 3
-    assert g == {"onnxnorm-fused": {"export": {
-        "median": pytest.approx(1.45), "min": pytest.approx(1.4), "max": pytest.approx(1.5),
-        "decode_median": pytest.approx((5 / 3 + 1.5) / 2), "decode_min": pytest.approx(1.5),
-        "decode_max": pytest.approx(5 / 3), "step_median": pytest.approx(2.0)}}}
+    assert g == {
+        "onnxnorm-fused": {
+            "export": {
+                "median": pytest.approx(1.45),
+                "min": pytest.approx(1.4),
+                "max": pytest.approx(1.5),
+                "decode_median": pytest.approx((5 / 3 + 1.5) / 2),
+                "decode_min": pytest.approx(1.5),
+                "decode_max": pytest.approx(5 / 3),
+                "step_median": pytest.approx(2.0),
+            }
+        }
+    }
     summary = {"onnxnorm-fused": a.summary(), "export": b.summary()}
     assert e2e.verdict(summary, g, ("onnxnorm-fused",)) == {
-        "onnxnorm-fused": "met: 1.583x export (1.500-1.667)"}
+        "onnxnorm-fused": "met: 1.583x export (1.500-1.667)"
+    }
     assert summary["export"]["decode_s"] == 5.5
     assert summary["export"]["decode_ms_median"] == 3000.0
     assert np.isclose(summary["onnxnorm-fused"]["generation_s"], 4.5)
 
 
-@pytest.mark.parametrize("median, spread, word", [
-    (1.0, None, "met"), (0.99, 0.02, "within noise"), (0.99, 0.005, "MISSED"), (0.99, None, "MISSED")])
+@pytest.mark.parametrize(
+    "median, spread, word",
+    [
+        (1.0, None, "met"),
+        (0.99, 0.02, "within noise"),
+        (0.99, 0.005, "MISSED"),
+        (0.99, None, "MISSED"),
+    ],
+)
 def test_verdict_weighs_a_shortfall_against_the_control(median, spread, word):
     """Short of the fastest other variant by less than the control's own spread is "within
     noise"; the verdict is against the fastest other by median time, not the slower ones."""
-    summary = {"export": {"decode_s": 2.0}, "ort-optimizer": {"decode_s": 1.9},
-               "onnxnorm-fused": {"decode_s": 1.9}}
-    gain = {"onnxnorm-fused": {
-        "export": {"decode_median": 2.0, "decode_min": 2.0, "decode_max": 2.0},
-        "ort-optimizer": {"decode_median": median, "decode_min": 0.9, "decode_max": 1.1}}}
+    summary = {
+        "export": {"decode_s": 2.0},
+        "ort-optimizer": {"decode_s": 1.9},
+        "onnxnorm-fused": {"decode_s": 1.9},
+    }
+    gain = {
+        "onnxnorm-fused": {
+            "export": {"decode_median": 2.0, "decode_min": 2.0, "decode_max": 2.0},
+            "ort-optimizer": {"decode_median": median, "decode_min": 0.9, "decode_max": 1.1},
+        }
+    }
     got = e2e.verdict(summary, gain, ("onnxnorm-fused",), spread)
     assert got == {"onnxnorm-fused": f"{word}: {median:.3f}x ort-optimizer (0.900-1.100)"}
     # the noise is that of the decode ratios; the whole generation's (with the prefill) aside
-    control = {"median": 1.0, "min": 0.5, "max": 1.5, "decode_median": 1.0, "decode_min": 0.97,
-               "decode_max": 1.01}
+    control = {
+        "median": 1.0,
+        "min": 0.5,
+        "max": 1.5,
+        "decode_median": 1.0,
+        "decode_min": 0.97,
+        "decode_max": 1.01,
+    }
     assert e2e.noise(control) == pytest.approx(0.03)
 
 
@@ -288,12 +425,12 @@ def test_variants_take_turns_by_step_or_by_generation(lockstep):
     e2e.interleave(rows, make, config, [1, 2], lambda line: None, lockstep=lockstep)
     # every repetition opens every variant anew, in an order that changes (the broken one is
     # tried once)
-    openings = [tuple(opened[i:i + 4]) for i in range(0, 12, 4)]
+    openings = [tuple(opened[i : i + 4]) for i in range(0, 12, 4)]
     assert len(opened) == 12 and all(sorted(o) == names for o in openings)
     assert len(set(openings)) > 1
     timed = log
     assert sorted(timed) == sorted([(n, k) for n in names for k in range(6)] * 3)
-    chunks = [timed[i:i + 4] for i in range(0, len(timed), 4)]
+    chunks = [timed[i : i + 4] for i in range(0, len(timed), 4)]
     if lockstep:
         # step k of every variant before step k + 1 of any, in orders that change
         assert all(sorted(c) == [(n, i % 6) for n in names] for i, c in enumerate(chunks))
@@ -304,36 +441,47 @@ def test_variants_take_turns_by_step_or_by_generation(lockstep):
         assert all(len(b) > 1 for b in before.values())
     else:
         # each generation whole, the variants in an order that changes between repetitions
-        runs = [timed[i:i + 6] for i in range(0, len(timed), 6)]
+        runs = [timed[i : i + 6] for i in range(0, len(timed), 6)]
         assert all(r == [(r[0][0], k) for k in range(6)] for r in runs)
-        orders = [tuple(r[0][0] for r in runs[i:i + 4]) for i in range(0, 12, 4)]
+        orders = [tuple(r[0][0] for r in runs[i : i + 4]) for i in range(0, 12, 4)]
         assert all(sorted(o) == names for o in orders) and len(set(orders)) > 1
     for n in names:
         assert rows[n].tokens == [5, 6, 7, 8, 9, 10] and rows[n].prefill == [0.001] * 3
         assert rows[n].steps == [[0.002, 0.003, 0.004, 0.005, 0.006]] * 3
-    assert rows["broken"].error.startswith("does not run: ZeroDivisionError") and not rows["broken"].prefill
+    assert (
+        rows["broken"].error.startswith("does not run: ZeroDivisionError")
+        and not rows["broken"].prefill
+    )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--models", "mistral"], "argument --models: unknown mistral"),
-    (["--dtypes", "bfloat16"], "argument --dtypes: unknown bfloat16"),
-    (["--variants", "onnxnorm"], "argument --variants: unknown onnxnorm"),
-    (["--devices", "tpu"], "argument --devices: unknown tpu"),
-    (["--quantize", "int4"], "argument --quantize: unknown int4"),
-    (["--quantize", ","], "--quantize needs one or more of none, dynamic, static"),
-    (["--genai", "none,fp32"], "--genai none cannot be combined with precisions"),
-    (["--repeats", "0"], "--repeats must be at least 1"),
-    (["--new-tokens", "0"], "--new-tokens must be at least 1"),
-    (["--prompt", "-3"], "--prompt must be at least 1"),
-    (["--hidden", "100"], "--hidden must be a multiple of 16, at least 32"),
-    (["--vocab", "1024"], "--vocab must differ from the widths of the decoder's linear layers (256, 1024, 2816)"),
-    (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
-    (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
-    (["--keep", "/nonexistent-folder/models"],
-     "--keep /nonexistent-folder/models: folder /nonexistent-folder does not exist"),
-    (["--prepare-only"], "--prepare-only needs --keep FOLDER (where the models are kept)"),
-    (["--keep", "/etc"], "--keep /etc: the folder is not empty and holds no e2e-config.json"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--models", "mistral"], "argument --models: unknown mistral"),
+        (["--dtypes", "bfloat16"], "argument --dtypes: unknown bfloat16"),
+        (["--variants", "onnxnorm"], "argument --variants: unknown onnxnorm"),
+        (["--devices", "tpu"], "argument --devices: unknown tpu"),
+        (["--quantize", "int4"], "argument --quantize: unknown int4"),
+        (["--quantize", ","], "--quantize needs one or more of none, dynamic, static"),
+        (["--genai", "none,fp32"], "--genai none cannot be combined with precisions"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--new-tokens", "0"], "--new-tokens must be at least 1"),
+        (["--prompt", "-3"], "--prompt must be at least 1"),
+        (["--hidden", "100"], "--hidden must be a multiple of 16, at least 32"),
+        (
+            ["--vocab", "1024"],
+            "--vocab must differ from the widths of the decoder's linear layers (256, 1024, 2816)",
+        ),
+        (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
+        (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
+        (
+            ["--keep", "/nonexistent-folder/models"],
+            "--keep /nonexistent-folder/models: folder /nonexistent-folder does not exist",
+        ),
+        (["--prepare-only"], "--prepare-only needs --keep FOLDER (where the models are kept)"),
+        (["--keep", "/etc"], "--keep /etc: the folder is not empty and holds no e2e-config.json"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path):
     try:
         status = cli.main(["bench", "e2e", *argv])

@@ -22,14 +22,25 @@ def _configure(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     source.mkdir()
     for name in ("CMakeLists.txt", "custom_ops", "tools"):
         (source / name).symlink_to(ROOT / name)
-    environment = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path),
-                   "ONNXNORM_CUDA": "OFF", **env}
-    return subprocess.run([CMAKE, "-S", str(source), "-B", str(tmp_path / "build")],
-                          capture_output=True, text=True, env=environment, timeout=300)
+    environment = {
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": str(tmp_path),
+        "ONNXNORM_CUDA": "OFF",
+        **env,
+    }
+    return subprocess.run(
+        [CMAKE, "-S", str(source), "-B", str(tmp_path / "build")],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
 
 
-@pytest.mark.skipif(Path("/usr/include/onnxruntime/onnxruntime_c_api.h").exists(),
-                    reason="the system has ONNX Runtime headers, so they are found")
+@pytest.mark.skipif(
+    Path("/usr/include/onnxruntime/onnxruntime_c_api.h").exists(),
+    reason="the system has ONNX Runtime headers, so they are found",
+)
 def test_no_headers_and_no_fetch(tmp_path):
     result = _configure(tmp_path, ONNXNORM_FETCH_ORT_HEADERS="OFF")
     assert result.returncode != 0

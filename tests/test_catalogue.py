@@ -12,7 +12,14 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from helpers import BF16, assert_close, assert_float8_equal, reference_outputs, run, single_node_model
+from helpers import (
+    BF16,
+    assert_close,
+    assert_float8_equal,
+    reference_outputs,
+    run,
+    single_node_model,
+)
 from onnxnorm import ops
 from onnxnorm.ops import functions, reference
 
@@ -46,10 +53,17 @@ def _cases():
     for name, spec in ops.catalogue.FLOAT_OPS.items():
         presences = [()] + [(n,) for n in spec.optional_inputs] + [spec.optional_inputs]
         for present, attrs, opset, dtype, order in itertools.product(
-                presences, _attribute_cases(spec), (17, 18, 23), DTYPES, (0, 1)):
+            presences, _attribute_cases(spec), (17, 18, 23), DTYPES, (0, 1)
+        ):
             attrs = {**attrs, "cast_before_scale": order}
-            yield pytest.param(name, present, attrs, opset, dtype,
-                               id=f"{name}-{'+'.join(present) or 'none'}-{attrs}-opset{opset}-{dtype}")
+            yield pytest.param(
+                name,
+                present,
+                attrs,
+                opset,
+                dtype,
+                id=f"{name}-{'+'.join(present) or 'none'}-{attrs}-opset{opset}-{dtype}",
+            )
 
 
 @pytest.mark.parametrize("op, present, attrs, opset, dtype", _cases())
@@ -126,8 +140,9 @@ def test_reference_reproduces_hugging_face_rounding(style, dtype, rng):
     want = forward(x, w, 1e-6).float().numpy()
 
     def exact_fraction(order):
-        ours = reference.run("RMSNorm", _numpy(x), _numpy(w), epsilon=1e-6,
-                             **{**attrs, "cast_before_scale": order})[0]
+        ours = reference.run(
+            "RMSNorm", _numpy(x), _numpy(w), epsilon=1e-6, **{**attrs, "cast_before_scale": order}
+        )[0]
         assert_close(ours, want.astype(ours.dtype))
         return (ours.astype(np.float32) == want).mean()
 
@@ -139,14 +154,19 @@ def test_reference_reproduces_hugging_face_rounding(style, dtype, rng):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_reference_matches_torch_functional(dtype, rng):
     x = torch.from_numpy(rng.standard_normal(SHAPE).astype(np.float32)).to(dtype)
-    w, b = (torch.from_numpy(rng.standard_normal(SHAPE[-1:]).astype(np.float32)).to(dtype)
-            for _ in range(2))
+    w, b = (
+        torch.from_numpy(rng.standard_normal(SHAPE[-1:]).astype(np.float32)).to(dtype)
+        for _ in range(2)
+    )
     rms = reference.run("RMSNorm", _numpy(x), _numpy(w), epsilon=1e-6)[0]
-    assert_close(rms, torch.nn.functional.rms_norm(x, SHAPE[-1:], w, eps=1e-6).float().numpy()
-                 .astype(rms.dtype))
+    assert_close(
+        rms,
+        torch.nn.functional.rms_norm(x, SHAPE[-1:], w, eps=1e-6).float().numpy().astype(rms.dtype),
+    )
     ln = reference.run("LayerNorm", _numpy(x), _numpy(w), _numpy(b), epsilon=1e-5)[0]
-    assert_close(ln, torch.nn.functional.layer_norm(x, SHAPE[-1:], w, b).float().numpy()
-                 .astype(ln.dtype))
+    assert_close(
+        ln, torch.nn.functional.layer_norm(x, SHAPE[-1:], w, b).float().numpy().astype(ln.dtype)
+    )
 
 
 @pytest.mark.parametrize("op", ops.catalogue.FLOAT_OPS)
@@ -156,11 +176,16 @@ def test_torch_eager_matches_reference(op, dtype, rng):
     from onnxnorm.nn import call
 
     spec = ops.OPS[op]
-    attrs = {name: value for name, value in (("scale_offset", 1.0), ("alpha", 0.5),
-                                              ("cast_before_scale", 1)) if name in spec.defaults}
+    attrs = {
+        name: value
+        for name, value in (("scale_offset", 1.0), ("alpha", 0.5), ("cast_before_scale", 1))
+        if name in spec.defaults
+    }
     arrays = _arrays(op, spec.optional_inputs, rng, dtype=TORCH_TO_NUMPY[dtype])
-    tensors = [torch.from_numpy(arrays[p.name].astype(np.float32)).to(dtype)
-               if p.name in arrays else None for p in spec.inputs]
+    tensors = [
+        torch.from_numpy(arrays[p.name].astype(np.float32)).to(dtype) if p.name in arrays else None
+        for p in spec.inputs
+    ]
     got = call(op, *tensors, **attrs)
     got = got if isinstance(got, tuple) else (got,)
     for g, w in zip(got, reference_outputs(op, arrays, attrs)):
@@ -175,12 +200,15 @@ def test_reference_layer_norm_large_mean_small_spread(rng):
     np.testing.assert_allclose(got, exact, atol=1e-5)
 
 
-@pytest.mark.parametrize("attrs, message", [
-    ({"axis": 3}, "axis 3 is out of range"),
-    ({"epsilon": -1.0}, "epsilon must be a finite number >= 0"),
-    ({"cast_before_scale": 2}, "cast_before_scale must be 0 or 1"),
-    ({"gamma": 1.0}, "unknown attribute"),
-])
+@pytest.mark.parametrize(
+    "attrs, message",
+    [
+        ({"axis": 3}, "axis 3 is out of range"),
+        ({"epsilon": -1.0}, "epsilon must be a finite number >= 0"),
+        ({"cast_before_scale": 2}, "cast_before_scale must be 0 or 1"),
+        ({"gamma": 1.0}, "unknown attribute"),
+    ],
+)
 def test_reference_rejects_bad_attributes(attrs, message, rng):
     with pytest.raises(ValueError, match=message):
         reference.run("RMSNorm", rng.standard_normal(SHAPE).astype(np.float32), **attrs)
@@ -215,8 +243,9 @@ def test_overload_names_variant():
     assert functions.overload(spec, [], 0, 1.0, with_sum=False) == "none_offset_nosum"
 
 
-@pytest.mark.parametrize("op", [name for name, spec in ops.catalogue.FLOAT_OPS.items()
-                                if spec.has_residual])
+@pytest.mark.parametrize(
+    "op", [name for name, spec in ops.catalogue.FLOAT_OPS.items() if spec.has_residual]
+)
 def test_function_body_without_sum_output(op, rng):
     """A Skip or Sandwich node that leaves out Sum gets an overload without it, which ORT runs."""
     arrays = _arrays(op, ("Scale",), rng)
@@ -245,25 +274,42 @@ def test_function_bodies_below_opset_15_name_x_type():
 
 def _checked(node, inputs):
     graph = onnx.helper.make_graph(
-        [node], "g", [onnx.helper.make_tensor_value_info(n, t, [2, 8]) for n, t in inputs],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 8])])
-    model = onnx.helper.make_model(graph, opset_imports=[
-        onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+        [node],
+        "g",
+        [onnx.helper.make_tensor_value_info(n, t, [2, 8]) for n, t in inputs],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 8])],
+    )
+    model = onnx.helper.make_model(
+        graph,
+        opset_imports=[
+            onnx.helper.make_opsetid("", 18),
+            onnx.helper.make_opsetid(ops.DOMAIN, ops.VERSION),
+        ],
+    )
     onnx.checker.check_model(model, full_check=True)
 
 
 F32, F16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
 
 
-@pytest.mark.parametrize("op, inputs, attrs, types, message", [
-    ("RMSNorm", ["x"], {"gamma": 1.0}, [F32], "Unrecognized attribute: gamma"),
-    ("RMSNorm", ["x"] * 4, {}, [F32], "input size 4 not in range"),
-    ("RMSNorm", ["x"], {"axis": 1.5}, [F32], "Mismatched attribute type .*axis"),
-    ("RMSNorm", ["x"], {"axis": 2}, [F32], "axis 2 is out of range for X of rank 2"),
-    ("SkipRMSNorm", ["x", "r"], {}, [F32, F16], "Residual must be FLOAT .*got FLOAT16"),
-    ("LayerNorm", ["x", "r"], {}, [F32, F16], "Scale must be FLOAT .*got FLOAT16"),
-    ("SkipLayerNorm", ["x", "r"], {"alpha": 1}, [F32, F32], "Mismatched attribute type .*alpha"),
-])
+@pytest.mark.parametrize(
+    "op, inputs, attrs, types, message",
+    [
+        ("RMSNorm", ["x"], {"gamma": 1.0}, [F32], "Unrecognized attribute: gamma"),
+        ("RMSNorm", ["x"] * 4, {}, [F32], "input size 4 not in range"),
+        ("RMSNorm", ["x"], {"axis": 1.5}, [F32], "Mismatched attribute type .*axis"),
+        ("RMSNorm", ["x"], {"axis": 2}, [F32], "axis 2 is out of range for X of rank 2"),
+        ("SkipRMSNorm", ["x", "r"], {}, [F32, F16], "Residual must be FLOAT .*got FLOAT16"),
+        ("LayerNorm", ["x", "r"], {}, [F32, F16], "Scale must be FLOAT .*got FLOAT16"),
+        (
+            "SkipLayerNorm",
+            ["x", "r"],
+            {"alpha": 1},
+            [F32, F32],
+            "Mismatched attribute type .*alpha",
+        ),
+    ],
+)
 def test_checker_names_node_and_problem(op, inputs, attrs, types, message):
     node = onnx.helper.make_node(op, inputs, ["y"], name="bad_node", domain=ops.DOMAIN, **attrs)
     names = list(dict.fromkeys(inputs))
@@ -275,17 +321,31 @@ def test_checker_names_node_and_problem(op, inputs, attrs, types, message):
 def test_shape_inference_gives_outputs_x_type_and_shape():
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("SkipRMSNorm", ["x", "r", "s"], ["y", "sum"], domain=ops.DOMAIN)],
-        "g", [onnx.helper.make_tensor_value_info("x", F16, ["batch", 8]),
-              onnx.helper.make_tensor_value_info("r", F16, ["batch", 8]),
-              onnx.helper.make_tensor_value_info("s", F32, [8])],
-        [onnx.helper.make_value_info("y", onnx.TypeProto()),
-         onnx.helper.make_value_info("sum", onnx.TypeProto())])
-    model = onnx.helper.make_model(graph, opset_imports=[
-        onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+        "g",
+        [
+            onnx.helper.make_tensor_value_info("x", F16, ["batch", 8]),
+            onnx.helper.make_tensor_value_info("r", F16, ["batch", 8]),
+            onnx.helper.make_tensor_value_info("s", F32, [8]),
+        ],
+        [
+            onnx.helper.make_value_info("y", onnx.TypeProto()),
+            onnx.helper.make_value_info("sum", onnx.TypeProto()),
+        ],
+    )
+    model = onnx.helper.make_model(
+        graph,
+        opset_imports=[
+            onnx.helper.make_opsetid("", 18),
+            onnx.helper.make_opsetid(ops.DOMAIN, ops.VERSION),
+        ],
+    )
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     for output in inferred.graph.output:
         assert output.type.tensor_type.elem_type == F16
-        assert [d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim] == ["batch", 8]
+        assert [d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim] == [
+            "batch",
+            8,
+        ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,8 +357,24 @@ STATIC = [name for name, spec in ops.catalogue.QUANTIZED_OPS.items() if spec.qua
 #: round to the even neighbour (1.0625 -> 1, 1.1875 -> 1.25, 3 * 2^-10 -> 2^-8), the largest
 #: value and what saturates to it (464 is halfway to 480; 1e4, Inf), subnormals, values that
 #: round to zero (keeping their sign) and NaN
-FLOAT8_VALUES = [1.0, 1.0625, 1.1875, -1.1875, 448.0, 464.0, -500.0, 1e4, np.inf, -np.inf,
-                 2.0 ** -9, 3 * 2.0 ** -10, -2.0 ** -7, 2.0 ** -11, -2.0 ** -11, np.nan]
+FLOAT8_VALUES = [
+    1.0,
+    1.0625,
+    1.1875,
+    -1.1875,
+    448.0,
+    464.0,
+    -500.0,
+    1e4,
+    np.inf,
+    -np.inf,
+    2.0**-9,
+    3 * 2.0**-10,
+    -(2.0**-7),
+    2.0**-11,
+    -(2.0**-11),
+    np.nan,
+]
 
 
 def _float8_arrays(op, dtype):
@@ -346,20 +422,34 @@ def test_float8_output_is_the_reference_bit_for_bit(op, dtype, opset, library):
 def _float8_node_model(opset, zero_point_type=onnx.TensorProto.FLOAT8E4M3FN, declared=True):
     """One RMSNormQuantizeLinear node whose Y_zero_point is an initializer (or, not declared, the
     output of an Identity of one that nothing types)."""
-    node = onnx.helper.make_node("RMSNormQuantizeLinear", ["x", "", "", "ys", "yz"], ["y"],
-                                 domain=ops.DOMAIN, name="norm_q")
+    node = onnx.helper.make_node(
+        "RMSNormQuantizeLinear", ["x", "", "", "ys", "yz"], ["y"], domain=ops.DOMAIN, name="norm_q"
+    )
     nodes = [node]
     init = onnx.helper.make_tensor("yz" if declared else "yz0", zero_point_type, [], [0])
     if not declared:
         nodes.insert(0, onnx.helper.make_node("Identity", ["yz0"], ["yz"]))
     graph = onnx.helper.make_graph(
-        nodes, "g", [onnx.helper.make_tensor_value_info("x", F32, [2, 8]),
-                     onnx.helper.make_tensor_value_info("ys", F32, [])],
-        [onnx.helper.make_tensor_value_info("y", zero_point_type, [2, 8]) if declared
-         else onnx.helper.make_value_info("y", onnx.TypeProto())],
-        [init])
-    return onnx.helper.make_model(graph, opset_imports=[
-        onnx.helper.make_opsetid("", opset), onnx.helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+        nodes,
+        "g",
+        [
+            onnx.helper.make_tensor_value_info("x", F32, [2, 8]),
+            onnx.helper.make_tensor_value_info("ys", F32, []),
+        ],
+        [
+            onnx.helper.make_tensor_value_info("y", zero_point_type, [2, 8])
+            if declared
+            else onnx.helper.make_value_info("y", onnx.TypeProto())
+        ],
+        [init],
+    )
+    return onnx.helper.make_model(
+        graph,
+        opset_imports=[
+            onnx.helper.make_opsetid("", opset),
+            onnx.helper.make_opsetid(ops.DOMAIN, ops.VERSION),
+        ],
+    )
 
 
 @pytest.mark.parametrize("declared", [True, False])
@@ -374,9 +464,11 @@ def test_float8_needs_opset_19(declared, tmp_path, capsys):
     from onnxnorm import cli
     from onnxnorm.fusion.lowering import lower, lower_with_notes
 
-    note = (r"norm_q \(RMSNormQuantizeLinear\) -> onnxnorm node without a function body .*: "
-            r"quantizes to float8e4m3fn .* needs ONNX opset >= 19 .* the model imports opset "
-            r"18: .*")
+    note = (
+        r"norm_q \(RMSNormQuantizeLinear\) -> onnxnorm node without a function body .*: "
+        r"quantizes to float8e4m3fn .* needs ONNX opset >= 19 .* the model imports opset "
+        r"18: .*"
+    )
     for target in ("function", "ort", "onnx"):
         lowered, notes = lower_with_notes(_float8_node_model(18, declared=declared), target)
         assert len(notes) == 1 and re.fullmatch(note, str(notes[0])), notes
@@ -390,13 +482,18 @@ def test_float8_needs_opset_19(declared, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert re.search("lowered to function: " + note[:-3], printed), printed
     assert not onnx.load(tmp_path / "out.onnx").functions
-    assert cli.main(["fuse", str(tmp_path / "old.onnx"), "-o", str(tmp_path / "up.onnx"),
-                     "--upgrade-opset"]) == 0
+    assert (
+        cli.main(
+            ["fuse", str(tmp_path / "old.onnx"), "-o", str(tmp_path / "up.onnx"), "--upgrade-opset"]
+        )
+        == 0
+    )
     assert "--upgrade-opset: ONNX opset 18 -> 19" in capsys.readouterr().out
     upgraded = onnx.load(tmp_path / "up.onnx")
     assert functions.model_opset(upgraded) == 19 and len(upgraded.functions) == 1
     assert len(lower(_float8_node_model(18, declared=declared), "fused").graph.node) == 1 + (
-        not declared)  # the library's kernel needs no standard op
+        not declared
+    )  # the library's kernel needs no standard op
     for q_type in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8):
         functions.attach_functions(_float8_node_model(17, q_type, declared))
     model = functions.attach_functions(_float8_node_model(19, declared=declared))
@@ -404,8 +501,9 @@ def test_float8_needs_opset_19(declared, tmp_path, capsys):
         onnx.checker.check_model(model, full_check=True)
     x = np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8)
     got = run(model, {"x": x, "ys": np.array(0.01, np.float32)})[0]
-    want = reference.run("RMSNormQuantizeLinear", x, None, None, np.array(0.01, np.float32),
-                         np.array(0, FLOAT8))[0]
+    want = reference.run(
+        "RMSNormQuantizeLinear", x, None, None, np.array(0.01, np.float32), np.array(0, FLOAT8)
+    )[0]
     assert_float8_equal(got, want)
 
 
@@ -414,8 +512,11 @@ def test_schema_types_float8_output():
     for op in STATIC:
         schema = onnx.defs.get_schema(op, ops.VERSION, ops.DOMAIN)
         q = next(c for c in schema.type_constraints if c.type_param_str == "Q")
-        assert list(q.allowed_type_strs) == ["tensor(uint8)", "tensor(int8)",
-                                             "tensor(float8e4m3fn)"]
+        assert list(q.allowed_type_strs) == [
+            "tensor(uint8)",
+            "tensor(int8)",
+            "tensor(float8e4m3fn)",
+        ]
     model = _float8_node_model(19)
     del model.graph.output[:]
     model.graph.output.append(onnx.helper.make_value_info("y", onnx.TypeProto()))
@@ -432,8 +533,10 @@ def test_verify_reads_a_float8_output_as_float8():
     from onnxnorm.fusion.verify import verify
 
     model = _float8_node_model(21)
-    feeds = {"x": np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8),
-             "ys": np.array(0.01, np.float32)}
+    feeds = {
+        "x": np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8),
+        "ys": np.array(0.01, np.float32),
+    }
     [same] = verify(model, model, with_library=True, feeds=feeds)
     assert (same.dtype, same.ok, same.max_abs) == ("float8e4m3fn", True, 0.0)
     other = onnx.ModelProto()

@@ -19,8 +19,13 @@ from onnxnorm.nn.exporter import quiet_export
 
 
 def _run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "onnxnorm", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "onnxnorm", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,13 +116,15 @@ def test_directory_without_models_is_refused(tmp_path):
     """A folder is fused file by file (tests/test_optimum.py); one without .onnx files is
     refused in one line."""
     result = _run("fuse", tmp_path, "-o", tmp_path / "out")
-    _assert_one_line_error(result, f"{tmp_path}: no .onnx file in this folder (nor in its "
-                                   "subfolders)")
+    _assert_one_line_error(
+        result, f"{tmp_path}: no .onnx file in this folder (nor in its subfolders)"
+    )
     assert result.stdout == "" and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("case", ["missing-folder", "unwritable-folder", "output-is-input",
-                                  "json-in-missing-folder"])
+@pytest.mark.parametrize(
+    "case", ["missing-folder", "unwritable-folder", "output-is-input", "json-in-missing-folder"]
+)
 def test_bad_output_is_refused_before_any_work(decomposed, tmp_path, monkeypatch, capsys, case):
     import onnxnorm._io
 
@@ -130,8 +137,13 @@ def test_bad_output_is_refused_before_any_work(decomposed, tmp_path, monkeypatch
         readonly = tmp_path / "ro"
         readonly.mkdir()
         access = os.access
-        monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
-            False if Path(path) == readonly and mode & os.W_OK else access(path, mode, **kw)))
+        monkeypatch.setattr(
+            os,
+            "access",
+            lambda path, mode, **kw: (
+                False if Path(path) == readonly and mode & os.W_OK else access(path, mode, **kw)
+            ),
+        )
         argv[3], expected = str(readonly / "out.onnx"), "is not writable"
     elif case == "output-is-input":
         argv[3], expected = str(source), "it is the input"
@@ -174,15 +186,20 @@ def test_unknown_target_is_refused(decomposed, tmp_path):
 
 # --- verify, reports, bad input, external data -------------------------------------------------
 
+
 def _layer_norm_model(hidden=16, weights=None, checker_ok=True, unknown_op=False):
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("Add", ["x", "r"], ["s"]),
-             helper.make_node("LayerNormalization", ["s", "w", "b"], ["y"], epsilon=1e-5)]
-    inits = {"w": rng.random(hidden).astype(np.float32) + 0.5,
-             "b": rng.random(hidden).astype(np.float32)}
+    nodes = [
+        helper.make_node("Add", ["x", "r"], ["s"]),
+        helper.make_node("LayerNormalization", ["s", "w", "b"], ["y"], epsilon=1e-5),
+    ]
+    inits = {
+        "w": rng.random(hidden).astype(np.float32) + 0.5,
+        "b": rng.random(hidden).astype(np.float32),
+    }
     if weights:  # weight matrices after the norm (8 of them), to give the file its size
         width = weights // (8 * 4 * hidden)
         last = "y"
@@ -200,10 +217,12 @@ def _layer_norm_model(hidden=16, weights=None, checker_ok=True, unknown_op=False
     if unknown_op:
         nodes.append(helper.make_node("Frobnicate", ["x"], ["f"], domain="example.com"))
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, hidden]) for n in "xr"]
-    graph = helper.make_graph(nodes, "ln", inputs, [out],
-                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    imports = [helper.make_opsetid("", 18)] + ([helper.make_opsetid("example.com", 1)]
-                                               if unknown_op else [])
+    graph = helper.make_graph(
+        nodes, "ln", inputs, [out], [numpy_helper.from_array(v, k) for k, v in inits.items()]
+    )
+    imports = [helper.make_opsetid("", 18)] + (
+        [helper.make_opsetid("example.com", 1)] if unknown_op else []
+    )
     model = helper.make_model(graph, opset_imports=imports, ir_version=10 if checker_ok else 3)
     return model
 
@@ -212,8 +231,17 @@ def test_verify_prints_errors_per_output(tmp_path):
     source = tmp_path / "ln.onnx"
     onnx.save(_layer_norm_model(), source)
     for target in ("function", "ort", "onnx"):
-        result = _run("fuse", source, "-o", tmp_path / f"{target}.onnx", "--target", target,
-                      "--verify", "--json", tmp_path / "r.json")
+        result = _run(
+            "fuse",
+            source,
+            "-o",
+            tmp_path / f"{target}.onnx",
+            "--target",
+            target,
+            "--verify",
+            "--json",
+            tmp_path / "r.json",
+        )
         assert result.returncode == 0, result.stderr
         assert "verify: y (float32): max abs error" in result.stdout and " ok" in result.stdout
         report = json.loads((tmp_path / "r.json").read_text())
@@ -247,9 +275,12 @@ def test_verify_fails_over_tolerance(tmp_path, monkeypatch, capsys):
 def test_model_without_norms_says_nothing_to_fuse(tmp_path):
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     source = tmp_path / "relu.onnx"
     onnx.save(helper.make_model(graph), source)
     result = _run("fuse", source, "-o", tmp_path / "o.onnx", "--verify")
@@ -274,8 +305,9 @@ def test_external_data_stays_external(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
     source = folder / "m.onnx"
-    onnx.save_model(model, source, save_as_external_data=True, location="m.weights",
-                    size_threshold=0)
+    onnx.save_model(
+        model, source, save_as_external_data=True, location="m.weights", size_threshold=0
+    )
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     out = tmp_path / "out" / "fused.onnx"
     out.parent.mkdir()

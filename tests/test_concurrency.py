@@ -31,34 +31,56 @@ SESSIONS = 2000
 WARM_UP = 200
 GROWTH_LIMIT_MIB = 4.0
 
-PROVIDERS = [pytest.param(["CPUExecutionProvider"], id="cpu"),
-             pytest.param(list(runtime.CUDA_PROVIDERS), id="cuda", marks=pytest.mark.skipif(
-                 not runtime.cuda_available(), reason="no onnxruntime-gpu or CUDA library"))]
+PROVIDERS = [
+    pytest.param(["CPUExecutionProvider"], id="cpu"),
+    pytest.param(
+        list(runtime.CUDA_PROVIDERS),
+        id="cuda",
+        marks=pytest.mark.skipif(
+            not runtime.cuda_available(), reason="no onnxruntime-gpu or CUDA library"
+        ),
+    ),
+]
 
 
 def _model() -> onnx.ModelProto:
     """SkipRMSNorm, then a LayerNorm of its output: y = LayerNorm(RMSNorm(x + r) * s) and the sum."""
     rng = np.random.default_rng(7)
     hidden = SHAPE[-1]
-    weights = {"scale": rng.random(hidden, np.float32) + 0.5,
-               "scale2": rng.random(hidden, np.float32) + 0.5,
-               "bias2": rng.standard_normal(hidden).astype(np.float32)}
-    nodes = [helper.make_node("SkipRMSNorm", ["x", "r", "scale"], ["h", "sum"], domain=ops.DOMAIN,
-                              epsilon=1e-6),
-             helper.make_node("LayerNorm", ["h", "scale2", "bias2"], ["y"], domain=ops.DOMAIN,
-                              epsilon=1e-5)]
+    weights = {
+        "scale": rng.random(hidden, np.float32) + 0.5,
+        "scale2": rng.random(hidden, np.float32) + 0.5,
+        "bias2": rng.standard_normal(hidden).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node(
+            "SkipRMSNorm", ["x", "r", "scale"], ["h", "sum"], domain=ops.DOMAIN, epsilon=1e-6
+        ),
+        helper.make_node(
+            "LayerNorm", ["h", "scale2", "bias2"], ["y"], domain=ops.DOMAIN, epsilon=1e-5
+        ),
+    ]
     value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, SHAPE)  # noqa: E731
-    graph = helper.make_graph(nodes, "chain", [value("x"), value("r")], [value("y"), value("sum")],
-                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                    helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [value("x"), value("r")],
+        [value("y"), value("sum")],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(ops.DOMAIN, ops.VERSION)],
+    )
     return model
 
 
 def _feeds(count: int) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(11)
-    return [{"x": rng.standard_normal(SHAPE, np.float32),
-             "r": rng.standard_normal(SHAPE, np.float32)} for _ in range(count)]
+    return [
+        {"x": rng.standard_normal(SHAPE, np.float32), "r": rng.standard_normal(SHAPE, np.float32)}
+        for _ in range(count)
+    ]
 
 
 def _session(model: bytes, providers, threads: int = 2):
@@ -144,10 +166,12 @@ def test_sessions_created_and_destroyed_leave_memory_flat():
     model = helper.make_model(
         helper.make_graph(
             [helper.make_node("RMSNorm", ["x", "w"], ["y"], domain=ops.DOMAIN, epsilon=1e-5)],
-            "rms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, hidden])],
+            "rms",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, hidden])],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, hidden])],
-            [numpy_helper.from_array(np.ones(hidden, np.float32), "w")]),
-        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(ops.DOMAIN, ops.VERSION)]
+            [numpy_helper.from_array(np.ones(hidden, np.float32), "w")],
+        ),
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(ops.DOMAIN, ops.VERSION)],
     ).SerializeToString()
     x = np.random.default_rng(0).standard_normal((4, hidden)).astype(np.float32)
     (want,) = reference.run("RMSNorm", x, np.ones(hidden, np.float32), epsilon=1e-5)
@@ -166,4 +190,5 @@ def test_sessions_created_and_destroyed_leave_memory_flat():
     grown = _resident_mib() - before
     assert grown < GROWTH_LIMIT_MIB, (
         f"resident memory grew by {grown:.1f} MiB over {SESSIONS} sessions "
-        f"({grown * 1024 / SESSIONS:.2f} KiB a session)")
+        f"({grown * 1024 / SESSIONS:.2f} KiB a session)"
+    )

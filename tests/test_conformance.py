@@ -44,8 +44,9 @@ def _run(model: onnx.ModelProto, inputs, with_library: bool) -> list[np.ndarray]
     options = ort.SessionOptions()
     if with_library:
         runtime.register(options)
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     names = [i.name for i in model.graph.input]
     return session.run(None, dict(zip(names, inputs)))
 
@@ -63,8 +64,7 @@ def _y_only(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _standard_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
-    nodes = [n for n in model.graph.node if n.op_type in ("LayerNormalization",
-                                                          "RMSNormalization")]
+    nodes = [n for n in model.graph.node if n.op_type in ("LayerNormalization", "RMSNormalization")]
     return nodes[0] if len(model.graph.node) == 1 and nodes else None
 
 
@@ -93,8 +93,11 @@ def test_y_alone_is_one_onnxnorm_node(name):
     fused, report = fuse(model, "fused")
     nodes = [n for n in fused.graph.node if n.domain == catalogue.DOMAIN]
     assert [n.op_type for n in nodes] == [_op(name)], str(report)
-    assert not [n for n in fused.graph.node if n.domain != catalogue.DOMAIN
-                and n.op_type not in ("Identity", "Constant")], str(report)
+    assert not [
+        n
+        for n in fused.graph.node
+        if n.domain != catalogue.DOMAIN and n.op_type not in ("Identity", "Constant")
+    ], str(report)
     _assert_close(_run(fused, inputs, with_library=True)[:1], outputs[:1], case)
     # the function target runs without the library too: the body, in the model's opset
     with_body, _ = fuse(model, "function")
@@ -115,14 +118,24 @@ def test_the_onnxnorm_op_with_the_same_attributes_gives_the_stored_y(name):
     case = _cases()[name]
     inputs, outputs = case.data_sets[0]
     standard = _standard_node(case.model)
-    attrs = {a.name: helper.get_attribute_value(a) for a in standard.attribute
-             if a.name in ("axis", "epsilon")}
-    node = helper.make_node(_op(name), list(standard.input), [standard.output[0]],
-                            domain=catalogue.DOMAIN, **attrs)
-    graph = helper.make_graph([node], name, list(case.model.graph.input),
-                              list(case.model.graph.output[:1]))
-    model = helper.make_model(graph, opset_imports=[
-        *case.model.opset_import, helper.make_opsetid(catalogue.DOMAIN, catalogue.VERSION)])
+    attrs = {
+        a.name: helper.get_attribute_value(a)
+        for a in standard.attribute
+        if a.name in ("axis", "epsilon")
+    }
+    node = helper.make_node(
+        _op(name), list(standard.input), [standard.output[0]], domain=catalogue.DOMAIN, **attrs
+    )
+    graph = helper.make_graph(
+        [node], name, list(case.model.graph.input), list(case.model.graph.output[:1])
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[
+            *case.model.opset_import,
+            helper.make_opsetid(catalogue.DOMAIN, catalogue.VERSION),
+        ],
+    )
     feeds = dict(zip([i.name for i in graph.input], inputs))
     assert runtime.executed_ops(model, feeds) == {_op(name): 1}
     _assert_close(_run(model, inputs, with_library=True)[:1], outputs[:1], case)

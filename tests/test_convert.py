@@ -17,8 +17,14 @@ from onnxnorm.nn.converter import convert
 
 transformers = pytest.importorskip("transformers")
 
-COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=128)
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+)
 
 
 def _hf(name: str):
@@ -32,17 +38,25 @@ def _hf(name: str):
     if name == "qwen3":
         return t.Qwen3ForCausalLM(t.Qwen3Config(**COMMON, head_dim=16))
     if name == "cohere":
-        return t.CohereForCausalLM(t.CohereConfig(**COMMON, use_qk_norm=True, pad_token_id=0,
-                                                  bos_token_id=1, eos_token_id=2))
+        return t.CohereForCausalLM(
+            t.CohereConfig(
+                **COMMON, use_qk_norm=True, pad_token_id=0, bos_token_id=1, eos_token_id=2
+            )
+        )
     if name == "olmo":
-        return t.OlmoForCausalLM(t.OlmoConfig(**COMMON, pad_token_id=0, bos_token_id=1,
-                                              eos_token_id=2))
+        return t.OlmoForCausalLM(
+            t.OlmoConfig(**COMMON, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        )
     if name == "t5":
-        return t.T5ForConditionalGeneration(t.T5Config(d_model=64, d_ff=128, num_layers=2,
-                                                       num_heads=4, d_kv=16, vocab_size=128))
+        return t.T5ForConditionalGeneration(
+            t.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=128)
+        )
     if name == "gpt2":
-        return t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128,
-                                              bos_token_id=1, eos_token_id=2))
+        return t.GPT2LMHeadModel(
+            t.GPT2Config(
+                n_embd=64, n_layer=2, n_head=4, vocab_size=128, bos_token_id=1, eos_token_id=2
+            )
+        )
     raise KeyError(name)
 
 
@@ -183,8 +197,9 @@ def test_mixed_model_report():
     assert set(replaced) == {"shared", "ln", "no_eps"}
     assert replaced["shared"].how == "direct" and replaced["ln"].how == "direct"
     # it takes its statistics in the input's type: half precision cannot match bit for bit
-    assert replaced["no_eps"].how.startswith("probe (epsilon 1e-06 guessed; not bit-exact in "
-                                             "bfloat16/float16: ")
+    assert replaced["no_eps"].how.startswith(
+        "probe (epsilon 1e-06 guessed; not bit-exact in bfloat16/float16: "
+    )
     assert model.shared is model.again and isinstance(model.again, RMSNorm)
     left = {item.name: item.reason for item in report.left}
     assert set(left) == {"weird", "bn"}
@@ -260,5 +275,6 @@ def test_inexact_rounding_is_reported():
     model = torch.nn.Sequential(Float64RMSNorm(512))
     report = convert(model)
     assert isinstance(model[0], RMSNorm)
-    assert report.replaced[0].how == ("probe (not bit-exact in bfloat16/float16: 1 of 6144 "
-                                      "elements differ)")
+    assert report.replaced[0].how == (
+        "probe (not bit-exact in bfloat16/float16: 1 of 6144 elements differ)"
+    )

@@ -30,7 +30,9 @@ from onnxnorm import OnnxNormError, ops, runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_DIR = ROOT / "custom_ops" / "cuda"
-NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
+NVCC = shutil.which("nvcc") or (
+    "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None
+)
 
 
 def _cuda_library() -> Path | None:
@@ -48,8 +50,10 @@ def _gpu() -> bool:
     return torch.cuda.is_available()
 
 
-needs_gpu = pytest.mark.skipif(not (_gpu() and _cuda_library() is not None),
-                               reason="needs a CUDA GPU visible to torch and the built CUDA library")
+needs_gpu = pytest.mark.skipif(
+    not (_gpu() and _cuda_library() is not None),
+    reason="needs a CUDA GPU visible to torch and the built CUDA library",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,15 +72,24 @@ def test_cuda_library_built_when_nvcc_present():
     assert path is not None and path.is_file() and path.parent == runtime.library_path().parent
     if not shutil.which("readelf"):
         pytest.skip("no readelf to inspect the library")
-    symbols = subprocess.run(["readelf", "--dyn-syms", "-W", str(path)], capture_output=True,
-                             text=True, check=True).stdout
-    exported = {line.split()[-1] for line in symbols.splitlines()
-                if " GLOBAL " in line and " UND " not in line}
-    assert {"onnxnorm_cuda_launch", "onnxnorm_cuda_kernel_name", "onnxnorm_cuda_build_info",
-            "onnxnorm_args_layout"} <= exported, exported
+    symbols = subprocess.run(
+        ["readelf", "--dyn-syms", "-W", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    exported = {
+        line.split()[-1]
+        for line in symbols.splitlines()
+        if " GLOBAL " in line and " UND " not in line
+    }
+    assert {
+        "onnxnorm_cuda_launch",
+        "onnxnorm_cuda_kernel_name",
+        "onnxnorm_cuda_build_info",
+        "onnxnorm_args_layout",
+    } <= exported, exported
     assert "RegisterCustomOps" not in exported
-    needed = subprocess.run(["readelf", "-d", "-W", str(path)], capture_output=True, text=True,
-                            check=True).stdout
+    needed = subprocess.run(
+        ["readelf", "-d", "-W", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     assert "libcudart" not in needed, "the CUDA runtime must be linked statically"
     assert "libonnxruntime" not in needed
 
@@ -90,11 +103,26 @@ def test_cuda_sources_compile_with_nvcc():
     if runtime.build_info().get("cuda"):
         pytest.skip("the installed build compiled every CUDA source with this nvcc")
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [subprocess.Popen([NVCC, "-std=c++17", "-O1", "-arch=sm_80", "--expt-relaxed-constexpr",
-                                  f"-I{ROOT / 'custom_ops' / 'include'}", "-c", str(CUDA_DIR / name),
-                                  "-o", os.path.join(tmp, name + ".o")],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                for name in ("launch.cu", "ops_skip_rms_norm.cu", "ops_skip_rms_norm_quantized.cu")]
+        jobs = [
+            subprocess.Popen(
+                [
+                    NVCC,
+                    "-std=c++17",
+                    "-O1",
+                    "-arch=sm_80",
+                    "--expt-relaxed-constexpr",
+                    f"-I{ROOT / 'custom_ops' / 'include'}",
+                    "-c",
+                    str(CUDA_DIR / name),
+                    "-o",
+                    os.path.join(tmp, name + ".o"),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for name in ("launch.cu", "ops_skip_rms_norm.cu", "ops_skip_rms_norm_quantized.cu")
+        ]
         for job in jobs:
             out, _ = job.communicate(timeout=300)
             assert job.returncode == 0, out
@@ -129,8 +157,12 @@ def test_importing_onnxnorm_and_running_cpu_ops_loads_no_cuda(providers):
         pytest.skip("needs /proc")
     if providers == "cuda-providers" and runtime.cuda_available():
         pytest.skip("onnxruntime offers the CUDA provider: the CUDA library is meant to load")
-    result = subprocess.run([sys.executable, "-c", _CPU_ONLY_RUN, providers], capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _CPU_ONLY_RUN, providers],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "LOADED:", result.stdout
 
@@ -156,15 +188,23 @@ def test_cuda_kernel_logic_in_host_emulation():
     arguments. GPU-specific behaviour (memory model, speed) is left to the GPU tests."""
     if cuda_harness.host_compiler() is None:
         pytest.skip("no host C++ compiler")
-    run = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_harness.py"), "--emulation", "--quick"],
-                         capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "cuda_harness.py"), "--emulation", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     assert "CUDA kernel cases passed" in run.stdout
 
 
 def _ort_headers() -> Path | None:
-    for folder in (os.environ.get("ONNXRUNTIME_INCLUDE_DIR"), "/usr/include/onnxruntime",
-                   str(ROOT / "third_party" / "onnxruntime" / "include")):
+    for folder in (
+        os.environ.get("ONNXRUNTIME_INCLUDE_DIR"),
+        "/usr/include/onnxruntime",
+        str(ROOT / "third_party" / "onnxruntime" / "include"),
+    ):
         if folder and (Path(folder) / "onnxruntime_c_api.h").is_file():
             return Path(folder)
     return None
@@ -183,14 +223,35 @@ def _build_cpu_library_with_cuda_rows_on_cpu(folder: Path) -> Path:
     from test_kernels import _package_build_with_tests
 
     package_build = _package_build_with_tests(ROOT)
-    kernels = sorted(package_build.glob("CMakeFiles/onnxnorm_cpu_kernels.dir/**/*.o")) if package_build else []
+    kernels = (
+        sorted(package_build.glob("CMakeFiles/onnxnorm_cpu_kernels.dir/**/*.o"))
+        if package_build
+        else []
+    )
     sources = sorted(str(p) for p in (ROOT / "custom_ops" / "ort").glob("*.cc"))
-    sources += [str(p) for p in kernels] or sorted(str(p) for p in (ROOT / "custom_ops" / "cpu").glob("*.cc"))
+    sources += [str(p) for p in kernels] or sorted(
+        str(p) for p in (ROOT / "custom_ops" / "cpu").glob("*.cc")
+    )
     out = folder / "libonnxnorm_ops.so"
-    build = subprocess.run([cuda_harness.host_compiler(), "-std=c++17", "-O0", "-shared", "-fPIC",
-                            "-DONNXNORM_TEST_CUDA_ROWS_ON_CPU=1", f"-I{ROOT / 'custom_ops' / 'include'}",
-                            f"-I{headers}", *sources, "-o", str(out), "-ldl"],
-                           capture_output=True, text=True, timeout=900)
+    build = subprocess.run(
+        [
+            cuda_harness.host_compiler(),
+            "-std=c++17",
+            "-O0",
+            "-shared",
+            "-fPIC",
+            "-DONNXNORM_TEST_CUDA_ROWS_ON_CPU=1",
+            f"-I{ROOT / 'custom_ops' / 'include'}",
+            f"-I{headers}",
+            *sources,
+            "-o",
+            str(out),
+            "-ldl",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert build.returncode == 0, build.stderr[-4000:]
     return out
 
@@ -303,7 +364,9 @@ def test_cuda_glue_in_host_emulation(tmp_path):
     library that cannot be loaded, or is another library, is a clear error naming it."""
     if cuda_harness.host_compiler() is None or not Path("/proc/self/maps").is_file():
         pytest.skip("needs a host C++ compiler and /proc")
-    with_cuda, without, broken, foreign = (tmp_path / name for name in ("with", "without", "broken", "foreign"))
+    with_cuda, without, broken, foreign = (
+        tmp_path / name for name in ("with", "without", "broken", "foreign")
+    )
     for folder in (with_cuda, without, broken, foreign):
         folder.mkdir()
     cpu = _build_cpu_library_with_cuda_rows_on_cpu(with_cuda)
@@ -315,25 +378,43 @@ def test_cuda_glue_in_host_emulation(tmp_path):
 
     def glue(folder: Path, mode: str) -> str:
         env = dict(os.environ, ONNXNORM_LIBRARY=str(folder / cpu.name))
-        result = subprocess.run([sys.executable, "-c", _GLUE_RUN, mode, str(folder / "libonnxnorm_cuda_ops.so")],
-                                capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+        result = subprocess.run(
+            [sys.executable, "-c", _GLUE_RUN, mode, str(folder / "libonnxnorm_cuda_ops.so")],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=ROOT,
+            env=env,
+        )
         assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
         return result.stdout
 
     out = glue(with_cuda, "runs")
     pairs = len(ops.catalogue.TYPE_PAIRS)
     # (static ops: without a zero point, with a uint8, an int8 and a float8 one)
-    quantized = sum((1 if spec.quantize == "dynamic" else 4) * pairs * 2
-                    for spec in ops.catalogue.QUANTIZED_OPS.values())
-    assert (f"RESULT: {len(ops.catalogue.FLOAT_OPS) * pairs * 2} checked, {quantized} quantized checked, "
-            "CUDA library loaded: True") in out, out
-    assert "Status Message: onnxnorm::RMSNorm: Scale of shape [7] does not fit X of shape [2,8]" in out, out
+    quantized = sum(
+        (1 if spec.quantize == "dynamic" else 4) * pairs * 2
+        for spec in ops.catalogue.QUANTIZED_OPS.values()
+    )
+    assert (
+        f"RESULT: {len(ops.catalogue.FLOAT_OPS) * pairs * 2} checked, {quantized} quantized checked, "
+        "CUDA library loaded: True"
+    ) in out, out
+    assert (
+        "Status Message: onnxnorm::RMSNorm: Scale of shape [7] does not fit X of shape [2,8]" in out
+    ), out
     # no CUDA library: no CUDA rows, and this build has no CPU rows: the domain holds no op
     assert "onnxnorm:RMSNorm(-1) is not a registered function/op" in glue(without, "error")
     out = glue(broken, "error")
-    assert f"onnxnorm::RMSNorm: cannot load the onnxnorm CUDA library {broken / 'libonnxnorm_cuda_ops.so'}" in out, out
+    assert (
+        f"onnxnorm::RMSNorm: cannot load the onnxnorm CUDA library {broken / 'libonnxnorm_cuda_ops.so'}"
+        in out
+    ), out
     out = glue(foreign, "error")
-    assert f"onnxnorm::RMSNorm: {foreign / 'libonnxnorm_cuda_ops.so'} is not the onnxnorm CUDA library" in out, out
+    assert (
+        f"onnxnorm::RMSNorm: {foreign / 'libonnxnorm_cuda_ops.so'} is not the onnxnorm CUDA library"
+        in out
+    ), out
 
 
 def test_bench_cuda_is_a_command_and_a_module(capsys):
@@ -344,8 +425,12 @@ def test_bench_cuda_is_a_command_and_a_module(capsys):
     with pytest.raises(SystemExit) as stop:
         cli.main(["bench", "cuda", "--help"])
     assert stop.value.code == 0 and "--library LIBRARY" in capsys.readouterr().out
-    result = subprocess.run([sys.executable, "-m", "onnxnorm.bench.cuda", "--help"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "onnxnorm.bench.cuda", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: python -m onnxnorm.bench.cuda")
     assert "--reps" in result.stdout
@@ -353,8 +438,9 @@ def test_bench_cuda_is_a_command_and_a_module(capsys):
     assert capsys.readouterr().err == "onnxnorm: error: --reps must be at least 1\n"
     if not _gpu():
         assert cli.main(["bench", "cuda", "--reps", "1"]) == 1
-        assert capsys.readouterr().err == ("onnxnorm: error: onnxnorm bench cuda: torch sees no "
-                                           "CUDA device\n")
+        assert capsys.readouterr().err == (
+            "onnxnorm: error: onnxnorm bench cuda: torch sees no CUDA device\n"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,8 +488,11 @@ def test_cuda_kernel_runs_on_the_given_stream(kernels):
         kernels.launch(args, side.cuda_stream)
     side.synchronize()
     want = ops.reference.run("RMSNorm", _native.to_numpy(x[:8]), _native.to_numpy(scale))[0]
-    np.testing.assert_allclose(_native.to_numpy(y[:8]).astype(np.float32), want.astype(np.float32),
-                               *ops.reference.tolerance(want.dtype))
+    np.testing.assert_allclose(
+        _native.to_numpy(y[:8]).astype(np.float32),
+        want.astype(np.float32),
+        *ops.reference.tolerance(want.dtype),
+    )
     assert "regs:" in kernels.kernel_name(args)
 
 
@@ -423,8 +512,10 @@ def _ort_cuda():
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
-needs_ort_cuda = pytest.mark.skipif(not (_gpu() and _cuda_library() is not None and _ort_cuda()),
-                                    reason="needs onnxruntime-gpu with the CUDA execution provider")
+needs_ort_cuda = pytest.mark.skipif(
+    not (_gpu() and _cuda_library() is not None and _ort_cuda()),
+    reason="needs onnxruntime-gpu with the CUDA execution provider",
+)
 
 
 def _cuda_provider_inputs(spec, t):
@@ -451,24 +542,33 @@ def _run_on_cuda_provider(op, arrays, attrs=None):
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as folder:
         options.profile_file_prefix = os.path.join(folder, "p")
-        sess = runtime.session(single_node_model(op, arrays, attrs or {}, functions=False), options,
-                               providers=runtime.CUDA_PROVIDERS)
+        sess = runtime.session(
+            single_node_model(op, arrays, attrs or {}, functions=False),
+            options,
+            providers=runtime.CUDA_PROVIDERS,
+        )
         feeds = {}
         for name, value in arrays.items():
             if value.dtype in (BF16, F8):
                 bf16 = value.dtype == BF16
                 feeds[name.lower()] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
                     value.view(np.uint16 if bf16 else np.uint8),
-                    onnx.TensorProto.BFLOAT16 if bf16 else onnx.TensorProto.FLOAT8E4M3FN)
+                    onnx.TensorProto.BFLOAT16 if bf16 else onnx.TensorProto.FLOAT8E4M3FN,
+                )
             else:
                 feeds[name.lower()] = ort.OrtValue.ortvalue_from_numpy(value)
         got = [v.numpy() for v in sess.run_with_ort_values(None, feeds)]
-        got = [v.view(F8) if info.type == "tensor(float8e4m3fn)" else v
-               for v, info in zip(got, sess.get_outputs())]
+        got = [
+            v.view(F8) if info.type == "tensor(float8e4m3fn)" else v
+            for v, info in zip(got, sess.get_outputs())
+        ]
         with open(sess.end_profiling()) as f:
             events = json.load(f)
-    providers = {e["args"].get("provider") for e in events
-                 if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == op}
+    providers = {
+        e["args"].get("provider")
+        for e in events
+        if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == op
+    }
     assert providers == {"CUDAExecutionProvider"}, providers
     return got
 
@@ -504,8 +604,9 @@ def test_ort_cuda_bad_input_is_an_ort_error():
     from helpers import single_node_model
 
     arrays = {"X": np.ones((2, 8), np.float32), "Scale": np.ones(7, np.float32)}
-    model = single_node_model("RMSNorm", {"X": arrays["X"], "Scale": np.ones(8, np.float32)},
-                              functions=False)
+    model = single_node_model(
+        "RMSNorm", {"X": arrays["X"], "Scale": np.ones(8, np.float32)}, functions=False
+    )
     model.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 7
     sess = runtime.session(model, providers=runtime.CUDA_PROVIDERS)
     with pytest.raises(Exception, match="Scale of shape \\[7\\] does not fit"):
@@ -514,7 +615,7 @@ def test_ort_cuda_bad_input_is_an_ort_error():
 
 def _quantized_on_cuda_cases():
     for op, spec in ops.catalogue.QUANTIZED_OPS.items():
-        for q in (["int8", "float8e4m3fn"] if spec.quantize == "static" else ["uint8"]):
+        for q in ["int8", "float8e4m3fn"] if spec.quantize == "static" else ["uint8"]:
             yield pytest.param(op, q, id=f"{op}-{q}")
 
 
@@ -535,8 +636,10 @@ def test_ort_quantized_ops_on_cuda_provider(op, q, dtype):
     quant = {}
     if spec.quantize == "static":
         zero_point = F8_ZERO_POINT if q == "float8e4m3fn" else np.asarray(-3, np.int8)
-        quant = {"Y_scale": np.asarray(0.02 if q == "int8" else 0.002, t),
-                 "Y_zero_point": zero_point}
+        quant = {
+            "Y_scale": np.asarray(0.02 if q == "int8" else 0.002, t),
+            "Y_zero_point": zero_point,
+        }
 
     want_float = _run_on_cuda_provider(spec.base, arrays)
     got = dict(zip([p.name for p in spec.outputs], _run_on_cuda_provider(op, {**arrays, **quant})))

@@ -4,8 +4,23 @@ from models import demo
 
 
 def test_demo_runs_with_parity(capsys, tmp_path):
-    assert demo.main(["--hidden", "64", "--layers", "1", "--seq", "8", "--repeat", "2",
-                      "--out", str(tmp_path)]) == 0
+    assert (
+        demo.main(
+            [
+                "--hidden",
+                "64",
+                "--layers",
+                "1",
+                "--seq",
+                "8",
+                "--repeat",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| fused, ORT + onnxnorm library |" in out
     assert "PARITY FAILED" not in out

@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_ops_page_is_current():
     committed = (ROOT / "docs" / "ops.md").read_text()
-    assert committed == docs.render(), "docs/ops.md is stale: run python -m onnxnorm.ops.docs docs/ops.md"
+    assert committed == docs.render(), (
+        "docs/ops.md is stale: run python -m onnxnorm.ops.docs docs/ops.md"
+    )
 
 
 def test_ops_page_names_every_op_and_attribute():

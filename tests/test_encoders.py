@@ -24,8 +24,13 @@ from models import compare, corpus  # noqa: E402
 #: encoder -> (norms, residual adds): each layer's two norms and the final one (CLIP vision:
 #: the norm before the layers instead; its final norm reads the pooled token, which the test
 #: does not return); every residual add that a norm follows
-COUNTS = {"bert_encoder": (5, 4), "vit": (5, 4), "clip_text": (5, 4), "clip_vision": (5, 3),
-          "whisper_encoder": (5, 4)}
+COUNTS = {
+    "bert_encoder": (5, 4),
+    "vit": (5, 4),
+    "clip_text": (5, 4),
+    "clip_vision": (5, 3),
+    "whisper_encoder": (5, 4),
+}
 #: the first norm's Add that stays: embeddings + position embeddings of batch 1
 FIRST_ADD = {
     "bert_encoder": "may broadcast: dim 0 is 1 in one and batch in the other",
@@ -51,8 +56,7 @@ def exported():
 @pytest.mark.slow
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 @pytest.mark.parametrize("name", list(corpus.ENCODERS))
-def test_every_residual_add_absorbed_with_parity(exported, name, exporter, tmp_path,
-                                                 monkeypatch):
+def test_every_residual_add_absorbed_with_parity(exported, name, exporter, tmp_path, monkeypatch):
     model = exported(name, exporter)
     assert [d.dim_param for d in model.graph.input[0].type.tensor_type.shape.dim][0] == "batch"
     monkeypatch.chdir(tmp_path)
@@ -76,8 +80,10 @@ def test_at_least_as_many_as_other_tools(exported, name, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     mine = compare.count(fuse(model)[0])
-    for tool, run in (("ort", lambda: compare._run_ort(model, path, name)),
-                      ("onnxscript", lambda: compare._run_onnxscript(model, path))):
+    for tool, run in (
+        ("ort", lambda: compare._run_ort(model, path, name)),
+        ("onnxscript", lambda: compare._run_onnxscript(model, path)),
+    ):
         theirs = compare.count(run())
         assert mine[0] >= theirs[0] and mine[1] >= theirs[1], (tool, mine, theirs)
 
@@ -86,12 +92,18 @@ def _residual_model(x_dims, r_dims):
     """LayerNorm(x + r) over the last axis, with the given (symbolic) input shapes."""
     scale = helper.make_tensor("scale", TensorProto.FLOAT, [8], [0.5 + i / 8 for i in range(8)])
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "r"], ["sum"]),
-         helper.make_node("LayerNormalization", ["sum", "scale"], ["y"], axis=-1)],
+        [
+            helper.make_node("Add", ["x", "r"], ["sum"]),
+            helper.make_node("LayerNormalization", ["sum", "scale"], ["y"], axis=-1),
+        ],
         "residual",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims),
-         helper.make_tensor_value_info("r", TensorProto.FLOAT, r_dims)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [scale])
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, r_dims),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [scale],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -102,8 +114,10 @@ def test_an_add_that_may_broadcast_is_never_absorbed():
     fused, report = fuse(model)
     assert report.residual_adds == 0
     [skip] = report["SkipLayerNorm (residual add)"].skips
-    assert skip.reason.startswith("cannot prove that the residual add's operands have the same shape: "
-                           "dim 0 is n and m ([n, 8] and [m, 8])")
+    assert skip.reason.startswith(
+        "cannot prove that the residual add's operands have the same shape: "
+        "dim 0 is n and m ([n, 8] and [m, 8])"
+    )
     checks = verify(model, fused, sizes={"n": 3, "m": 1})  # a broadcast the original runs
     assert checks and all(c.ok for c in checks)
 

@@ -22,13 +22,16 @@ def test_the_types_are_one_each_wherever_they_are_imported_from():
     assert not issubclass(errors.OutputDoesNotLoad, errors.OnnxNormError)  # a bug: exit 2
 
 
-@pytest.mark.parametrize("error, fallback, line", [
-    (ValueError("first\nsecond"), None, "first"),
-    (ValueError("  padded  \n"), None, "padded"),
-    (RuntimeError(""), None, "RuntimeError"),
-    (RuntimeError(""), "failed", "failed"),
-    (KeyError("k"), None, "'k'"),
-])
+@pytest.mark.parametrize(
+    "error, fallback, line",
+    [
+        (ValueError("first\nsecond"), None, "first"),
+        (ValueError("  padded  \n"), None, "padded"),
+        (RuntimeError(""), None, "RuntimeError"),
+        (RuntimeError(""), "failed", "failed"),
+        (KeyError("k"), None, "'k'"),
+    ],
+)
 def test_first_line(error, fallback, line):
     assert errors.first_line(error, fallback) == line
 

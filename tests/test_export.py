@@ -16,10 +16,20 @@ import ml_dtypes
 import onnxnorm
 from onnxnorm.nn import decoder
 from onnxnorm import OnnxNormError, ops, runtime
-from onnxnorm.nn import (DeepNormBlock, LayerNorm, PostNormBlock, PreNormBlock, ResidualStream,
-                         RMSNorm, SandwichBlock, add_norm, sandwich_norm)
+from onnxnorm.nn import (
+    DeepNormBlock,
+    LayerNorm,
+    PostNormBlock,
+    PreNormBlock,
+    ResidualStream,
+    RMSNorm,
+    SandwichBlock,
+    add_norm,
+    sandwich_norm,
+)
 from onnxnorm.nn.exporter import count_norm_nodes
 from onnxnorm.ops import reference
+
 
 @pytest.fixture(autouse=True)
 def _seed():
@@ -68,8 +78,9 @@ def test_gemma_offset_starts_at_identity_scale():
 def test_eager_matches_reference():
     norm = TwoNorms().second
     x = torch.randn(2, 5, 16)
-    want = reference.run("RMSNorm", x.numpy(), norm.weight.detach().numpy(), epsilon=1e-5,
-                         scale_offset=1.0)[0]
+    want = reference.run(
+        "RMSNorm", x.numpy(), norm.weight.detach().numpy(), epsilon=1e-5, scale_offset=1.0
+    )[0]
     np.testing.assert_allclose(norm(x).detach().numpy(), want, rtol=1e-5, atol=1e-5)
 
 
@@ -87,8 +98,9 @@ def exported(tmp_path_factory):
     paths = {}
     for mode in ("function", "fused"):
         paths[mode] = folder / f"{mode}.onnx"
-        onnxnorm.export(model, (x,), paths[mode], mode=mode,
-                        dynamic_shapes=({0: "batch", 1: "seq"},))
+        onnxnorm.export(
+            model, (x,), paths[mode], mode=mode, dynamic_shapes=({0: "batch", 1: "seq"},)
+        )
     return model, paths
 
 
@@ -105,7 +117,9 @@ def test_export_one_node_per_module(exported, mode):
     functions = sorted((f.domain, f.name, f.overload) for f in model.functions)
     expected = [(ops.DOMAIN, "RMSNorm", "scale"), (ops.DOMAIN, "RMSNorm", "scale_offset")]
     assert functions == (expected if mode == "function" else [])
-    assert [n.overload for n in norms] == (["scale", "scale_offset"] if mode == "function" else ["", ""])
+    assert [n.overload for n in norms] == (
+        ["scale", "scale_offset"] if mode == "function" else ["", ""]
+    )
     onnx.checker.check_model(model, full_check=True)
 
 
@@ -137,8 +151,12 @@ def test_export_bad_arguments(tmp_path):
 
 # --- the configurable decoder in every mode ---------------------------------------------------
 
-ORT_OPS = {"RMSNorm": "SimplifiedLayerNormalization", "SkipRMSNorm": "SkipSimplifiedLayerNormalization",
-           "LayerNorm": "LayerNormalization", "SkipLayerNorm": "SkipLayerNormalization"}
+ORT_OPS = {
+    "RMSNorm": "SimplifiedLayerNormalization",
+    "SkipRMSNorm": "SkipSimplifiedLayerNormalization",
+    "LayerNorm": "LayerNormalization",
+    "SkipLayerNorm": "SkipLayerNormalization",
+}
 MODES = [("function", 18), ("fused", 18), ("ort", 18), ("onnx", 23)]
 
 
@@ -151,8 +169,9 @@ def _session(model: onnx.ModelProto, with_library: bool = False) -> ort.Inferenc
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory):
     """A Pre-Norm RMSNorm decoder (Q/K norm, embedding norm) exported once per mode."""
-    config = decoder.DecoderConfig(norm="rms", position="pre", qk_norm=True, embedding_norm=True,
-                                   cast_before_scale=1)
+    config = decoder.DecoderConfig(
+        norm="rms", position="pre", qk_norm=True, embedding_norm=True, cast_before_scale=1
+    )
     model = decoder.build(config)
     x = decoder.example_input(config, batch=2, seq=6)
     folder = tmp_path_factory.mktemp("modes")
@@ -226,7 +245,10 @@ def test_half_precision_parity_within_reference_tolerance(dtype, tmp_path):
     x, r = torch.randn(2, 4, 32).to(dtype), torch.randn(2, 4, 32).to(dtype)
     proto = onnxnorm.export(model, (x, r))
     assert [n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN] == [
-        "SkipRMSNorm", "SandwichLayerNorm", "RMSNorm"]
+        "SkipRMSNorm",
+        "SandwichLayerNorm",
+        "RMSNorm",
+    ]
     sess = _session(proto)
     got = sess.run(None, {i.name: v.numpy() for i, v in zip(sess.get_inputs(), (x, r))})
     with torch.no_grad():
@@ -241,8 +263,9 @@ def test_external_data(tmp_path):
     x, r = torch.randn(2, 4, 512), torch.randn(2, 4, 512)
     path = tmp_path / "chain.onnx"
     proto = onnxnorm.export(model, (x, r), path, external_data=True)
-    assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer), \
+    assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer), (
         "the returned model must keep its weights"
+    )
     assert (tmp_path / "chain.onnx.data").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.onnx", "chain.onnx.data"]
     loaded = onnx.load(path, load_external_data=False)
@@ -279,8 +302,11 @@ def test_model_without_norms_is_a_clear_error():
     proto = onnxnorm.export(Plain(), (torch.randn(2, 3, 16),), allow_no_norms=True)
     assert not any(n.domain == ops.DOMAIN for n in proto.graph.node)
     batch_norm = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16)).eval()
-    with pytest.raises(OnnxNormError, match=r"no norm that onnxnorm exports: 1 \(BatchNorm1d\) "
-                                            "have no onnxnorm op"):
+    with pytest.raises(
+        OnnxNormError,
+        match=r"no norm that onnxnorm exports: 1 \(BatchNorm1d\) "
+        "have no onnxnorm op",
+    ):
         onnxnorm.export(batch_norm, (torch.randn(4, 16),), convert=True)
 
 
@@ -294,25 +320,38 @@ def test_unsupported_norm_is_reported_and_left():
 
 
 def test_wrong_inputs_are_clear_errors():
-    with pytest.raises(OnnxNormError, match="args\\[0\\] must be a torch.Tensor, got numpy.ndarray "
-                                           "\\(convert it with torch.from_numpy\\)"):
+    with pytest.raises(
+        OnnxNormError,
+        match="args\\[0\\] must be a torch.Tensor, got numpy.ndarray "
+        "\\(convert it with torch.from_numpy\\)",
+    ):
         onnxnorm.export(TwoNorms(), (np.zeros((2, 3, 16), np.float32),))
-    with pytest.raises(OnnxNormError, match="the model fails on the given inputs: ValueError: "
-                                           "RMSNorm over \\(16,\\) got an input of shape"):
+    with pytest.raises(
+        OnnxNormError,
+        match="the model fails on the given inputs: ValueError: "
+        "RMSNorm over \\(16,\\) got an input of shape",
+    ):
         onnxnorm.export(TwoNorms(), (torch.randn(2, 3, 8),))
-    with pytest.raises(OnnxNormError, match="the model fails on the given inputs: TypeError: "
-                                           "RMSNorm expects float32, float16 or bfloat16"):
+    with pytest.raises(
+        OnnxNormError,
+        match="the model fails on the given inputs: TypeError: "
+        "RMSNorm expects float32, float16 or bfloat16",
+    ):
         onnxnorm.export(TwoNorms(), (torch.ones(2, 3, 16, dtype=torch.int64),))
 
 
 def test_keyword_inputs_and_named_dynamic_axes():
     x, r = torch.randn(2, 4, 32), torch.randn(2, 4, 32)
     proto = onnxnorm.export(NormChain(), (x,), kwargs={"residual": r})
-    shapes = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
-              for i in proto.graph.input]
+    shapes = [
+        [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+        for i in proto.graph.input
+    ]
     assert shapes == [["batch", "sequence", 32]] * 2
-    with pytest.raises(OnnxNormError, match="forward does not take these inputs: missing a "
-                                            "required argument: 'residual'"):
+    with pytest.raises(
+        OnnxNormError,
+        match="forward does not take these inputs: missing a required argument: 'residual'",
+    ):
         onnxnorm.export(NormChain(), (x,))
 
 
@@ -328,10 +367,15 @@ class BlockStack(torch.nn.Module):
             for n in norms:
                 n.weight.copy_(1 + 0.3 * torch.randn(hidden, generator=g))
         subs = [torch.nn.Linear(hidden, hidden) for _ in range(5)]
-        self.blocks = torch.nn.ModuleList([
-            PreNormBlock(norms[0], subs[0]), SandwichBlock(norms[1], subs[1], norms[2]),
-            PreNormBlock(norms[3], subs[2]), PostNormBlock(subs[3], norms[4]),
-            DeepNormBlock(subs[4], norms[5], alpha=2.0)])
+        self.blocks = torch.nn.ModuleList(
+            [
+                PreNormBlock(norms[0], subs[0]),
+                SandwichBlock(norms[1], subs[1], norms[2]),
+                PreNormBlock(norms[3], subs[2]),
+                PostNormBlock(subs[3], norms[4]),
+                DeepNormBlock(subs[4], norms[5], alpha=2.0),
+            ]
+        )
         self.final = LayerNorm(hidden)
 
     def forward(self, x):
@@ -348,13 +392,21 @@ def test_block_helpers_export_one_node_per_add_and_norm():
     ours = [n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN]
     # first norm; add + norm; post-norm + add + pre-norm; Post-Norm after a pending Pre-Norm add
     # (the add is done apart); DeepNorm with alpha; the final LayerNorm
-    assert ours == ["RMSNorm", "SkipRMSNorm", "SandwichRMSNorm", "SkipRMSNorm", "SkipRMSNorm",
-                    "LayerNorm"]
+    assert ours == [
+        "RMSNorm",
+        "SkipRMSNorm",
+        "SandwichRMSNorm",
+        "SkipRMSNorm",
+        "SkipRMSNorm",
+        "LayerNorm",
+    ]
     deep = [n for n in proto.graph.node if n.op_type == "SkipRMSNorm"][-1]
     assert onnx.helper.get_attribute_value(
-        next(a for a in deep.attribute if a.name == "alpha")) == pytest.approx(2.0)
+        next(a for a in deep.attribute if a.name == "alpha")
+    ) == pytest.approx(2.0)
     sess = _session(proto)
     with torch.no_grad():
         want = model(x).numpy()
-    np.testing.assert_allclose(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0], want,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0], want, rtol=1e-5, atol=1e-5
+    )

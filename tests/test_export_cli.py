@@ -18,14 +18,23 @@ from onnxnorm import cli, ops
 
 transformers = pytest.importorskip("transformers")
 
-LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=128)
+LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+)
 
 
 def _norm_ops(path):
     model = onnx.load(path)
-    return collections.Counter(n.op_type for n in model.graph.node
-                               if n.domain == ops.DOMAIN or "Normalization" in n.op_type)
+    return collections.Counter(
+        n.op_type
+        for n in model.graph.node
+        if n.domain == ops.DOMAIN or "Normalization" in n.op_type
+    )
 
 
 def test_family_decoder(tmp_path, capsys):
@@ -38,8 +47,27 @@ def test_family_decoder(tmp_path, capsys):
 
 def test_configurable_decoder_with_tokens(tmp_path, capsys):
     out = tmp_path / "deep.onnx"
-    assert cli.main(["export", "decoder", "--norm", "layer", "--position", "deepnorm",
-                     "--vocab", "50", "--layers", "3", "-o", str(out), "--mode", "ort"]) == 0
+    assert (
+        cli.main(
+            [
+                "export",
+                "decoder",
+                "--norm",
+                "layer",
+                "--position",
+                "deepnorm",
+                "--vocab",
+                "50",
+                "--layers",
+                "3",
+                "-o",
+                str(out),
+                "--mode",
+                "ort",
+            ]
+        )
+        == 0
+    )
     assert _norm_ops(out) == {"SkipLayerNormalization": 6}
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     ids = np.random.default_rng(0).integers(0, 50, (3, 5), dtype=np.int64)
@@ -50,8 +78,23 @@ def test_hf_directory_matches_transformers(tmp_path, capsys):
     folder = tmp_path / "llama"
     transformers.LlamaConfig(**LLAMA).save_pretrained(folder)
     out, report = tmp_path / "llama.onnx", tmp_path / "report.json"
-    assert cli.main(["export", str(folder), "-o", str(out), "--json", str(report),
-                     "--batch", "3", "--seq", "4"]) == 0
+    assert (
+        cli.main(
+            [
+                "export",
+                str(folder),
+                "-o",
+                str(out),
+                "--json",
+                str(report),
+                "--batch",
+                "3",
+                "--seq",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert _norm_ops(out) == {"RMSNorm": 5}
     data = json.loads(report.read_text())
     assert {r["original"] for r in data["convert"]["replaced"]} == {"LlamaRMSNorm"}
@@ -59,7 +102,8 @@ def test_hf_directory_matches_transformers(tmp_path, capsys):
     # random weights from seed 0, as the command makes them; dynamic axes: other sizes run
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM._from_config(
-        transformers.AutoConfig.from_pretrained(folder), attn_implementation="eager").eval()
+        transformers.AutoConfig.from_pretrained(folder), attn_implementation="eager"
+    ).eval()
     ids = torch.randint(0, 128, (2, 6))
     with torch.no_grad():
         want = model(ids, use_cache=False).logits.numpy()
@@ -70,22 +114,29 @@ def test_hf_directory_matches_transformers(tmp_path, capsys):
 
 def test_hf_config_file_encoder_decoder(tmp_path, capsys):
     config = tmp_path / "t5.json"
-    transformers.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
-                          vocab_size=128).to_json_file(config)
+    transformers.T5Config(
+        d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=128
+    ).to_json_file(config)
     out = tmp_path / "t5.onnx"
     assert cli.main(["export", str(config), "-o", str(out), "--mode", "onnx", "--opset", "23"]) == 0
     assert _norm_ops(out) == {"RMSNormalization": 12}
     assert "T5LayerNorm -> RMSNorm([64], eps=1e-06, order A)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["nosuch"], "nosuch: not a directory or .json file, and unknown family 'nosuch'; known: llama"),
-    (["missing/config.json"], "missing/config.json: no such file or directory"),
-    (["llama", "--norm", "layer"], "--norm and --position are for MODEL 'decoder'"),
-    (["decoder", "--position", "middle"], "bad decoder configuration: position must be one of"),
-    (["llama", "--seq", "0"], "--seq must be >= 1, got 0"),
-    (["llama", "--batch", "1"], "with dynamic axes --batch and --seq must be >= 2"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["nosuch"],
+            "nosuch: not a directory or .json file, and unknown family 'nosuch'; known: llama",
+        ),
+        (["missing/config.json"], "missing/config.json: no such file or directory"),
+        (["llama", "--norm", "layer"], "--norm and --position are for MODEL 'decoder'"),
+        (["decoder", "--position", "middle"], "bad decoder configuration: position must be one of"),
+        (["llama", "--seq", "0"], "--seq must be >= 1, got 0"),
+        (["llama", "--batch", "1"], "with dynamic axes --batch and --seq must be >= 2"),
+    ],
+)
 def test_bad_arguments(argv, message, tmp_path, capsys):
     assert cli.main(["export", *argv, "-o", str(tmp_path / "m.onnx")]) == 1
     err = capsys.readouterr().err
@@ -97,9 +148,11 @@ def test_bad_files(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad.json").write_text('{"a": 1}')
     (tmp_path / "weights.bin").write_bytes(b"\0")
-    cases = [(tmp_path / "empty", "no config.json in this directory"),
-             (tmp_path / "bad.json", "not a readable Hugging Face config"),
-             (tmp_path / "weights.bin", "expected a Hugging Face model directory or a config")]
+    cases = [
+        (tmp_path / "empty", "no config.json in this directory"),
+        (tmp_path / "bad.json", "not a readable Hugging Face config"),
+        (tmp_path / "weights.bin", "expected a Hugging Face model directory or a config"),
+    ]
     for model, message in cases:
         assert cli.main(["export", str(model), "-o", str(tmp_path / "m.onnx")]) == 1
         err = capsys.readouterr().err
@@ -109,8 +162,12 @@ def test_bad_files(tmp_path, capsys):
 
 
 def test_console_error_is_one_line_without_traceback(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "onnxnorm", "export", "nosuch", "-o",
-                             str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "onnxnorm", "export", "nosuch", "-o", str(tmp_path / "m.onnx")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
@@ -127,21 +184,51 @@ def test_family_export_needs_no_source_tree(tmp_path):
     installed package, never from whatever models/ is importable."""
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "__init__.py").write_text("raise RuntimeError('not onnxnorm')\n")
-    result = subprocess.run([sys.executable, "-m", "onnxnorm", "export", "qwen3", "-o", "m.onnx",
-                             "--hidden", "32", "--heads", "2", "--layers", "1"],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnxnorm",
+            "export",
+            "qwen3",
+            "-o",
+            "m.onnx",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--layers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "Qwen3-style decoder" in result.stdout
-    counts = collections.Counter(n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node
-                                 if n.domain == "onnxnorm")
+    counts = collections.Counter(
+        n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node if n.domain == "onnxnorm"
+    )
     # Pre-Norm with Q/K norms over head_dim: 1 + 2 (Q, K) RMSNorm per layer plus the first
     # and final norms, the residual adds fused into SkipRMSNorm
     assert counts["RMSNorm"] >= 3 and counts["SkipRMSNorm"] >= 1, counts
 
 
 def test_output_checked_before_the_model_is_built(tmp_path, capsys):
-    assert cli.main(["export", "llama", "-o", str(tmp_path / "m.onnx"), "--json",
-                     str(tmp_path / "no" / "r.json")]) == 1
+    assert (
+        cli.main(
+            [
+                "export",
+                "llama",
+                "-o",
+                str(tmp_path / "m.onnx"),
+                "--json",
+                str(tmp_path / "no" / "r.json"),
+            ]
+        )
+        == 1
+    )
     captured = capsys.readouterr()
     assert captured.out == "" and "r.json: folder" in captured.err
     assert cli.main(["export", "llama", "-o", str(tmp_path)]) == 1

@@ -30,14 +30,18 @@ def _sha(path: Path) -> str:
 
 def _offsets(path: Path) -> dict[str, tuple[str, int, int]]:
     model = onnx.load(path, load_external_data=False)
-    return {t.name: _io._location(t) for t in model.graph.initializer
-            if external_data_helper.uses_external_data(t)}
+    return {
+        t.name: _io._location(t)
+        for t in model.graph.initializer
+        if external_data_helper.uses_external_data(t)
+    }
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
-    return compare.decoder_export(tmp_path_factory.mktemp("external"), layers=2, hidden=256,
-                                  external=True)
+    return compare.decoder_export(
+        tmp_path_factory.mktemp("external"), layers=2, hidden=256, external=True
+    )
 
 
 def _with_unused_tail(source: Path, tmp_path: Path) -> Path:
@@ -51,8 +55,12 @@ def _with_unused_tail(source: Path, tmp_path: Path) -> Path:
 
 
 def _fuse(source: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "onnxnorm", "fuse", str(source), "-o", str(out),
-                           "--verify"], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "onnxnorm", "fuse", str(source), "-o", str(out), "--verify"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_output_shares_no_writes_with_the_input(source, tmp_path):
@@ -130,7 +138,10 @@ def test_a_clone_keeps_offsets_and_releases_unused_ranges(source, tmp_path, monk
 def _hub_snapshot(source: Path, root: Path) -> Path:
     """``source`` laid out as the Hugging Face hub caches a download: the files in
     ``<repo>/blobs`` under their hashes, linked from ``<repo>/snapshots/<revision>`` by name."""
-    blobs, snapshot = root / "models--org--name" / "blobs", root / "models--org--name" / "snapshots" / "0123abc"
+    blobs, snapshot = (
+        root / "models--org--name" / "blobs",
+        root / "models--org--name" / "snapshots" / "0123abc",
+    )
     blobs.mkdir(parents=True)
     snapshot.mkdir(parents=True)
     for path in (source, Path(f"{source}.data")):
@@ -155,5 +166,7 @@ def test_a_hugging_face_cache_snapshot_is_read_through_its_links(source, tmp_pat
     os.symlink(other, tmp_path / "hub" / "models--org--name" / "blobs")
     result = _fuse(model, tmp_path / "refused.onnx")
     assert result.returncode != 0
-    assert "is a symbolic link to" in result.stderr and "outside the model's folder" in result.stderr
+    assert (
+        "is a symbolic link to" in result.stderr and "outside the model's folder" in result.stderr
+    )
     assert not (tmp_path / "refused.onnx").exists()

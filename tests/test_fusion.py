@@ -20,8 +20,8 @@ from onnxnorm.nn.exporter import quiet_export
 from onnxnorm.ops import catalogue, reference
 
 # ONNX float attributes are 32-bit: only a float32-exact epsilon survives within 1e-9.
-EPS = 2.0 ** -20
-EPS2 = 2.0 ** -14
+EPS = 2.0**-20
+EPS2 = 2.0**-14
 SHAPE = (2, 5, 16)
 DECOMPOSED = {"Pow", "ReduceMean", "Sqrt", "Reciprocal", "RMSNormalization"}
 LLAMA = "RMSNorm (decomposed)"
@@ -86,8 +86,14 @@ def export(tmp_path_factory):
             x = torch.randn(*SHAPE, dtype=TORCH_DTYPES[dtype])
             path = folder / ("_".join(map(str, key)) + ".onnx")
             with quiet_export(), torch.no_grad():
-                torch.onnx.export(module, (x,), str(path), dynamo=exporter == "dynamo",
-                                  opset_version=opset, input_names=["x"])
+                torch.onnx.export(
+                    module,
+                    (x,),
+                    str(path),
+                    dynamo=exporter == "dynamo",
+                    opset_version=opset,
+                    input_names=["x"],
+                )
             cache[key] = (onnx.load(str(path)), x.numpy(), module)
         return cache[key]
 
@@ -97,21 +103,25 @@ def export(tmp_path_factory):
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     options = ort.SessionOptions()
     options.log_severity_level = 3  # the fp16 function bodies draw constant-folding warnings
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     return session.run(None, {session.get_inputs()[0].name: x})[0]
 
 
 def _close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> None:
     rtol, atol = reference.tolerance(dtype)
     assert actual.dtype == expected.dtype
-    np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64),
-                               rtol=rtol, atol=atol)
+    np.testing.assert_allclose(
+        actual.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol
+    )
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
-    return {**catalogue.get(node.op_type).defaults,
-            **{a.name: helper.get_attribute_value(a) for a in node.attribute}}
+    return {
+        **catalogue.get(node.op_type).defaults,
+        **{a.name: helper.get_attribute_value(a) for a in node.attribute},
+    }
 
 
 def _norm_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -135,8 +145,9 @@ def test_single_norm(export, form, dtype, exporter, opset):
     assert report.norms == 1 and report.residual_adds == 0
     assert not any(r.skips for r in report.rules), str(report)
     assert [n.op_type for n in fused.graph.node] == ["RMSNorm"]
-    assert [i.name for i in fused.graph.initializer] == [p.name for p in original.graph.initializer
-                                                         if p.name in fused.graph.node[0].input]
+    assert [i.name for i in fused.graph.initializer] == [
+        p.name for p in original.graph.initializer if p.name in fused.graph.node[0].input
+    ]
     node = fused.graph.node[0]
     attrs = _attrs(node)
     order = int(dtype != "float32")  # Llama rounds in order A; float32: both orders agree
@@ -182,7 +193,9 @@ def test_model_without_norm_is_left_alone():
     x = torch.randn(*SHAPE)
     buffer = io.BytesIO()
     with quiet_export():
-        torch.onnx.export(torch.nn.Linear(SHAPE[-1], 8), (x,), buffer, dynamo=False, opset_version=17)
+        torch.onnx.export(
+            torch.nn.Linear(SHAPE[-1], 8), (x,), buffer, dynamo=False, opset_version=17
+        )
     original = onnx.load_from_string(buffer.getvalue())
     fused, report = _fuse_checked(original)
     assert report.fused_total == 0
@@ -193,14 +206,27 @@ def test_model_without_norm_is_left_alone():
     _close(_run(fused, x.numpy()), _run(original, x.numpy()), "float32")
 
 
-def _decomposed(*, axes=(-1,), keepdims=1, shape=SHAPE, opset=18, exponent=2.0, swap_add=False,
-                eps_is_input=False, dtype=TensorProto.FLOAT, scale_shape=None, extra_output=False):
+def _decomposed(
+    *,
+    axes=(-1,),
+    keepdims=1,
+    shape=SHAPE,
+    opset=18,
+    exponent=2.0,
+    swap_add=False,
+    eps_is_input=False,
+    dtype=TensorProto.FLOAT,
+    scale_shape=None,
+    extra_output=False,
+):
     """A decomposed RMSNorm built by hand: X * Reciprocal(Sqrt(ReduceMean(Pow(X, 2)) + eps)) * W."""
     np_type = helper.tensor_dtype_to_np_dtype(dtype)
     scale_shape = shape[-1:] if scale_shape is None else scale_shape
-    inits = [numpy_helper.from_array(np.array(exponent, np_type), "two"),
-             numpy_helper.from_array(np.array(EPS, np_type), "eps"),
-             numpy_helper.from_array(np.full(scale_shape, 1.5, np_type), "w")]
+    inits = [
+        numpy_helper.from_array(np.array(exponent, np_type), "two"),
+        numpy_helper.from_array(np.array(EPS, np_type), "eps"),
+        numpy_helper.from_array(np.full(scale_shape, 1.5, np_type), "w"),
+    ]
     mean_attrs = {"keepdims": keepdims}
     mean_inputs = ["sq"]
     if opset >= 18:
@@ -211,7 +237,9 @@ def _decomposed(*, axes=(-1,), keepdims=1, shape=SHAPE, opset=18, exponent=2.0, 
     nodes = [
         helper.make_node("Pow", ["x", "two"], ["sq"], name="pow"),
         helper.make_node("ReduceMean", mean_inputs, ["mean"], name="mean", **mean_attrs),
-        helper.make_node("Add", ["eps", "mean"] if swap_add else ["mean", "eps"], ["var"], name="add"),
+        helper.make_node(
+            "Add", ["eps", "mean"] if swap_add else ["mean", "eps"], ["var"], name="add"
+        ),
         helper.make_node("Sqrt", ["var"], ["rms"], name="sqrt"),
         helper.make_node("Reciprocal", ["rms"], ["inv"], name="reciprocal"),
         helper.make_node("Mul", ["x", "inv"], ["normalized"], name="normalize"),
@@ -231,11 +259,21 @@ def _decomposed(*, axes=(-1,), keepdims=1, shape=SHAPE, opset=18, exponent=2.0, 
 
 def _standard(*, stash_type=1, scale_shape=(SHAPE[-1],)):
     graph = helper.make_graph(
-        [helper.make_node("RMSNormalization", ["x", "w"], ["y"], name="rms", epsilon=EPS,
-                          stash_type=stash_type)],
-        "standard", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        [
+            helper.make_node(
+                "RMSNormalization",
+                ["x", "w"],
+                ["y"],
+                name="rms",
+                epsilon=EPS,
+                stash_type=stash_type,
+            )
+        ],
+        "standard",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)],
-        [numpy_helper.from_array(np.full(scale_shape, 1.5, np.float32), "w")])
+        [numpy_helper.from_array(np.full(scale_shape, 1.5, np.float32), "w")],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
 
 
@@ -243,20 +281,35 @@ def _standard(*, stash_type=1, scale_shape=(SHAPE[-1],)):
 # scale still fuses)
 NEAR_MISSES = {
     "axis_minus_2": (lambda: _decomposed(axes=(-2,)), LLAMA, "reduces over axes [-2]", False),
-    "keepdims_0": (lambda: _decomposed(keepdims=0, shape=(4, 4), opset=17), LLAMA, "keepdims=0",
-                   False),
+    "keepdims_0": (
+        lambda: _decomposed(keepdims=0, shape=(4, 4), opset=17),
+        LLAMA,
+        "keepdims=0",
+        False,
+    ),
     "eps_graph_input": (lambda: _decomposed(eps_is_input=True), LLAMA, "is a graph input", False),
     "pow_3": (lambda: _decomposed(exponent=3.0), LLAMA, "exponent is 3.0, not 2", False),
     # with strict precision only (STRICT): by default it fuses, with float32 statistics
-    "float16_statistics": (lambda: _decomposed(dtype=TensorProto.FLOAT16), LLAMA,
-                           "statistics are computed in FLOAT16", False),
-    "intermediate_used": (lambda: _decomposed(extra_output=True), LLAMA,
-                          "'inv' is a graph output", False),
+    "float16_statistics": (
+        lambda: _decomposed(dtype=TensorProto.FLOAT16),
+        LLAMA,
+        "statistics are computed in FLOAT16",
+        False,
+    ),
+    "intermediate_used": (
+        lambda: _decomposed(extra_output=True),
+        LLAMA,
+        "'inv' is a graph output",
+        False,
+    ),
     "scale_broadcasts": (lambda: _decomposed(scale_shape=(1,)), SCALE, "not a suffix", True),
-    "scale_adds_rank": (lambda: _decomposed(scale_shape=(1, 1, 1, 16)), SCALE, "higher rank",
-                        True),
-    "stash_double": (lambda: _standard(stash_type=TensorProto.DOUBLE), STANDARD, "stash_type",
-                     False),
+    "scale_adds_rank": (lambda: _decomposed(scale_shape=(1, 1, 1, 16)), SCALE, "higher rank", True),
+    "stash_double": (
+        lambda: _standard(stash_type=TensorProto.DOUBLE),
+        STANDARD,
+        "stash_type",
+        False,
+    ),
 }
 
 
@@ -282,8 +335,11 @@ def test_near_miss_is_reported_not_fused(case):
         assert [n.op_type for n in fused.graph.node] == [n.op_type for n in original.graph.node]
 
 
-@pytest.mark.parametrize("variant", [{}, {"swap_add": True}, {"shape": ("batch", "seq", 16)},
-                                     {"opset": 17, "axes": (2,)}], ids=str)
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"swap_add": True}, {"shape": ("batch", "seq", 16)}, {"opset": 17, "axes": (2,)}],
+    ids=str,
+)
 def test_hand_built_model_fuses(variant):
     """The near-miss builder's own model fuses (so the near misses fail for their reason)."""
     original = _decomposed(**variant)
@@ -299,8 +355,14 @@ def test_norm_inside_model_local_function_is_reported():
     module, x = TwoNorms("llama"), torch.randn(*SHAPE)
     buffer = io.BytesIO()
     with quiet_export():
-        torch.onnx.export(module, (x,), buffer, dynamo=False, opset_version=17,
-                          export_modules_as_functions={RMSNorm})
+        torch.onnx.export(
+            module,
+            (x,),
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            export_modules_as_functions={RMSNorm},
+        )
     original = onnx.load_from_string(buffer.getvalue())
     fused, report = _fuse_checked(original)
     assert report.norms == 0 and report[LLAMA].found == 1
@@ -330,8 +392,9 @@ def test_replacement_orders_inputs_and_refuses_unknown_names():
     from onnxnorm.fusion._base import Replacement
 
     x, residual, scale = ir.Value(name="x"), ir.Value(name="r"), ir.Value(name="s")
-    new = Replacement("SkipRMSNorm", {"Scale": scale, "X": x, "Residual": residual,
-                                      "XBias": None}, {})
+    new = Replacement(
+        "SkipRMSNorm", {"Scale": scale, "X": x, "Residual": residual, "XBias": None}, {}
+    )
     assert new.arguments() == [x, residual, scale]  # catalogue order, absent tail dropped
     with pytest.raises(ValueError, match="RMSNorm has no input Weight"):
         Replacement("RMSNorm", {"X": x, "Weight": scale}, {}).arguments()
@@ -354,8 +417,9 @@ def test_float16_statistics_are_fused_in_float32_and_noted():
     x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float16) * 8
     _close(_run(fused, x), _run(original, x), "float16")
     big = (x * 40).astype(np.float16)  # |x| up to ~1000: x*x passes 65504
-    want = reference.run("RMSNorm", big, np.full(SHAPE[-1], 1.5, np.float16), epsilon=EPS,
-                         cast_before_scale=1)[0]
+    want = reference.run(
+        "RMSNorm", big, np.full(SHAPE[-1], 1.5, np.float16), epsilon=EPS, cast_before_scale=1
+    )[0]
     _close(_run(fused, big), want, "float16")
 
 
@@ -363,8 +427,10 @@ def test_strict_precision_keeps_half_statistics_and_says_why():
     original = _decomposed(dtype=TensorProto.FLOAT16)
     fused, report = _fuse_checked(original, strict_precision=True)
     assert not _norm_nodes(fused) and report.norms == 0
-    assert "the statistics are computed in FLOAT16; onnxnorm computes them in FLOAT " \
-           "(strict precision)" in report[LLAMA].skips[0].reason
+    assert (
+        "the statistics are computed in FLOAT16; onnxnorm computes them in FLOAT "
+        "(strict precision)" in report[LLAMA].skips[0].reason
+    )
 
 
 @pytest.mark.parametrize("hidden", [64, 1024])
@@ -374,21 +440,30 @@ def test_ort_target_writes_skip_ops_whatever_the_size_of_the_weights(hidden, rng
     SkipSimplifiedLayerNormalization with its Scale, as with small weights."""
     f = TensorProto.FLOAT
     weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
-    nodes = [helper.make_node("Add", ["x", "r"], ["sum"]),
-             helper.make_node("Pow", ["sum", "two"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq", "axes"], ["mean"], keepdims=1),
-             helper.make_node("Add", ["mean", "eps"], ["var"]),
-             helper.make_node("Sqrt", ["var"], ["std"]),
-             helper.make_node("Reciprocal", ["std"], ["inv"]),
-             helper.make_node("Mul", ["sum", "inv"], ["normed"]),
-             helper.make_node("Mul", ["normed", "w"], ["y"])]
-    init = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-            numpy_helper.from_array(np.array([-1], np.int64), "axes"),
-            numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
-            numpy_helper.from_array(weight, "w")]
+    nodes = [
+        helper.make_node("Add", ["x", "r"], ["sum"]),
+        helper.make_node("Pow", ["sum", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["mean"], keepdims=1),
+        helper.make_node("Add", ["mean", "eps"], ["var"]),
+        helper.make_node("Sqrt", ["var"], ["std"]),
+        helper.make_node("Reciprocal", ["std"], ["inv"]),
+        helper.make_node("Mul", ["sum", "inv"], ["normed"]),
+        helper.make_node("Mul", ["normed", "w"], ["y"]),
+    ]
+    init = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        numpy_helper.from_array(weight, "w"),
+    ]
     shape = [1, 4, hidden]
-    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info(n, f, shape) for n in ("x", "r")],
-                              [helper.make_tensor_value_info(n, f, shape) for n in ("y", "sum")], init)
+    graph = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info(n, f, shape) for n in ("x", "r")],
+        [helper.make_tensor_value_info(n, f, shape) for n in ("y", "sum")],
+        init,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     lowered, report = fuse(model, "ort")
     assert [n.op_type for n in lowered.graph.node] == ["SkipSimplifiedLayerNormalization"]

@@ -22,12 +22,31 @@ pytestmark = pytest.mark.slow
 #: embedding sums; parallel-block models (GPT-NeoX, Falcon, Cohere) share one sum between two
 #: norms; OPT reshapes the sum to 2-D before two of its norms; BLOOM's first layer norms the
 #: embedding norm's output.
-ADDS = {"llama": 4, "mistral": 4, "qwen2": 4, "qwen3": 4, "gemma": 4, "gemma2": 4, "gemma3": 4,
-        "phi3": 4, "gpt2": 5, "gpt_neox": 2, "bert": 5, "t5": 10, "bloom": 4, "opt": 1,
-        "falcon": 2, "olmo": 4, "cohere": 2, "block_llama": 4}
+ADDS = {
+    "llama": 4,
+    "mistral": 4,
+    "qwen2": 4,
+    "qwen3": 4,
+    "gemma": 4,
+    "gemma2": 4,
+    "gemma3": 4,
+    "phi3": 4,
+    "gpt2": 5,
+    "gpt_neox": 2,
+    "bert": 5,
+    "t5": 10,
+    "bloom": 4,
+    "opt": 1,
+    "falcon": 2,
+    "olmo": 4,
+    "cohere": 2,
+    "block_llama": 4,
+}
 #: exports that are broken before any fusion, with the reason
-BROKEN = {("cohere", "torchscript"): "the TorchScript export of Cohere does not load in "
-                                     "onnxruntime (MatMul: incompatible dimensions)"}
+BROKEN = {
+    ("cohere", "torchscript"): "the TorchScript export of Cohere does not load in "
+    "onnxruntime (MatMul: incompatible dimensions)"
+}
 TORCHSCRIPT_ADDS: dict[str, int] = {}
 FAST = ["llama", "gemma2", "gpt2", "bert", "t5", "block_llama", *corpus.BLOCKS]
 MODELS = FAST + [name for name in corpus.ENTRIES if name not in FAST]
@@ -81,8 +100,13 @@ def test_half_precision_exports(name, dtype):
     model, norm_calls = corpus.export(name, "dynamo", dtype=dtype)
     fused, report = fuse(model, "function")
     assert report.norms == norm_calls, str(report)
-    orders = {a.i for n in fused.graph.node if n.domain == "onnxnorm" for a in n.attribute
-              if a.name == "cast_before_scale"}
+    orders = {
+        a.i
+        for n in fused.graph.node
+        if n.domain == "onnxnorm"
+        for a in n.attribute
+        if a.name == "cast_before_scale"
+    }
     assert orders == ({1} if name in ("llama", "t5") else {0}), str(report)
     if dtype == "float16":
         checks = verify(model, fused)
@@ -94,8 +118,10 @@ def test_compare_report(tmp_path):
     from models import compare
 
     out = tmp_path / "fusion.md"
-    assert compare.main(["--models", "gpt2", "--exporters", "dynamo", "--no-timing",
-                         "-o", str(out)]) == 0
+    assert (
+        compare.main(["--models", "gpt2", "--exporters", "dynamo", "--no-timing", "-o", str(out)])
+        == 0
+    )
     text = out.read_text()
     assert "| gpt2 | dynamo | 5 | 5 | 5 | 5 | ok" in text and "onnxruntime 1." in text
 

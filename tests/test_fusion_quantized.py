@@ -23,8 +23,11 @@ from onnxnorm.fusion.verify import generate_inputs
 from onnxnorm.ops import reference
 
 FLOAT8 = reference.FLOAT8_E4M3FN
-SOURCES = {"dynamic": "dynamic MatMul quantization", "static": "static QDQ, MatMul only",
-           "float8": None}
+SOURCES = {
+    "dynamic": "dynamic MatMul quantization",
+    "static": "static QDQ, MatMul only",
+    "float8": None,
+}
 
 
 def _float8_qdq(folder):
@@ -37,8 +40,13 @@ def _float8_qdq(folder):
     import io
     import warnings
 
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
-                                          QuantType, quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     model = pipelines.llama()
 
@@ -51,13 +59,22 @@ def _float8_qdq(folder):
 
     src, out = folder / "float.onnx", folder / "qdq_float8.onnx"
     onnx.save(model, src)
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()), \
-            warnings.catch_warnings():
+    with (
+        contextlib.redirect_stderr(io.StringIO()),
+        contextlib.redirect_stdout(io.StringIO()),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")
-        quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=["MatMul"], activation_type=QuantType.QFLOAT8E4M3FN,
-                        weight_type=QuantType.QFLOAT8E4M3FN,
-                        calibrate_method=CalibrationMethod.Distribution)
+        quantize_static(
+            str(src),
+            str(out),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=["MatMul"],
+            activation_type=QuantType.QFLOAT8E4M3FN,
+            weight_type=QuantType.QFLOAT8E4M3FN,
+            calibrate_method=CalibrationMethod.Distribution,
+        )
     quantized = onnx.load(out)
     for imp in quantized.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -73,17 +90,22 @@ def built(tmp_path_factory):
     def get(kind):
         if kind not in cache:
             folder = tmp_path_factory.mktemp(kind)
-            cache[kind] = (_float8_qdq(folder) if kind == "float8"
-                           else pipelines.SOURCES[SOURCES[kind]][1](folder))
+            cache[kind] = (
+                _float8_qdq(folder)
+                if kind == "float8"
+                else pipelines.SOURCES[SOURCES[kind]][1](folder)
+            )
         return cache[kind]
 
     return get
 
 
 def _ops(model):
-    return collections.Counter((n.domain, n.op_type) for n in model.graph.node
-                               if n.domain == "onnxnorm" or "Quantize" in n.op_type
-                               or "Normalization" in n.op_type)
+    return collections.Counter(
+        (n.domain, n.op_type)
+        for n in model.graph.node
+        if n.domain == "onnxnorm" or "Quantize" in n.op_type or "Normalization" in n.op_type
+    )
 
 
 #: quantization -> target -> the norm and quantizer ops of the fused graph. The decoder has 5
@@ -91,20 +113,30 @@ def _ops(model):
 #: last one's output is the graph's output (the decoder returns its hidden states).
 EXPECTED = {
     "dynamic": {
-        "function": {("onnxnorm", "RMSNormDynamicQuantizeLinear"): 1,
-                     ("onnxnorm", "SkipRMSNormDynamicQuantizeLinear"): 3,
-                     ("onnxnorm", "SkipRMSNorm"): 1, ("", "DynamicQuantizeLinear"): 4},
-        "ort": {("", "SimplifiedLayerNormalization"): 1,
-                ("com.microsoft", "SkipSimplifiedLayerNormalization"): 4,
-                ("", "DynamicQuantizeLinear"): 8},
+        "function": {
+            ("onnxnorm", "RMSNormDynamicQuantizeLinear"): 1,
+            ("onnxnorm", "SkipRMSNormDynamicQuantizeLinear"): 3,
+            ("onnxnorm", "SkipRMSNorm"): 1,
+            ("", "DynamicQuantizeLinear"): 4,
+        },
+        "ort": {
+            ("", "SimplifiedLayerNormalization"): 1,
+            ("com.microsoft", "SkipSimplifiedLayerNormalization"): 4,
+            ("", "DynamicQuantizeLinear"): 8,
+        },
     },
     "static": {
-        "function": {("onnxnorm", "RMSNormQuantizeLinear"): 1,
-                     ("onnxnorm", "SkipRMSNormQuantizeLinear"): 3,
-                     ("onnxnorm", "SkipRMSNorm"): 1, ("", "QuantizeLinear"): 30},
-        "ort": {("", "SimplifiedLayerNormalization"): 1,
-                ("com.microsoft", "SkipSimplifiedLayerNormalization"): 4,
-                ("", "QuantizeLinear"): 34},
+        "function": {
+            ("onnxnorm", "RMSNormQuantizeLinear"): 1,
+            ("onnxnorm", "SkipRMSNormQuantizeLinear"): 3,
+            ("onnxnorm", "SkipRMSNorm"): 1,
+            ("", "QuantizeLinear"): 30,
+        },
+        "ort": {
+            ("", "SimplifiedLayerNormalization"): 1,
+            ("com.microsoft", "SkipSimplifiedLayerNormalization"): 4,
+            ("", "QuantizeLinear"): 34,
+        },
     },
 }
 EXPECTED["dynamic"]["fused"] = EXPECTED["dynamic"]["function"]
@@ -123,8 +155,9 @@ def _with_outputs(model, names):
     out = onnx.ModelProto()
     out.CopyFrom(model)
     known = {o.name for o in out.graph.output}
-    out.graph.output.extend(helper.make_value_info(n, onnx.TypeProto()) for n in names
-                            if n not in known)
+    out.graph.output.extend(
+        helper.make_value_info(n, onnx.TypeProto()) for n in names if n not in known
+    )
     return out
 
 
@@ -140,14 +173,16 @@ def _float8_near_tie(values, scale):
     """Where values / scale is within float rounding of a tie between two float8 e4m3fn values:
     there a float value one unit in the last place away may round to the other."""
     v = values.astype(np.float64) / np.float64(scale)
-    low, high = (np.clip(v * f, -448.0, 448.0).astype(FLOAT8).view(np.uint8)
-                 for f in (1 - 1e-5, 1 + 1e-5))
+    low, high = (
+        np.clip(v * f, -448.0, 448.0).astype(FLOAT8).view(np.uint8) for f in (1 - 1e-5, 1 + 1e-5)
+    )
     return low != high
 
 
 @pytest.mark.parametrize("kind", list(SOURCES))
-@pytest.mark.parametrize("target, library", RUNS,
-                         ids=[f"{t}-{'library' if lib else 'plain'}" for t, lib in RUNS])
+@pytest.mark.parametrize(
+    "target, library", RUNS, ids=[f"{t}-{'library' if lib else 'plain'}" for t, lib in RUNS]
+)
 def test_norm_and_quantizer_fused_exactly(built, kind, target, library):
     model = built(kind)
     fused, report = fuse(model, target)
@@ -158,26 +193,36 @@ def test_norm_and_quantizer_fused_exactly(built, kind, target, library):
     assert report[f"RMSNorm + {quantizer}"].fused == 1, str(report)
     assert report[f"SkipRMSNorm + {quantizer}"].fused == 3, str(report)
     if kind != "dynamic":  # every DequantizeLinear stays
-        assert sum(n.op_type == "DequantizeLinear" for n in fused.graph.node) == \
-            sum(n.op_type == "DequantizeLinear" for n in model.graph.node)
+        assert sum(n.op_type == "DequantizeLinear" for n in fused.graph.node) == sum(
+            n.op_type == "DequantizeLinear" for n in model.graph.node
+        )
     if kind == "float8":  # every quantizer still gives float8, the fused ops' Y too
         q_types = {o.name: o.type.tensor_type.elem_type for o in fused.graph.value_info}
-        assert {q_types.get(n.output[0]) for n in fused.graph.node
-                if n.op_type.endswith("QuantizeLinear")} == {onnx.TensorProto.FLOAT8E4M3FN}
+        assert {
+            q_types.get(n.output[0])
+            for n in fused.graph.node
+            if n.op_type.endswith("QuantizeLinear")
+        } == {onnx.TensorProto.FLOAT8E4M3FN}
 
     # the quantized tensors the fused ops give (they keep the quantizers' output names), and for
     # the dynamic ones their scales and zero points: the original's
     fused_outputs = {o for n in fused.graph.node for o in n.output}
-    quantizers = [n for n in model.graph.node if n.op_type == quantizer
-                  and n.output[0] in fused_outputs]
+    quantizers = [
+        n for n in model.graph.node if n.op_type == quantizer and n.output[0] in fused_outputs
+    ]
     names = [o for n in quantizers for o in n.output]
     floats = [n.input[0] for n in quantizers]
     feeds = generate_inputs(model, 0)
     want = _run(_with_outputs(model, names + floats), feeds, with_library=False)
     got = _run(_with_outputs(fused, names), feeds, with_library=library)
     for q in quantizers:
-        scale = want[q.output[1]] if kind == "dynamic" else onnx.numpy_helper.to_array(
-            next(i for i in model.graph.initializer if i.name == q.input[1]))
+        scale = (
+            want[q.output[1]]
+            if kind == "dynamic"
+            else onnx.numpy_helper.to_array(
+                next(i for i in model.graph.initializer if i.name == q.input[1])
+            )
+        )
         if kind == "dynamic":
             np.testing.assert_array_equal(got[q.output[1]], want[q.output[1]])
             np.testing.assert_array_equal(got[q.output[2]], want[q.output[2]])
@@ -203,8 +248,12 @@ def test_float_output_kept_for_other_readers(built):
     the quantized values do not change."""
     model = onnx.ModelProto()
     model.CopyFrom(built("static"))
-    quantizer = next(n for n in model.graph.node if n.op_type == "QuantizeLinear"
-                     and n.input[0] in {m.output[0] for m in model.graph.node if m.op_type == "Mul"})
+    quantizer = next(
+        n
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear"
+        and n.input[0] in {m.output[0] for m in model.graph.node if m.op_type == "Mul"}
+    )
     model.graph.output.append(helper.make_value_info(quantizer.input[0], onnx.TypeProto()))
     fused, report = fuse(model, "fused")
     node = next(n for n in fused.graph.node if quantizer.output[0] in n.output)
@@ -213,10 +262,14 @@ def test_float_output_kept_for_other_readers(built):
     feeds = generate_inputs(model, 1)
     want = _run(_with_outputs(model, [quantizer.output[0]]), feeds, with_library=False)
     got = _run(_with_outputs(fused, [quantizer.output[0]]), feeds, with_library=True)
-    np.testing.assert_allclose(got[quantizer.input[0]], want[quantizer.input[0]], rtol=1e-5,
-                               atol=1e-5)
-    steps = want[quantizer.input[0]].astype(np.float64) / np.float64(onnx.numpy_helper.to_array(
-        next(i for i in model.graph.initializer if i.name == quantizer.input[1])))
+    np.testing.assert_allclose(
+        got[quantizer.input[0]], want[quantizer.input[0]], rtol=1e-5, atol=1e-5
+    )
+    steps = want[quantizer.input[0]].astype(np.float64) / np.float64(
+        onnx.numpy_helper.to_array(
+            next(i for i in model.graph.initializer if i.name == quantizer.input[1])
+        )
+    )
     near_tie = np.abs(np.abs(steps - np.floor(steps)) - 0.5) < 1e-3
     diff = got[quantizer.output[0]].astype(np.int32) - want[quantizer.output[0]].astype(np.int32)
     np.testing.assert_array_equal(diff[~near_tie], 0)
@@ -231,16 +284,35 @@ def test_float_output_kept_for_other_readers(built):
 #: QuantizeLinear nodes after a norm: (zero point, scale, attributes, opset, fused or the
 #: reason the report gives for leaving it)
 QUANTIZERS = {
-    "per-axis scale": (np.zeros(4, np.uint8), np.array([0.1, 0.2, 0.3, 0.4], np.float32),
-                       {"axis": 1}, 17, "is not per tensor"),
+    "per-axis scale": (
+        np.zeros(4, np.uint8),
+        np.array([0.1, 0.2, 0.3, 0.4], np.float32),
+        {"axis": 1},
+        17,
+        "is not per tensor",
+    ),
     "float8": (np.array(0, FLOAT8), np.array(1e-3, np.float32), {}, 21, None),
-    "float8 saturate 1": (np.array(0, FLOAT8), np.array(1e-3, np.float32), {"saturate": 1}, 19,
-                          None),
-    "float8 saturate 0": (np.array(0, FLOAT8), np.array(1e-3, np.float32), {"saturate": 0}, 21,
-                          "saturate = 0: the fused op always saturates"),
-    "float8 e5m2": (np.array(0, ml_dtypes.float8_e5m2), np.array(1e-3, np.float32), {},
-                    21, "y_zero_point of type FLOAT8E5M2: the fused op quantizes to UINT8, INT8, "
-                        "FLOAT8E4M3FN"),
+    "float8 saturate 1": (
+        np.array(0, FLOAT8),
+        np.array(1e-3, np.float32),
+        {"saturate": 1},
+        19,
+        None,
+    ),
+    "float8 saturate 0": (
+        np.array(0, FLOAT8),
+        np.array(1e-3, np.float32),
+        {"saturate": 0},
+        21,
+        "saturate = 0: the fused op always saturates",
+    ),
+    "float8 e5m2": (
+        np.array(0, ml_dtypes.float8_e5m2),
+        np.array(1e-3, np.float32),
+        {},
+        21,
+        "y_zero_point of type FLOAT8E5M2: the fused op quantizes to UINT8, INT8, FLOAT8E4M3FN",
+    ),
 }
 
 
@@ -260,17 +332,27 @@ def test_quantizer_fused_or_left_with_the_reason(case):
         helper.make_node("Sqrt", ["mse"], ["rms"]),
         helper.make_node("Div", ["x", "rms"], ["y"]),
         helper.make_node("QuantizeLinear", ["y", "scale", "zp"], ["q"], **attrs),
-        helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["out"],
-                         **{k: v for k, v in attrs.items() if k == "axis"}),
+        helper.make_node(
+            "DequantizeLinear",
+            ["q", "scale", "zp"],
+            ["out"],
+            **{k: v for k, v in attrs.items() if k == "axis"},
+        ),
     ]
     if opset >= 18:  # ReduceMean's axes became an input
         nodes[1] = helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1)
-    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info(
-        "out", onnx.TensorProto.FLOAT, [2, 4])], [
-        onnx.numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
-        onnx.numpy_helper.from_array(np.array([-1], np.int64), "axes"),
-        onnx.numpy_helper.from_array(scale, "scale"),
-        onnx.numpy_helper.from_array(zero_point, "zp")])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [x],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [2, 4])],
+        [
+            onnx.numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+            onnx.numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+            onnx.numpy_helper.from_array(scale, "scale"),
+            onnx.numpy_helper.from_array(zero_point, "zp"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     fused, report = fuse(model)
     row = report["RMSNorm + QuantizeLinear"]
@@ -313,38 +395,61 @@ def test_float16_norm_and_quantizer(case, rng):
 
     quantizer, zero_point, scale = FLOAT16_QUANTIZERS[case]
     f16 = onnx.TensorProto.FLOAT16
-    nodes = [helper.make_node("SkipRMSNorm", ["x", "r", "w"], ["y", "sum"], domain="onnxnorm",
-                              cast_before_scale=1)]
+    nodes = [
+        helper.make_node(
+            "SkipRMSNorm", ["x", "r", "w"], ["y", "sum"], domain="onnxnorm", cast_before_scale=1
+        )
+    ]
     outputs = []
-    weights = [onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(64)).astype(np.float16),
-                                            "w")]
+    weights = [
+        onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(64)).astype(np.float16), "w")
+    ]
     if quantizer == "QuantizeLinear":
         nodes.append(helper.make_node("QuantizeLinear", ["y", "scale", "zp"], ["q"]))
-        outputs.append(helper.make_tensor_value_info(
-            "q", helper.np_dtype_to_tensor_dtype(zero_point.dtype), [4, 64]))
-        weights += [onnx.numpy_helper.from_array(np.array(scale, np.float16), "scale"),
-                    onnx.numpy_helper.from_array(zero_point, "zp")]
+        outputs.append(
+            helper.make_tensor_value_info(
+                "q", helper.np_dtype_to_tensor_dtype(zero_point.dtype), [4, 64]
+            )
+        )
+        weights += [
+            onnx.numpy_helper.from_array(np.array(scale, np.float16), "scale"),
+            onnx.numpy_helper.from_array(zero_point, "zp"),
+        ]
     else:
-        nodes += [helper.make_node("Cast", ["y"], ["y32"], to=onnx.TensorProto.FLOAT),
-                  helper.make_node("DynamicQuantizeLinear", ["y32"], ["q", "qs", "qz"])]
-        outputs += [helper.make_tensor_value_info("q", onnx.TensorProto.UINT8, [4, 64]),
-                    helper.make_tensor_value_info("qs", onnx.TensorProto.FLOAT, []),
-                    helper.make_tensor_value_info("qz", onnx.TensorProto.UINT8, [])]
+        nodes += [
+            helper.make_node("Cast", ["y"], ["y32"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("DynamicQuantizeLinear", ["y32"], ["q", "qs", "qz"]),
+        ]
+        outputs += [
+            helper.make_tensor_value_info("q", onnx.TensorProto.UINT8, [4, 64]),
+            helper.make_tensor_value_info("qs", onnx.TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("qz", onnx.TensorProto.UINT8, []),
+        ]
     nodes.append(helper.make_node("Neg", ["sum"], ["next"]))
     outputs.append(helper.make_tensor_value_info("next", f16, [4, 64]))
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, f16, [4, 64]) for n in ("x", "r")], outputs,
-        weights)
-    model = ops.attach_functions(helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", 21), helper.make_opsetid("onnxnorm", 1)]))
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, f16, [4, 64]) for n in ("x", "r")],
+        outputs,
+        weights,
+    )
+    model = ops.attach_functions(
+        helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxnorm", 1)]
+        )
+    )
     fused, report = fuse(model, "fused")
     assert _ops(fused) == {("onnxnorm", f"SkipRMSNorm{quantizer}"): 1}
     assert not any(n.op_type == "Cast" for n in fused.graph.node)
     node = next(n for n in fused.graph.node if n.domain == "onnxnorm")
-    assert list(node.output) == (["q", "sum"] if quantizer == "QuantizeLinear"
-                                 else ["q", "qs", "qz", "sum"])
-    feeds = {"x": rng.standard_normal((4, 64)).astype(np.float16),
-             "r": rng.standard_normal((4, 64)).astype(np.float16)}
+    assert list(node.output) == (
+        ["q", "sum"] if quantizer == "QuantizeLinear" else ["q", "qs", "qz", "sum"]
+    )
+    feeds = {
+        "x": rng.standard_normal((4, 64)).astype(np.float16),
+        "r": rng.standard_normal((4, 64)).astype(np.float16),
+    }
     want = _run(model, feeds, with_library=True)  # the float kernel, then ORT's quantizer
     if zero_point is not None and zero_point.dtype == FLOAT8:
         assert {0x7E, 0xFE} <= set(want["q"].ravel().tolist())  # some saturate to +-448

@@ -31,16 +31,23 @@ EXPANDED = "LayerNorm (ONNX LayerNormalization function body)"
 KERAS = "LayerNorm (TensorFlow/Keras: scale folded into the reciprocal)"
 LAYER, RMS = "LayerNorm (decomposed)", "RMSNorm (decomposed)"
 BF16 = np.dtype(ml_dtypes.bfloat16)
-NP = {T.FLOAT: np.dtype(np.float32), T.FLOAT16: np.dtype(np.float16), T.BFLOAT16: BF16,
-      T.DOUBLE: np.dtype(np.float64)}
-EPS = 2.0 ** -12  # exact in float32: the fused attribute holds it to the bit
+NP = {
+    T.FLOAT: np.dtype(np.float32),
+    T.FLOAT16: np.dtype(np.float16),
+    T.BFLOAT16: BF16,
+    T.DOUBLE: np.dtype(np.float64),
+}
+EPS = 2.0**-12  # exact in float32: the fused attribute holds it to the bit
 H = 16
 
 
 def backend_cases() -> dict:
     """onnx's backend test models of the two expansions."""
-    return {name: case for name, case in helpers.backend_cases().items()
-            if name.endswith(("_expanded", "_expanded_ver18"))}
+    return {
+        name: case
+        for name, case in helpers.backend_cases().items()
+        if name.endswith(("_expanded", "_expanded_ver18"))
+    }
 
 
 def _ort_value(array: np.ndarray):
@@ -57,8 +64,10 @@ def _run(model: onnx.ModelProto, feeds: dict, with_library: bool) -> list[np.nda
     if not with_library:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = runtime.session(model, options, with_library=with_library)
-    return [v.numpy() for v in session.run_with_ort_values(
-        None, {k: _ort_value(v) for k, v in feeds.items()})]
+    return [
+        v.numpy()
+        for v in session.run_with_ort_values(None, {k: _ort_value(v) for k, v in feeds.items()})
+    ]
 
 
 def _original(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -79,8 +88,10 @@ def _check_parity(original, fused, feeds, dtype) -> None:
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
-    return {**catalogue.get(node.op_type).defaults,
-            **{a.name: helper.get_attribute_value(a) for a in node.attribute}}
+    return {
+        **catalogue.get(node.op_type).defaults,
+        **{a.name: helper.get_attribute_value(a) for a in node.attribute},
+    }
 
 
 def _fused(model, **options):
@@ -118,8 +129,10 @@ def _assert_left_alone(original, fused, report, rule: str, reason: str) -> None:
 
 def _weights(shape, dtype, seed=0):
     rng = np.random.default_rng(seed)
-    return ((rng.random(shape) + 0.5).astype(np.float32).astype(NP[dtype]),
-            (rng.random(shape) - 0.5).astype(np.float32).astype(NP[dtype]))
+    return (
+        (rng.random(shape) + 0.5).astype(np.float32).astype(NP[dtype]),
+        (rng.random(shape) - 0.5).astype(np.float32).astype(NP[dtype]),
+    )
 
 
 def _x(shape, dtype, seed=1):
@@ -130,8 +143,15 @@ def _x(shape, dtype, seed=1):
 # 1, 2. ONNX's function expansions
 
 
-def _expanded(op: str, shape: list[int], axis: int, dtype: int = T.FLOAT, bias: bool = True,
-              body: int = -1, stash: int = T.FLOAT) -> onnx.ModelProto:
+def _expanded(
+    op: str,
+    shape: list[int],
+    axis: int,
+    dtype: int = T.FLOAT,
+    bias: bool = True,
+    body: int = -1,
+    stash: int = T.FLOAT,
+) -> onnx.ModelProto:
     """One LayerNormalization / RMSNormalization node (Y only) expanded into its function body by
     onnx's own expansion (the backend test generator's), constant weights; ``body``: which of
     the op's function bodies (LayerNormalization: 0 for opset 17, ReduceMean's axes as an
@@ -148,11 +168,11 @@ def _expanded(op: str, shape: list[int], axis: int, dtype: int = T.FLOAT, bias: 
     if dtype == T.BFLOAT16:
         nodes = [*nodes, helper.make_node("Cast", ["Y"], ["Yf"], to=T.FLOAT)]
         output = helper.make_tensor_value_info("Yf", T.FLOAT, shape)
-    graph = helper.make_graph(nodes, "expanded", [helper.make_tensor_value_info("X", dtype, shape)],
-                              [output], inits)
+    graph = helper.make_graph(
+        nodes, "expanded", [helper.make_tensor_value_info("X", dtype, shape)], [output], inits
+    )
     version = max([i.version for i in imports if i.domain in ("", "ai.onnx")] + [17])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)],
-                             ir_version=10)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)], ir_version=10)
 
 
 def _negative(axis: int, rank: int) -> int:
@@ -181,12 +201,16 @@ def test_backend_layer_norm_expansions():
         assert _ops(fused) == ["LayerNorm"], (name, str(report))
         flatten = next(n for n in model.graph.node if n.op_type == "Flatten")
         rank = len(model.graph.input[0].type.tensor_type.shape.dim)
-        eps = next(n for n in model.graph.node if n.op_type == "Constant"
-                   and n.output[0].endswith("FloatEpsilon"))
+        eps = next(
+            n
+            for n in model.graph.node
+            if n.op_type == "Constant" and n.output[0].endswith("FloatEpsilon")
+        )
         attrs = _attrs(nodes[0])
         assert attrs["axis"] == _negative(flatten.attribute[0].i, rank), name
         assert attrs["epsilon"] == pytest.approx(
-            float(numpy_helper.to_array(eps.attribute[0].t)), rel=1e-7)
+            float(numpy_helper.to_array(eps.attribute[0].t)), rel=1e-7
+        )
         assert attrs["cast_before_scale"] == 0 and list(nodes[0].input) == ["X", "W", "B"]
         row = report[EXPANDED]
         assert (row.found, row.fused, row.skipped) == (1, 1, 0)
@@ -207,8 +231,11 @@ def test_backend_rms_norm_expansions():
     assert len(cases) == 19
     for name, case in sorted(cases.items()):
         fused, report, nodes = _fused(case.model)
-        axis = next(int(numpy_helper.to_array(n.attribute[0].t)) for n in case.model.graph.node
-                    if n.op_type == "Constant" and n.output[0].endswith("_function_Axis"))
+        axis = next(
+            int(numpy_helper.to_array(n.attribute[0].t))
+            for n in case.model.graph.node
+            if n.op_type == "Constant" and n.output[0].endswith("_function_Axis")
+        )
         rank = len(case.model.graph.input[0].type.tensor_type.shape.dim)
         assert _ops(fused) == ["RMSNorm"], (name, str(report))
         assert _attrs(nodes[0])["axis"] == _negative(axis, rank), name
@@ -235,9 +262,11 @@ EXPANSIONS = [
 ]
 
 
-@pytest.mark.parametrize("op,dtype,shape,axis,bias,body", EXPANSIONS,
-                         ids=lambda v: T.DataType.Name(v) if isinstance(v, int) and v in NP
-                         else str(v))
+@pytest.mark.parametrize(
+    "op,dtype,shape,axis,bias,body",
+    EXPANSIONS,
+    ids=lambda v: T.DataType.Name(v) if isinstance(v, int) and v in NP else str(v),
+)
 def test_expansion_fuses_in_every_type(op, dtype, shape, axis, bias, body):
     """float16 and bfloat16 X: the body casts X to float32 (stash_type 1), rounds the
     normalized value back to X's type, then scales (and shifts) in X's type: order A."""
@@ -259,9 +288,15 @@ def test_expansion_fuses_in_every_type(op, dtype, shape, axis, bias, body):
     _check_parity(original, fused, {"X": _x(shape, dtype)}, NP[dtype])
 
 
-@pytest.mark.parametrize("op,dtype,shape,axis", [
-    ("LayerNormalization", T.FLOAT, [2, 5, H], -1), ("LayerNormalization", T.FLOAT16, [2, 5, H], 2),
-    ("RMSNormalization", T.FLOAT16, [2, 3, 8], 1)], ids=str)
+@pytest.mark.parametrize(
+    "op,dtype,shape,axis",
+    [
+        ("LayerNormalization", T.FLOAT, [2, 5, H], -1),
+        ("LayerNormalization", T.FLOAT16, [2, 5, H], 2),
+        ("RMSNormalization", T.FLOAT16, [2, 3, 8], 1),
+    ],
+    ids=str,
+)
 def test_expansion_after_constant_folding_fuses(op, dtype, shape, axis):
     """onnxscript's optimizer folds the expansion's shape arithmetic: the Flatten of X becomes a
     Reshape to [rows, cols], Flatten(W) and Shape(X) constants; it fuses all the same."""
@@ -287,8 +322,13 @@ def test_expansion_with_folded_weights_over_several_dims_says_why():
     original = optimizer.optimize(_expanded("LayerNormalization", [2, 3, 4, 8], 2))
     fused, report, nodes = _fused(original)
     assert not nodes
-    _assert_left_alone(original, fused, report, EXPANDED, "is already flattened (a constant "
-                       "folding ran) and X is normalized over 2 dims")
+    _assert_left_alone(
+        original,
+        fused,
+        report,
+        EXPANDED,
+        "is already flattened (a constant folding ran) and X is normalized over 2 dims",
+    )
 
 
 def _edit(model: onnx.ModelProto, edit) -> onnx.ModelProto:
@@ -301,10 +341,12 @@ def _edit(model: onnx.ModelProto, edit) -> onnx.ModelProto:
 def _stash_double(x_type: int):
     """The body written for stash_type = DOUBLE (onnx's expansion writes none: its builder
     refuses it): X and epsilon cast to double, the normalized value back to X's type."""
+
     def edit(node):
         if node.op_type == "Cast":
             out = node.output[0]
-            node.attribute[0].i = (T.DOUBLE if out.endswith(("XU", "Epsilon")) else x_type)
+            node.attribute[0].i = T.DOUBLE if out.endswith(("XU", "Epsilon")) else x_type
+
     return edit
 
 
@@ -324,14 +366,20 @@ def _reduce_axis_0(node):
 
 EXPANSION_NEAR_MISSES = {
     # case: (op, edit, rule, reason)
-    "layer_stash_double": ("LayerNormalization", _stash_double(T.FLOAT), EXPANDED,
-                           "stash_type is DOUBLE"),
+    "layer_stash_double": (
+        "LayerNormalization",
+        _stash_double(T.FLOAT),
+        EXPANDED,
+        "stash_type is DOUBLE",
+    ),
     "layer_eps_not_scalar": ("LayerNormalization", _eps_vector, EXPANDED, "is not a scalar"),
-    "layer_wrong_axis": ("LayerNormalization", _reduce_axis_0, EXPANDED,
-                         "reduces over axes [0]"),
-    "rms_stash_double": ("RMSNormalization", _stash_double(T.FLOAT), RMS,
-                         "computed in DOUBLE; onnxnorm computes them in FLOAT and has no DOUBLE "
-                         "kernels"),
+    "layer_wrong_axis": ("LayerNormalization", _reduce_axis_0, EXPANDED, "reduces over axes [0]"),
+    "rms_stash_double": (
+        "RMSNormalization",
+        _stash_double(T.FLOAT),
+        RMS,
+        "computed in DOUBLE; onnxnorm computes them in FLOAT and has no DOUBLE kernels",
+    ),
     "rms_eps_not_scalar": ("RMSNormalization", _eps_vector, RMS, "is not a scalar"),
 }
 
@@ -339,8 +387,7 @@ EXPANSION_NEAR_MISSES = {
 @pytest.mark.parametrize("case", EXPANSION_NEAR_MISSES)
 def test_expansion_near_miss_is_left_alone(case):
     op, edit, rule, reason = EXPANSION_NEAR_MISSES[case]
-    original = _edit(_expanded(op, [2, 5, H], -1, T.FLOAT, body=0 if "axis" in case else -1),
-                     edit)
+    original = _edit(_expanded(op, [2, 5, H], -1, T.FLOAT, body=0 if "axis" in case else -1), edit)
     onnx.checker.check_model(original, full_check=True)
     _run(original, {"X": _x([2, 5, H], T.FLOAT)}, with_library=False)  # a sound model
     fused, report, nodes = _fused(original)
@@ -352,47 +399,77 @@ def test_expansion_near_miss_is_left_alone(case):
 # 4. tf2onnx's Keras LayerNorm
 
 
-def _keras(opset: int = 13, square: str = "Mul", inverse: str = "Reciprocal",
-           dtype: int = T.FLOAT, axes=(-1,), eps=EPS, gamma_shape=(H,), shape=(2, 5, H)):
+def _keras(
+    opset: int = 13,
+    square: str = "Mul",
+    inverse: str = "Reciprocal",
+    dtype: int = T.FLOAT,
+    axes=(-1,),
+    eps=EPS,
+    gamma_shape=(H,),
+    shape=(2, 5, H),
+):
     """Keras' LayerNormalization as tf2onnx writes it: ``tf.nn.moments`` (the squared
     difference as Sub and Mul, or Pow 2) and ``tf.nn.batch_normalization`` (Rsqrt as Reciprocal
     of Sqrt, or Pow -0.5, or Div(1, Sqrt); the scale folded into it)."""
     kw = {"axes": list(axes)} if opset < 18 else {}
     extra = [] if opset < 18 else ["axes"]
-    nodes = [helper.make_node("ReduceMean", ["x", *extra], ["mean"], name="mean", **kw),
-             helper.make_node("Sub", ["x", "mean"], ["d"], name="sub"),
-             helper.make_node(square, ["d", "d" if square == "Mul" else "two"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq", *extra], ["var"], name="var", **kw),
-             helper.make_node("Add", ["var", "eps"], ["ve"], name="add_eps")]
+    nodes = [
+        helper.make_node("ReduceMean", ["x", *extra], ["mean"], name="mean", **kw),
+        helper.make_node("Sub", ["x", "mean"], ["d"], name="sub"),
+        helper.make_node(square, ["d", "d" if square == "Mul" else "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", *extra], ["var"], name="var", **kw),
+        helper.make_node("Add", ["var", "eps"], ["ve"], name="add_eps"),
+    ]
     if inverse == "Pow":
         nodes.append(helper.make_node("Pow", ["ve", "minus_half"], ["inv"]))
     else:
         nodes.append(helper.make_node("Sqrt", ["ve"], ["sd"]))
-        nodes.append(helper.make_node("Reciprocal", ["sd"], ["inv"]) if inverse == "Reciprocal"
-                     else helper.make_node("Div", ["one", "sd"], ["inv"]))
-    nodes += [helper.make_node("Mul", ["inv", "gamma"], ["s"], name="scale"),
-              helper.make_node("Mul", ["x", "s"], ["xs"]),
-              helper.make_node("Mul", ["mean", "s"], ["ms"]),
-              helper.make_node("Sub", ["beta", "ms"], ["shift"]),
-              helper.make_node("Add", ["xs", "shift"], ["y"], name="batchnorm_add")]
+        nodes.append(
+            helper.make_node("Reciprocal", ["sd"], ["inv"])
+            if inverse == "Reciprocal"
+            else helper.make_node("Div", ["one", "sd"], ["inv"])
+        )
+    nodes += [
+        helper.make_node("Mul", ["inv", "gamma"], ["s"], name="scale"),
+        helper.make_node("Mul", ["x", "s"], ["xs"]),
+        helper.make_node("Mul", ["mean", "s"], ["ms"]),
+        helper.make_node("Sub", ["beta", "ms"], ["shift"]),
+        helper.make_node("Add", ["xs", "shift"], ["y"], name="batchnorm_add"),
+    ]
     t = NP[dtype]
     gamma, beta = _weights(gamma_shape, dtype)
-    inits = {"two": np.array(2, t), "minus_half": np.array(-0.5, t), "one": np.array(1, t),
-             "eps": np.asarray(eps, t), "gamma": gamma, "beta": beta}
+    inits = {
+        "two": np.array(2, t),
+        "minus_half": np.array(-0.5, t),
+        "one": np.array(1, t),
+        "eps": np.asarray(eps, t),
+        "gamma": gamma,
+        "beta": beta,
+    }
     if opset >= 18:
         inits["axes"] = np.array(axes, np.int64)
     used = {i for n in nodes for i in n.input}
     graph = helper.make_graph(
-        nodes, "keras", [helper.make_tensor_value_info("x", dtype, shape)],
+        nodes,
+        "keras",
+        [helper.make_tensor_value_info("x", dtype, shape)],
         [helper.make_tensor_value_info("y", dtype, shape)],
-        [numpy_helper.from_array(v, k) for k, v in inits.items() if k in used])
+        [numpy_helper.from_array(v, k) for k, v in inits.items() if k in used],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
-@pytest.mark.parametrize("variant", [
-    {"opset": 11}, {"opset": 13, "square": "Pow", "inverse": "Pow"},
-    {"opset": 13, "inverse": "Div"}, {"opset": 18, "axes": (-2, -1), "gamma_shape": (5, H)}],
-    ids=str)
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"opset": 11},
+        {"opset": 13, "square": "Pow", "inverse": "Pow"},
+        {"opset": 13, "inverse": "Div"},
+        {"opset": 18, "axes": (-2, -1), "gamma_shape": (5, H)},
+    ],
+    ids=str,
+)
 def test_keras_layer_norm_fuses_with_a_note(variant):
     original = _keras(**variant)
     onnx.checker.check_model(original, full_check=True)
@@ -453,15 +530,19 @@ def _norm_nodes(kind: str, x: str, y: str, p: str = "") -> list[onnx.NodeProto]:
     Scale ``w`` (and Bias ``b`` for LayerNorm), as PyTorch's exporters write it."""
     nodes = []
     if kind == "layer":
-        nodes += [helper.make_node("ReduceMean", [x, "axes"], [p + "mu"]),
-                  helper.make_node("Sub", [x, p + "mu"], [p + "c"])]
+        nodes += [
+            helper.make_node("ReduceMean", [x, "axes"], [p + "mu"]),
+            helper.make_node("Sub", [x, p + "mu"], [p + "c"]),
+        ]
         x = p + "c"
-    nodes += [helper.make_node("Pow", [x, "two"], [p + "sq"]),
-              helper.make_node("ReduceMean", [p + "sq", "axes"], [p + "var"]),
-              helper.make_node("Add", [p + "var", "eps"], [p + "ve"]),
-              helper.make_node("Sqrt", [p + "ve"], [p + "sd"]),
-              helper.make_node("Div", [x, p + "sd"], [p + "n"], name=p + "normalize"),
-              helper.make_node("Mul", [p + "n", "w"], [p + "nw" if kind == "layer" else y])]
+    nodes += [
+        helper.make_node("Pow", [x, "two"], [p + "sq"]),
+        helper.make_node("ReduceMean", [p + "sq", "axes"], [p + "var"]),
+        helper.make_node("Add", [p + "var", "eps"], [p + "ve"]),
+        helper.make_node("Sqrt", [p + "ve"], [p + "sd"]),
+        helper.make_node("Div", [x, p + "sd"], [p + "n"], name=p + "normalize"),
+        helper.make_node("Mul", [p + "n", "w"], [p + "nw" if kind == "layer" else y]),
+    ]
     if kind == "layer":
         nodes.append(helper.make_node("Add", [p + "nw", "b"], [y]))
     return nodes
@@ -470,17 +551,22 @@ def _norm_nodes(kind: str, x: str, y: str, p: str = "") -> list[onnx.NodeProto]:
 def _model(nodes, inputs, outputs, stats_type=T.FLOAT, opset=18):
     t = NP[stats_type]
     w, b = _weights((H,), stats_type)
-    inits = [numpy_helper.from_array(np.array([-1], np.int64), "axes"),
-             numpy_helper.from_array(np.array(2, t), "two"),
-             numpy_helper.from_array(np.array(EPS, t), "eps"),
-             numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    inits = [
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        numpy_helper.from_array(np.array(2, t), "two"),
+        numpy_helper.from_array(np.array(EPS, t), "eps"),
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(b, "b"),
+    ]
     used = {i for n in nodes for i in n.input}
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, d, [2, 5, H]) for n, d in inputs],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, d, [2, 5, H]) for n, d in inputs],
         [helper.make_tensor_value_info(n, d, [2, 5, H]) for n, d in outputs],
-        [i for i in inits if i.name in used])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                             ir_version=10)
+        [i for i in inits if i.name in used],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
 @pytest.mark.parametrize("kind", ["layer", "rms"])
@@ -488,11 +574,13 @@ def test_half_residual_add_cast_to_a_float32_norm_and_back(kind):
     """float16 BERT/Llama blocks converted with their norms kept in float32: the float16 sum is
     cast to float32, normalized and cast back. The casts join the norm (X is the float16 sum,
     order B), so the Skip op's Sum (the add rounded to float16) is the original's sum."""
-    nodes = [helper.make_node("Add", ["a", "r"], ["s"], name="residual_add"),
-             helper.make_node("Cast", ["s"], ["sf"], to=T.FLOAT),
-             *_norm_nodes(kind, "sf", "yf"),
-             helper.make_node("Cast", ["yf"], ["y"], to=T.FLOAT16),
-             helper.make_node("Add", ["s", "y"], ["out"])]
+    nodes = [
+        helper.make_node("Add", ["a", "r"], ["s"], name="residual_add"),
+        helper.make_node("Cast", ["s"], ["sf"], to=T.FLOAT),
+        *_norm_nodes(kind, "sf", "yf"),
+        helper.make_node("Cast", ["yf"], ["y"], to=T.FLOAT16),
+        helper.make_node("Add", ["s", "y"], ["out"]),
+    ]
     original = _model(nodes, [("a", T.FLOAT16), ("r", T.FLOAT16)], [("out", T.FLOAT16)])
     fused, report, nodes = _fused(original)
     op = "SkipLayerNorm" if kind == "layer" else "SkipRMSNorm"
@@ -506,21 +594,39 @@ def test_half_residual_add_cast_to_a_float32_norm_and_back(kind):
     _check_parity(original, fused, feeds, np.float16)
 
 
-@pytest.mark.parametrize("sum_type,norm_type,reason", [
-    (T.FLOAT16, T.FLOAT, "the residual add runs in FLOAT16 and its sum is cast to FLOAT for the "
-                         "norm: the Skip op would give Y in FLOAT16"),
-    (T.FLOAT, T.FLOAT16, "the residual add runs in FLOAT and its sum is cast to FLOAT16 for the "
-                         "norm: a Skip op in FLOAT16 would round the operands"),
-], ids=["half_sum_float_norm", "float_sum_half_norm"])
+@pytest.mark.parametrize(
+    "sum_type,norm_type,reason",
+    [
+        (
+            T.FLOAT16,
+            T.FLOAT,
+            "the residual add runs in FLOAT16 and its sum is cast to FLOAT for the "
+            "norm: the Skip op would give Y in FLOAT16",
+        ),
+        (
+            T.FLOAT,
+            T.FLOAT16,
+            "the residual add runs in FLOAT and its sum is cast to FLOAT16 for the "
+            "norm: a Skip op in FLOAT16 would round the operands",
+        ),
+    ],
+    ids=["half_sum_float_norm", "float_sum_half_norm"],
+)
 def test_residual_add_cast_to_the_norm_says_why_not(sum_type, norm_type, reason):
     """A sum cast to another type for a norm that stays in that type: no Skip op computes it
     (it has one type for X, Sum and Y); the norm fuses, the add and the Cast stay."""
-    nodes = [helper.make_node("Add", ["a", "r"], ["s"], name="residual_add"),
-             helper.make_node("Cast", ["s"], ["sc"], to=norm_type),
-             *_norm_nodes("layer", "sc", "y"),
-             helper.make_node("Add", ["s", "s"], ["twice"])]
-    original = _model(nodes, [("a", sum_type), ("r", sum_type)],
-                      [("y", norm_type), ("twice", sum_type)], stats_type=norm_type)
+    nodes = [
+        helper.make_node("Add", ["a", "r"], ["s"], name="residual_add"),
+        helper.make_node("Cast", ["s"], ["sc"], to=norm_type),
+        *_norm_nodes("layer", "sc", "y"),
+        helper.make_node("Add", ["s", "s"], ["twice"]),
+    ]
+    original = _model(
+        nodes,
+        [("a", sum_type), ("r", sum_type)],
+        [("y", norm_type), ("twice", sum_type)],
+        stats_type=norm_type,
+    )
     fused, report, nodes = _fused(original)
     assert _ops(fused) == ["Add", "Cast", "LayerNorm", "Add"], str(report)
     assert list(nodes[0].input) == ["sc", "w", "b"]
@@ -540,29 +646,52 @@ def test_double_statistics_are_left_alone(kind, spelling):
     if spelling == "double_x":
         nodes, x_type = _norm_nodes(kind, "x", "y"), T.DOUBLE
     else:
-        nodes = [helper.make_node("Cast", ["x"], ["xd"], to=T.DOUBLE),
-                 *_norm_nodes(kind, "xd", "yd"),
-                 helper.make_node("Cast", ["yd"], ["y"], to=T.FLOAT)]
+        nodes = [
+            helper.make_node("Cast", ["x"], ["xd"], to=T.DOUBLE),
+            *_norm_nodes(kind, "xd", "yd"),
+            helper.make_node("Cast", ["yd"], ["y"], to=T.FLOAT),
+        ]
         x_type = T.FLOAT
     original = _model(nodes, [("x", x_type)], [("y", x_type)], stats_type=T.DOUBLE)
     fused, report, nodes = _fused(original)
     assert not nodes
     rule = LAYER if kind == "layer" else RMS
-    _assert_left_alone(original, fused, report, rule,
-                       "the statistics are computed in DOUBLE; onnxnorm computes them in FLOAT "
-                       "and has no DOUBLE kernels")
+    _assert_left_alone(
+        original,
+        fused,
+        report,
+        rule,
+        "the statistics are computed in DOUBLE; onnxnorm computes them in FLOAT "
+        "and has no DOUBLE kernels",
+    )
     assert report[rule].skips[0].node == "normalize"
 
 
 def test_layer_normalization_with_double_stash_type_says_double():
-    original = _model([helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], name="ln",
-                                        epsilon=EPS, stash_type=T.DOUBLE)],
-                      [("x", T.FLOAT)], [("y", T.FLOAT)], opset=17)
+    original = _model(
+        [
+            helper.make_node(
+                "LayerNormalization",
+                ["x", "w", "b"],
+                ["y"],
+                name="ln",
+                epsilon=EPS,
+                stash_type=T.DOUBLE,
+            )
+        ],
+        [("x", T.FLOAT)],
+        [("y", T.FLOAT)],
+        opset=17,
+    )
     fused, report, nodes = _fused(original)
     assert not nodes
-    _assert_left_alone(original, fused, report, "LayerNorm (ONNX LayerNormalization)",
-                       "stash_type is DOUBLE; onnxnorm computes the statistics in FLOAT and has "
-                       "no DOUBLE kernels")
+    _assert_left_alone(
+        original,
+        fused,
+        report,
+        "LayerNorm (ONNX LayerNormalization)",
+        "stash_type is DOUBLE; onnxnorm computes the statistics in FLOAT and has no DOUBLE kernels",
+    )
 
 
 def test_cast_to_the_same_type_between_add_and_norm_fuses_through_the_rule_set():
@@ -570,10 +699,15 @@ def test_cast_to_the_same_type_between_add_and_norm_fuses_through_the_rule_set()
     the type the sum already has is no obstacle to the Skip op."""
     from onnxnorm.fusion import rules
 
-    original = _model([helper.make_node("Add", ["a", "r"], ["s"]),
-                       helper.make_node("Cast", ["s"], ["sc"], to=T.FLOAT),
-                       *_norm_nodes("rms", "sc", "y")],
-                      [("a", T.FLOAT), ("r", T.FLOAT)], [("y", T.FLOAT)])
+    original = _model(
+        [
+            helper.make_node("Add", ["a", "r"], ["s"]),
+            helper.make_node("Cast", ["s"], ["sc"], to=T.FLOAT),
+            *_norm_nodes("rms", "sc", "y"),
+        ],
+        [("a", T.FLOAT), ("r", T.FLOAT)],
+        [("y", T.FLOAT)],
+    )
     model = ir.serde.deserialize_model(original)
     ShapeInferencePass()(model)  # the rules read the sum's type
     rule_set = rules()
@@ -585,6 +719,7 @@ def test_cast_to_the_same_type_between_add_and_norm_fuses_through_the_rule_set()
 def test_expansion_with_castlike_fuses():
     """Expansions that round the normalized value with CastLike(normalized, X) (older onnx
     function bodies, hand-inlined graphs) are the same computation."""
+
     def castlike(node):
         if node.op_type == "Cast" and node.output[0].endswith("NormalizedT"):
             node.op_type = "CastLike"
@@ -605,13 +740,16 @@ def test_ort_layer_normalization_with_float32_output_for_half_x_says_why():
     w, b = _weights((H,), T.FLOAT)
     graph = helper.make_graph(
         [helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], name="ln", epsilon=EPS)],
-        "mixed", [helper.make_tensor_value_info("x", T.FLOAT16, [2, 5, H])],
+        "mixed",
+        [helper.make_tensor_value_info("x", T.FLOAT16, [2, 5, H])],
         [helper.make_tensor_value_info("y", T.FLOAT, [2, 5, H])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)],
-                                 ir_version=10)
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)], ir_version=10)
     _run(original, {"x": _x([2, 5, H], T.FLOAT16)}, with_library=False)  # ORT runs it
     fused, report, nodes = _fused(original)
     assert not nodes and _ops(fused) == ["LayerNormalization"]
-    assert "Y is FLOAT, X is FLOAT16: ONNX Runtime's LayerNormalization (below opset 17) gives " \
-           "Y in Scale's type" in report["LayerNorm (ONNX LayerNormalization)"].skips[0].reason
+    assert (
+        "Y is FLOAT, X is FLOAT16: ONNX Runtime's LayerNormalization (below opset 17) gives "
+        "Y in Scale's type" in report["LayerNorm (ONNX LayerNormalization)"].skips[0].reason
+    )

@@ -38,22 +38,29 @@ def _model(nodes=None, inits=None, inputs=None, outputs=None, domains=()) -> onn
     stored as external data)."""
     rng = np.random.default_rng(0)
     if nodes is None:
-        nodes = [helper.make_node("Add", ["x", "r"], ["s"], name="add"),
-                 helper.make_node("LayerNormalization", ["s", "g", "b"], ["n"], name="norm",
-                                  epsilon=1e-5),
-                 helper.make_node("MatMul", ["n", "w"], ["y"], name="proj")]
+        nodes = [
+            helper.make_node("Add", ["x", "r"], ["s"], name="add"),
+            helper.make_node(
+                "LayerNormalization", ["s", "g", "b"], ["n"], name="norm", epsilon=1e-5
+            ),
+            helper.make_node("MatMul", ["n", "w"], ["y"], name="proj"),
+        ]
     if inits is None:
-        inits = [numpy_helper.from_array(rng.random(HIDDEN, np.float32) + 0.5, "g"),
-                 numpy_helper.from_array(rng.random(HIDDEN, np.float32), "b"),
-                 numpy_helper.from_array(rng.standard_normal((HIDDEN, HIDDEN), np.float32), "w")]
-    graph = helper.make_graph(nodes, "hostile", inputs or [_value("x"), _value("r")],
-                              outputs or [_value("y")], inits)
+        inits = [
+            numpy_helper.from_array(rng.random(HIDDEN, np.float32) + 0.5, "g"),
+            numpy_helper.from_array(rng.random(HIDDEN, np.float32), "b"),
+            numpy_helper.from_array(rng.standard_normal((HIDDEN, HIDDEN), np.float32), "w"),
+        ]
+    graph = helper.make_graph(
+        nodes, "hostile", inputs or [_value("x"), _value("r")], outputs or [_value("y")], inits
+    )
     imports = [helper.make_opsetid("", 18)] + [helper.make_opsetid(d, 1) for d in domains]
     return helper.make_model(graph, opset_imports=imports, ir_version=10)
 
 
-def _external(model: onnx.ModelProto, location: str, length: int | None = HIDDEN * HIDDEN * 4
-              ) -> onnx.ModelProto:
+def _external(
+    model: onnx.ModelProto, location: str, length: int | None = HIDDEN * HIDDEN * 4
+) -> onnx.ModelProto:
     """``model`` with its weight w stored as external data at ``location``."""
     tensor = next(t for t in model.graph.initializer if t.name == "w")
     tensor.ClearField("raw_data")
@@ -68,10 +75,15 @@ def _external(model: onnx.ModelProto, location: str, length: int | None = HIDDEN
 
 def _norm(op="LayerNormalization", domain="", **attrs) -> onnx.ModelProto:
     """One norm node on the graph input x (of known rank), then the MatMul."""
-    inputs = ["x", "g", "b"] if domain != ops.DOMAIN or not op.startswith("Skip") else \
-        ["x", "r", "g", "b"]
-    nodes = [helper.make_node(op, inputs, ["n"], name="norm", domain=domain, **attrs),
-             helper.make_node("MatMul", ["n", "w"], ["y"], name="proj")]
+    inputs = (
+        ["x", "g", "b"]
+        if domain != ops.DOMAIN or not op.startswith("Skip")
+        else ["x", "r", "g", "b"]
+    )
+    nodes = [
+        helper.make_node(op, inputs, ["n"], name="norm", domain=domain, **attrs),
+        helper.make_node("MatMul", ["n", "w"], ["y"], name="proj"),
+    ]
     return _model(nodes=nodes, domains=[domain] if domain else [])
 
 
@@ -113,79 +125,125 @@ CASES = {
     "wrong magic": (lambda: b"\x89PNG\r\n\x1a\n" + _valid()[8:], "not an ONNX model"),
     "empty file": (lambda: b"", "not an ONNX model (no IR version or graph)"),
     "text file": (lambda: b"name: model\nversion: 3\n", "not a"),
-    "huge inline shape": (lambda: _bytes(_huge_inline()),
-                          "tensor 'w' of shape [1000000, 1000000] needs 4000000000000 bytes, "
-                          "it holds 1024"),
-    "huge shape, no data": (lambda: _bytes(_dims(_model(), "w", [10**6, 10**6])),
-                            "declares 1000000000000 elements, it holds 0"),
-    "negative dimension": (lambda: _bytes(_dims(_model(), "g", [-16])),
-                           "tensor 'g' has a negative dimension [-16]"),
-    "cycle": (lambda: _bytes(_replace_node(0, helper.make_node("Add", ["x", "y"], ["s"],
-                                                               name="add"))),
-              "graph: the nodes form a cycle: node 'add' (Add) -> node 'norm' "
-              "(LayerNormalization) -> node 'proj' (MatMul)"),
-    "dangling input": (lambda: _bytes(_replace_node(0, helper.make_node("Add", ["x", "nope"],
-                                                                        ["s"], name="add"))),
-                       "graph: node 'add' (Add) reads 'nope', which no node, graph input or "
-                       "initializer provides"),
-    "missing initializer": (lambda: _bytes(_model(inits=[])),
-                            "graph: node 'norm' (LayerNormalization) reads 'g', which no node"),
+    "huge inline shape": (
+        lambda: _bytes(_huge_inline()),
+        "tensor 'w' of shape [1000000, 1000000] needs 4000000000000 bytes, it holds 1024",
+    ),
+    "huge shape, no data": (
+        lambda: _bytes(_dims(_model(), "w", [10**6, 10**6])),
+        "declares 1000000000000 elements, it holds 0",
+    ),
+    "negative dimension": (
+        lambda: _bytes(_dims(_model(), "g", [-16])),
+        "tensor 'g' has a negative dimension [-16]",
+    ),
+    "cycle": (
+        lambda: _bytes(_replace_node(0, helper.make_node("Add", ["x", "y"], ["s"], name="add"))),
+        "graph: the nodes form a cycle: node 'add' (Add) -> node 'norm' "
+        "(LayerNormalization) -> node 'proj' (MatMul)",
+    ),
+    "dangling input": (
+        lambda: _bytes(_replace_node(0, helper.make_node("Add", ["x", "nope"], ["s"], name="add"))),
+        "graph: node 'add' (Add) reads 'nope', which no node, graph input or initializer provides",
+    ),
+    "missing initializer": (
+        lambda: _bytes(_model(inits=[])),
+        "graph: node 'norm' (LayerNormalization) reads 'g', which no node",
+    ),
     "value produced twice": (
-        lambda: _bytes(_model(nodes=[helper.make_node("Add", ["x", "r"], ["s"], name="add"),
-                                     helper.make_node("Sub", ["x", "r"], ["s"], name="sub"),
-                                     helper.make_node("MatMul", ["s", "w"], ["y"])])),
-        "graph: value 's' is produced twice, by node 'add' (Add) and node 'sub' (Sub)"),
+        lambda: _bytes(
+            _model(
+                nodes=[
+                    helper.make_node("Add", ["x", "r"], ["s"], name="add"),
+                    helper.make_node("Sub", ["x", "r"], ["s"], name="sub"),
+                    helper.make_node("MatMul", ["s", "w"], ["y"]),
+                ]
+            )
+        ),
+        "graph: value 's' is produced twice, by node 'add' (Add) and node 'sub' (Sub)",
+    ),
     "no default domain": (
         lambda: _bytes(helper.make_model(_model().graph, opset_imports=[], ir_version=10)),
         "graph: node 'add' (Add): the model imports no version of the default ONNX domain "
-        "(opset_import); ONNX Runtime refuses it too"),
-    "duplicate input": (lambda: _bytes(_model(inputs=[_value("x"), _value("r"), _value("x")])),
-                        "graph: input 'x' is declared twice"),
-    "output from nothing": (lambda: _bytes(_model(outputs=[_value("y"), _value("ghost")])),
-                            "graph: output 'ghost' is produced by no node, graph input or "
-                            "initializer"),
+        "(opset_import); ONNX Runtime refuses it too",
+    ),
+    "duplicate input": (
+        lambda: _bytes(_model(inputs=[_value("x"), _value("r"), _value("x")])),
+        "graph: input 'x' is declared twice",
+    ),
+    "output from nothing": (
+        lambda: _bytes(_model(outputs=[_value("y"), _value("ghost")])),
+        "graph: output 'ghost' is produced by no node, graph input or initializer",
+    ),
     "domain not imported": (
-        lambda: _bytes(_replace_node(0, helper.make_node("Frob", ["x", "r"], ["s"], name="add",
-                                                         domain="example.com"))),
-        "graph: node 'add' (example.com::Frob): domain 'example.com' is not imported"),
-    "onnxnorm epsilon negative": (lambda: _bytes(_norm("LayerNorm", ops.DOMAIN, epsilon=-1.0)),
-                                  "node 'norm' (onnxnorm::LayerNorm): attribute epsilon must be "
-                                  "a finite number >= 0, got -1.0"),
-    "onnxnorm epsilon NaN": (lambda: _bytes(_norm("RMSNorm", ops.DOMAIN, epsilon=math.nan)),
-                             "attribute epsilon must be a finite number >= 0, got nan"),
-    "onnxnorm epsilon inf": (lambda: _bytes(_norm("SkipRMSNorm", ops.DOMAIN, epsilon=math.inf)),
-                             "node 'norm' (onnxnorm::SkipRMSNorm): attribute epsilon must be a "
-                             "finite number >= 0, got inf"),
-    "epsilon an int": (lambda: _bytes(_norm(epsilon=1)),
-                       "attribute epsilon must be a float, got INT"),
-    "axis out of range": (lambda: _bytes(_norm(axis=3)),
-                          "attribute axis 3 is out of range for its input of rank 3"),
-    "axis below range": (lambda: _bytes(_norm(axis=-4)),
-                         "attribute axis -4 is out of range for its input of rank 3"),
-    "onnxnorm alpha inf": (lambda: _bytes(_norm("SkipLayerNorm", ops.DOMAIN, alpha=math.inf)),
-                           "node 'norm' (onnxnorm::SkipLayerNorm): attribute alpha must be a "
-                           "finite number, got inf"),
-    "onnxnorm cast_before_scale 2": (lambda: _bytes(_norm("RMSNorm", ops.DOMAIN,
-                                                          cast_before_scale=2)),
-                                     "attribute cast_before_scale must be 0 or 1, got 2"),
-    "onnxnorm unknown op": (lambda: _bytes(_norm("GroupRMSNorm", ops.DOMAIN)),
-                            "node 'norm' (onnxnorm::GroupRMSNorm): not an op of the onnxnorm "
-                            "domain"),
+        lambda: _bytes(
+            _replace_node(
+                0, helper.make_node("Frob", ["x", "r"], ["s"], name="add", domain="example.com")
+            )
+        ),
+        "graph: node 'add' (example.com::Frob): domain 'example.com' is not imported",
+    ),
+    "onnxnorm epsilon negative": (
+        lambda: _bytes(_norm("LayerNorm", ops.DOMAIN, epsilon=-1.0)),
+        "node 'norm' (onnxnorm::LayerNorm): attribute epsilon must be "
+        "a finite number >= 0, got -1.0",
+    ),
+    "onnxnorm epsilon NaN": (
+        lambda: _bytes(_norm("RMSNorm", ops.DOMAIN, epsilon=math.nan)),
+        "attribute epsilon must be a finite number >= 0, got nan",
+    ),
+    "onnxnorm epsilon inf": (
+        lambda: _bytes(_norm("SkipRMSNorm", ops.DOMAIN, epsilon=math.inf)),
+        "node 'norm' (onnxnorm::SkipRMSNorm): attribute epsilon must be a "
+        "finite number >= 0, got inf",
+    ),
+    "epsilon an int": (
+        lambda: _bytes(_norm(epsilon=1)),
+        "attribute epsilon must be a float, got INT",
+    ),
+    "axis out of range": (
+        lambda: _bytes(_norm(axis=3)),
+        "attribute axis 3 is out of range for its input of rank 3",
+    ),
+    "axis below range": (
+        lambda: _bytes(_norm(axis=-4)),
+        "attribute axis -4 is out of range for its input of rank 3",
+    ),
+    "onnxnorm alpha inf": (
+        lambda: _bytes(_norm("SkipLayerNorm", ops.DOMAIN, alpha=math.inf)),
+        "node 'norm' (onnxnorm::SkipLayerNorm): attribute alpha must be a finite number, got inf",
+    ),
+    "onnxnorm cast_before_scale 2": (
+        lambda: _bytes(_norm("RMSNorm", ops.DOMAIN, cast_before_scale=2)),
+        "attribute cast_before_scale must be 0 or 1, got 2",
+    ),
+    "onnxnorm unknown op": (
+        lambda: _bytes(_norm("GroupRMSNorm", ops.DOMAIN)),
+        "node 'norm' (onnxnorm::GroupRMSNorm): not an op of the onnxnorm domain",
+    ),
     "external data too short": (
-        lambda folder: ((folder / "w.bin").write_bytes(b"\0" * 100),
-                        _bytes(_external(_model(), "w.bin")))[1],
-        "tensor 'w': external data 'w.bin' holds 100 bytes, tensor 'w' needs bytes 0 to 1024"),
+        lambda folder: (
+            (folder / "w.bin").write_bytes(b"\0" * 100),
+            _bytes(_external(_model(), "w.bin")),
+        )[1],
+        "tensor 'w': external data 'w.bin' holds 100 bytes, tensor 'w' needs bytes 0 to 1024",
+    ),
     "external length 10^12": (
-        lambda folder: ((folder / "w.bin").write_bytes(b"\0" * 1024),
-                        _bytes(_external(_model(), "w.bin", length=10**12)))[1],
+        lambda folder: (
+            (folder / "w.bin").write_bytes(b"\0" * 1024),
+            _bytes(_external(_model(), "w.bin", length=10**12)),
+        )[1],
         "tensor 'w' of shape [16, 16] needs 1024 bytes, its external data length says "
-        "1000000000000"),
-    "external file missing": (lambda folder: _bytes(_external(_model(), "absent.bin")),
-                              "tensor 'w': external data 'absent.bin': no such file in the "
-                              "model's folder"),
+        "1000000000000",
+    ),
+    "external file missing": (
+        lambda folder: _bytes(_external(_model(), "absent.bin")),
+        "tensor 'w': external data 'absent.bin': no such file in the model's folder",
+    ),
     "external data a FIFO": (
         lambda folder: (os.mkfifo(folder / "w.bin"), _bytes(_external(_model(), "w.bin")))[1],
-        "tensor 'w': external data 'w.bin' is not a regular file (refused, not read)"),
+        "tensor 'w': external data 'w.bin' is not a regular file (refused, not read)",
+    ),
 }
 
 
@@ -198,8 +256,10 @@ def _write_case(folder: Path, name: str) -> Path:
 
 
 def _snapshot(folder: Path) -> dict[str, bytes | None]:
-    return {p.name: (p.read_bytes() if p.is_file() and not p.is_fifo() else None)
-            for p in folder.iterdir()}
+    return {
+        p.name: (p.read_bytes() if p.is_file() and not p.is_fifo() else None)
+        for p in folder.iterdir()
+    }
 
 
 def _one_line(text: str) -> str:
@@ -225,8 +285,9 @@ def test_fuse_refuses_in_one_line(tmp_path, capsys, name):
         assert _snapshot(folder) == before, "the input folder changed"
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in (
-    "truncated", "wrong magic", "empty file", "text file")])
+@pytest.mark.parametrize(
+    "name", [n for n in CASES if n not in ("truncated", "wrong magic", "empty file", "text file")]
+)
 def test_python_api_refuses_in_one_line(tmp_path, name):
     """onnxnorm.fusion.fuse on the ModelProto (external data in its folder) and verify() on the
     file raise OnnxNormError with the line `fuse` prints."""
@@ -290,6 +351,7 @@ def test_ops_of_an_imported_unknown_domain_fuse_but_do_not_verify(tmp_path, caps
 
 # --- float8 e4m3fn quantized nodes that cannot run ----------------------------------------------
 
+
 def _float8_node(zero_point_shape=(), dynamic=False) -> onnx.ModelProto:
     """One onnxnorm quantized node with a float8 e4m3fn Y (opset 21, which has float8's
     QuantizeLinear): RMSNormQuantizeLinear with a float8 Y_zero_point of zero_point_shape, or
@@ -297,32 +359,53 @@ def _float8_node(zero_point_shape=(), dynamic=False) -> onnx.ModelProto:
     scale = numpy_helper.from_array(np.random.default_rng(0).random(HIDDEN, np.float32) + 0.5, "g")
     f8 = TensorProto.FLOAT8E4M3FN
     if dynamic:
-        node = helper.make_node("RMSNormDynamicQuantizeLinear", ["x", "g"], ["q", "ys", "yz"],
-                                name="norm", domain=ops.DOMAIN)
-        outputs = [helper.make_tensor_value_info("q", f8, SHAPE),
-                   helper.make_tensor_value_info("ys", TensorProto.FLOAT, []),
-                   helper.make_tensor_value_info("yz", f8, [])]
+        node = helper.make_node(
+            "RMSNormDynamicQuantizeLinear",
+            ["x", "g"],
+            ["q", "ys", "yz"],
+            name="norm",
+            domain=ops.DOMAIN,
+        )
+        outputs = [
+            helper.make_tensor_value_info("q", f8, SHAPE),
+            helper.make_tensor_value_info("ys", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("yz", f8, []),
+        ]
         inits = [scale]
     else:
-        node = helper.make_node("RMSNormQuantizeLinear", ["x", "g", "", "s", "z"], ["q"],
-                                name="norm", domain=ops.DOMAIN)
+        node = helper.make_node(
+            "RMSNormQuantizeLinear", ["x", "g", "", "s", "z"], ["q"], name="norm", domain=ops.DOMAIN
+        )
         outputs = [helper.make_tensor_value_info("q", f8, SHAPE)]
         zero_point = np.zeros(zero_point_shape, np.float32).astype(ops.reference.FLOAT8_E4M3FN)
-        inits = [scale, numpy_helper.from_array(np.array(0.1, np.float32), "s"),
-                 numpy_helper.from_array(zero_point, "z")]
-    model = _model(nodes=[node], inits=inits, inputs=[_value("x")], outputs=outputs,
-                   domains=[ops.DOMAIN])
+        inits = [
+            scale,
+            numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+            numpy_helper.from_array(zero_point, "z"),
+        ]
+    model = _model(
+        nodes=[node], inits=inits, inputs=[_value("x")], outputs=outputs, domains=[ops.DOMAIN]
+    )
     model.opset_import[0].version = 21
     return model
 
 
-@pytest.mark.parametrize("case, fragment", [
-    ("zero point of shape [2]", "onnxnorm::RMSNormQuantizeLinear: Y_zero_point of shape [2] "
-                                "must be a scalar or a one-element 1-D tensor (per-tensor "
-                                "quantization)"),
-    ("dynamic op with float8 Y_zero_point", "Type (tensor(float8e4m3fn)) of output arg (q) of node "
-                                            "(norm) does not match expected type (tensor(uint8))"),
-])
+@pytest.mark.parametrize(
+    "case, fragment",
+    [
+        (
+            "zero point of shape [2]",
+            "onnxnorm::RMSNormQuantizeLinear: Y_zero_point of shape [2] "
+            "must be a scalar or a one-element 1-D tensor (per-tensor "
+            "quantization)",
+        ),
+        (
+            "dynamic op with float8 Y_zero_point",
+            "Type (tensor(float8e4m3fn)) of output arg (q) of node "
+            "(norm) does not match expected type (tensor(uint8))",
+        ),
+    ],
+)
 def test_float8_nodes_that_cannot_run_are_clear_errors(tmp_path, capsys, case, fragment):
     """A float8 e4m3fn Y_zero_point of the wrong shape (the kernel's per-tensor check), and a
     dynamic op asked for float8 (it quantizes to uint8 only; ONNX Runtime's type check): running
@@ -343,8 +426,9 @@ def test_float8_nodes_that_cannot_run_are_clear_errors(tmp_path, capsys, case, f
     fine = _float8_node(())
     y = runtime.session(fine).run(None, feeds)[0]  # (float8 comes back as its uint8 bits)
     inits = {t.name: numpy_helper.to_array(t) for t in fine.graph.initializer}
-    want = ops.reference.run("RMSNormQuantizeLinear", feeds["x"], inits["g"], None, inits["s"],
-                             inits["z"])[0]
+    want = ops.reference.run(
+        "RMSNormQuantizeLinear", feeds["x"], inits["g"], None, inits["s"], inits["z"]
+    )[0]
     np.testing.assert_array_equal(y.view(np.uint8), want.view(np.uint8))
 
 
@@ -399,16 +483,21 @@ def test_external_data_outside_the_folder_is_refused_unread(tmp_path):
         path = folder / "model.onnx"
         path.write_bytes(_bytes(_external(_model(), location or str(target))))
         jobs.append((name, str(path), str(tmp_path / f"{name}-fused.onnx")))
-    result = subprocess.run([sys.executable, "-c", _ESCAPE_SCRIPT, json.dumps(jobs)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _ESCAPE_SCRIPT, json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout.strip().splitlines()[-1])
-    expected = {"dotdot": "external data '../outside/w.bin' leaves the model's folder "
-                          "(refused, not read)",
-                "absolute": f"external data '{target}' is an absolute path; only files in the "
-                            "model's folder are read (refused, not read)",
-                "symlink": f"external data 'link.bin' is a symbolic link to {target}, outside "
-                           "the model's folder (refused, not read)"}
+    expected = {
+        "dotdot": "external data '../outside/w.bin' leaves the model's folder (refused, not read)",
+        "absolute": f"external data '{target}' is an absolute path; only files in the "
+        "model's folder are read (refused, not read)",
+        "symlink": f"external data 'link.bin' is a symbolic link to {target}, outside "
+        "the model's folder (refused, not read)",
+    }
     for name, entry in results.items():
         assert entry["rc"] == 1
         assert expected[name] in _one_line(entry["stderr"]), entry["stderr"]
@@ -420,19 +509,44 @@ def test_external_data_outside_the_folder_is_refused_unread(tmp_path):
 
 # --- onnxnorm export on hostile configurations -------------------------------------------------
 
-@pytest.mark.parametrize("config, fragment", [
-    ('{"model_type": "llama", "hidden_size": 64, "num_attention_he',
-     "not a readable Hugging Face config"),
-    ('[1, 2, 3]', "not a readable Hugging Face config"),
-    (json.dumps({"model_type": "llama", "hidden_size": 10**6, "intermediate_size": 10**6,
-                 "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10**6}),
-     # 2 V H + L (4 H^2 + 3 H I + 2 H) + H weights of 4 bytes
-     ": LlamaForCausalLM: 16,000,005,000,000 weights need 59604.7 GiB, more than the"),
-    (json.dumps({"model_type": "llama", "hidden_size": -64, "num_attention_heads": 4,
-                 "num_hidden_layers": 2, "vocab_size": 100}),
-     "transformers cannot build a model of type 'llama' (Trying to create tensor with "
-     "negative dimension"),
-])
+
+@pytest.mark.parametrize(
+    "config, fragment",
+    [
+        (
+            '{"model_type": "llama", "hidden_size": 64, "num_attention_he',
+            "not a readable Hugging Face config",
+        ),
+        ("[1, 2, 3]", "not a readable Hugging Face config"),
+        (
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "hidden_size": 10**6,
+                    "intermediate_size": 10**6,
+                    "num_attention_heads": 4,
+                    "num_hidden_layers": 2,
+                    "vocab_size": 10**6,
+                }
+            ),
+            # 2 V H + L (4 H^2 + 3 H I + 2 H) + H weights of 4 bytes
+            ": LlamaForCausalLM: 16,000,005,000,000 weights need 59604.7 GiB, more than the",
+        ),
+        (
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "hidden_size": -64,
+                    "num_attention_heads": 4,
+                    "num_hidden_layers": 2,
+                    "vocab_size": 100,
+                }
+            ),
+            "transformers cannot build a model of type 'llama' (Trying to create tensor with "
+            "negative dimension",
+        ),
+    ],
+)
 def test_export_refuses_hostile_configs(tmp_path, capsys, config, fragment):
     pytest.importorskip("transformers")
     source = tmp_path / "config.json"
@@ -448,8 +562,12 @@ def test_export_refuses_hostile_configs(tmp_path, capsys, config, fragment):
 def test_export_refuses_sizes_beyond_memory_before_allocating(tmp_path, capsys):
     pytest.importorskip("torch")
     out = tmp_path / "model.onnx"
-    assert cli.main(["export", "llama", "--hidden", "200000", "--intermediate", "200000",
-                     "-o", str(out)]) == 1
+    assert (
+        cli.main(
+            ["export", "llama", "--hidden", "200000", "--intermediate", "200000", "-o", str(out)]
+        )
+        == 1
+    )
     line = _one_line(capsys.readouterr().err)
     assert "onnxnorm: error: Llama-style decoder: 560,001,000,000 weights need 2086.2 GiB" in line
     assert not out.exists()

@@ -37,12 +37,19 @@ def _sh(*argv, cwd=None, env=None, check=True, timeout=900) -> subprocess.Comple
     # compiled when a command first imports it, and written beside it even where the caller's
     # environment says not to, or every command would compile it again (sympy alone, which
     # onnx-ir imports, takes 4 of the 7 seconds of a `onnxnorm fuse` call that way).
-    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd,
-                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "", **(env or {})},
-                            timeout=timeout)
+    result = subprocess.run(
+        [str(a) for a in argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "", **(env or {})},
+        timeout=timeout,
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"{argv} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
-                             f"{result.stderr[-3000:]}")
+        raise AssertionError(
+            f"{argv} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+            f"{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -54,11 +61,26 @@ def wheel(tmp_path_factory) -> Path:
     _sh(sys.executable, "-m", "build", "--sdist", "-o", out, ROOT)
     sdist = next(out.glob("onnxnorm-*.tar.gz"))
     env = {"ONNXNORM_CUDA": "OFF", "ONNXRUNTIME_INCLUDE_DIR": ""}
-    result = _sh(sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", out,
-                 "-C", "cmake.build-type=Debug",
-                 "-C", "cmake.define.CMAKE_CXX_FLAGS_DEBUG=-O0 -DONNXNORM_NO_FORCE_INLINE", sdist, env=env)
-    assert "onnxnorm: ONNX Runtime headers from fetched by tools/get_ort_headers.sh" in \
-        result.stdout + result.stderr
+    result = _sh(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-v",
+        "--no-deps",
+        "-w",
+        out,
+        "-C",
+        "cmake.build-type=Debug",
+        "-C",
+        "cmake.define.CMAKE_CXX_FLAGS_DEBUG=-O0 -DONNXNORM_NO_FORCE_INLINE",
+        sdist,
+        env=env,
+    )
+    assert (
+        "onnxnorm: ONNX Runtime headers from fetched by tools/get_ort_headers.sh"
+        in result.stdout + result.stderr
+    )
     return next(out.glob("onnxnorm-*.whl"))
 
 
@@ -70,8 +92,9 @@ def _venv(path: Path) -> Path:
 def _pip_install(python: Path, *args) -> subprocess.CompletedProcess:
     """pip install into a test environment, without byte-compiling every module it installs
     (Python compiles the ones a test imports)."""
-    return _sh(python, "-m", "pip", "--disable-pip-version-check", "-q", "install",
-               "--no-compile", *args)
+    return _sh(
+        python, "-m", "pip", "--disable-pip-version-check", "-q", "install", "--no-compile", *args
+    )
 
 
 def _installed(python: Path) -> dict[str, str]:
@@ -99,9 +122,11 @@ def test_beside_onnxruntime_gpu(wheel, tmp_path):
     installed = _installed(python)
     assert "onnxruntime-gpu" in installed and "onnxruntime" not in installed, installed
     assert _sh(python, "-m", "pip", "check").returncode == 0
-    code = ("import onnxruntime, onnxnorm.runtime as rt; "
-            "print('CUDAExecutionProvider' in onnxruntime.get_available_providers()); "
-            "print(rt.library_path().is_file())")
+    code = (
+        "import onnxruntime, onnxnorm.runtime as rt; "
+        "print('CUDAExecutionProvider' in onnxruntime.get_available_providers()); "
+        "print(rt.library_path().is_file())"
+    )
     assert _sh(python, "-c", code, cwd=tmp_path).stdout.split() == ["True", "True"]
 
 
@@ -116,13 +141,19 @@ def _rms_model(path: Path) -> None:
         helper.make_node("Div", ["x", "rms"], ["n"]),
         helper.make_node("Mul", ["n", "w"], ["y"]),
     ]
-    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-             numpy_helper.from_array(np.array([-1], np.int64), "axes"),
-             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
-             numpy_helper.from_array(np.linspace(0.5, 1.5, hidden, dtype=np.float32), "w")]
+    inits = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        numpy_helper.from_array(np.linspace(0.5, 1.5, hidden, dtype=np.float32), "w"),
+    ]
     graph = helper.make_graph(
-        nodes, "rms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, hidden])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, hidden])], inits)
+        nodes,
+        "rms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, hidden])],
+        inits,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
 
 
@@ -146,8 +177,11 @@ def test_every_command_outside_the_checkout(wheel, tmp_path):
 
     _pip_install(python, str(wheel))
     assert "onnxruntime" not in _installed(python)
-    _one_line(_sh(python, "-c", "import onnxnorm", cwd=work, check=False),
-              "onnxnorm[cpu]", "onnxnorm[gpu]")
+    _one_line(
+        _sh(python, "-c", "import onnxnorm", cwd=work, check=False),
+        "onnxnorm[cpu]",
+        "onnxnorm[gpu]",
+    )
     _one_line(_sh(bin_dir / "onnxnorm", "fuse", "--help", cwd=work, check=False), "onnxnorm[cpu]")
 
     _pip_install(python, f"{wheel}[cpu]")
@@ -160,26 +194,50 @@ def test_every_command_outside_the_checkout(wheel, tmp_path):
     assert ops == ["RMSNorm"]
     for command in ("export", "fuse", "bench"):
         assert _sh(onnxnorm, command, "--help", cwd=work).stdout.startswith(
-            f"usage: onnxnorm {command}")
-    _one_line(_sh(onnxnorm, "export", "llama", "-o", "m.onnx", cwd=work, check=False),
-              "needs torch", "onnxnorm[torch]")
-    _one_line(_sh(onnxnorm, "bench", "kernels", cwd=work, check=False),
-              "needs torch", "onnxnorm[torch]")
+            f"usage: onnxnorm {command}"
+        )
+    _one_line(
+        _sh(onnxnorm, "export", "llama", "-o", "m.onnx", cwd=work, check=False),
+        "needs torch",
+        "onnxnorm[torch]",
+    )
+    _one_line(
+        _sh(onnxnorm, "bench", "kernels", cwd=work, check=False), "needs torch", "onnxnorm[torch]"
+    )
     (work / "empty").mkdir()
-    _one_line(_sh(onnxnorm, "fuse", "empty", "-o", "out", cwd=work, check=False),
-              "no .onnx file in this folder")
-    _one_line(_sh(onnxnorm, "fuse", str(work), "-o", "o.onnx", cwd=work, check=False),
-              "lies inside the input folder")
+    _one_line(
+        _sh(onnxnorm, "fuse", "empty", "-o", "out", cwd=work, check=False),
+        "no .onnx file in this folder",
+    )
+    _one_line(
+        _sh(onnxnorm, "fuse", str(work), "-o", "o.onnx", cwd=work, check=False),
+        "lies inside the input folder",
+    )
     assert not any((work / name).exists() for name in ("m.onnx", "o.onnx", "out"))
 
     # torch and transformers of the test environment, behind the wheel's own packages
-    site = Path(_sh(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-                    ).stdout.strip())
+    site = Path(
+        _sh(
+            python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        ).stdout.strip()
+    )
     import torch
 
     (site / "zz_test_torch.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
-    _sh(onnxnorm, "export", "gemma2", "-o", "g.onnx", "--hidden", "32", "--heads", "2",
-        "--layers", "1", cwd=work)
+    _sh(
+        onnxnorm,
+        "export",
+        "gemma2",
+        "-o",
+        "g.onnx",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        cwd=work,
+    )
     checked = _sh(onnxnorm, "fuse", "g.onnx", "-o", "g_fused.onnx", "--verify", cwd=work)
     assert checked.stdout.count(" ok") >= 1 and "OVER TOLERANCE" not in checked.stdout
     where = _sh(python, "-c", "import onnxnorm; print(onnxnorm.__file__)", cwd=work).stdout
@@ -196,8 +254,11 @@ def test_minimum_versions_work(wheel, tmp_path):
 
     bounds = minimum_versions()
     # the cpu extra's ONNX Runtime: onnxruntime-gpu is the same runtime, and needs a GPU
-    pins = [f"{name}=={version}" for name, version in sorted(bounds.items())
-            if name != "onnxruntime-gpu"]
+    pins = [
+        f"{name}=={version}"
+        for name, version in sorted(bounds.items())
+        if name != "onnxruntime-gpu"
+    ]
     python = _venv(tmp_path / "venv")
     work = tmp_path / "work"  # not the checkout: the installed package, not the tree's
     work.mkdir()

@@ -33,14 +33,34 @@ WEIGHTS = ("Scale", "Bias", "XBias", "InnerScale", "InnerBias")
 CASES = {
     "all-inputs": (WEIGHTS, {}, True, (2, 3, 37), (37,)),
     "no-inputs-order-a": ((), {"cast_before_scale": 1}, False, (2, 3, 37), (37,)),
-    "all-order-a-offset-alpha-axis2": (WEIGHTS, {"cast_before_scale": 1, "scale_offset": 1.0, "alpha": 0.5,
-                                                 "axis": -2, "epsilon": 1e-3},
-                                       True, (2, 5, 24), (5, 24)),
-    "scales-offset-alpha": (("Scale", "InnerScale"), {"scale_offset": 1.0, "alpha": 2.0}, False,
-                            (3, 4, 64), (4, 64)),
-    "biases-order-a": (("Bias", "XBias", "InnerBias"), {"cast_before_scale": 1}, True, (4, 1, 130), (130,)),
-    "scale-bias-order-a-axis2": (("Scale", "Bias"), {"cast_before_scale": 1, "axis": -2}, False,
-                                 (3, 2, 17), (2, 17)),
+    "all-order-a-offset-alpha-axis2": (
+        WEIGHTS,
+        {"cast_before_scale": 1, "scale_offset": 1.0, "alpha": 0.5, "axis": -2, "epsilon": 1e-3},
+        True,
+        (2, 5, 24),
+        (5, 24),
+    ),
+    "scales-offset-alpha": (
+        ("Scale", "InnerScale"),
+        {"scale_offset": 1.0, "alpha": 2.0},
+        False,
+        (3, 4, 64),
+        (4, 64),
+    ),
+    "biases-order-a": (
+        ("Bias", "XBias", "InnerBias"),
+        {"cast_before_scale": 1},
+        True,
+        (4, 1, 130),
+        (130,),
+    ),
+    "scale-bias-order-a-axis2": (
+        ("Scale", "Bias"),
+        {"cast_before_scale": 1, "axis": -2},
+        False,
+        (3, 2, 17),
+        (2, 17),
+    ),
 }
 
 
@@ -102,12 +122,16 @@ def test_threaded_many_rows(op, types, rng):
     _check(op, arrays, _attrs(op, {"alpha": 0.7}), threads=2)
 
 
-@pytest.mark.parametrize("op, dtype", [("RMSNorm", F32), ("SkipLayerNorm", BF16), ("SandwichRMSNorm", F16)])
+@pytest.mark.parametrize(
+    "op, dtype", [("RMSNorm", F32), ("SkipLayerNorm", BF16), ("SandwichRMSNorm", F16)]
+)
 def test_large_tensors_with_streamed_outputs(op, dtype, rng):
     """Calls moving 48 MiB or more write their outputs with non-temporal stores (the C++ tests
     stream small tensors too, with the threshold lowered)."""
     rows = 1536 if dtype == F32 or ops.OPS[op].has_residual else 3072
-    arrays = _arrays(op, dtype, F32, ("Scale", "Bias", "XBias", "InnerScale"), (rows, 4096), (4096,), rng)
+    arrays = _arrays(
+        op, dtype, F32, ("Scale", "Bias", "XBias", "InnerScale"), (rows, 4096), (4096,), rng
+    )
     _check(op, arrays, threads=2)
 
 
@@ -193,18 +217,36 @@ def test_bad_shapes_and_axis_are_clear_errors(op):
     if spec.has_residual:
         base["Residual"] = (2, 16)
     name = f"onnxnorm::{op}"
-    _bad(op, {"X": (), **({"Residual": ()} if spec.has_residual else {})},
-         message=rf"{name}: X must have rank >= 1")
+    _bad(
+        op,
+        {"X": (), **({"Residual": ()} if spec.has_residual else {})},
+        message=rf"{name}: X must have rank >= 1",
+    )
     _bad(op, base, {"axis": 2}, message=rf"{name}: axis 2 is out of range")
     _bad(op, base, {"axis": -3}, message=rf"{name}: axis -3 is out of range")
-    _bad(op, {**base, "X": (2, 0), **({"Residual": (2, 0)} if spec.has_residual else {})},
-         message=rf"{name}: the normalized dimensions .* hold no elements")
+    _bad(
+        op,
+        {**base, "X": (2, 0), **({"Residual": (2, 0)} if spec.has_residual else {})},
+        message=rf"{name}: the normalized dimensions .* hold no elements",
+    )
     for weight in (p.name for p in spec.inputs if p.name in WEIGHTS):
         _bad(op, {**base, weight: (8,)}, message=rf"{name}: {weight} of shape \[8\] does not fit X")
-        _bad(op, {**base, weight: (3, 16)}, message=rf"{name}: {weight} of shape \[3,16\] does not fit X")
+        _bad(
+            op,
+            {**base, weight: (3, 16)},
+            message=rf"{name}: {weight} of shape \[3,16\] does not fit X",
+        )
     if spec.has_residual:
-        _bad(op, {**base, "Residual": (1, 16)}, message=rf"{name}: Residual of shape \[1,16\] must have")
-        _bad(op, {**base, "Residual": (2, 16, 1)}, message=rf"{name}: Residual of shape \[2,16,1\] must have")
+        _bad(
+            op,
+            {**base, "Residual": (1, 16)},
+            message=rf"{name}: Residual of shape \[1,16\] must have",
+        )
+        _bad(
+            op,
+            {**base, "Residual": (2, 16, 1)},
+            message=rf"{name}: Residual of shape \[2,16,1\] must have",
+        )
 
 
 @pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
@@ -260,8 +302,14 @@ def test_every_instruction_set(isa):
     (ONNXNORM_CPU_ISA lowers the choice)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "ONNXNORM_CPU_ISA": isa}
-    result = subprocess.run([sys.executable, "-c", ISA_SCRIPT], cwd=root, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", ISA_SCRIPT],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
     # the library reports the lowered choice, never one above the best this CPU has
     order = ["portable", "avx2", "avx512", "avx512_bf16"]
@@ -275,7 +323,10 @@ def test_active_isa_is_the_best_this_cpu_has():
     flags = set()
     if os.path.isfile("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
-            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+            flags = next(
+                (set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")),
+                set(),
+            )
     if not flags:
         pytest.skip("no /proc/cpuinfo flags to compare with")
     avx512 = {"avx512f", "avx512bw", "avx512vl"} <= flags
@@ -298,19 +349,43 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     cli.register(parser.add_subparsers(dest="command", required=True))
     from onnxnorm import runtime
 
-    args = parser.parse_args(["bench", "kernels", "--ops", "SkipRMSNorm", "--shapes", "1x1x4096",
-                              "--dtypes", "float16", "--repeats", "2", "--min-sample", "0.0005",
-                              "--compare-library", f"same={runtime.library_path()}",
-                              "--json", str(tmp_path / "run.json"), "--plot", str(tmp_path / "run.png")])
+    args = parser.parse_args(
+        [
+            "bench",
+            "kernels",
+            "--ops",
+            "SkipRMSNorm",
+            "--shapes",
+            "1x1x4096",
+            "--dtypes",
+            "float16",
+            "--repeats",
+            "2",
+            "--min-sample",
+            "0.0005",
+            "--compare-library",
+            f"same={runtime.library_path()}",
+            "--json",
+            str(tmp_path / "run.json"),
+            "--plot",
+            str(tmp_path / "run.png"),
+        ]
+    )
     assert args.run(args) == 0
     out = capsys.readouterr().out
     assert "| SkipRMSNorm | 1x1x4096 | float16 |" in out
     data = json.loads((tmp_path / "run.json").read_text())
     (row,) = data["results"]
-    assert row["median_seconds"]["onnxnorm"] > 0 and row["best_ort"] == "ort:SkipSimplifiedLayerNormalization"
+    assert (
+        row["median_seconds"]["onnxnorm"] > 0
+        and row["best_ort"] == "ort:SkipSimplifiedLayerNormalization"
+    )
     assert row["median_seconds"]["floor"] > 0 and row["ratio_to_ort_floor"] > 0
     assert row["median_seconds"]["onnxnorm@same"] > 0 and "| same µs | same / ORT |" in out
-    assert data["environment"]["warmup_seconds"] == 0.01 and len(data["environment"]["load_average"]) == 3
+    assert (
+        data["environment"]["warmup_seconds"] == 0.01
+        and len(data["environment"]["load_average"]) == 3
+    )
     times = row["median_seconds"]
     assert times["copy"] == min(times["copy:numpy"], times["copy:threads"])
     assert (tmp_path / "run.png").stat().st_size > 10000
@@ -323,8 +398,9 @@ def test_bench_quant_types_are_the_catalogues():
     from onnxnorm import _native
     from onnxnorm.bench import kernels
 
-    assert list(kernels.QUANT_ZERO_POINTS) == [_native.elem_type_name(t)
-                                               for t in ops.catalogue.QUANT_TYPES]
+    assert list(kernels.QUANT_ZERO_POINTS) == [
+        _native.elem_type_name(t) for t in ops.catalogue.QUANT_TYPES
+    ]
 
 
 def test_bench_help_imports_neither_torch_nor_onnx():
@@ -342,8 +418,9 @@ for name in SUBCOMMANDS:
 heavy = ("torch", "transformers", "onnx", "onnxruntime", "onnxnorm.ops", "onnxnorm._native")
 print("LOADED", sorted(m for m in heavy if m in sys.modules))
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     for name in ("kernels", "e2e", "cuda"):
         assert f"usage: onnxnorm bench {name}" in result.stdout
@@ -375,10 +452,26 @@ def test_bench_kernels_quick_run_float8(tmp_path, capsys):
 
     parser = __import__("argparse").ArgumentParser()
     cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", "kernels", "--ops", "RMSNormQuantizeLinear,RMSNorm",
-                              "--shapes", "1x1x4096", "--dtypes", "float16,bfloat16",
-                              "--quant-type", "float8e4m3fn", "--repeats", "2",
-                              "--min-sample", "0.0005", "--json", str(tmp_path / "run.json")])
+    args = parser.parse_args(
+        [
+            "bench",
+            "kernels",
+            "--ops",
+            "RMSNormQuantizeLinear,RMSNorm",
+            "--shapes",
+            "1x1x4096",
+            "--dtypes",
+            "float16,bfloat16",
+            "--quant-type",
+            "float8e4m3fn",
+            "--repeats",
+            "2",
+            "--min-sample",
+            "0.0005",
+            "--json",
+            str(tmp_path / "run.json"),
+        ]
+    )
     assert args.run(args) == 0
     out = capsys.readouterr().out
     for dtype in ("float16", "bfloat16"):
@@ -389,11 +482,16 @@ def test_bench_kernels_quick_run_float8(tmp_path, capsys):
     rows = {(r["op"], r["dtype"]): r for r in data["results"]}
     for dtype in ("float16", "bfloat16"):
         row = rows[("RMSNormQuantizeLinear", dtype)]
-        assert row["quant_type"] == "float8e4m3fn" and rows[("RMSNorm", dtype)]["quant_type"] is None
+        assert (
+            row["quant_type"] == "float8e4m3fn" and rows[("RMSNorm", dtype)]["quant_type"] is None
+        )
         times = row["median_seconds"]
         assert times["onnxnorm"] > 0, row["notes"]
         assert times["ort:SimplifiedLayerNormalization+Cast+QuantizeLinear"] > 0, row["notes"]
-    f16, bf16 = rows[("RMSNormQuantizeLinear", "float16")], rows[("RMSNormQuantizeLinear", "bfloat16")]
+    f16, bf16 = (
+        rows[("RMSNormQuantizeLinear", "float16")],
+        rows[("RMSNormQuantizeLinear", "bfloat16")],
+    )
     assert f16["median_seconds"]["ort:SimplifiedLayerNormalization+QuantizeLinear"] > 0
     assert bf16["median_seconds"]["ort:SimplifiedLayerNormalization+QuantizeLinear"] is None
     assert "QuantizeLinear" in bf16["notes"]["ort:SimplifiedLayerNormalization+QuantizeLinear"]
@@ -401,9 +499,13 @@ def test_bench_kernels_quick_run_float8(tmp_path, capsys):
 
 #: (static quantized op, X's type): bfloat16 for the ops without a residual only, as ORT's Skip
 #: kernels round Sum after normalizing it, a unit in the last place of bfloat16 away from the op
-_BENCH_CASES = [(name, dtype) for name, spec in ops.catalogue.QUANTIZED_OPS.items()
-                if spec.quantize == "static" for dtype in ("float32", "float16", "bfloat16")
-                if dtype != "bfloat16" or not spec.has_residual]
+_BENCH_CASES = [
+    (name, dtype)
+    for name, spec in ops.catalogue.QUANTIZED_OPS.items()
+    if spec.quantize == "static"
+    for dtype in ("float32", "float16", "bfloat16")
+    if dtype != "bfloat16" or not spec.has_residual
+]
 
 
 # The shape of X the benchmark's models of the quantized ops are checked on.
@@ -426,7 +528,9 @@ def bench_arrays(op, dtype, zero_point, rng, scale=1.0):
         elif name in ("x", "r"):
             arrays[name] = rng.standard_normal(BENCH_SHAPE).astype(np_type)
         else:
-            arrays[name] = (scale * name.startswith("s") + 0.1 * rng.standard_normal(BENCH_SHAPE[-1])).astype(np_type)
+            arrays[name] = (
+                scale * name.startswith("s") + 0.1 * rng.standard_normal(BENCH_SHAPE[-1])
+            ).astype(np_type)
     return arrays
 
 
@@ -472,7 +576,9 @@ def test_bench_quant_type_contenders_agree(op, dtype, quant_type, rng):
             # where the float norms differ in their last places: one float8 step apart (1/8
             # relative), or, next to zero, as far as float16 rounding of the row takes a value
             assert {0x7E, 0xFE} <= set(theirs["y"].ravel().tolist())  # +-448
-            a, b = (v.view(ml_dtypes.float8_e4m3fn).astype(np.float32) for v in (ours["y"], theirs["y"]))
+            a, b = (
+                v.view(ml_dtypes.float8_e4m3fn).astype(np.float32) for v in (ours["y"], theirs["y"])
+            )
             np.testing.assert_allclose(a, b, rtol=1 / 8, atol=1 / 16, err_msg=label)
         else:
             diff = ours["y"].astype(np.int32) - theirs["y"].astype(np.int32)
@@ -480,18 +586,24 @@ def test_bench_quant_type_contenders_agree(op, dtype, quant_type, rng):
     assert compared
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--ops", "Foo"], "argument --ops: unknown Foo"),
-    (["--quant-type", "float8e5m2"], "argument --quant-type: invalid choice: 'float8e5m2'"),
-    (["--shapes", "3x3"], "argument --shapes: unknown 3x3"),
-    (["--dtypes", "int8"], "argument --dtypes: unknown int8"),
-    (["--threads", "0"], "--threads and --repeats must be at least 1"),
-    (["--repeats", "-1"], "--threads and --repeats must be at least 1"),
-    (["--warmup", "-1"], "--warmup must be 0 or more"),
-    (["--compare-library", "old=/nonexistent.so"], "--compare-library old=/nonexistent.so: give NAME=PATH"),
-    (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
-    (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--ops", "Foo"], "argument --ops: unknown Foo"),
+        (["--quant-type", "float8e5m2"], "argument --quant-type: invalid choice: 'float8e5m2'"),
+        (["--shapes", "3x3"], "argument --shapes: unknown 3x3"),
+        (["--dtypes", "int8"], "argument --dtypes: unknown int8"),
+        (["--threads", "0"], "--threads and --repeats must be at least 1"),
+        (["--repeats", "-1"], "--threads and --repeats must be at least 1"),
+        (["--warmup", "-1"], "--warmup must be 0 or more"),
+        (
+            ["--compare-library", "old=/nonexistent.so"],
+            "--compare-library old=/nonexistent.so: give NAME=PATH",
+        ),
+        (["--json", "/nonexistent-folder/run.json"], "folder /nonexistent-folder does not exist"),
+        (["--plot", "/tmp"], "cannot write /tmp: it is a directory"),
+    ],
+)
 def test_bench_bad_arguments_are_one_line_errors(argv, message, capsys):
     from onnxnorm import cli
 
@@ -506,7 +618,9 @@ def test_bench_bad_arguments_are_one_line_errors(argv, message, capsys):
 
 def _tool(name: str) -> str | None:
     """A build tool from this environment's bin folder (where pip installs cmake and ninja), else PATH."""
-    return shutil.which(name, path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    return shutil.which(
+        name, path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    )
 
 
 def _package_build_with_tests(root: Path) -> Path | None:
@@ -515,13 +629,18 @@ def _package_build_with_tests(root: Path) -> Path | None:
     library was built from, and nothing is compiled twice."""
     for cache in sorted((root / "build").glob("*/CMakeCache.txt")):
         text = cache.read_text(errors="replace")
-        if (f"CMAKE_HOME_DIRECTORY:INTERNAL={root}\n" in text and "ONNXNORM_BUILD_TESTS:BOOL=ON\n" in text
-                and "SKBUILD" in text):
+        if (
+            f"CMAKE_HOME_DIRECTORY:INTERNAL={root}\n" in text
+            and "ONNXNORM_BUILD_TESTS:BOOL=ON\n" in text
+            and "SKBUILD" in text
+        ):
             return cache.parent
     return None
 
 
-@pytest.mark.skipif(_tool("cmake") is None or _tool("ctest") is None, reason="needs cmake and ctest")
+@pytest.mark.skipif(
+    _tool("cmake") is None or _tool("ctest") is None, reason="needs cmake and ctest"
+)
 def test_kernels_cxx_ctest():
     """The C++ tests of the row kernels (custom_ops/tests/kernel_tests.cc), built by CMake from the
     same kernel objects as the library (in the editable install's build folder, else in
@@ -535,14 +654,34 @@ def test_kernels_cxx_ctest():
     steps = []
     if build is None:  # a build of its own
         build = root / "build" / "kernel-tests"
-        configure = [_tool("cmake"), "-S", str(root), "-B", str(build), "-DONNXNORM_CUDA=OFF",
-                     "-DONNXNORM_BUILD_TESTS=ON", "-DCMAKE_BUILD_TYPE=Release"]
+        configure = [
+            _tool("cmake"),
+            "-S",
+            str(root),
+            "-B",
+            str(build),
+            "-DONNXNORM_CUDA=OFF",
+            "-DONNXNORM_BUILD_TESTS=ON",
+            "-DCMAKE_BUILD_TYPE=Release",
+        ]
         if not (build / "CMakeCache.txt").exists() and _tool("ninja"):
             configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
         steps.append(configure)
-    steps += [[_tool("cmake"), "--build", str(build), "--target", "onnxnorm_kernel_tests", "--parallel", jobs],
-              [_tool("ctest"), "--test-dir", str(build), "--output-on-failure", "--parallel", jobs]]
+    steps += [
+        [
+            _tool("cmake"),
+            "--build",
+            str(build),
+            "--target",
+            "onnxnorm_kernel_tests",
+            "--parallel",
+            jobs,
+        ],
+        [_tool("ctest"), "--test-dir", str(build), "--output-on-failure", "--parallel", jobs],
+    ]
     for step in steps:
         result = subprocess.run(step, capture_output=True, text=True, timeout=1800)
-        assert result.returncode == 0, f"{' '.join(step)}\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+        assert result.returncode == 0, (
+            f"{' '.join(step)}\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+        )
     assert "100% tests passed" in result.stdout, result.stdout[-3000:]

@@ -58,10 +58,14 @@ def _decoder(folder: Path, layers: int, hidden: int = HIDDEN, wide: int = WIDE) 
             n = min(_BLOCK, count - written)
             f.write(scaled[scale][:n])
             written += n
-        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=shape,
-                             data_location=TensorProto.EXTERNAL)
-        for key, value in (("location", data_path.name), ("offset", str(offset)),
-                           ("length", str(count * 4))):
+        tensor = TensorProto(
+            name=name, data_type=TensorProto.FLOAT, dims=shape, data_location=TensorProto.EXTERNAL
+        )
+        for key, value in (
+            ("location", data_path.name),
+            ("offset", str(offset)),
+            ("length", str(count * 4)),
+        ):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
         inits.append(tensor)
@@ -69,33 +73,43 @@ def _decoder(folder: Path, layers: int, hidden: int = HIDDEN, wide: int = WIDE) 
 
     def rms_norm(x: str, name: str) -> str:
         inits.append(numpy_helper.from_array(rng.random(hidden, np.float32) + 0.5, f"{name}.g"))
-        nodes.extend([
-            helper.make_node("Pow", [x, "two"], [f"{name}.sq"]),
-            helper.make_node("ReduceMean", [f"{name}.sq", "last"], [f"{name}.ms"], keepdims=1),
-            helper.make_node("Add", [f"{name}.ms", "eps"], [f"{name}.mse"]),
-            helper.make_node("Sqrt", [f"{name}.mse"], [f"{name}.rms"]),
-            helper.make_node("Div", [x, f"{name}.rms"], [f"{name}.n"]),
-            helper.make_node("Mul", [f"{name}.n", f"{name}.g"], [f"{name}.y"])])
+        nodes.extend(
+            [
+                helper.make_node("Pow", [x, "two"], [f"{name}.sq"]),
+                helper.make_node("ReduceMean", [f"{name}.sq", "last"], [f"{name}.ms"], keepdims=1),
+                helper.make_node("Add", [f"{name}.ms", "eps"], [f"{name}.mse"]),
+                helper.make_node("Sqrt", [f"{name}.mse"], [f"{name}.rms"]),
+                helper.make_node("Div", [x, f"{name}.rms"], [f"{name}.n"]),
+                helper.make_node("Mul", [f"{name}.n", f"{name}.g"], [f"{name}.y"]),
+            ]
+        )
         return f"{name}.y"
 
-    inits += [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-              numpy_helper.from_array(np.array([-1], np.int64), "last"),
-              numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
+    inits += [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+    ]
     h = "x"
     with open(data_path, "wb") as f:
         for i in range(layers):
             n = rms_norm(h, f"l{i}.norm")
-            external(f"l{i}.up", (hidden, wide), hidden ** -0.5, f)
-            external(f"l{i}.down", (wide, hidden), wide ** -0.5, f)
-            nodes += [helper.make_node("MatMul", [n, f"l{i}.up"], [f"l{i}.u"]),
-                      helper.make_node("MatMul", [f"l{i}.u", f"l{i}.down"], [f"l{i}.d"]),
-                      helper.make_node("Add", [h, f"l{i}.d"], [f"l{i}.h"])]
+            external(f"l{i}.up", (hidden, wide), hidden**-0.5, f)
+            external(f"l{i}.down", (wide, hidden), wide**-0.5, f)
+            nodes += [
+                helper.make_node("MatMul", [n, f"l{i}.up"], [f"l{i}.u"]),
+                helper.make_node("MatMul", [f"l{i}.u", f"l{i}.down"], [f"l{i}.d"]),
+                helper.make_node("Add", [h, f"l{i}.d"], [f"l{i}.h"]),
+            ]
             h = f"l{i}.h"
     out = rms_norm(h, "final")
     graph = helper.make_graph(
-        nodes, "wide-decoder",
+        nodes,
+        "wide-decoder",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", "seq", hidden])], inits)
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", "seq", hidden])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     path = folder / "model.onnx"
     path.write_bytes(model.SerializeToString())
@@ -103,8 +117,12 @@ def _decoder(folder: Path, layers: int, hidden: int = HIDDEN, wide: int = WIDE) 
 
 
 def _fuse(source: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "onnxnorm", "fuse", str(source), "-o", str(out),
-                           *extra], capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "onnxnorm", "fuse", str(source), "-o", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _temps(folder: Path) -> list[str]:
@@ -129,20 +147,25 @@ def test_a_model_over_2gb_is_fused_and_verified_in_bounded_memory(tmp_path, larg
     source = large_model
     small = tmp_path / "small"
     small.mkdir()
-    peak_small, _ = fuse_peak_rss(str(_decoder(small, SMALL_LAYERS)), "-o",
-                                  str(small / "fused.onnx"))
+    peak_small, _ = fuse_peak_rss(
+        str(_decoder(small, SMALL_LAYERS)), "-o", str(small / "fused.onnx")
+    )
     shutil.rmtree(small)
     out = tmp_path / "fused" / "fused.onnx"
     out.parent.mkdir()
     peak_large, seconds = fuse_peak_rss(str(source), "-o", str(out))
-    print(f"\nfuse: 0.5 GiB model peak {peak_small:.0f} MiB; 2.25 GiB model peak "
-          f"{peak_large:.0f} MiB, {seconds:.1f} s")
+    print(
+        f"\nfuse: 0.5 GiB model peak {peak_small:.0f} MiB; 2.25 GiB model peak "
+        f"{peak_large:.0f} MiB, {seconds:.1f} s"
+    )
     assert peak_large - peak_small < PEAK_GROWTH_LIMIT_MIB, (
-        f"peak RSS {peak_small:.0f} MiB (0.5 GiB of weights) -> {peak_large:.0f} MiB (2.25 GiB)")
+        f"peak RSS {peak_small:.0f} MiB (0.5 GiB of weights) -> {peak_large:.0f} MiB (2.25 GiB)"
+    )
 
     fused = onnx.load(out, load_external_data=False)
     assert [n.op_type for n in fused.graph.node if n.domain == ops.DOMAIN] == (
-        ["RMSNorm"] + ["SkipRMSNorm"] * LARGE_LAYERS)
+        ["RMSNorm"] + ["SkipRMSNorm"] * LARGE_LAYERS
+    )
     weights = [t for t in fused.graph.initializer if t.name.endswith((".up", ".down"))]
     assert len(weights) == 2 * LARGE_LAYERS
     assert all(t.data_location == TensorProto.EXTERNAL for t in weights)
@@ -150,15 +173,22 @@ def test_a_model_over_2gb_is_fused_and_verified_in_bounded_memory(tmp_path, larg
     assert _temps(out.parent) == []
 
     # both models in ONNX Runtime on the same inputs (ORT holds the weights: not bounded)
-    code = ("import sys, time; from onnxnorm.fusion.verify import verify; "
-            "t = time.perf_counter(); checks = verify(sys.argv[1], sys.argv[2]); "
-            "print(*checks, sep='\\n'); print(time.perf_counter() - t); "
-            "sys.exit(0 if all(c.ok for c in checks) else 3)")
-    result = subprocess.run([sys.executable, "-c", code, str(source), str(out)],
-                            capture_output=True, text=True, timeout=900)
+    code = (
+        "import sys, time; from onnxnorm.fusion.verify import verify; "
+        "t = time.perf_counter(); checks = verify(sys.argv[1], sys.argv[2]); "
+        "print(*checks, sep='\\n'); print(time.perf_counter() - t); "
+        "sys.exit(0 if all(c.ok for c in checks) else 3)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(source), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    print(f"verify: {result.stdout.strip().splitlines()[0]}, "
-          f"{float(result.stdout.split()[-1]):.1f} s")
+    print(
+        f"verify: {result.stdout.strip().splitlines()[0]}, {float(result.stdout.split()[-1]):.1f} s"
+    )
     shutil.rmtree(out.parent)
 
 
@@ -169,8 +199,11 @@ def test_a_killed_write_leaves_nothing_at_the_output(tmp_path, large_model):
     source = large_model  # the copy of its data takes long enough to be caught
     out = tmp_path / "out" / "fused.onnx"
     out.parent.mkdir()
-    process = subprocess.Popen([sys.executable, "-m", "onnxnorm", "fuse", str(source), "-o",
-                                str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "onnxnorm", "fuse", str(source), "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     try:
         while not _temps(out.parent):
@@ -194,8 +227,9 @@ def test_a_killed_write_leaves_nothing_at_the_output(tmp_path, large_model):
 def _unshare_works() -> bool:
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"],
-                           capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True
+    )
     return probe.returncode == 0
 
 
@@ -213,15 +247,24 @@ def test_a_full_disk_leaves_nothing_at_the_output(tmp_path, limit):
     if limit == "full tmpfs":
         if not _unshare_works():
             pytest.skip("unprivileged user namespaces are not allowed here")
-        script = (f"mount -t tmpfs -o size=1m onnxnorm-test {out_dir} && "
-                  f"{' '.join(command)}; rc=$?; ls -A {out_dir}; exit $rc")
-        result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                                 script], capture_output=True, text=True, timeout=300)
+        script = (
+            f"mount -t tmpfs -o size=1m onnxnorm-test {out_dir} && "
+            f"{' '.join(command)}; rc=$?; ls -A {out_dir}; exit $rc"
+        )
+        result = subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         reason = "No space left on device"
         listed = result.stdout.strip().splitlines()[-1:] if result.stdout.strip() else []
         assert all(not line.startswith("wrote") for line in listed)
-        left = [line for line in result.stdout.splitlines() if line.startswith(".") or
-                line.startswith("fused")]
+        left = [
+            line
+            for line in result.stdout.splitlines()
+            if line.startswith(".") or line.startswith("fused")
+        ]
     else:
         import resource
 
@@ -229,8 +272,9 @@ def test_a_full_disk_leaves_nothing_at_the_output(tmp_path, limit):
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
             resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                                preexec_fn=limit_file_size)
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size
+        )
         reason = "File too large"
         left = sorted(p.name for p in out_dir.iterdir())
     assert result.returncode == 1, result.stdout + result.stderr
@@ -244,17 +288,27 @@ def test_the_next_write_removes_only_dead_runs_temporary_files(tmp_path):
     writing the same output) and other files stay."""
     from onnxnorm._io import save_model
 
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                           capture_output=True, text=True, check=True)
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead, live = int(ended.stdout), os.getppid()
-    names = [f".fused.onnx.{dead}.abc123.data.tmp", f".fused.onnx.{dead}.def456.tmp",
-             f".fused.onnx.{live}.ghi789.data.tmp", ".other.onnx.1.x.tmp", "notes.txt"]
+    names = [
+        f".fused.onnx.{dead}.abc123.data.tmp",
+        f".fused.onnx.{dead}.def456.tmp",
+        f".fused.onnx.{live}.ghi789.data.tmp",
+        ".other.onnx.1.x.tmp",
+        "notes.txt",
+    ]
     for name in names:
         (tmp_path / name).write_bytes(b"partial")
     model = onnx.load(_decoder(tmp_path, 1, hidden=16, wide=64), load_external_data=False)
     save_model(model, tmp_path / "fused.onnx", source=tmp_path / "model.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        names[2:] + ["fused.onnx", "fused.onnx.data", "model.onnx", "model.onnx.data"])
+        names[2:] + ["fused.onnx", "fused.onnx.data", "model.onnx", "model.onnx.data"]
+    )
 
 
 def test_a_failed_rename_of_the_data_puts_the_old_model_back(tmp_path, monkeypatch, capsys):
@@ -275,7 +329,8 @@ def test_a_failed_rename_of_the_data_puts_the_old_model_back(tmp_path, monkeypat
     monkeypatch.setattr(os, "replace", failing)
     assert cli.main(["fuse", str(source), "-o", str(out)]) == 1
     assert capsys.readouterr().err.strip() == (
-        f"onnxnorm: error: cannot write {out}: No space left on device")
+        f"onnxnorm: error: cannot write {out}: No space left on device"
+    )
     assert out.read_bytes() == b"previous model"
     assert out.with_name("fused.onnx.data").read_bytes() == b"previous data"
     assert sorted(p.name for p in out.parent.iterdir()) == ["fused.onnx", "fused.onnx.data"]

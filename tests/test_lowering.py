@@ -13,7 +13,7 @@ from onnxnorm.targets import DEFAULT, TARGETS, help_text
 from tests.helpers import BF16, assert_close, reference_outputs, run, single_node_model
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
-EPS = 2.0 ** -16
+EPS = 2.0**-16
 
 # (op, present optional inputs, attributes, scale spans heads)
 VARIANTS = [
@@ -60,8 +60,12 @@ def _expected_ops(op, dtype, attrs, target, opset, present, per_head):
         if not layer and opset >= 23:
             return {"RMSNormalization"}
         return set()  # inlined function body
-    direct = (dtype == "float32" and not attrs.get("scale_offset") and not per_head
-              and not ("Bias" in present and not layer))
+    direct = (
+        dtype == "float32"
+        and not attrs.get("scale_offset")
+        and not per_head
+        and not ("Bias" in present and not layer)
+    )
     if op.startswith("Skip") and direct:
         return {"SkipLayerNormalization" if layer else "SkipSimplifiedLayerNormalization"}
     base = {"LayerNormalization" if layer else "SimplifiedLayerNormalization"}
@@ -70,14 +74,24 @@ def _expected_ops(op, dtype, attrs, target, opset, present, per_head):
     return base
 
 
-NORM_OPS = {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
-            "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+NORM_OPS = {
+    "LayerNormalization",
+    "RMSNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+}
 
 
 @pytest.mark.parametrize("target", ["ort", "onnx", "function"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{'+'.join(v[1]) or 'none'}-"
-                         + "-".join(f"{k}{val}" for k, val in v[2].items()))
+@pytest.mark.parametrize(
+    "variant",
+    VARIANTS,
+    ids=lambda v: (
+        f"{v[0]}-{'+'.join(v[1]) or 'none'}-" + "-".join(f"{k}{val}" for k, val in v[2].items())
+    ),
+)
 @pytest.mark.parametrize("opset", [18, 23])
 def test_lowered_op_matches_reference(variant, dtype, target, opset, rng):
     op, present, attrs, per_head = variant
@@ -92,8 +106,9 @@ def test_lowered_op_matches_reference(variant, dtype, target, opset, rng):
         assert not any(d == catalogue.DOMAIN for d, _ in op_types(lowered))
         assert not any(f.domain == catalogue.DOMAIN for f in lowered.functions)
         assert len(notes) == 1
-        assert kinds & NORM_OPS == _expected_ops(op, dtype, attrs, target, opset, present,
-                                                 per_head), notes
+        assert kinds & NORM_OPS == _expected_ops(
+            op, dtype, attrs, target, opset, present, per_head
+        ), notes
         if target == "onnx":
             assert not any(d not in ("", "ai.onnx") for d, _ in op_types(lowered))
             onnx.checker.check_model(lowered, full_check=True)
@@ -127,8 +142,11 @@ def test_both_commands_offer_the_targets_defined_once():
 
 
 STATIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "static"]
-ZERO_POINTS = {"uint8": np.array(131, np.uint8), "int8": np.array(-5, np.int8),
-               "float8e4m3fn": np.array(0, reference.FLOAT8_E4M3FN)}
+ZERO_POINTS = {
+    "uint8": np.array(131, np.uint8),
+    "int8": np.array(-5, np.int8),
+    "float8e4m3fn": np.array(0, reference.FLOAT8_E4M3FN),
+}
 
 
 def _quantized_model(op, arrays, attrs, opset):
@@ -162,8 +180,9 @@ def test_static_quantized_op_lowered_to_norm_and_quantizer(op, dtype, zero_point
     got = dict(zip([p.name for p in spec.outputs], run(lowered, feeds)))
     want = dict(zip([p.name for p in spec.outputs], reference_outputs(op, arrays, attrs)))
     assert_close(got["Y_float"], want["Y_float"], DTYPES[dtype])
-    own = reference.quantize_linear(got["Y_float"].astype(DTYPES[dtype]), arrays["Y_scale"],
-                                    arrays["Y_zero_point"])
+    own = reference.quantize_linear(
+        got["Y_float"].astype(DTYPES[dtype]), arrays["Y_scale"], arrays["Y_zero_point"]
+    )
     assert got["Y"].dtype == own.dtype
     np.testing.assert_array_equal(got["Y"].view(np.uint8), own.view(np.uint8))
     if zero_point == "float8e4m3fn":

@@ -19,25 +19,42 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_norms_page_is_current():
     committed = (ROOT / "docs" / "norms.md").read_text()
-    assert committed == docs.render(), "docs/norms.md is stale: run python -m models.docs docs/norms.md"
+    assert committed == docs.render(), (
+        "docs/norms.md is stale: run python -m models.docs docs/norms.md"
+    )
 
 
 def test_norms_page_covers_every_family_and_placement():
     text = docs.render()
     for family in families.FAMILIES:
         assert f"| {family.name} | {family.examples} |" in text
-    for name in ("LayerNorm", "RMSNorm", "BatchNorm", "Pre-Norm", "Post-Norm", "Sandwich-Norm",
-                 "DeepNorm", "order A", "order B"):
+    for name in (
+        "LayerNorm",
+        "RMSNorm",
+        "BatchNorm",
+        "Pre-Norm",
+        "Post-Norm",
+        "Sandwich-Norm",
+        "DeepNorm",
+        "order A",
+        "order B",
+    ):
         assert name in text
 
 
 @pytest.mark.parametrize("position", decoder.POSITIONS)
 @pytest.mark.parametrize("norm", decoder.NORMS)
 def test_both_impls_compute_the_same_function(position, norm):
-    config = decoder.DecoderConfig(norm=norm, position=position, qk_norm=True,
-                                   embedding_norm=True, bias=norm == "layer", kv_heads=2,
-                                   scale_offset=1.0 if norm == "rms" else 0.0,
-                                   cast_before_scale=int(position == "pre"))
+    config = decoder.DecoderConfig(
+        norm=norm,
+        position=position,
+        qk_norm=True,
+        embedding_norm=True,
+        bias=norm == "layer",
+        kv_heads=2,
+        scale_offset=1.0 if norm == "rms" else 0.0,
+        cast_before_scale=int(position == "pre"),
+    )
     ours = decoder.build(config)
     plain = decoder.build(dataclasses.replace(config, impl="decomposed"))
     assert ours.state_dict().keys() == plain.state_dict().keys()
@@ -52,8 +69,8 @@ def test_both_impls_compute_the_same_function(position, norm):
 def test_deepnorm_decoder_uses_the_paper_constants():
     config = decoder.DecoderConfig(norm="layer", position="deepnorm", layers=6, bias=True)
     model = decoder.build(config)
-    assert model.layers[0].alpha == pytest.approx(12 ** 0.25)
-    assert config.deepnorm.beta == pytest.approx(48 ** -0.25)
+    assert model.layers[0].alpha == pytest.approx(12**0.25)
+    assert config.deepnorm.beta == pytest.approx(48**-0.25)
 
 
 def test_expected_nodes_count_every_norm_once():
@@ -93,20 +110,33 @@ def test_every_family_builds_a_decoder(family):
 
 
 #: Hugging Face norm class -> its modeling module
-HF_CLASSES = {"LlamaRMSNorm": "llama", "MistralRMSNorm": "mistral", "Qwen2RMSNorm": "qwen2",
-              "Qwen3RMSNorm": "qwen3", "GemmaRMSNorm": "gemma", "Gemma2RMSNorm": "gemma2",
-              "Gemma3RMSNorm": "gemma3", "Phi3RMSNorm": "phi3", "T5LayerNorm": "t5",
-              "OlmoLayerNorm": "olmo", "Olmo2RMSNorm": "olmo2", "CohereLayerNorm": "cohere"}
+HF_CLASSES = {
+    "LlamaRMSNorm": "llama",
+    "MistralRMSNorm": "mistral",
+    "Qwen2RMSNorm": "qwen2",
+    "Qwen3RMSNorm": "qwen3",
+    "GemmaRMSNorm": "gemma",
+    "Gemma2RMSNorm": "gemma2",
+    "Gemma3RMSNorm": "gemma3",
+    "Phi3RMSNorm": "phi3",
+    "T5LayerNorm": "t5",
+    "OlmoLayerNorm": "olmo",
+    "Olmo2RMSNorm": "olmo2",
+    "CohereLayerNorm": "cohere",
+}
 
 
-@pytest.mark.parametrize("family", [f for f in families.FAMILIES if f.hf_norm_class in HF_CLASSES],
-                         ids=lambda f: f.key)
+@pytest.mark.parametrize(
+    "family", [f for f in families.FAMILIES if f.hf_norm_class in HF_CLASSES], ids=lambda f: f.key
+)
 def test_table_agrees_with_transformers(family):
     """The table's norm kind, scale offset, parameters and rounding order are what probing the
     family's own Hugging Face norm class finds."""
     pytest.importorskip("transformers")
-    module = importlib.import_module(f"transformers.models.{HF_CLASSES[family.hf_norm_class]}."
-                                     f"modeling_{HF_CLASSES[family.hf_norm_class]}")
+    module = importlib.import_module(
+        f"transformers.models.{HF_CLASSES[family.hf_norm_class]}."
+        f"modeling_{HF_CLASSES[family.hf_norm_class]}"
+    )
     norm = getattr(module, family.hf_norm_class)(16)
     found = probe(norm)
     assert found.kind == family.norm

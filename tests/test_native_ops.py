@@ -25,7 +25,9 @@ PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("gen_native_ops", ROOT / "tools" / "gen_native_ops.py")
+    spec = importlib.util.spec_from_file_location(
+        "gen_native_ops", ROOT / "tools" / "gen_native_ops.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -38,7 +40,8 @@ def manifest():
 
 def test_generated_op_table_is_current():
     assert GENERATED.read_text() == _generator().render(), (
-        f"{GENERATED.relative_to(ROOT)} is stale: run python tools/gen_native_ops.py")
+        f"{GENERATED.relative_to(ROOT)} is stale: run python tools/gen_native_ops.py"
+    )
 
 
 def _catalogue_with(**changes):
@@ -52,15 +55,21 @@ def test_generator_follows_the_catalogue():
     gen = _generator()
     cat = gen.load_catalogue()
     epsilon = dataclasses.replace(cat.EPSILON, default=1e-6, check="finite")
-    ops = {name: dataclasses.replace(spec, attributes=tuple(epsilon if a.name == "epsilon" else a
-                                                            for a in spec.attributes))
-           for name, spec in cat.OPS.items()}
+    ops = {
+        name: dataclasses.replace(
+            spec, attributes=tuple(epsilon if a.name == "epsilon" else a for a in spec.attributes)
+        )
+        for name, spec in cat.OPS.items()
+    }
     text = gen.render(_catalogue_with(OPS=ops))
     assert "inline constexpr float kEpsilon = 1e-06f;" in text
     assert '{"epsilon", AttrKind::kFloat, 0, 1e-06f, AttrCheck::kFinite},' in text
     assert text != GENERATED.read_text()
 
-    renamed = {("Norm" + name): dataclasses.replace(spec, name="Norm" + name) for name, spec in cat.OPS.items()}
+    renamed = {
+        ("Norm" + name): dataclasses.replace(spec, name="Norm" + name)
+        for name, spec in cat.OPS.items()
+    }
     assert "  kNormRMSNorm = 1," in gen.render(_catalogue_with(OPS=renamed))
 
     unknown = dataclasses.replace(cat.EPSILON, check="positive")
@@ -85,14 +94,22 @@ def test_manifest_matches_catalogue(manifest):
         assert entry["since_version"] == catalogue.VERSION
         assert (entry["norm"], entry["residual"]) == (spec.norm, spec.residual)
         assert (entry["quantize"], entry["quant_types"]) == (
-            spec.quantize, [_native.elem_type_name(t) for t in spec.quant_types])
+            spec.quantize,
+            [_native.elem_type_name(t) for t in spec.quant_types],
+        )
         for got, want in ((entry["inputs"], spec.inputs), (entry["outputs"], spec.outputs)):
-            assert got == [{"name": p.name, "type": p.type_var, "optional": p.optional} for p in want]
+            assert got == [
+                {"name": p.name, "type": p.type_var, "optional": p.optional} for p in want
+            ]
         assert [(a["name"], a["kind"], a["check"]) for a in entry["attributes"]] == [
-            (a.name, a.kind, a.check) for a in spec.attributes]
+            (a.name, a.kind, a.check) for a in spec.attributes
+        ]
         for got, a in zip(entry["attributes"], spec.attributes):
             if a.kind == "int":
-                assert got["default"] == a.default and isinstance(got["default"], int), (spec.name, got)
+                assert got["default"] == a.default and isinstance(got["default"], int), (
+                    spec.name,
+                    got,
+                )
             else:
                 assert np.float32(got["default"]) == np.float32(a.default), (spec.name, got)
         # every (T, S) the schema allows, on both providers (ORT never falls back to the body);
@@ -100,8 +117,12 @@ def test_manifest_matches_catalogue(manifest):
         if spec.quantize == "none":
             want = [(provider, t, s) for provider in PROVIDERS for t, s in pairs]
         else:
-            want = [(provider, t, s, _native.elem_type_name(q))
-                    for provider in PROVIDERS for t, s in pairs for q in spec.quant_types]
+            want = [
+                (provider, t, s, _native.elem_type_name(q))
+                for provider in PROVIDERS
+                for t, s in pairs
+                for q in spec.quant_types
+            ]
         assert sorted(map(tuple, entry["kernels"])) == sorted(want)
 
 
@@ -142,10 +163,16 @@ def test_the_binding_keeps_its_old_names_in_bench():
     names still give it, with a DeprecationWarning that names the new place."""
     from onnxnorm.bench import cuda, kernels
 
-    for module, old, new in ((cuda, "NormArgs", "NormArgs"), (cuda, "OP_IDS", "OP_IDS"),
-                             (cuda, "Kernels", "Kernels"), (cuda, "layout", "layout"),
-                             (cuda, "library_path", "cuda_library_path"),
-                             (kernels, "active_isa", "active_isa")):
-        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{old} is deprecated: use "
-                                                    f"onnxnorm._native.{new}"):
+    for module, old, new in (
+        (cuda, "NormArgs", "NormArgs"),
+        (cuda, "OP_IDS", "OP_IDS"),
+        (cuda, "Kernels", "Kernels"),
+        (cuda, "layout", "layout"),
+        (cuda, "library_path", "cuda_library_path"),
+        (kernels, "active_isa", "active_isa"),
+    ):
+        with pytest.warns(
+            DeprecationWarning,
+            match=f"{module.__name__}.{old} is deprecated: use onnxnorm._native.{new}",
+        ):
             assert getattr(module, old) is getattr(_native, new)

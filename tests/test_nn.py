@@ -10,10 +10,21 @@ import numpy as np
 import pytest
 import torch
 
-from onnxnorm.nn import (DeepNormBlock, LayerNorm, PostNormBlock, PreNormBlock, ResidualStream,
-                         RMSNorm, SandwichBlock, add_norm, deepnorm_constants, deepnorm_init_,
-                         sandwich_norm)
+from onnxnorm.nn import (
+    DeepNormBlock,
+    LayerNorm,
+    PostNormBlock,
+    PreNormBlock,
+    ResidualStream,
+    RMSNorm,
+    SandwichBlock,
+    add_norm,
+    deepnorm_constants,
+    deepnorm_init_,
+    sandwich_norm,
+)
 from onnxnorm.ops import reference
+
 
 @pytest.fixture(autouse=True)
 def _seed():
@@ -61,8 +72,9 @@ def test_layernorm_is_drop_in_for_torch(affine, bias):
     # difference is possible: the reference's bfloat16 tolerance
     x16 = x.to(torch.bfloat16)
     rtol, atol = reference.tolerance(ml_dtypes.bfloat16)
-    torch.testing.assert_close(ours.to(torch.bfloat16)(x16), theirs.to(torch.bfloat16)(x16),
-                               rtol=rtol, atol=atol)
+    torch.testing.assert_close(
+        ours.to(torch.bfloat16)(x16), theirs.to(torch.bfloat16)(x16), rtol=rtol, atol=atol
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -70,12 +82,19 @@ def test_layernorm_is_drop_in_for_torch(affine, bias):
 def test_modules_match_reference(dtype, order):
     x = (torch.randn(2, 3, 16) * 2 + 1).to(dtype)
     rms = randomized(RMSNorm(16, eps=1e-5, scale_offset=1.0, cast_before_scale=order)).to(dtype)
-    want = reference.run("RMSNorm", to_np(x), to_np(rms.weight), epsilon=1e-5, scale_offset=1.0,
-                         cast_before_scale=order)[0]
+    want = reference.run(
+        "RMSNorm",
+        to_np(x),
+        to_np(rms.weight),
+        epsilon=1e-5,
+        scale_offset=1.0,
+        cast_before_scale=order,
+    )[0]
     assert_matches_reference(rms(x), want)
     ln = randomized(LayerNorm(16, cast_before_scale=order)).to(dtype)
-    want = reference.run("LayerNorm", to_np(x), to_np(ln.weight), to_np(ln.bias),
-                         cast_before_scale=order)[0]
+    want = reference.run(
+        "LayerNorm", to_np(x), to_np(ln.weight), to_np(ln.bias), cast_before_scale=order
+    )[0]
     assert_matches_reference(ln(x), want)
 
 
@@ -92,15 +111,24 @@ def test_per_head_norm_over_the_last_dim_only():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_add_norm_matches_skip_reference(dtype, kind):
-    norm = randomized(RMSNorm(16, eps=1e-6, cast_before_scale=1) if kind == "rms"
-                      else LayerNorm(16)).to(dtype)
+    norm = randomized(
+        RMSNorm(16, eps=1e-6, cast_before_scale=1) if kind == "rms" else LayerNorm(16)
+    ).to(dtype)
     x, residual = torch.randn(2, 5, 16).to(dtype), torch.randn(2, 5, 16).to(dtype)
     x_bias = torch.randn(16).to(dtype)
     y, total = add_norm(norm, x, residual, alpha=1.7, x_bias=x_bias)
     op = "SkipRMSNorm" if kind == "rms" else "SkipLayerNorm"
     scale, bias = norm.parameters_for_op()
-    want_y, want_sum = reference.run(op, to_np(x), to_np(residual), to_np(scale), to_np(bias),
-                                     to_np(x_bias), alpha=1.7, **norm.attributes(dtype))
+    want_y, want_sum = reference.run(
+        op,
+        to_np(x),
+        to_np(residual),
+        to_np(scale),
+        to_np(bias),
+        to_np(x_bias),
+        alpha=1.7,
+        **norm.attributes(dtype),
+    )
     assert_matches_reference(y, want_y)
     assert_matches_reference(total, want_sum)
 
@@ -108,14 +136,26 @@ def test_add_norm_matches_skip_reference(dtype, kind):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_sandwich_norm_matches_reference(dtype, kind):
-    make = (lambda s: RMSNorm(16, eps=1e-6, scale_offset=1.0)) if kind == "rms" else (lambda s: LayerNorm(16))
+    make = (
+        (lambda s: RMSNorm(16, eps=1e-6, scale_offset=1.0))
+        if kind == "rms"
+        else (lambda s: LayerNorm(16))
+    )
     inner, outer = randomized(make(0), 1).to(dtype), randomized(make(1), 2).to(dtype)
     x, residual = torch.randn(2, 5, 16).to(dtype), torch.randn(2, 5, 16).to(dtype)
     y, total = sandwich_norm(inner, outer, x, residual)
     op = "SandwichRMSNorm" if kind == "rms" else "SandwichLayerNorm"
     (si, bi), (so, bo) = inner.parameters_for_op(), outer.parameters_for_op()
-    want_y, want_sum = reference.run(op, to_np(x), to_np(residual), to_np(si), to_np(bi),
-                                     to_np(so), to_np(bo), **outer.attributes(dtype))
+    want_y, want_sum = reference.run(
+        op,
+        to_np(x),
+        to_np(residual),
+        to_np(si),
+        to_np(bi),
+        to_np(so),
+        to_np(bo),
+        **outer.attributes(dtype),
+    )
     assert_matches_reference(y, want_y)
     assert_matches_reference(total, want_sum)
 
@@ -163,14 +203,14 @@ def test_blocks_compute_their_placements():
 def test_deepnorm_constants_follow_the_paper():
     # arXiv:2203.00555, Figure 2: encoder-only and decoder-only with 6 layers
     enc = deepnorm_constants("encoder", encoder_layers=6)["encoder"]
-    assert enc.alpha == pytest.approx(12 ** 0.25) and enc.beta == pytest.approx(48 ** -0.25)
+    assert enc.alpha == pytest.approx(12**0.25) and enc.beta == pytest.approx(48**-0.25)
     dec = deepnorm_constants("decoder", decoder_layers=6)["decoder"]
-    assert dec.alpha == pytest.approx(12 ** 0.25) and dec.beta == pytest.approx(48 ** -0.25)
+    assert dec.alpha == pytest.approx(12**0.25) and dec.beta == pytest.approx(48**-0.25)
     both = deepnorm_constants("encoder-decoder", encoder_layers=18, decoder_layers=12)
-    assert both["encoder"].alpha == pytest.approx(0.81 * (18 ** 4 * 12) ** (1 / 16))
-    assert both["encoder"].beta == pytest.approx(0.87 * (18 ** 4 * 12) ** (-1 / 16))
-    assert both["decoder"].alpha == pytest.approx(36 ** 0.25)
-    assert both["decoder"].beta == pytest.approx(144 ** -0.25)
+    assert both["encoder"].alpha == pytest.approx(0.81 * (18**4 * 12) ** (1 / 16))
+    assert both["encoder"].beta == pytest.approx(0.87 * (18**4 * 12) ** (-1 / 16))
+    assert both["decoder"].alpha == pytest.approx(36**0.25)
+    assert both["decoder"].beta == pytest.approx(144**-0.25)
     # deeper stacks: larger alpha, smaller beta
     assert deepnorm_constants("decoder", decoder_layers=100)["decoder"].alpha > dec.alpha
     with pytest.raises(ValueError, match="unknown architecture"):

@@ -33,8 +33,10 @@ DECOMPOSED = ("ReduceMean", "Pow", "Sqrt", "Reciprocal")
 NORMS, ADDS = 5, 4
 ONNXNORM_OPS = {("onnxnorm", "SkipRMSNorm"): 4, ("onnxnorm", "RMSNorm"): 1}
 #: ORT's kernels, SimplifiedLayerNormalization registered in the ONNX domain
-ORT_OPS = {("com.microsoft", "SkipSimplifiedLayerNormalization"): 4,
-           ("", "SimplifiedLayerNormalization"): 1}
+ORT_OPS = {
+    ("com.microsoft", "SkipSimplifiedLayerNormalization"): 4,
+    ("", "SimplifiedLayerNormalization"): 1,
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -68,8 +70,13 @@ def _ops(model: onnx.ModelProto) -> collections.Counter:
 
 
 def _workflow(model: Path, passes: dict, root: Path, **extra) -> dict:
-    return {"input_model": {"type": "ONNXModel", "model_path": str(model)}, "passes": passes,
-            "cache_dir": str(root / "cache"), "output_dir": str(root / "out"), **extra}
+    return {
+        "input_model": {"type": "ONNXModel", "model_path": str(model)},
+        "passes": passes,
+        "cache_dir": str(root / "cache"),
+        "output_dir": str(root / "out"),
+        **extra,
+    }
 
 
 def _assert_norms_replaced(llama: Path, fused: onnx.ModelProto, expected: dict) -> None:
@@ -96,13 +103,25 @@ def test_pass_fuses_with_parity_and_olive_evaluates_the_fused_model(llama, tmp_p
     from onnxnorm import olive as integration
 
     before = _files(llama.parent)
-    evaluator = {"type": "OnnxEvaluator", "metrics": [
-        {"name": "latency", "type": "latency", "sub_types": [{"name": "avg"}],
-         "user_config": {"warmup_num": 1, "repeat_test_num": 3, "sleep_num": 0}}]}
-    config = _workflow(llama, {"fuse": {"type": "OnnxNormFusion", "target": "fused",
-                                        "verify": True}}, tmp_path,
-                       evaluators={"latency": evaluator}, evaluator="latency",
-                       evaluate_input_model=False)
+    evaluator = {
+        "type": "OnnxEvaluator",
+        "metrics": [
+            {
+                "name": "latency",
+                "type": "latency",
+                "sub_types": [{"name": "avg"}],
+                "user_config": {"warmup_num": 1, "repeat_test_num": 3, "sleep_num": 0},
+            }
+        ],
+    }
+    config = _workflow(
+        llama,
+        {"fuse": {"type": "OnnxNormFusion", "target": "fused", "verify": True}},
+        tmp_path,
+        evaluators={"latency": evaluator},
+        evaluator="latency",
+        evaluate_input_model=False,
+    )
     best = run(config, package_config=integration.package_config()).get_best_candidate()
 
     fused = onnx.load(best.model_path)
@@ -118,11 +137,16 @@ def test_pass_fuses_with_parity_and_olive_evaluates_the_fused_model(llama, tmp_p
     with pytest.raises(Exception, match="onnxnorm"):
         ort.InferenceSession(best.model_path)
     # and a session of its own keeps the session options Olive's inference settings give
-    settings = {"session_options": {"intra_op_num_threads": 1, "graph_optimization_level": 0,
-                                    "extra_session_config": {"session.intra_op.allow_spinning":
-                                                             "0"}}}
+    settings = {
+        "session_options": {
+            "intra_op_num_threads": 1,
+            "graph_optimization_level": 0,
+            "extra_session_config": {"session.intra_op.allow_spinning": "0"},
+        }
+    }
     session = integration.OnnxNormModelHandler(
-        model_path=best.model_path, inference_settings=settings).prepare_session()
+        model_path=best.model_path, inference_settings=settings
+    ).prepare_session()
     options = session.get_session_options()
     assert options.intra_op_num_threads == 1
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -136,8 +160,13 @@ def test_surgeon_in_graph_surgeries_writes_ort_ops_with_parity(llama, tmp_path, 
     before = _files(llama.parent)
     surgery = {"surgeon": "OnnxNormFuse", "target": "ort", "verify": True}
     config = tmp_path / "workflow.json"
-    config.write_text(json.dumps(_workflow(
-        llama, {"surgeries": {"type": "GraphSurgeries", "surgeries": [surgery]}}, tmp_path)))
+    config.write_text(
+        json.dumps(
+            _workflow(
+                llama, {"surgeries": {"type": "GraphSurgeries", "surgeries": [surgery]}}, tmp_path
+            )
+        )
+    )
     assert main(["olive", "run", str(config)]) == 0
     output = tmp_path / "out" / "model.onnx"
     assert f"output model: {output}" in capsys.readouterr().out
@@ -157,18 +186,31 @@ def test_plain_olive_run_with_the_package_config(llama, tmp_path):
     assert known["OnnxNormFusion"]["module_path"] == "onnxnorm.olive.passes.OnnxNormFusion"
     assert "GraphSurgeries" in known  # Olive's own passes stay known
     config = tmp_path / "workflow.json"
-    config.write_text(json.dumps(_workflow(
-        llama, {"fuse": {"type": "OnnxNormFusion"}}, tmp_path)))
-    done = subprocess.run([sys.executable, "-m", "olive", "run", "--config", str(config),
-                           "--package-config", str(packages)], capture_output=True, text=True,
-                          env={**os.environ, **QUIET}, timeout=600)
+    config.write_text(json.dumps(_workflow(llama, {"fuse": {"type": "OnnxNormFusion"}}, tmp_path)))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "olive",
+            "run",
+            "--config",
+            str(config),
+            "--package-config",
+            str(packages),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **QUIET},
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     output = tmp_path / "out" / "model.onnx"
     fused = onnx.load(output)
     _assert_norms_replaced(llama, fused, ONNXNORM_OPS)
     # the default target, function: each onnxnorm op with its body, which plain ORT runs
-    assert {f.name for f in fused.functions} and all(f.domain == "onnxnorm"
-                                                      for f in fused.functions)
+    assert {f.name for f in fused.functions} and all(
+        f.domain == "onnxnorm" for f in fused.functions
+    )
     import onnxruntime as ort
 
     ort.InferenceSession(str(output))
@@ -183,30 +225,41 @@ def test_strict_precision_report_says_why_a_norm_stays(llama, tmp_path):
 
     half = tmp_path / "llama_fp16.onnx"
     onnx.save(pipelines.float16(onnx.load(llama), "occ"), half)
-    config = _workflow(half, {"fuse": {"type": "OnnxNormFusion", "strict_precision": True}},
-                       tmp_path)
+    config = _workflow(
+        half, {"fuse": {"type": "OnnxNormFusion", "strict_precision": True}}, tmp_path
+    )
     best = run(config, package_config=integration.package_config()).get_best_candidate()
     report = best.model_config["model_attributes"]["onnxnorm"]["report"]
     assert report["norms"] == 0
     skips = [s for rule in report["rules"] for s in rule["skips"]]
     assert len(skips) == NORMS
-    assert all("computed in FLOAT16; onnxnorm computes them in FLOAT (strict precision)"
-               in s["reason"] for s in skips), skips
+    assert all(
+        "computed in FLOAT16; onnxnorm computes them in FLOAT (strict precision)" in s["reason"]
+        for s in skips
+    ), skips
     assert _ops(onnx.load(best.model_path)) == _ops(onnx.load(half))
 
 
-UNKNOWN = ("pass 'fuse' (OnnxNormFusion): unknown target 'fast'; supported: function, "
-           "fused, ort, onnx")
+UNKNOWN = (
+    "pass 'fuse' (OnnxNormFusion): unknown target 'fast'; supported: function, fused, ort, onnx"
+)
 
 
 def test_unknown_target_is_one_line_and_nothing_is_written(llama, tmp_path):
     before = _files(llama.parent)
     config = tmp_path / "workflow.json"
-    config.write_text(json.dumps(_workflow(
-        llama, {"fuse": {"type": "OnnxNormFusion", "target": "fast"}}, tmp_path)))
-    done = subprocess.run([sys.executable, "-m", "onnxnorm", "olive", "run", str(config)],
-                          capture_output=True, text=True, env={**os.environ, **QUIET},
-                          timeout=600)
+    config.write_text(
+        json.dumps(
+            _workflow(llama, {"fuse": {"type": "OnnxNormFusion", "target": "fast"}}, tmp_path)
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxnorm", "olive", "run", str(config)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **QUIET},
+        timeout=600,
+    )
     assert done.returncode == 1
     assert done.stderr.splitlines() == [f"onnxnorm: error: {config}: {UNKNOWN}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["workflow.json"]
@@ -220,16 +273,20 @@ def test_unknown_target_from_the_python_api(llama, tmp_path):
 
     before = _files(llama.parent)
     config = _workflow(llama, {"fuse": {"type": "OnnxNormFusion", "target": "fast"}}, tmp_path)
-    with pytest.raises(ValueError, match="OnnxNormFusion: unknown target 'fast'; supported: "
-                                         "function, fused, ort, onnx"):
+    with pytest.raises(
+        ValueError,
+        match="OnnxNormFusion: unknown target 'fast'; supported: function, fused, ort, onnx",
+    ):
         run(config, package_config=integration.package_config())
     surgery = {"surgeon": "OnnxNormFuse", "target": "fast"}
-    config = _workflow(llama, {"s": {"type": "GraphSurgeries", "surgeries": [surgery]}},
-                       tmp_path / "surgeon")
+    config = _workflow(
+        llama, {"s": {"type": "GraphSurgeries", "surgeries": [surgery]}}, tmp_path / "surgeon"
+    )
     with pytest.raises(integration.OliveSettingError) as error:
         run(config, package_config=integration.package_config())
-    assert str(error.value) == ("OnnxNormFuse: unknown target 'fast'; supported: "
-                                "function, fused, ort, onnx")
+    assert str(error.value) == (
+        "OnnxNormFuse: unknown target 'fast'; supported: function, fused, ort, onnx"
+    )
     assert _files(llama.parent) == before
 
 
@@ -237,15 +294,13 @@ def test_without_olive_the_command_names_the_extra(llama, tmp_path):
     from test_package import _cli, _one_line
 
     config = tmp_path / "workflow.json"
-    config.write_text(json.dumps(_workflow(llama, {"fuse": {"type": "OnnxNormFusion"}},
-                                           tmp_path)))
+    config.write_text(json.dumps(_workflow(llama, {"fuse": {"type": "OnnxNormFusion"}}, tmp_path)))
     result = _cli("olive", "run", str(config), hidden=("olive",), cwd=tmp_path)
     _one_line(result, "needs olive, which is not installed: pip install 'onnxnorm[olive]'")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["workflow.json"]
 
 
-def test_verify_over_tolerance_stops_the_workflow_and_keeps_no_model(llama, tmp_path,
-                                                                     monkeypatch):
+def test_verify_over_tolerance_stops_the_workflow_and_keeps_no_model(llama, tmp_path, monkeypatch):
     from olive.workflows import run
 
     from onnxnorm import olive as integration
@@ -255,6 +310,8 @@ def test_verify_over_tolerance_stops_the_workflow_and_keeps_no_model(llama, tmp_
     config = _workflow(llama, {"fuse": {"type": "OnnxNormFusion", "verify": True}}, tmp_path)
     with pytest.raises(integration.OliveSettingError) as error:
         run(config, package_config=integration.package_config())
-    assert str(error.value).startswith("OnnxNormFusion: verify failed: the fused model's outputs "
-                                       "differ beyond tolerance: mul_24 (float32): max abs error")
+    assert str(error.value).startswith(
+        "OnnxNormFusion: verify failed: the fused model's outputs "
+        "differ beyond tolerance: mul_24 (float32): max abs error"
+    )
     assert not list(tmp_path.rglob("*.onnx"))

@@ -20,7 +20,7 @@ from onnxnorm.ops import catalogue, functions, reference
 NEWEST = onnx.defs.onnx_opset_version()
 OPSETS = sorted({7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 22, 23, NEWEST})
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
-EPS = 2.0 ** -16
+EPS = 2.0**-16
 SHAPE = (2, 5, 32)
 
 
@@ -31,8 +31,9 @@ def _arrays(op, present, dtype, rng, axis=-1):
     if catalogue.get(op).has_residual:
         arrays["Residual"] = rng.standard_normal(SHAPE).astype(t)
     for name in present:
-        arrays[name] = (rng.standard_normal(SHAPE[axis:]) * 0.7
-                        + (1 if "Scale" in name else 0)).astype(t)
+        arrays[name] = (
+            rng.standard_normal(SHAPE[axis:]) * 0.7 + (1 if "Scale" in name else 0)
+        ).astype(t)
     return arrays
 
 
@@ -58,18 +59,22 @@ def _params():
         for op, present, attrs, dtype, with_sum in _cases():
             if dtype == "bfloat16" and opset < functions.BFLOAT16_MIN_OPSET:
                 continue  # test_bfloat16_below_opset_13_has_no_body
-            label = "-".join([op, "+".join(present) or "none", dtype]
-                             + [f"{k}{v}" for k, v in attrs.items()]
-                             + ([] if with_sum else ["nosum"]))
-            yield pytest.param(op, present, attrs, dtype, with_sum, opset,
-                               id=f"opset{opset}-{label}")
+            label = "-".join(
+                [op, "+".join(present) or "none", dtype]
+                + [f"{k}{v}" for k, v in attrs.items()]
+                + ([] if with_sum else ["nosum"])
+            )
+            yield pytest.param(
+                op, present, attrs, dtype, with_sum, opset, id=f"opset{opset}-{label}"
+            )
 
 
 def _model(op, arrays, attrs, opset, optional_outputs=True):
     """single_node_model without bodies, with the IR version of its opset's ONNX release (an
     old model's), which the function target raises to 10."""
-    model = single_node_model(op, arrays, attrs, opset=opset, functions=False,
-                              optional_outputs=optional_outputs)
+    model = single_node_model(
+        op, arrays, attrs, opset=opset, functions=False, optional_outputs=optional_outputs
+    )
     model.ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
     return model
 
@@ -84,7 +89,8 @@ def _assert_matches(model, arrays, op, attrs, dtype):
 
 @pytest.mark.parametrize("op, present, attrs, dtype, with_sum, opset", _params())
 def test_every_opset_function_and_lowered_targets_match_reference(
-        op, present, attrs, dtype, with_sum, opset, rng):
+    op, present, attrs, dtype, with_sum, opset, rng
+):
     attrs = {"epsilon": EPS, **attrs}
     arrays = _arrays(op, present, dtype, rng, attrs.get("axis", -1))
     model = _model(op, arrays, attrs, opset, optional_outputs=with_sum)
@@ -95,8 +101,9 @@ def test_every_opset_function_and_lowered_targets_match_reference(
     (function,) = body.functions
     assert node.overload == function.overload and function.opset_import[0].version == opset
     if opset < functions.MIN_OPSET:
-        assert f"_{ {'float32': 'f32', 'float16': 'f16', 'bfloat16': 'bf16'}[dtype]}" \
-            in node.overload
+        assert (
+            f"_{ {'float32': 'f32', 'float16': 'f16', 'bfloat16': 'bf16'}[dtype] }" in node.overload
+        )
         assert not any(n.op_type == "CastLike" for n in function.node)
     if opset < functions.REF_OPSET:
         assert "_eps1.5258789e-05" in node.overload
@@ -119,8 +126,10 @@ def test_ort_target_uses_ort_own_ops_at_old_opsets(rng):
     """ONNX Runtime registers LayerNormalization and SimplifiedLayerNormalization in the ONNX
     domain from version 1 and its Skip ops in com.microsoft: the ort target uses them at every
     opset, and where a unit scale is needed below opset 9 (no ConstantOfShape) tiles ones."""
-    for op, kind in (("LayerNorm", "LayerNormalization"), ("SkipRMSNorm",
-                                                           "SkipSimplifiedLayerNormalization")):
+    for op, kind in (
+        ("LayerNorm", "LayerNormalization"),
+        ("SkipRMSNorm", "SkipSimplifiedLayerNormalization"),
+    ):
         for opset in (7, 11):
             arrays = _arrays(op, ("Scale",), "float32", rng)
             lowered, notes = lower_with_notes(_model(op, arrays, {}, opset), "ort")
@@ -196,8 +205,11 @@ def test_quantized_ops_at_old_opsets(op, target, at, rng):
     assert_close(got["Y_float"], want["Y_float"], DTYPES[dtype])
     y_float = got["Y_float"].astype(DTYPES[dtype])
     if spec.quantize == "static":
-        own = [reference.quantize_linear(y_float, arrays["Y_scale"],
-                                         arrays.get("Y_zero_point", np.array(0, np.uint8)))]
+        own = [
+            reference.quantize_linear(
+                y_float, arrays["Y_scale"], arrays.get("Y_zero_point", np.array(0, np.uint8))
+            )
+        ]
     else:
         own = reference.dynamic_quantize_linear(y_float)
     for name, value in zip(("Y", "Y_scale", "Y_zero_point"), own):
@@ -214,8 +226,10 @@ def test_quantized_op_below_its_opset_has_no_body(op, rng):
     quantizer = "QuantizeLinear" if spec.quantize == "static" else "DynamicQuantizeLinear"
     arrays = _quantized_arrays(op, "float32", "int8" if spec.quantize == "static" else None, rng)
     model = _model(op, arrays, {}, opset)
-    reason = (rf"its body ends in {quantizer}, which ONNX has from opset {opset + 1}; the model "
-              rf"imports opset {opset}: convert the model to opset {opset + 1} or newer")
+    reason = (
+        rf"its body ends in {quantizer}, which ONNX has from opset {opset + 1}; the model "
+        rf"imports opset {opset}: convert the model to opset {opset + 1} or newer"
+    )
     for target in ("function", "ort", "onnx"):
         _no_body(*lower_with_notes(model, target), op, reason)
     got = run(lower_with_notes(model, "function")[0], arrays, with_library=True)
@@ -233,9 +247,12 @@ def test_ai_onnx_opset_import_is_the_default_domain(rng):
         assert functions.model_opset(model) == functions.model_opset(model, "ai.onnx") == opset
         body, notes = lower_with_notes(model, "function")
         assert not notes and body.functions[0].overload == (
-            "scale_bias_f16_axis-1_eps1e-05" if opset == 11 else "scale_bias")
+            "scale_bias_f16_axis-1_eps1e-05" if opset == 11 else "scale_bias"
+        )
         assert sorted((i.domain, i.version) for i in body.opset_import) == [
-            ("ai.onnx", opset), (ops.DOMAIN, ops.VERSION)]
+            ("ai.onnx", opset),
+            (ops.DOMAIN, ops.VERSION),
+        ]
         onnx.checker.check_model(body, full_check=True)
         for lowered in [body] + [lower_with_notes(model, t)[0] for t in ("ort", "onnx")]:
             assert not any(i.domain == "" for i in lowered.opset_import)
@@ -246,16 +263,36 @@ def test_ai_onnx_opset_import_is_the_default_domain(rng):
 
 def _two_rms_norms(epsilons, opset):
     """Nodes of RMSNorm in a row ("x" -> "y0" -> "y1" ...), node i with epsilon ``epsilons[i]``."""
-    nodes = [helper.make_node("RMSNorm", ["x" if i == 0 else f"y{i - 1}", "scale"], [f"y{i}"],
-                              domain=ops.DOMAIN, name=f"norm{i}", epsilon=eps)
-             for i, eps in enumerate(epsilons)]
+    nodes = [
+        helper.make_node(
+            "RMSNorm",
+            ["x" if i == 0 else f"y{i - 1}", "scale"],
+            [f"y{i}"],
+            domain=ops.DOMAIN,
+            name=f"norm{i}",
+            epsilon=eps,
+        )
+        for i, eps in enumerate(epsilons)
+    ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
-                     helper.make_tensor_value_info("scale", TensorProto.FLOAT, [8])],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [4, 8])
-         for i in range(len(epsilons))])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
-                                                   helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+            helper.make_tensor_value_info("scale", TensorProto.FLOAT, [8]),
+        ],
+        [
+            helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [4, 8])
+            for i in range(len(epsilons))
+        ],
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", opset),
+            helper.make_opsetid(ops.DOMAIN, ops.VERSION),
+        ],
+    )
 
 
 def test_epsilon_is_baked_below_opset_12(rng):
@@ -265,9 +302,14 @@ def test_epsilon_is_baked_below_opset_12(rng):
     epsilons = [1e-6, 0.25, 1e-6]
     model = functions.attach_functions(_two_rms_norms(epsilons, 11))
     assert [n.overload for n in model.graph.node] == [
-        "scale_f32_axis-1_eps1e-06", "scale_f32_axis-1_eps0.25", "scale_f32_axis-1_eps1e-06"]
+        "scale_f32_axis-1_eps1e-06",
+        "scale_f32_axis-1_eps0.25",
+        "scale_f32_axis-1_eps1e-06",
+    ]
     assert sorted(f.overload for f in model.functions) == [
-        "scale_f32_axis-1_eps0.25", "scale_f32_axis-1_eps1e-06"]
+        "scale_f32_axis-1_eps0.25",
+        "scale_f32_axis-1_eps1e-06",
+    ]
     onnx.checker.check_model(model, full_check=True)
     x = (rng.standard_normal((4, 8)) * 0.3).astype(np.float32)
     scale = (1 + 0.5 * rng.standard_normal(8)).astype(np.float32)
@@ -289,10 +331,15 @@ def test_overload_names_below_opsets_15_and_12():
     spec = catalogue.get("SkipRMSNorm")
     attrs = {"epsilon": 1e-6, "alpha": 0.5, "axis": -1}
     assert functions.overload(spec, ["Scale"], 1, 1.0, opset=15) == "scale_offset_a"
-    assert functions.overload(spec, ["Scale"], 1, 1.0, opset=13, x_type=TensorProto.FLOAT16,
-                              attrs=attrs) == "scale_offset_a_f16"
-    name = functions.overload(spec, ["Scale"], 1, 1.0, with_sum=False, opset=11,
-                              x_type=TensorProto.FLOAT16, attrs=attrs)
+    assert (
+        functions.overload(
+            spec, ["Scale"], 1, 1.0, opset=13, x_type=TensorProto.FLOAT16, attrs=attrs
+        )
+        == "scale_offset_a_f16"
+    )
+    name = functions.overload(
+        spec, ["Scale"], 1, 1.0, with_sum=False, opset=11, x_type=TensorProto.FLOAT16, attrs=attrs
+    )
     assert name == "scale_offset1_a_nosum_f16_axis-1_eps1e-06_alpha0.5"
     body = functions.function_proto("SkipRMSNorm", name, 11)
     assert list(body.output) == ["Y"]
@@ -305,15 +352,21 @@ def test_overload_names_below_opsets_15_and_12():
 def test_x_type_found_by_shape_inference_or_the_reason(rng):
     """Below opset 15 a body names X's type: where nothing declares it shape inference finds
     it; where that cannot either, the node keeps no body and the note says so."""
+
     def model(producer, domain=""):
         graph = helper.make_graph(
-            [helper.make_node(producer, ["x"], ["h"], domain=domain),
-             helper.make_node("RMSNorm", ["h"], ["y"], domain=ops.DOMAIN, name="norm")],
-            "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 8])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 8])])
+            [
+                helper.make_node(producer, ["x"], ["h"], domain=domain),
+                helper.make_node("RMSNorm", ["h"], ["y"], domain=ops.DOMAIN, name="norm"),
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 8])],
+        )
         imports = [helper.make_opsetid("", 13), helper.make_opsetid(ops.DOMAIN, ops.VERSION)]
-        return helper.make_model(graph, opset_imports=imports + (
-            [helper.make_opsetid(domain, 1)] if domain else []))
+        return helper.make_model(
+            graph, opset_imports=imports + ([helper.make_opsetid(domain, 1)] if domain else [])
+        )
 
     notes = []
     inferred = functions.attach_functions(model("Identity"), notes)

@@ -45,8 +45,11 @@ def folders(tmp_path_factory):
 
 
 def _files(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _ops(path: Path) -> list[str]:
@@ -66,25 +69,36 @@ def test_folder_fused_with_parity(folders, family, tmp_path):
     files = [f.name for f in report.files]
     assert files == list(pipelines.OPTIMUM_FAMILIES[family][1])
     for result in report.files:
-        assert (result.report.norms, result.report.residual_adds) == \
-            COUNTS[family, result.name], str(result.report)
+        assert (result.report.norms, result.report.residual_adds) == COUNTS[family, result.name], (
+            str(result.report)
+        )
         names = [c.name for c in result.checks]
         if "merged" in result.name:  # both branches of the If ran, each output checked
             assert len(names) == 2 * len(onnx.load(folder / result.name).graph.output)
             assert sum("use_cache_branch=false" in n for n in names) == len(names) // 2
         # no decomposed norm and no ONNX or ORT norm op is left, in any branch
-        left = [op for op in _ops(out / result.name)
-                if op in ("ReduceMean", "Pow", "Sqrt") or "LayerNormalization" in op]
+        left = [
+            op
+            for op in _ops(out / result.name)
+            if op in ("ReduceMean", "Pow", "Sqrt") or "LayerNormalization" in op
+        ]
         assert not left, (result.name, left)
     if family == "whisper":  # the one add left is reported with its reason
-        skips = [s.reason for f in report.files if f.name == "encoder_model.onnx"
-                 for r in f.report.rules for s in r.skips if r.rule.endswith("(residual add)")]
+        skips = [
+            s.reason
+            for f in report.files
+            if f.name == "encoder_model.onnx"
+            for r in f.report.rules
+            for s in r.skips
+            if r.rule.endswith("(residual add)")
+        ]
         assert len(skips) == 1 and "the Add broadcasts" in skips[0], skips
     # the other files are copied as they are, and nothing else is written
     fused = _files(out)
     assert sorted(fused) == sorted(before)
-    assert all(fused[name] == digest for name, digest in before.items()
-               if not name.endswith(".onnx"))
+    assert all(
+        fused[name] == digest for name, digest in before.items() if not name.endswith(".onnx")
+    )
 
 
 @pytest.mark.slow
@@ -105,8 +119,12 @@ def test_at_least_as_many_as_other_tools(folders, family, tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "onnxnorm", "fuse", *map(str, args)],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "onnxnorm", "fuse", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -117,8 +135,9 @@ def test_command_and_bad_input(folders, tmp_path):
     result = _cli(folder, "-o", out, "--json", tmp_path / "r.json")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split() == ["file", "norms", "adds",
-                                                                          "parity"])
+    header = next(
+        i for i, line in enumerate(lines) if line.split() == ["file", "norms", "adds", "parity"]
+    )
     assert lines[header + 1].split()[:4] == ["model.onnx", "5", "4", "ok"]
     assert " ok (max abs error " in lines[header + 1] and lines[-1] == f"wrote {out}"
     data = json.loads((tmp_path / "r.json").read_text())
@@ -127,8 +146,11 @@ def test_command_and_bad_input(folders, tmp_path):
     assert _files(folder) == before
 
     result = _cli(folder, "-o", out)  # exists
-    assert result.returncode == 1 and result.stderr.strip() == \
-        f"onnxnorm: error: {out} exists; pass --overwrite to replace it"
+    assert (
+        result.returncode == 1
+        and result.stderr.strip()
+        == f"onnxnorm: error: {out} exists; pass --overwrite to replace it"
+    )
     result = _cli(folder, "-o", out, "--overwrite", "--no-verify")
     assert result.returncode == 0 and result.stdout.count("not verified") == 1
 
@@ -136,8 +158,11 @@ def test_command_and_bad_input(folders, tmp_path):
     (empty / "sub").mkdir(parents=True)
     (empty / "config.json").write_text("{}")
     result = _cli(empty, "-o", tmp_path / "x")
-    assert result.returncode == 1 and result.stderr.strip() == \
-        f"onnxnorm: error: {empty}: no .onnx file in this folder (nor in its subfolders)"
+    assert (
+        result.returncode == 1
+        and result.stderr.strip()
+        == f"onnxnorm: error: {empty}: no .onnx file in this folder (nor in its subfolders)"
+    )
     assert not (tmp_path / "x").exists()
 
     result = _cli(folder, "-o", folder / "inside")
@@ -153,15 +178,21 @@ def test_external_data_kept(folders, tmp_path):
     folder = tmp_path / "llama"
     shutil.copytree(folders["llama"], folder)
     model = onnx.load(folder / "model.onnx")
-    onnx.save(model, folder / "model.onnx", save_as_external_data=True,
-              location="model.onnx_data", size_threshold=0)
+    onnx.save(
+        model,
+        folder / "model.onnx",
+        save_as_external_data=True,
+        location="model.onnx_data",
+        size_threshold=0,
+    )
     out = tmp_path / "out"
     report = fuse_folder(folder, out)
     assert report.ok and (report.norms, report.residual_adds) == (5, 4)
     assert (out / "model.onnx.data").is_file() and not (out / "model.onnx_data").exists()
     fused = onnx.load(out / "model.onnx", load_external_data=False)
-    locations = {e.value for t in fused.graph.initializer for e in t.external_data
-                 if e.key == "location"}
+    locations = {
+        e.value for t in fused.graph.initializer for e in t.external_data if e.key == "location"
+    }
     assert locations == {"model.onnx.data"}
 
 
@@ -181,14 +212,21 @@ def _branch(name: str, flat: bool):
     if flat:
         nodes.append(helper.make_node("Reshape", ["x", "flat"], ["r"]))
         source = "r"
-    nodes += [helper.make_node("Shape", [source], ["s"]),
-              helper.make_node("ConstantOfShape", ["s"], ["z"],
-                               value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
-              helper.make_node("Equal", ["z", source], ["e"]),
-              helper.make_node("Where", ["e", "z", source], ["w"]),
-              helper.make_node("Reshape", ["w", "full"], ["y"])]
-    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(
-        "y", TensorProto.FLOAT, None)])
+    nodes += [
+        helper.make_node("Shape", [source], ["s"]),
+        helper.make_node(
+            "ConstantOfShape",
+            ["s"],
+            ["z"],
+            value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0]),
+        ),
+        helper.make_node("Equal", ["z", source], ["e"]),
+        helper.make_node("Where", ["e", "z", source], ["w"]),
+        helper.make_node("Reshape", ["w", "full"], ["y"]),
+    ]
+    return helper.make_graph(
+        nodes, name, [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    )
 
 
 def test_branches_that_share_names_keep_their_own_shapes(tmp_path):
@@ -201,19 +239,36 @@ def test_branches_that_share_names_keep_their_own_shapes(tmp_path):
     from onnxnorm.fusion.folder import verify_file
 
     graph = helper.make_graph(
-        [helper.make_node("If", ["flag"], ["out"], then_branch=_branch("plain", False),
-                          else_branch=_branch("flat", True))],
-        "m", [helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
-              helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])],
+        [
+            helper.make_node(
+                "If",
+                ["flag"],
+                ["out"],
+                then_branch=_branch("plain", False),
+                else_branch=_branch("flat", True),
+            )
+        ],
+        "m",
+        [
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8]),
+        ],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3, 8])],
-        [helper.make_tensor("flat", TensorProto.INT64, [2], [6, 8]),
-         helper.make_tensor("full", TensorProto.INT64, [3], [2, 3, 8])])
+        [
+            helper.make_tensor("flat", TensorProto.INT64, [2], [6, 8]),
+            helper.make_tensor("full", TensorProto.INT64, [3], [2, 3, 8]),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     fused, _ = fuse(model)
     branches = {a.g.name: a.g for a in fused.graph.node[0].attribute}
-    shapes = {name: {v.name.split("_")[0]: [d.dim_value or d.dim_param
-                                            for d in v.type.tensor_type.shape.dim]
-                     for v in g.value_info} for name, g in branches.items()}
+    shapes = {
+        name: {
+            v.name.split("_")[0]: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]
+            for v in g.value_info
+        }
+        for name, g in branches.items()
+    }
     # the flat branch's values are 2-D (the reshape's target is an outer constant, so its dims
     # stay symbolic), the other branch's [2, 3, 8]
     assert len(shapes["flat"]["z"]) == len(shapes["flat"]["e"]) == 2, shapes
@@ -244,6 +299,7 @@ def test_verify_failure_writes_nothing(folders, tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
     assert cli.main(["fuse", str(folders["llama"]), "-o", str(out)]) == 3
     err = capsys.readouterr().err.strip()
-    assert err == (f"onnxnorm: verify failed: outputs over tolerance in model.onnx; {out} not "
-                   "written")
+    assert err == (
+        f"onnxnorm: verify failed: outputs over tolerance in model.onnx; {out} not written"
+    )
     assert list(tmp_path.iterdir()) == []

@@ -27,8 +27,9 @@ _HIDE = textwrap.dedent("""\
 
 def _python(code: str, hidden: tuple[str, ...] = (), cwd=None) -> subprocess.CompletedProcess:
     script = f"HIDDEN = {set(hidden)!r}\n" + _HIDE + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def _cli(*argv: str, hidden: tuple[str, ...] = (), cwd=None) -> subprocess.CompletedProcess:
@@ -49,20 +50,31 @@ def test_import_without_onnxruntime_names_both_extras():
     line = _one_line(result, "onnxnorm needs onnxruntime")
     assert "pip install 'onnxnorm[cpu]'" in line and "'onnxnorm[gpu]'" in line
     # a program that catches it gets an ImportError with the same message
-    result = _python("""
+    result = _python(
+        """
         try:
             import onnxnorm
         except ImportError as error:
             print(type(error).__mro__[1].__name__, error)
-        """, hidden=("onnxruntime",))
+        """,
+        hidden=("onnxruntime",),
+    )
     assert result.returncode == 0 and result.stdout.startswith("ImportError onnxnorm needs")
 
 
 def test_command_line_without_onnxruntime_is_one_line():
-    result = subprocess.run([sys.executable, "-c", f"HIDDEN = {{'onnxruntime'}}\n{_HIDE}"
-                             "import runpy; sys.argv = ['onnxnorm', 'fuse', '--help']; "
-                             "runpy.run_module('onnxnorm', run_name='__main__')"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"HIDDEN = {{'onnxruntime'}}\n{_HIDE}"
+            "import runpy; sys.argv = ['onnxnorm', 'fuse', '--help']; "
+            "runpy.run_module('onnxnorm', run_name='__main__')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     _one_line(result, "onnxnorm[cpu]", "onnxnorm[gpu]")
 
 
@@ -75,10 +87,13 @@ def test_import_and_the_fusion_pass_need_no_torch():
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("argv, needs", [
-    (["export", "llama", "-o", "m.onnx"], "onnxnorm export needs torch"),
-    (["bench", "kernels", "--ops", "RMSNorm"], "onnxnorm bench kernels needs torch"),
-])
+@pytest.mark.parametrize(
+    "argv, needs",
+    [
+        (["export", "llama", "-o", "m.onnx"], "onnxnorm export needs torch"),
+        (["bench", "kernels", "--ops", "RMSNorm"], "onnxnorm bench kernels needs torch"),
+    ],
+)
 def test_commands_without_torch_say_so_in_one_line(argv, needs, tmp_path):
     result = _cli(*argv, hidden=("torch", "transformers"), cwd=tmp_path)
     _one_line(result, needs, "pip install 'onnxnorm[torch]'")
@@ -122,24 +137,31 @@ def test_package_names_load_on_first_use():
         """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:4] == [
-        "[]", "onnxnorm.fusion.pipeline onnxnorm.fusion.pipeline onnxnorm.fusion.report "
-        "onnxnorm.fusion.verify", "onnxnorm.nn.exporter onnxnorm.nn.converter onnxnorm.nn.modules "
-        "onnxnorm.nn.exporter", "True True"]
+        "[]",
+        "onnxnorm.fusion.pipeline onnxnorm.fusion.pipeline onnxnorm.fusion.report "
+        "onnxnorm.fusion.verify",
+        "onnxnorm.nn.exporter onnxnorm.nn.converter onnxnorm.nn.modules onnxnorm.nn.exporter",
+        "True True",
+    ]
 
 
 def test_torch_modules_without_torch_raise_one_clear_import_error():
-    result = _python("""
+    result = _python(
+        """
         import onnxnorm
         for get in (lambda: onnxnorm.export, lambda: onnxnorm.nn.RMSNorm):
             try:
                 get()
             except ImportError as error:
                 print(error)
-        """, hidden=("torch",))
+        """,
+        hidden=("torch",),
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
-    assert len(lines) == 2 and all("needs torch" in line and "onnxnorm[torch]" in line
-                                   for line in lines), lines
+    assert len(lines) == 2 and all(
+        "needs torch" in line and "onnxnorm[torch]" in line for line in lines
+    ), lines
 
 
 def test_export_and_convert_show_their_real_signatures():
@@ -167,9 +189,16 @@ def test_the_package_never_imports_the_source_trees_folders():
     offenders = []
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
-                     else [])
-            offenders += [f"{path.relative_to(package)}: {name}" for name in names
-                          if name.partition(".")[0] in ("models", "tools", "tests")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            offenders += [
+                f"{path.relative_to(package)}: {name}"
+                for name in names
+                if name.partition(".")[0] in ("models", "tools", "tests")
+            ]
     assert offenders == []

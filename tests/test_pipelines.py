@@ -27,18 +27,26 @@ from onnxnorm.genai import convert, dim_sizes, generate, read_config  # noqa: E4
 
 pytestmark = pytest.mark.slow
 
-ONNXNORM_KERNELS = {"RMSNorm", "SkipRMSNorm", "LayerNorm", "SkipLayerNorm", "SandwichRMSNorm",
-                    "SandwichLayerNorm"}
+ONNXNORM_KERNELS = {
+    "RMSNorm",
+    "SkipRMSNorm",
+    "LayerNorm",
+    "SkipLayerNorm",
+    "SandwichRMSNorm",
+    "SandwichLayerNorm",
+}
 #: (norms, residual adds) per genai model: every norm (Qwen3 adds its Q/K norms, Gemma 2 its
 #: post-sublayer norms; Phi-2 has one LayerNorm per parallel block) and every residual add the
 #: builder already fused into a Skip op
-GENAI_COUNTS = {"llama": (5, 4), "qwen3": (9, 4), "gemma2": (9, 4), "phi3": (5, 4),
-                "phi": (3, 2)}
+GENAI_COUNTS = {"llama": (5, 4), "qwen3": (9, 4), "gemma2": (9, 4), "phi3": (5, 4), "phi": (3, 2)}
 
 
 def _files(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +60,9 @@ def _ok(checks):
 
 @pytest.mark.parametrize("precision", pipelines.GENAI_PRECISIONS)
 @pytest.mark.parametrize("family", pipelines.GENAI_FAMILIES)
-def test_genai_folder_generates_the_same_tokens_with_onnxnorm_kernels(genai_root, family,
-                                                                       precision):
+def test_genai_folder_generates_the_same_tokens_with_onnxnorm_kernels(
+    genai_root, family, precision
+):
     folder = pipelines.genai_folder(family, precision, genai_root)
     before = _files(folder)
     out = genai_root / f"{family}_{precision}_onnxnorm"
@@ -66,8 +75,10 @@ def test_genai_folder_generates_the_same_tokens_with_onnxnorm_kernels(genai_root
     if family == "gemma2":  # each post-sublayer norm, its residual add and the next norm
         assert [n.op_type for n in model.graph.node].count("SandwichRMSNorm") == 4
     config = json.loads((out / "genai_config.json").read_text())
-    assert config["model"]["decoder"]["session_options"]["custom_ops_library"] == \
-        "libonnxnorm_ops.so" and (out / "libonnxnorm_ops.so").is_file()
+    assert (
+        config["model"]["decoder"]["session_options"]["custom_ops_library"] == "libonnxnorm_ops.so"
+        and (out / "libonnxnorm_ops.so").is_file()
+    )
     want = generate(folder, pipelines.PROMPT, pipelines.NEW_TOKENS)
     have = generate(out, pipelines.PROMPT, pipelines.NEW_TOKENS)
     assert len(want) == pipelines.NEW_TOKENS and have == want
@@ -83,8 +94,10 @@ def test_genai_folder_generates_the_same_tokens_with_onnxnorm_kernels(genai_root
     _ok(verify(folder / "model.onnx", out / "model.onnx", sizes=sizes))
     # as many norms and adds in single ops as the other tools leave (the builder's contrib ops)
     # ORT's optimizer with the model type docs/pipelines.md uses (gpt2)
-    for run in (lambda: compare._run_ort(original, folder / "model.onnx", "llama"),
-                lambda: compare._run_onnxscript(original, folder / "model.onnx")):
+    for run in (
+        lambda: compare._run_ort(original, folder / "model.onnx", "llama"),
+        lambda: compare._run_onnxscript(original, folder / "model.onnx"),
+    ):
         try:
             norms, adds = compare.count(run())
         except Exception:  # noqa: BLE001 - a tool that fails on the model fuses nothing
@@ -99,19 +112,30 @@ def test_genai_target_onnx_has_no_contrib_norms(genai_root):
     out = genai_root / "llama_onnx_target"
     report = convert(folder, out, target="onnx")
     model = onnx.load(out / "model.onnx", load_external_data=False)
-    norms = [n.op_type for n in model.graph.node if "Normalization" in n.op_type
-             or n.domain == "onnxnorm"]
+    norms = [
+        n.op_type
+        for n in model.graph.node
+        if "Normalization" in n.op_type or n.domain == "onnxnorm"
+    ]
     assert not norms and report.library is None
-    assert "custom_ops_library" not in json.loads((out / "genai_config.json").read_text())[
-        "model"]["decoder"]["session_options"]
+    assert (
+        "custom_ops_library"
+        not in json.loads((out / "genai_config.json").read_text())["model"]["decoder"][
+            "session_options"
+        ]
+    )
     sizes = dim_sizes(read_config(folder), onnx.load(folder / "model.onnx"), past=3)
     _ok(verify(folder / "model.onnx", out / "model.onnx", sizes=sizes))
     assert generate(out, pipelines.PROMPT, 8) == generate(folder, pipelines.PROMPT, 8)
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "onnxnorm", "genai", *map(str, args)],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "onnxnorm", "genai", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_genai_command_and_bad_input(genai_root, tmp_path):
@@ -125,8 +149,11 @@ def test_genai_command_and_bad_input(genai_root, tmp_path):
     assert _files(folder) == before
 
     result = _cli(folder, "-o", out)  # exists
-    assert result.returncode == 1 and result.stderr.strip() == \
-        f"onnxnorm: error: {out} exists; pass --overwrite to replace it"
+    assert (
+        result.returncode == 1
+        and result.stderr.strip()
+        == f"onnxnorm: error: {out} exists; pass --overwrite to replace it"
+    )
     assert _cli(folder, "-o", out, "--overwrite").returncode == 0
 
     plain = tmp_path / "plain"
@@ -143,6 +170,7 @@ def test_genai_command_and_bad_input(genai_root, tmp_path):
 
 
 # --- the ONNX-model sources ---------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
@@ -187,16 +215,20 @@ def test_source_fused_with_parity(built, name):
         # after each of the 4 norms that feed quantized MatMuls joins its norm
         # (tests/test_fusion_quantized.py)
         for op, joined in (("DequantizeLinear", 0), ("QuantizeLinear", 4)):
-            assert sum(n.op_type == op for n in fused.graph.node) == \
-                sum(n.op_type == op for n in model.graph.node) - joined
+            assert (
+                sum(n.op_type == op for n in fused.graph.node)
+                == sum(n.op_type == op for n in model.graph.node) - joined
+            )
 
 
 def test_float16_strict_precision_keeps_the_norms(built):
     model = built("float16, onnxconverter-common")
     fused, report = fuse(model, strict_precision=True)
     assert report.norms == 0
-    assert all("computed in FLOAT16; onnxnorm computes them in FLOAT (strict precision)"
-               in s.reason for s in report["RMSNorm (decomposed)"].skips)
+    assert all(
+        "computed in FLOAT16; onnxnorm computes them in FLOAT (strict precision)" in s.reason
+        for s in report["RMSNorm (decomposed)"].skips
+    )
 
 
 def test_qdq_inside_the_norm_is_reported(built):
@@ -205,8 +237,10 @@ def test_qdq_inside_the_norm_is_reported(built):
     row = report["RMSNorm (decomposed)"]
     assert (row.found, row.fused, row.skipped) == (5, 0, 5), str(report)
     for skip in row.skips:
-        assert skip.reason.startswith("QuantizeLinear/DequantizeLinear pairs inside the norm "
-                                      "(after Add, after ReduceMean, on epsilon")
+        assert skip.reason.startswith(
+            "QuantizeLinear/DequantizeLinear pairs inside the norm "
+            "(after Add, after ReduceMean, on epsilon"
+        )
         assert "between ReduceMean, Add and Sqrt" in skip.reason
     _ok(verify(model, fused))
 
@@ -215,14 +249,17 @@ def test_ort_optimized_to_standard_onnx(built, tmp_path):
     """--target onnx turns ORT's contrib norm ops into standard ONNX that runs anywhere: the
     catalogue's function bodies below opset 23, RMSNormalization from it."""
     model = built("ORT transformers optimizer")
-    assert {n.op_type for n in model.graph.node} >= {"SkipSimplifiedLayerNormalization",
-                                                      "SimplifiedLayerNormalization"}
+    assert {n.op_type for n in model.graph.node} >= {
+        "SkipSimplifiedLayerNormalization",
+        "SimplifiedLayerNormalization",
+    }
     lowered, report = fuse(model, "onnx")
     assert not [n for n in lowered.graph.node if n.domain in ("com.microsoft", "onnxnorm")]
     assert "SimplifiedLayerNormalization" not in {n.op_type for n in lowered.graph.node}
     _ok(verify(model, lowered))
-    opset23 = pipelines.ort_optimized(pipelines.corpus.export("llama", "dynamo", opset=23)[0],
-                                      tmp_path)
+    opset23 = pipelines.ort_optimized(
+        pipelines.corpus.export("llama", "dynamo", opset=23)[0], tmp_path
+    )
     lowered, _ = fuse(opset23, "onnx")
     assert [n.op_type for n in lowered.graph.node].count("RMSNormalization") == 5
     assert not [n for n in lowered.graph.node if n.domain in ("com.microsoft", "onnxnorm")]
@@ -267,8 +304,10 @@ def test_at_least_as_many_as_other_tools(built, name, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     mine = compare.count(fuse(model)[0])
-    for tool, run in (("ort", lambda: compare._run_ort(model, path, "llama")),
-                      ("onnxscript", lambda: compare._run_onnxscript(model, path))):
+    for tool, run in (
+        ("ort", lambda: compare._run_ort(model, path, "llama")),
+        ("onnxscript", lambda: compare._run_onnxscript(model, path)),
+    ):
         try:
             theirs = compare.count(run())
         except Exception:  # noqa: BLE001 - a tool that fails on the model fuses nothing
@@ -280,9 +319,21 @@ def test_fuse_verify_reads_the_genai_config(genai_root, tmp_path):
     """`onnxnorm fuse --verify` on a genai folder's model.onnx sizes the KV cache from
     genai_config.json (head size; a past that covers Gemma 2's sliding window)."""
     folder = pipelines.genai_folder("gemma2", "fp32", genai_root)
-    result = subprocess.run([sys.executable, "-m", "onnxnorm", "fuse", folder / "model.onnx",
-                             "-o", tmp_path / "m.onnx", "--verify"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnxnorm",
+            "fuse",
+            folder / "model.onnx",
+            "-o",
+            tmp_path / "m.onnx",
+            "--verify",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("verify: ") == 5 and "OVER" not in result.stdout
 
@@ -308,8 +359,9 @@ def test_strict_precision_on_the_command_line(built, tmp_path):
     for flag, norms in (("--strict-precision", 0), (None, 5)):
         out, report = tmp_path / f"out{norms}.onnx", tmp_path / f"r{norms}.json"
         args = [sys.executable, "-m", "onnxnorm", "fuse", source, "-o", out, "--json", report]
-        result = subprocess.run(args + ([flag] if flag else []), capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            args + ([flag] if flag else []), capture_output=True, text=True, timeout=300
+        )
         assert result.returncode == 0, result.stderr
         assert json.loads(report.read_text())["norms"] == norms
         assert ("note " in result.stdout) == (flag is None)

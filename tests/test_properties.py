@@ -60,17 +60,36 @@ _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filte
 EXAMPLES = {"ci": 40, "fuzz": 17000, "sanitize": 150}
 PROFILE = os.environ.get("ONNXNORM_HYPOTHESIS_PROFILE", "ci")
 if PROFILE not in EXAMPLES:
-    raise pytest.UsageError(f"ONNXNORM_HYPOTHESIS_PROFILE must be one of {', '.join(EXAMPLES)}, "
-                            f"got {PROFILE!r}")
+    raise pytest.UsageError(
+        f"ONNXNORM_HYPOTHESIS_PROFILE must be one of {', '.join(EXAMPLES)}, got {PROFILE!r}"
+    )
 if os.environ.get("ONNXNORM_HYPOTHESIS_EXAMPLES"):
     EXAMPLES[PROFILE] = int(os.environ["ONNXNORM_HYPOTHESIS_EXAMPLES"])
-settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
-                          max_examples=EXAMPLES["ci"], suppress_health_check=_SUPPRESS)
-settings.register_profile("fuzz", deadline=None, print_blob=True, max_examples=EXAMPLES["fuzz"],
-                          suppress_health_check=_SUPPRESS)
-settings.register_profile("sanitize", derandomize=True, database=None, deadline=None,
-                          print_blob=True, max_examples=EXAMPLES["sanitize"],
-                          suppress_health_check=_SUPPRESS)
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    max_examples=EXAMPLES["ci"],
+    suppress_health_check=_SUPPRESS,
+)
+settings.register_profile(
+    "fuzz",
+    deadline=None,
+    print_blob=True,
+    max_examples=EXAMPLES["fuzz"],
+    suppress_health_check=_SUPPRESS,
+)
+settings.register_profile(
+    "sanitize",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    max_examples=EXAMPLES["sanitize"],
+    suppress_health_check=_SUPPRESS,
+)
 #: what X's values are like (see _values)
 X_KINDS = ("normal", "huge", "tiny", "subnormal", "constant", "large-mean", "mixed")
 RESIDUAL_KINDS = ("normal", "huge", "tiny", "constant", "mixed")
@@ -93,7 +112,7 @@ class Call:
     op: str
     x_type: np.dtype
     w_type: np.dtype
-    batch: tuple[int, ...]      # X's dimensions before the first normalized one
+    batch: tuple[int, ...]  # X's dimensions before the first normalized one
     normalized: tuple[int, ...]  # X's dimensions from the first normalized one on
     axis: int
     weight_shapes: dict[str, tuple[int, ...]]
@@ -132,8 +151,10 @@ def _f32(value: float) -> float:
     return float(np.float32(value))
 
 
-_EPSILONS = st.one_of(st.sampled_from([0.0, 1e-12, 1e-6, 1e-5, 1e-3, 1.0, 1e4, 1e12]),
-                      st.floats(0.0, 1e6, allow_subnormal=False)).map(_f32)
+_EPSILONS = st.one_of(
+    st.sampled_from([0.0, 1e-12, 1e-6, 1e-5, 1e-3, 1.0, 1e4, 1e12]),
+    st.floats(0.0, 1e6, allow_subnormal=False),
+).map(_f32)
 _ALPHAS = st.one_of(st.sampled_from([1.0, 0.0, 0.5, 2.0, -1.0]), st.floats(-8.0, 8.0)).map(_f32)
 _OFFSETS = st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-4.0, 4.0)).map(_f32)
 
@@ -145,8 +166,11 @@ def _widths(draw) -> int:
     if kind == "small":
         return draw(st.integers(1, 17))
     if kind == "around a vector":  # multiples of 8, 16 and 32 and their neighbours
-        return max(1, draw(st.integers(1, 40)) * draw(st.sampled_from([8, 16, 32]))
-                   + draw(st.sampled_from([-1, 0, 1])))
+        return max(
+            1,
+            draw(st.integers(1, 40)) * draw(st.sampled_from([8, 16, 32]))
+            + draw(st.sampled_from([-1, 0, 1])),
+        )
     if kind == "medium":
         return draw(st.integers(18, 1500))
     if kind == "buffer edge":  # the kernels keep rows of up to 4096 elements in stack buffers
@@ -186,7 +210,7 @@ def calls(draw, op: str) -> Call:
         # a suffix of X's shape covering the normalized dimensions: per head when it takes in
         # batch dimensions too; sometimes with leading 1s
         extra = draw(st.integers(0, len(batch)))
-        shape = batch[len(batch) - extra:] + normalized
+        shape = batch[len(batch) - extra :] + normalized
         if len(shape) < rank:
             shape = (1,) * draw(st.integers(0, 1)) + shape
         weight_shapes[name] = shape
@@ -195,16 +219,28 @@ def calls(draw, op: str) -> Call:
     for a in spec.attributes:
         if a.name == "axis" or not draw(st.booleans()):
             continue
-        attrs[a.name] = draw({"epsilon": _EPSILONS, "cast_before_scale": st.sampled_from([0, 1]),
-                              "scale_offset": _OFFSETS, "alpha": _ALPHAS}[a.name])
+        attrs[a.name] = draw(
+            {
+                "epsilon": _EPSILONS,
+                "cast_before_scale": st.sampled_from([0, 1]),
+                "scale_offset": _OFFSETS,
+                "alpha": _ALPHAS,
+            }[a.name]
+        )
     # With epsilon 0, a row's mean square must not underflow float32 (where the kernels sum the
     # squares): squares of values below 1e-19 do, so such rows of float32 and bfloat16 are drawn
     # with epsilon > 0 only (docs/reliability.md)
     unscaled = attrs.get("epsilon", 1.0) == 0 and x_type != F16
     tiny = ("tiny", "subnormal") if unscaled else ()
     return Call(
-        op=op, x_type=x_type, w_type=w_type, batch=batch, normalized=normalized, axis=axis,
-        weight_shapes=weight_shapes, attrs=attrs,
+        op=op,
+        x_type=x_type,
+        w_type=w_type,
+        batch=batch,
+        normalized=normalized,
+        axis=axis,
+        weight_shapes=weight_shapes,
+        attrs=attrs,
         with_sum=spec.has_residual and draw(st.booleans()),
         threads=draw(st.sampled_from([1, 1, 2])) if rows > 1 else 1,
         x_kind=draw(st.sampled_from([k for k in X_KINDS if k not in tiny])),
@@ -215,8 +251,9 @@ def calls(draw, op: str) -> Call:
     )
 
 
-def _values(rng: np.random.Generator, kind: str, shape: tuple[int, ...], rows: int, dtype: np.dtype
-            ) -> np.ndarray:
+def _values(
+    rng: np.random.Generator, kind: str, shape: tuple[int, ...], rows: int, dtype: np.dtype
+) -> np.ndarray:
     """float64 values of ``kind`` in ``dtype``'s range (rounded to it by the caller)."""
     n = math.prod(shape)
     sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
@@ -276,13 +313,23 @@ def make_arrays(call: Call) -> dict[str, np.ndarray]:
 _MANTISSA_BITS = {F32: 23, F16: 10, BF16: 7}
 #: the magnitude from which a value rounds to Inf in each type: its largest finite value and
 #: half a unit in its last place
-_ROUNDS_TO_INF = {t: float(ml_dtypes.finfo(t).max) * (1 + 2.0 ** -(_MANTISSA_BITS[t] + 2))
-                  for t in (F32, F16, BF16)}
+_ROUNDS_TO_INF = {
+    t: float(ml_dtypes.finfo(t).max) * (1 + 2.0 ** -(_MANTISSA_BITS[t] + 2))
+    for t in (F32, F16, BF16)
+}
 
 
-def assert_close(label: str, got: np.ndarray, want: np.ndarray, dtype: np.dtype, *,
-                 scale: np.ndarray | float = 1.0, terms: np.ndarray | float = 0.0,
-                 rtol: float | None = None, rounding: bool = False) -> None:
+def assert_close(
+    label: str,
+    got: np.ndarray,
+    want: np.ndarray,
+    dtype: np.dtype,
+    *,
+    scale: np.ndarray | float = 1.0,
+    terms: np.ndarray | float = 0.0,
+    rtol: float | None = None,
+    rounding: bool = False,
+) -> None:
     """``got`` within the reference's tolerance for ``dtype`` of ``want``; NaN exactly where
     ``want`` has NaN, Inf of the same sign exactly where it has Inf, except where the finite one
     of the two is within the tolerance of rounding to Inf itself (the reference rounds a float64
@@ -298,7 +345,8 @@ def assert_close(label: str, got: np.ndarray, want: np.ndarray, dtype: np.dtype,
     g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
     nan_g, nan_w = np.isnan(g), np.isnan(w)
     assert np.array_equal(nan_g, nan_w), (
-        f"{label}: NaN at {np.argwhere(nan_g != nan_w)[:5].tolist()} differs from the reference")
+        f"{label}: NaN at {np.argwhere(nan_g != nan_w)[:5].tolist()} differs from the reference"
+    )
     ref_rtol, atol = reference.tolerance(dtype)
     rtol = max(ref_rtol, rtol or 0.0)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -312,17 +360,21 @@ def assert_close(label: str, got: np.ndarray, want: np.ndarray, dtype: np.dtype,
         wrong_inf = inf_differs & ~rounds_to_inf
         assert not wrong_inf.any(), (
             f"{label}: Inf at {np.argwhere(wrong_inf)[:5].tolist()} differs from the reference: "
-            f"{g[wrong_inf][:3].tolist()}, want {w[wrong_inf][:3].tolist()}")
+            f"{g[wrong_inf][:3].tolist()}, want {w[wrong_inf][:3].tolist()}"
+        )
         bad = np.isfinite(g) & np.isfinite(w) & ~(np.abs(g - w) <= bound)
     if bad.any():
         where = tuple(np.argwhere(bad)[0])
-        raise AssertionError(f"{label}: {bad.sum()} of {bad.size} values outside the tolerance "
-                             f"(rtol {rtol:.3g}, atol {atol}); first at {list(map(int, where))}: "
-                             f"{g[where]!r}, want {w[where]!r}")
+        raise AssertionError(
+            f"{label}: {bad.sum()} of {bad.size} values outside the tolerance "
+            f"(rtol {rtol:.3g}, atol {atol}); first at {list(map(int, where))}: "
+            f"{g[where]!r}, want {w[where]!r}"
+        )
 
 
-def _magnitude(arrays: dict[str, np.ndarray], name: str, shape: tuple[int, ...],
-               plus: float = 0.0) -> np.ndarray | float:
+def _magnitude(
+    arrays: dict[str, np.ndarray], name: str, shape: tuple[int, ...], plus: float = 0.0
+) -> np.ndarray | float:
     """|input + plus| broadcast to X's shape, or |1 + plus| (a Scale) / 0 (a Bias) when absent."""
     if name not in arrays:
         return abs((1.0 if "Scale" in name else 0.0) + plus)
@@ -334,7 +386,7 @@ def _statistics_rtol(call: Call) -> float:
     cols / 32 values, rounding each time, and LayerNorm's variance, E[d^2] - E[d]^2, may lose up
     to a factor 4 of that to cancellation before the kernels take a second pass (kernels.h).
     About the reference's 1e-5 for rows of 4,096; more for wider ones."""
-    return 4.0 * (math.ceil(call.cols / 32) + 5) * 2.0 ** -24
+    return 4.0 * (math.ceil(call.cols / 32) + 5) * 2.0**-24
 
 
 def _centring_error(call: Call, z: np.ndarray) -> np.ndarray | float:
@@ -353,22 +405,27 @@ def _centring_error(call: Call, z: np.ndarray) -> np.ndarray | float:
     return np.broadcast_to(error, rows.shape).reshape(call.shape)
 
 
-def _norm_bounds(call: Call, arrays: dict[str, np.ndarray], scale: str, bias: str,
-                 z: np.ndarray) -> dict[str, np.ndarray | float]:
+def _norm_bounds(
+    call: Call, arrays: dict[str, np.ndarray], scale: str, bias: str, z: np.ndarray
+) -> dict[str, np.ndarray | float]:
     """assert_close's widening for the output of a norm of ``z`` with weights ``scale`` and
     ``bias``."""
     offset = call.attrs.get("scale_offset", 0.0)
     weight = np.maximum(1.0, _magnitude(arrays, scale, call.shape, offset))
-    return {"scale": weight,
-            "terms": _magnitude(arrays, bias, call.shape) + _centring_error(call, z) * weight,
-            "rtol": _statistics_rtol(call) if call.x_type == F32 else None}
+    return {
+        "scale": weight,
+        "terms": _magnitude(arrays, bias, call.shape) + _centring_error(call, z) * weight,
+        "rtol": _statistics_rtol(call) if call.x_type == F32 else None,
+    }
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
 
 
-def _run(call: Call, arrays: dict[str, np.ndarray], attrs: dict, with_sum: bool) -> list[np.ndarray]:
+def _run(
+    call: Call, arrays: dict[str, np.ndarray], attrs: dict, with_sum: bool
+) -> list[np.ndarray]:
     model = single_node_model(call.op, arrays, attrs, functions=False, optional_outputs=with_sum)
     return run(model, arrays, with_library=True, threads=call.threads)
 
@@ -389,7 +446,9 @@ def check_call(call: Call, arrays: dict[str, np.ndarray] | None = None) -> None:
     norm_attrs = {k: v for k, v in attrs.items() if k != "alpha"}
     got = _run(call, arrays, attrs, with_sum=spec.has_residual)
     if not spec.has_residual:
-        (want,) = reference.run(call.op, arrays["X"], arrays.get("Scale"), arrays.get("Bias"), **attrs)
+        (want,) = reference.run(
+            call.op, arrays["X"], arrays.get("Scale"), arrays.get("Bias"), **attrs
+        )
         outer = _norm_bounds(call, arrays, "Scale", "Bias", arrays["X"])
         assert_close("Y", got[0], want, call.x_type, **outer)
         return
@@ -401,13 +460,15 @@ def check_call(call: Call, arrays: dict[str, np.ndarray] | None = None) -> None:
         terms = terms + _magnitude(arrays, "XBias", call.shape)
         assert_close("Sum", z, want_sum, call.x_type, terms=terms, rounding=True)
     else:
-        (inner,) = reference.run(norm_op, arrays["X"], arrays.get("InnerScale"),
-                                 arrays.get("InnerBias"), **norm_attrs)
+        (inner,) = reference.run(
+            norm_op, arrays["X"], arrays.get("InnerScale"), arrays.get("InnerBias"), **norm_attrs
+        )
         bounds = _norm_bounds(call, arrays, "InnerScale", "InnerBias", arrays["X"])
         bounds["terms"] = bounds["terms"] + np.abs(residual) + np.abs(inner.astype(np.float64))
         assert_close("Sum", z, want_sum, call.x_type, rounding=True, **bounds)
-    (want_y,) = reference.run(norm_op, z.astype(call.x_type), arrays.get("Scale"), arrays.get("Bias"),
-                              **norm_attrs)
+    (want_y,) = reference.run(
+        norm_op, z.astype(call.x_type), arrays.get("Scale"), arrays.get("Bias"), **norm_attrs
+    )
     outer = _norm_bounds(call, arrays, "Scale", "Bias", z)
     assert_close("Y", y, want_y, call.x_type, **outer)
     if not call.with_sum:
@@ -457,8 +518,16 @@ def _write_counts():
         fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
         text = f.read()
-        data = json.loads(text) if text.strip() else {
-            "profile": PROFILE, "seed": os.environ.get("ONNXNORM_FUZZ_SEED"), "total_cases": 0, "ops": {}}
+        data = (
+            json.loads(text)
+            if text.strip()
+            else {
+                "profile": PROFILE,
+                "seed": os.environ.get("ONNXNORM_FUZZ_SEED"),
+                "total_cases": 0,
+                "ops": {},
+            }
+        )
         for op, counts in COUNTS.items():
             merged = collections.Counter(data["ops"].get(op, {}))
             merged.update(counts)
@@ -471,6 +540,7 @@ def _write_counts():
 
 # ---------------------------------------------------------------------------------------------
 # The properties
+
 
 @pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_op_matches_reference(op):
@@ -495,13 +565,29 @@ def test_rows_narrower_than_8_of_large_constant_values(op):
     Inf: every row came out NaN."""
     for x_type in (F32, F16, BF16):
         for cols in range(1, 10):
-            call = Call(op=op, x_type=x_type, w_type=x_type, batch=(4,), normalized=(cols,), axis=-1,
-                        weight_shapes={}, attrs={}, with_sum=False, threads=1, x_kind="constant",
-                        residual_kind="normal", weight_kind="normal", specials=0, seed=0)
+            call = Call(
+                op=op,
+                x_type=x_type,
+                w_type=x_type,
+                batch=(4,),
+                normalized=(cols,),
+                axis=-1,
+                weight_shapes={},
+                attrs={},
+                with_sum=False,
+                threads=1,
+                x_kind="constant",
+                residual_kind="normal",
+                weight_kind="normal",
+                specials=0,
+                seed=0,
+            )
             x = np.repeat([[1e3], [1e4], [-3.5], [6e4]], cols, axis=1)
             arrays = {"X": x.astype(x_type)}
             if ops.OPS[op].has_residual:
-                arrays["Residual"] = np.linspace(-0.05, 0.05, 4 * cols).reshape(4, cols).astype(x_type)
+                arrays["Residual"] = (
+                    np.linspace(-0.05, 0.05, 4 * cols).reshape(4, cols).astype(x_type)
+                )
             check_call(call, arrays)
 
 
@@ -509,8 +595,9 @@ def test_rows_narrower_than_8_of_large_constant_values(op):
 # The quantized ops: their float part is the float op's kernel, bit for bit, and their quantized
 # outputs are exactly ONNX Runtime's quantizer applied to their own float output
 
-_Y_SCALES = st.one_of(st.sampled_from([1e-3, 0.02, 0.1, 1.0, 64.0]),
-                      st.floats(1e-4, 100.0, allow_subnormal=False))
+_Y_SCALES = st.one_of(
+    st.sampled_from([1e-3, 0.02, 0.1, 1.0, 64.0]), st.floats(1e-4, 100.0, allow_subnormal=False)
+)
 #: float8 e4m3fn's Y_scale: also scales that take most values past 448 (a norm's values are
 #: about 1; 1/448 = 2.2e-3) and most into its subnormals (below 2^-6 = 0.0156) and to zero
 _FLOAT8_Y_SCALES = st.one_of(st.sampled_from([1e-4, 1e-3, 2e-3, 128.0, 1000.0]), _Y_SCALES)
@@ -540,8 +627,9 @@ def quantized_calls(draw, op: str) -> tuple[Call, dict[str, np.ndarray]]:
     return call, quant
 
 
-def quantized_model(op: str, arrays: dict[str, np.ndarray], attrs: dict, **kwargs
-                    ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def quantized_model(
+    op: str, arrays: dict[str, np.ndarray], attrs: dict, **kwargs
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """single_node_model without bodies, and the arrays to feed it."""
     return single_node_model(op, arrays, attrs, functions=False, **kwargs), arrays
 
@@ -562,12 +650,19 @@ def check_quantized_call(op: str, call: Call, quant: dict[str, np.ndarray]) -> N
     spec, base = ops.OPS[op], ops.OPS[call.op]
     arrays = make_arrays(call)
     attrs = {"axis": call.axis, **call.attrs}
-    want_float = run(single_node_model(call.op, arrays, attrs, functions=False), arrays,
-                     with_library=True, threads=call.threads)
+    want_float = run(
+        single_node_model(call.op, arrays, attrs, functions=False),
+        arrays,
+        with_library=True,
+        threads=call.threads,
+    )
     quantized = {**arrays, **quant}
-    got = dict(zip([p.name for p in spec.outputs],
-                   run(*quantized_model(op, quantized, attrs), with_library=True,
-                       threads=call.threads)))
+    got = dict(
+        zip(
+            [p.name for p in spec.outputs],
+            run(*quantized_model(op, quantized, attrs), with_library=True, threads=call.threads),
+        )
+    )
     assert _same_bits(got["Y_float"], want_float[0]), f"{op}: Y_float differs from {call.op}'s Y"
     if base.has_residual:
         assert _same_bits(got["Sum"], want_float[1]), f"{op}: Sum differs from {call.op}'s Sum"
@@ -580,12 +675,18 @@ def check_quantized_call(op: str, call: Call, quant: dict[str, np.ndarray]) -> N
         assert got["Y_scale"].tobytes() == scale.tobytes(), (got["Y_scale"], scale)
         assert got["Y_zero_point"] == zero_point, (got["Y_zero_point"], zero_point)
     differs = quantized_differs(got["Y"], want)
-    assert not differs.any(), (f"{op}: {differs.sum()} quantized values differ from the quantizer "
-                               f"of Y_float; first at {np.argwhere(differs)[0].tolist()}")
-    alone = run(*quantized_model(op, quantized, attrs, optional_outputs=False), with_library=True,
-                threads=call.threads)
+    assert not differs.any(), (
+        f"{op}: {differs.sum()} quantized values differ from the quantizer "
+        f"of Y_float; first at {np.argwhere(differs)[0].tolist()}"
+    )
+    alone = run(
+        *quantized_model(op, quantized, attrs, optional_outputs=False),
+        with_library=True,
+        threads=call.threads,
+    )
     assert alone[0].dtype == got["Y"].dtype and alone[0].tobytes() == got["Y"].tobytes(), (
-        f"{op}: Y without the optional outputs differs")
+        f"{op}: Y without the optional outputs differs"
+    )
 
 
 @pytest.mark.parametrize("op", list(ops.catalogue.QUANTIZED_OPS))

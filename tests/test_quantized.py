@@ -23,8 +23,15 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import (BF16, _float8_nan, assert_close, assert_float8_equal, reference_outputs, run,
-                     single_node_model)
+from helpers import (
+    BF16,
+    _float8_nan,
+    assert_close,
+    assert_float8_equal,
+    reference_outputs,
+    run,
+    single_node_model,
+)
 from onnxnorm import ops, runtime
 from onnxnorm.ops import catalogue, reference
 
@@ -40,14 +47,16 @@ F8_ZERO_POINT = np.asarray(-3.5, np.float32).astype(F8)
 # float8 e4m3fn: models, runs and comparisons (helpers' builders know the 8-bit integer types
 # only, and ORT's Python API takes and gives float8 as uint8 bits)
 
+
 def _float8_steps(bits: np.ndarray) -> np.ndarray:
     """float8 e4m3fn bits as whole numbers in the values' order, neighbours 1 apart (+-0: 0)."""
     b = bits.astype(np.int32)
     return np.where(b & 0x80, -(b & 0x7F), b & 0x7F)
 
 
-def quant_arrays(op, dtype, rng, shape=(2, 3, 64), present=("Scale", "Bias"), zero_point=None,
-                 y_scale=0.02):
+def quant_arrays(
+    op, dtype, rng, shape=(2, 3, 64), present=("Scale", "Bias"), zero_point=None, y_scale=0.02
+):
     """Inputs of ``op``: X of spread about 2 (so that a scale of 0.02 saturates some values,
     float8's beyond 448 too), the weights in ``present``, and for the static ops Y_scale and
     Y_zero_point (a numpy scalar of uint8, int8 or float8 e4m3fn, or None: absent)."""
@@ -78,17 +87,27 @@ def outputs_by_name(spec, values, x_dtype):
 def _cases():
     for op in catalogue.QUANTIZED_OPS:
         spec = catalogue.get(op)
-        zero_points = ([None, np.uint8(131), np.int8(-5), F8_ZERO_POINT]
-                       if spec.quantize == "static" else [None])
-        for dtype, zero_point, opset, order in itertools.product(DTYPES, zero_points, (17, 21),
-                                                                 (0, 1)):
+        zero_points = (
+            [None, np.uint8(131), np.int8(-5), F8_ZERO_POINT]
+            if spec.quantize == "static"
+            else [None]
+        )
+        for dtype, zero_point, opset, order in itertools.product(
+            DTYPES, zero_points, (17, 21), (0, 1)
+        ):
             if dtype == "float32" and order:
                 continue
             if zero_point is not None and zero_point.dtype == F8 and opset < 19:
                 continue  # (float8 QuantizeLinear: opset 19 and newer)
             zp = "none" if zero_point is None else f"{zero_point.dtype}"
-            yield pytest.param(op, dtype, zero_point, opset, order,
-                               id=f"{op}-{dtype}-zp_{zp}-opset{opset}-order{order}")
+            yield pytest.param(
+                op,
+                dtype,
+                zero_point,
+                opset,
+                order,
+                id=f"{op}-{dtype}-zp_{zp}-opset{opset}-order{order}",
+            )
 
 
 @pytest.mark.parametrize("op, dtype, zero_point, opset, order", _cases())
@@ -131,8 +150,10 @@ def assert_quantized(op, arrays, got, attrs=None):
         assert g["Y_zero_point"].dtype == np.uint8 and g["Y_zero_point"].shape == ()
         for got_value, own_value in zip((g["Y"], g["Y_scale"], g["Y_zero_point"]), own):
             np.testing.assert_array_equal(got_value, own_value)
-        ranges = [(np.nanmin(v.astype(np.float32)), np.nanmax(v.astype(np.float32)))
-                  for v in (g["Y_float"], w["Y_float"])]
+        ranges = [
+            (np.nanmin(v.astype(np.float32)), np.nanmax(v.astype(np.float32)))
+            for v in (g["Y_float"], w["Y_float"])
+        ]
         if ranges[0] != ranges[1]:
             return  # the float outputs' extremes differ in the last place: so do the scales
         np.testing.assert_array_equal(g["Y_scale"], w["Y_scale"])
@@ -172,20 +193,45 @@ def test_function_body_with_fewer_outputs(op, rng):
 # ---------------------------------------------------------------------------------------------
 # The reference against ONNX Runtime's own QuantizeLinear and DynamicQuantizeLinear
 
+
 def _ort_quantizer(op, x, *inputs, outputs=(TensorProto.UINT8,), opset=21):
     names = ["x"] + [f"i{k}" for k in range(len(inputs))]
     graph = helper.make_graph(
-        [helper.make_node(op, names, [f"o{k}" for k in range(len(outputs))])], "q",
+        [helper.make_node(op, names, [f"o{k}" for k in range(len(outputs))])],
+        "q",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
         [helper.make_tensor_value_info(f"o{k}", t, None) for k, t in enumerate(outputs)],
-        [onnx.numpy_helper.from_array(np.asarray(v), f"i{k}") for k, v in enumerate(inputs)])
+        [onnx.numpy_helper.from_array(np.asarray(v), f"i{k}") for k, v in enumerate(inputs)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {"x": x})
 
 
-EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -1.5, 127.5, 128.5,
-                  -128.5, 254.5, 255.5, 300.0, -300.0, 1e-30, 3.4e38], np.float32)
+EDGES = np.array(
+    [
+        np.nan,
+        np.inf,
+        -np.inf,
+        0.0,
+        -0.0,
+        0.5,
+        1.5,
+        2.5,
+        -0.5,
+        -1.5,
+        127.5,
+        128.5,
+        -128.5,
+        254.5,
+        255.5,
+        300.0,
+        -300.0,
+        1e-30,
+        3.4e38,
+    ],
+    np.float32,
+)
 
 
 @pytest.mark.parametrize("zero_point", [np.uint8(0), np.uint8(200), np.int8(0), np.int8(-7)])
@@ -195,7 +241,9 @@ def test_reference_quantize_linear_is_ort_s(zero_point, scale):
     scale = np.float32(scale)
     out = TensorProto.INT8 if zero_point.dtype == np.int8 else TensorProto.UINT8
     want = _ort_quantizer("QuantizeLinear", EDGES, scale, zero_point, outputs=(out,))[0]
-    np.testing.assert_array_equal(reference.quantize_linear(EDGES, scale, np.asarray(zero_point)), want)
+    np.testing.assert_array_equal(
+        reference.quantize_linear(EDGES, scale, np.asarray(zero_point)), want
+    )
 
 
 @pytest.mark.parametrize("zero_point", [np.int8(-3), np.uint8(100)])
@@ -207,30 +255,45 @@ def test_reference_quantize_linear_is_ort_s_for_float16(zero_point, scale, rng):
     x[:64] = ((np.arange(64) - 32 + 0.5) * 0.25).astype(np.float16)  # ties at scale 0.25
     scale = np.array(scale, np.float16)
     graph = helper.make_graph(
-        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], "q",
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+        "q",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT16, x.shape)],
-        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(zero_point.dtype), None)],
-        [onnx.numpy_helper.from_array(scale, "s"),
-         onnx.numpy_helper.from_array(np.asarray(zero_point), "z")])
+        [
+            helper.make_tensor_value_info(
+                "y", helper.np_dtype_to_tensor_dtype(zero_point.dtype), None
+            )
+        ],
+        [
+            onnx.numpy_helper.from_array(scale, "s"),
+            onnx.numpy_helper.from_array(np.asarray(zero_point), "z"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
     np.testing.assert_array_equal(reference.quantize_linear(x, scale, np.asarray(zero_point)), want)
 
 
-@pytest.mark.parametrize("values", [
-    np.zeros(37, np.float32),                                 # range [0, 0]: scale 1
-    np.array([1, 2, 3], np.float32),                          # no negative value: zero point 0
-    np.array([-1, -2, -3], np.float32),                       # no positive value: zero point 255
-    np.array([-1, np.nan, 3], np.float32),                    # NaN left out of the range
-    np.array([-1, np.inf, 3], np.float32),                    # an infinite scale
-    np.array([1e-45, 0], np.float32),                         # a scale that underflows to 0
-    np.linspace(-3, 5, 1000, dtype=np.float32),
-    np.linspace(-0.7, 0.1, 333, dtype=np.float32) ** 3,
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.zeros(37, np.float32),  # range [0, 0]: scale 1
+        np.array([1, 2, 3], np.float32),  # no negative value: zero point 0
+        np.array([-1, -2, -3], np.float32),  # no positive value: zero point 255
+        np.array([-1, np.nan, 3], np.float32),  # NaN left out of the range
+        np.array([-1, np.inf, 3], np.float32),  # an infinite scale
+        np.array([1e-45, 0], np.float32),  # a scale that underflows to 0
+        np.linspace(-3, 5, 1000, dtype=np.float32),
+        np.linspace(-0.7, 0.1, 333, dtype=np.float32) ** 3,
+    ],
+)
 def test_reference_dynamic_quantize_linear_is_ort_s(values):
-    want = _ort_quantizer("DynamicQuantizeLinear", values,
-                          outputs=(TensorProto.UINT8, TensorProto.FLOAT, TensorProto.UINT8))
+    want = _ort_quantizer(
+        "DynamicQuantizeLinear",
+        values,
+        outputs=(TensorProto.UINT8, TensorProto.FLOAT, TensorProto.UINT8),
+    )
     got = reference.dynamic_quantize_linear(values)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
@@ -265,12 +328,16 @@ def test_nan_rows(op, rng):
 
 def test_saturation(rng):
     """A scale far too small: nearly every value saturates, as QuantizeLinear saturates it."""
-    arrays = quant_arrays("LayerNormQuantizeLinear", np.float16, rng, y_scale=1e-4,
-                          zero_point=np.int8(0))
+    arrays = quant_arrays(
+        "LayerNormQuantizeLinear", np.float16, rng, y_scale=1e-4, zero_point=np.int8(0)
+    )
     y = reference_outputs("LayerNormQuantizeLinear", arrays)[0]
     assert ((y == 127) | (y == -128)).mean() > 0.95 and (y == 127).any() and (y == -128).any()
-    assert_quantized("LayerNormQuantizeLinear", arrays,
-                     run(single_node_model("LayerNormQuantizeLinear", arrays), arrays))
+    assert_quantized(
+        "LayerNormQuantizeLinear",
+        arrays,
+        run(single_node_model("LayerNormQuantizeLinear", arrays), arrays),
+    )
 
 
 def test_reference_refuses_per_axis_and_bad_types(rng):
@@ -280,66 +347,105 @@ def test_reference_refuses_per_axis_and_bad_types(rng):
     with pytest.raises(TypeError, match="Y_scale must be of X's type"):
         reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float16(1))
     with pytest.raises(TypeError, match="Y_zero_point must be uint8, int8 or float8e4m3fn"):
-        reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float32(1),
-                      np.int16(0))
+        reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float32(1), np.int16(0))
     # a one-element 1-D scale is per tensor, as in QuantizeLinear
     one = reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.ones(1, np.float32))
     np.testing.assert_array_equal(
-        one[0], reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float32(1))[0])
+        one[0], reference.run("RMSNormQuantizeLinear", arrays["X"], None, None, np.float32(1))[0]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Schemas
 
+
 def _infer(op, inputs, outputs):
     node = helper.make_node(op, [n for n, _, _ in inputs], outputs, domain=ops.DOMAIN)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, s)
-                                            for n, t, s in inputs if n], [])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                    helper.make_opsetid(ops.DOMAIN, ops.VERSION)])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs if n], []
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(ops.DOMAIN, ops.VERSION)],
+    )
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    return {v.name: (v.type.tensor_type.elem_type,
-                     [d.dim_value for d in v.type.tensor_type.shape.dim])
-            for v in inferred.graph.value_info}
+    return {
+        v.name: (v.type.tensor_type.elem_type, [d.dim_value for d in v.type.tensor_type.shape.dim])
+        for v in inferred.graph.value_info
+    }
 
 
 def test_schema_infers_quantized_types():
     x = ("x", TensorProto.FLOAT16, [2, 8])
     scale = ("s", TensorProto.FLOAT16, [])
-    got = _infer("RMSNormQuantizeLinear", [x, ("", 0, None), ("", 0, None), scale,
-                                            ("zp", TensorProto.INT8, [])], ["y", "yf"])
+    got = _infer(
+        "RMSNormQuantizeLinear",
+        [x, ("", 0, None), ("", 0, None), scale, ("zp", TensorProto.INT8, [])],
+        ["y", "yf"],
+    )
     assert got == {"y": (TensorProto.INT8, [2, 8]), "yf": (TensorProto.FLOAT16, [2, 8])}
     got = _infer("RMSNormQuantizeLinear", [x, ("", 0, None), ("", 0, None), scale], ["y"])
     assert got == {"y": (TensorProto.UINT8, [2, 8])}
-    got = _infer("SkipLayerNormDynamicQuantizeLinear", [x, ("r", TensorProto.FLOAT16, [2, 8])],
-                 ["y", "ys", "yz", "sum", "yf"])
-    assert got == {"y": (TensorProto.UINT8, [2, 8]), "ys": (TensorProto.FLOAT, []),
-                   "yz": (TensorProto.UINT8, []), "sum": (TensorProto.FLOAT16, [2, 8]),
-                   "yf": (TensorProto.FLOAT16, [2, 8])}
+    got = _infer(
+        "SkipLayerNormDynamicQuantizeLinear",
+        [x, ("r", TensorProto.FLOAT16, [2, 8])],
+        ["y", "ys", "yz", "sum", "yf"],
+    )
+    assert got == {
+        "y": (TensorProto.UINT8, [2, 8]),
+        "ys": (TensorProto.FLOAT, []),
+        "yz": (TensorProto.UINT8, []),
+        "sum": (TensorProto.FLOAT16, [2, 8]),
+        "yf": (TensorProto.FLOAT16, [2, 8]),
+    }
 
 
 def test_schema_refuses_scale_of_another_type():
     with pytest.raises(onnx.shape_inference.InferenceError, match="Y_scale must be FLOAT16"):
-        _infer("LayerNormQuantizeLinear", [("x", TensorProto.FLOAT16, [2, 8]), ("", 0, None),
-                                           ("", 0, None), ("s", TensorProto.FLOAT, [])], ["y"])
+        _infer(
+            "LayerNormQuantizeLinear",
+            [
+                ("x", TensorProto.FLOAT16, [2, 8]),
+                ("", 0, None),
+                ("", 0, None),
+                ("s", TensorProto.FLOAT, []),
+            ],
+            ["y"],
+        )
     with pytest.raises(onnx.shape_inference.InferenceError, match="Y_zero_point must be"):
-        _infer("LayerNormQuantizeLinear", [("x", TensorProto.FLOAT, [2, 8]), ("", 0, None),
-                                           ("", 0, None), ("s", TensorProto.FLOAT, []),
-                                           ("z", TensorProto.INT16, [])], ["y"])
+        _infer(
+            "LayerNormQuantizeLinear",
+            [
+                ("x", TensorProto.FLOAT, [2, 8]),
+                ("", 0, None),
+                ("", 0, None),
+                ("s", TensorProto.FLOAT, []),
+                ("z", TensorProto.INT16, []),
+            ],
+            ["y"],
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # The CPU kernels through ONNX Runtime (models without function bodies: only the kernel can run)
 
-TYPE_PAIRS = [(np.float32, np.float32), (np.float16, np.float16), (np.float16, np.float32),
-              (BF16, BF16), (BF16, np.float32)]
+TYPE_PAIRS = [
+    (np.float32, np.float32),
+    (np.float16, np.float16),
+    (np.float16, np.float32),
+    (BF16, BF16),
+    (BF16, np.float32),
+]
 TYPE_IDS = ["f32", "f16", "f16w32", "bf16", "bf16w32"]
 
 
 def _kernel_cases():
     for op, spec in catalogue.QUANTIZED_OPS.items():
-        zero_points = ([np.uint8(118), np.int8(-4), None, F8_ZERO_POINT]
-                       if spec.quantize == "static" else [None])
+        zero_points = (
+            [np.uint8(118), np.int8(-4), None, F8_ZERO_POINT]
+            if spec.quantize == "static"
+            else [None]
+        )
         for (t, s), type_id in zip(TYPE_PAIRS, TYPE_IDS):
             for zero_point in zero_points:
                 zp = "none" if zero_point is None else f"{zero_point.dtype}"
@@ -364,8 +470,12 @@ def test_kernel_matches_reference(op, t, s, zero_point, order, rng):
         pytest.skip("one rounding order for float32")
     spec = catalogue.get(op)
     for shape in ((3, 7, 65), (300, 520)):
-        arrays = _with_weights_of(quant_arrays(op, t, rng, shape=shape, zero_point=zero_point,
-                                               present=spec.optional_inputs), s)
+        arrays = _with_weights_of(
+            quant_arrays(
+                op, t, rng, shape=shape, zero_point=zero_point, present=spec.optional_inputs
+            ),
+            s,
+        )
         attrs = {"cast_before_scale": order}
         if "alpha" in spec.defaults:
             attrs["alpha"] = 0.5
@@ -379,8 +489,9 @@ def test_kernel_equals_function_body_where_floats_agree(op, rng):
     """The kernel and the function body quantize the same way: the same quantized values
     wherever their float outputs are equal."""
     spec = catalogue.get(op)
-    arrays = quant_arrays(op, np.float32, rng, shape=(16, 256), zero_point=np.int8(2),
-                          present=spec.optional_inputs)
+    arrays = quant_arrays(
+        op, np.float32, rng, shape=(16, 256), zero_point=np.int8(2), present=spec.optional_inputs
+    )
     kernel = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
     body = run(single_node_model(op, arrays), arrays)
     same = kernel[-1] == body[-1]
@@ -410,13 +521,17 @@ def test_kernel_optional_outputs(op, zero_point, rng):
         own = reference.quantize_linear(full[-1], arrays["Y_scale"], zero_point)
         assert_float8_equal(full[0], own)
     quantized = 3 if spec.quantize == "dynamic" else 1
-    for outputs in ([False, {"Y_float"}] + ([{"Sum"}] if spec.has_residual else [])):
-        got = run(single_node_model(op, arrays, functions=False, optional_outputs=outputs), arrays,
-                        with_library=True)
+    for outputs in [False, {"Y_float"}] + ([{"Sum"}] if spec.has_residual else []):
+        got = run(
+            single_node_model(op, arrays, functions=False, optional_outputs=outputs),
+            arrays,
+            with_library=True,
+        )
         for g, f in zip(got[:quantized], full[:quantized]):
             assert g.dtype == f.dtype
-            np.testing.assert_array_equal(g.view(np.uint8) if g.dtype == F8 else g,
-                                          f.view(np.uint8) if f.dtype == F8 else f)
+            np.testing.assert_array_equal(
+                g.view(np.uint8) if g.dtype == F8 else g, f.view(np.uint8) if f.dtype == F8 else f
+            )
         if outputs and "Y_float" in outputs:
             np.testing.assert_array_equal(got[-1], full[-1])
         if outputs and "Sum" in outputs:
@@ -426,8 +541,11 @@ def test_kernel_optional_outputs(op, zero_point, rng):
 def test_kernel_edge_cases(rng):
     """All-zero output (scale 1), NaN rows, saturation, a one-element 1-D scale, an empty X."""
     arrays = {"X": np.full((3, 16), 2.5, np.float32)}
-    got = run(single_node_model("LayerNormDynamicQuantizeLinear", arrays, functions=False),
-              arrays, with_library=True)
+    got = run(
+        single_node_model("LayerNormDynamicQuantizeLinear", arrays, functions=False),
+        arrays,
+        with_library=True,
+    )
     want = reference_outputs("LayerNormDynamicQuantizeLinear", arrays)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
@@ -438,22 +556,32 @@ def test_kernel_edge_cases(rng):
         got = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
         assert_quantized(op, arrays, got)
 
-    arrays = quant_arrays("LayerNormQuantizeLinear", np.float16, rng, y_scale=1e-4,
-                          zero_point=np.int8(0))
-    got = run(single_node_model("LayerNormQuantizeLinear", arrays, functions=False), arrays,
-              with_library=True)
+    arrays = quant_arrays(
+        "LayerNormQuantizeLinear", np.float16, rng, y_scale=1e-4, zero_point=np.int8(0)
+    )
+    got = run(
+        single_node_model("LayerNormQuantizeLinear", arrays, functions=False),
+        arrays,
+        with_library=True,
+    )
     assert_quantized("LayerNormQuantizeLinear", arrays, got)
 
     arrays = quant_arrays("RMSNormQuantizeLinear", np.float32, rng, zero_point=np.uint8(3))
     arrays["Y_scale"] = arrays["Y_scale"].reshape(1)
     arrays["Y_zero_point"] = arrays["Y_zero_point"].reshape(1)
-    got = run(single_node_model("RMSNormQuantizeLinear", arrays, functions=False), arrays,
-              with_library=True)
+    got = run(
+        single_node_model("RMSNormQuantizeLinear", arrays, functions=False),
+        arrays,
+        with_library=True,
+    )
     assert_quantized("RMSNormQuantizeLinear", arrays, got)
 
     arrays = {"X": np.zeros((0, 8), np.float32), "Residual": np.zeros((0, 8), np.float32)}
-    got = run(single_node_model("SkipRMSNormDynamicQuantizeLinear", arrays, functions=False),
-              arrays, with_library=True)
+    got = run(
+        single_node_model("SkipRMSNormDynamicQuantizeLinear", arrays, functions=False),
+        arrays,
+        with_library=True,
+    )
     assert got[0].shape == (0, 8) and got[1] == np.float32(1) and got[2] == 0
 
 
@@ -461,8 +589,11 @@ def test_kernel_refuses_per_axis_scale(rng):
     arrays = quant_arrays("RMSNormQuantizeLinear", np.float32, rng, shape=(2, 8))
     arrays["Y_scale"] = np.array([0.1, 0.2], np.float32)
     model = single_node_model("RMSNormQuantizeLinear", arrays, functions=False)
-    with pytest.raises(Exception, match="onnxnorm::RMSNormQuantizeLinear: Y_scale of shape "
-                                        r"\[2\] must be a scalar or a one-element 1-D tensor"):
+    with pytest.raises(
+        Exception,
+        match="onnxnorm::RMSNormQuantizeLinear: Y_scale of shape "
+        r"\[2\] must be a scalar or a one-element 1-D tensor",
+    ):
         run(model, arrays, with_library=True)
 
 
@@ -481,6 +612,7 @@ def test_kernels_ran(rng):
 # ---------------------------------------------------------------------------------------------
 # The benchmark's contenders compute the same thing
 
+
 @pytest.mark.parametrize("op", list(catalogue.QUANTIZED_OPS))
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_bench_contenders_agree(op, dtype, rng):
@@ -498,8 +630,12 @@ def test_bench_contenders_agree(op, dtype, rng):
 
         session = runtime.session(model, ort.SessionOptions(), with_library=with_library)
         names = [i.name for i in session.get_inputs()]
-        return dict(zip([o.name for o in session.get_outputs()],
-                        session.run(None, {n: arrays[n] for n in names})))
+        return dict(
+            zip(
+                [o.name for o in session.get_outputs()],
+                session.run(None, {n: arrays[n] for n in names}),
+            )
+        )
 
     ours = outputs(kernels.onnxnorm_model(op, dtype, shape, d), True)
     for label in kernels.ORT_BUILTINS[op]:
@@ -518,8 +654,11 @@ def test_dynamic_nan_left_out_wherever_it_sits(rng):
     for row in (0, 3):
         arrays = quant_arrays("RMSNormDynamicQuantizeLinear", np.float32, rng, shape=(4, 64))
         arrays["X"][row, -1] = np.nan
-        got = run(single_node_model("RMSNormDynamicQuantizeLinear", arrays, functions=False),
-                  arrays, with_library=True)
+        got = run(
+            single_node_model("RMSNormDynamicQuantizeLinear", arrays, functions=False),
+            arrays,
+            with_library=True,
+        )
         assert np.isfinite(got[1]) and (got[0][row] == 0).all()
         assert_quantized("RMSNormDynamicQuantizeLinear", arrays, got)
 
@@ -530,8 +669,7 @@ def test_bench_target_of_quantized_rows():
     from onnxnorm.bench.kernels import Result
 
     def verdict(shape, ort_seconds):
-        times = {"onnxnorm": 1.0, "ort:Norm+QuantizeLinear": ort_seconds, "copy": 0.2,
-                 "floor": 0.1}
+        times = {"onnxnorm": 1.0, "ort:Norm+QuantizeLinear": ort_seconds, "copy": 0.2, "floor": 0.1}
         return Result("RMSNormQuantizeLinear", shape, "float32", times, {}).targets()
 
     assert verdict("4x512x4096", 1.6) == []
@@ -541,15 +679,34 @@ def test_bench_target_of_quantized_rows():
     # the float ops keep their targets
     times = {"onnxnorm": 1.0, "ort:RMSNormalization-23": 1.2, "copy": 0.5, "floor": 0.1}
     assert Result("RMSNorm", "4x512x4096", "float32", times, {}).targets() == [
-        "50% of copy bandwidth < 90%"]
+        "50% of copy bandwidth < 90%"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
 # float8 e4m3fn Y
 
-EDGES_FLOAT8 = np.array([448, -448, 449, 464, 465, -465, 1e4, 240, 2.0 ** -10, 1.5 * 2.0 ** -9,
-                         2.5 * 2.0 ** -9, 2.0 ** -6, 1.0625, 1.1875, -1e-30, -np.nan],
-                        np.float32)
+EDGES_FLOAT8 = np.array(
+    [
+        448,
+        -448,
+        449,
+        464,
+        465,
+        -465,
+        1e4,
+        240,
+        2.0**-10,
+        1.5 * 2.0**-9,
+        2.5 * 2.0**-9,
+        2.0**-6,
+        1.0625,
+        1.1875,
+        -1e-30,
+        -np.nan,
+    ],
+    np.float32,
+)
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.37, 0.0, 3e-39])
@@ -560,8 +717,9 @@ def test_reference_quantize_linear_is_ort_s_for_float8(scale):
     x = np.concatenate([EDGES, EDGES_FLOAT8])
     scale = np.float32(scale)
     for zero_point in (np.asarray(0, F8), F8_ZERO_POINT):
-        want = _ort_quantizer("QuantizeLinear", x, scale, zero_point,
-                              outputs=(TensorProto.FLOAT8E4M3FN,))[0]
+        want = _ort_quantizer(
+            "QuantizeLinear", x, scale, zero_point, outputs=(TensorProto.FLOAT8E4M3FN,)
+        )[0]
         got = reference.quantize_linear(x, scale, zero_point)
         assert got.dtype == F8
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
@@ -571,22 +729,22 @@ def test_reference_quantize_linear_is_ort_s_for_float8(scale):
 #: worked out by hand (e4m3fn: sign, exponent of bias 7, 3 mantissa bits; below 2^-6, code k is
 #: k * 2^-9; S.1111.111 is NaN)
 _FLOAT8_DIRECTED = [
-    (224.0, 0x7E),           # 448 = 1.75 * 2^8: 0.1111.110
-    (224.5, 0x7E),           # 449: saturated to 448
-    (232.0, 0x7E),           # 464, the tie of 448 and 480 (not a value): saturated
-    (-5000.0, 0xFE),         # -1e4: saturated to -448
-    (np.inf, 0x7E),          # +Inf saturates
-    (-np.inf, 0xFE),         # -Inf saturates
-    (np.nan, 0x7F),          # NaN stays NaN
-    (2.0 ** -11, 0x00),      # 2^-10: the tie of 0 and 2^-9, to even 0
-    (3 * 2.0 ** -11, 0x02),  # 1.5 * 2^-9: the tie of 1 and 2 units, to 2
-    (5 * 2.0 ** -11, 0x02),  # 2.5 * 2^-9: the tie of 2 and 3 units, to 2
-    (2.0 ** -7, 0x08),       # 2^-6, the smallest normal: 0.0001.000
-    (0.53125, 0x38),         # 1.0625, the tie of 1.0 and 1.125: 1.0 = 0.0111.000
-    (0.59375, 0x3A),         # 1.1875, the tie of 1.125 and 1.25: 1.25 = 0.0111.010
-    (100.0, 0x74),           # 200, the tie of 192 (1.5 * 2^7) and 208: 192 = 0.1110.100
-    (-0.75, 0xBC),           # -1.5 = 1.0111.100
-    (-1e-30, 0x80),          # a tiny negative rounds to -0
+    (224.0, 0x7E),  # 448 = 1.75 * 2^8: 0.1111.110
+    (224.5, 0x7E),  # 449: saturated to 448
+    (232.0, 0x7E),  # 464, the tie of 448 and 480 (not a value): saturated
+    (-5000.0, 0xFE),  # -1e4: saturated to -448
+    (np.inf, 0x7E),  # +Inf saturates
+    (-np.inf, 0xFE),  # -Inf saturates
+    (np.nan, 0x7F),  # NaN stays NaN
+    (2.0**-11, 0x00),  # 2^-10: the tie of 0 and 2^-9, to even 0
+    (3 * 2.0**-11, 0x02),  # 1.5 * 2^-9: the tie of 1 and 2 units, to 2
+    (5 * 2.0**-11, 0x02),  # 2.5 * 2^-9: the tie of 2 and 3 units, to 2
+    (2.0**-7, 0x08),  # 2^-6, the smallest normal: 0.0001.000
+    (0.53125, 0x38),  # 1.0625, the tie of 1.0 and 1.125: 1.0 = 0.0111.000
+    (0.59375, 0x3A),  # 1.1875, the tie of 1.125 and 1.25: 1.25 = 0.0111.010
+    (100.0, 0x74),  # 200, the tie of 192 (1.5 * 2^7) and 208: 192 = 0.1110.100
+    (-0.75, 0xBC),  # -1.5 = 1.0111.100
+    (-1e-30, 0x80),  # a tiny negative rounds to -0
 ]
 
 
@@ -597,12 +755,19 @@ def test_kernel_float8_directed_values(rng):
     bias = np.array([v for v, _ in _FLOAT8_DIRECTED], np.float32)
     want = np.array([b for _, b in _FLOAT8_DIRECTED], np.uint8)
     cols = len(bias)
-    arrays = {"X": rng.standard_normal((3, cols)).astype(np.float32),
-              "Scale": np.zeros(cols, np.float32), "Bias": bias,
-              "Y_scale": np.array(0.5, np.float32), "Y_zero_point": F8_ZERO_POINT}
+    arrays = {
+        "X": rng.standard_normal((3, cols)).astype(np.float32),
+        "Scale": np.zeros(cols, np.float32),
+        "Bias": bias,
+        "Y_scale": np.array(0.5, np.float32),
+        "Y_zero_point": F8_ZERO_POINT,
+    }
     arrays["X"][2, 5] = np.nan
-    got = run(single_node_model("LayerNormQuantizeLinear", arrays, functions=False), arrays,
-                    with_library=True)
+    got = run(
+        single_node_model("LayerNormQuantizeLinear", arrays, functions=False),
+        arrays,
+        with_library=True,
+    )
     y, y_float = got[0], got[-1]
     np.testing.assert_array_equal(y_float[:2], np.broadcast_to(bias, (2, cols)))
     assert_float8_equal(y[:2], np.broadcast_to(want, (2, cols)))
@@ -619,16 +784,17 @@ def test_kernel_float8_edges(op, dtype, rng):
     reference's Y where the floats agree."""
     spec = catalogue.get(op)
     t = DTYPES[dtype]
-    arrays = quant_arrays(op, t, rng, shape=(6, 72), zero_point=F8_ZERO_POINT,
-                          present=spec.optional_inputs)
+    arrays = quant_arrays(
+        op, t, rng, shape=(6, 72), zero_point=F8_ZERO_POINT, present=spec.optional_inputs
+    )
     arrays["X"][1, 7] = np.nan
     arrays["X"][2, 3] = np.inf
     arrays["X"][3, 9] = -np.inf
     # Y = Norm(X) * +-2^-19 (no Bias), Y_scale 2^-12: quotients of Norm(X) * 2^-7, below 2^-6
     # (float8's smallest normal) wherever |Norm(X)| < 2
-    arrays["Scale"] = (np.where(np.arange(72) % 2, 1, -1) * 2.0 ** -19).astype(t)
+    arrays["Scale"] = (np.where(np.arange(72) % 2, 1, -1) * 2.0**-19).astype(t)
     arrays.pop("Bias", None)
-    arrays["Y_scale"] = np.array(2.0 ** -12, t)
+    arrays["Y_scale"] = np.array(2.0**-12, t)
     got = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
     assert_quantized(op, arrays, got)
     bits = got[0].view(np.uint8)
@@ -648,9 +814,12 @@ def test_kernel_float8_edges(op, dtype, rng):
     finite = bits[[0, 4, 5]]
     assert ((finite & 0x7F) == 0x7E).mean() > 0.3  # +-448
     assert (finite == 0x7E).any() and (finite == 0xFE).any()
-    for outputs in ([False, {"Y_float"}] + ([{"Sum"}] if spec.has_residual else [])):
-        got = run(single_node_model(op, arrays, functions=False, optional_outputs=outputs), arrays,
-                        with_library=True)
+    for outputs in [False, {"Y_float"}] + ([{"Sum"}] if spec.has_residual else []):
+        got = run(
+            single_node_model(op, arrays, functions=False, optional_outputs=outputs),
+            arrays,
+            with_library=True,
+        )
         np.testing.assert_array_equal(got[0].view(np.uint8), bits)
 
 
@@ -661,8 +830,15 @@ def test_kernel_float8_is_ort_quantize_linear(op, dtype, rng):
     initializer, saturate by default) of the op's Y_float, bit for bit: X's type and Y_scale as
     they are (bfloat16, which ORT's QuantizeLinear does not take, exactly in float32)."""
     t = DTYPES[dtype]
-    arrays = quant_arrays(op, t, rng, shape=(8, 96), zero_point=F8_ZERO_POINT, y_scale=0.01,
-                          present=catalogue.get(op).optional_inputs)
+    arrays = quant_arrays(
+        op,
+        t,
+        rng,
+        shape=(8, 96),
+        zero_point=F8_ZERO_POINT,
+        y_scale=0.01,
+        present=catalogue.get(op).optional_inputs,
+    )
     arrays["X"][0, 1] = np.nan
     arrays["X"][5, 0] = np.inf
     got = run(single_node_model(op, arrays, functions=False), arrays, with_library=True)
@@ -672,24 +848,40 @@ def test_kernel_float8_is_ort_quantize_linear(op, dtype, rng):
     if onnx_type == TensorProto.FLOAT:
         y_float, scale = np.asarray(y_float, np.float32), scale.astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], "q",
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+        "q",
         [helper.make_tensor_value_info("x", onnx_type, y_float.shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, None)],
-        [onnx.numpy_helper.from_array(scale, "s"),
-         onnx.numpy_helper.from_array(F8_ZERO_POINT, "z")])
+        [
+            onnx.numpy_helper.from_array(scale, "s"),
+            onnx.numpy_helper.from_array(F8_ZERO_POINT, "z"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, {"x": y_float})[0]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": y_float}
+    )[0]
     assert (want.view(np.uint8) == 0x7E).any() and _float8_nan(want.view(np.uint8)).any()
     assert_float8_equal(y, want)
 
 
 def test_schema_infers_float8_y():
     x = ("x", TensorProto.FLOAT, [2, 8])
-    got = _infer("SkipRMSNormQuantizeLinear",
-                 [x, ("r", TensorProto.FLOAT, [2, 8]), ("", 0, None), ("", 0, None),
-                  ("", 0, None), ("s", TensorProto.FLOAT, []),
-                  ("zp", TensorProto.FLOAT8E4M3FN, [])],
-                 ["y", "sum", "yf"])
-    assert got == {"y": (TensorProto.FLOAT8E4M3FN, [2, 8]), "sum": (TensorProto.FLOAT, [2, 8]),
-                   "yf": (TensorProto.FLOAT, [2, 8])}
+    got = _infer(
+        "SkipRMSNormQuantizeLinear",
+        [
+            x,
+            ("r", TensorProto.FLOAT, [2, 8]),
+            ("", 0, None),
+            ("", 0, None),
+            ("", 0, None),
+            ("s", TensorProto.FLOAT, []),
+            ("zp", TensorProto.FLOAT8E4M3FN, []),
+        ],
+        ["y", "sum", "yf"],
+    )
+    assert got == {
+        "y": (TensorProto.FLOAT8E4M3FN, [2, 8]),
+        "sum": (TensorProto.FLOAT, [2, 8]),
+        "yf": (TensorProto.FLOAT, [2, 8]),
+    }

@@ -64,15 +64,20 @@ def test_one_registration_for_every_provider_list_leaves_the_environment_alone(r
             continue  # runs on the GPU there: tests/test_cuda.py
         got = runtime.session(model, providers=providers).run(None, {"x": arrays["X"]})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        assert runtime.executed_ops(model, {"x": arrays["X"]}, providers=providers) == {"RMSNorm": 1}
+        assert runtime.executed_ops(model, {"x": arrays["X"]}, providers=providers) == {
+            "RMSNorm": 1
+        }
     assert isinstance(runtime.register(), ort.SessionOptions)
     assert dict(os.environ) == before
 
 
 def test_runtime_older_than_headers_is_refused_by_name():
     built = runtime.build_info()["ort_api_version"]
-    with pytest.raises(OnnxNormError, match=rf"onnxruntime 1\.{built - 1}\.0 provides C API "
-                                            rf"version {built - 1}, older than .* {built}"):
+    with pytest.raises(
+        OnnxNormError,
+        match=rf"onnxruntime 1\.{built - 1}\.0 provides C API "
+        rf"version {built - 1}, older than .* {built}",
+    ):
         runtime.check_compatible(f"1.{built - 1}.0")
     runtime.check_compatible(f"1.{built}.0")
 
@@ -96,14 +101,17 @@ def test_rms_norm_kernel_matches_reference(case, rng):
     arrays = {"X": rng.standard_normal((3, 5, 16)).astype(np.float32)}
     arrays.update({k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()})
     got = _run_kernel("RMSNorm", arrays, attrs)[0]
-    np.testing.assert_allclose(got, reference_outputs("RMSNorm", arrays, attrs)[0],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        got, reference_outputs("RMSNorm", arrays, attrs)[0], rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("rows, cols", [(4096, 512), (1, 4096), (7, 3)])
 def test_rms_norm_kernel_threaded(rows, cols, rng):
-    arrays = {"X": rng.standard_normal((rows, cols)).astype(np.float32),
-              "Scale": rng.standard_normal(cols).astype(np.float32)}
+    arrays = {
+        "X": rng.standard_normal((rows, cols)).astype(np.float32),
+        "Scale": rng.standard_normal(cols).astype(np.float32),
+    }
     got = _run_kernel("RMSNorm", arrays, threads=2)[0]
     np.testing.assert_allclose(got, reference_outputs("RMSNorm", arrays)[0], rtol=1e-5, atol=1e-5)
 
@@ -122,18 +130,23 @@ def test_nan_and_inf_propagate_as_in_reference():
     np.testing.assert_allclose(got[2], want[2], rtol=1e-6)
 
 
-@pytest.mark.parametrize("arrays, attrs, message", [
-    ({"X": (2, 16)}, {"axis": 2}, "axis"),
-    ({"X": (2, 16)}, {"axis": -3}, "axis"),
-    ({"X": (2, 16), "Scale": (8,)}, {}, "Scale"),
-    ({"X": (2, 16), "Bias": (2, 8)}, {}, "Bias"),
-    ({"X": (2, 16)}, {"epsilon": -1.0}, "epsilon"),
-    ({"X": (2, 16)}, {"cast_before_scale": 3}, "cast_before_scale"),
-    ({"X": (2, 0)}, {}, "zero"),
-])
+@pytest.mark.parametrize(
+    "arrays, attrs, message",
+    [
+        ({"X": (2, 16)}, {"axis": 2}, "axis"),
+        ({"X": (2, 16)}, {"axis": -3}, "axis"),
+        ({"X": (2, 16), "Scale": (8,)}, {}, "Scale"),
+        ({"X": (2, 16), "Bias": (2, 8)}, {}, "Bias"),
+        ({"X": (2, 16)}, {"epsilon": -1.0}, "epsilon"),
+        ({"X": (2, 16)}, {"cast_before_scale": 3}, "cast_before_scale"),
+        ({"X": (2, 0)}, {}, "zero"),
+    ],
+)
 def test_rms_norm_kernel_bad_input_is_a_clear_error(arrays, attrs, message):
     arrays = {k: np.ones(s, np.float32) for k, s in arrays.items()}
-    with pytest.raises(Exception, match=rf"onnxnorm::RMSNorm.*{message}|{message}.*onnxnorm::RMSNorm"):
+    with pytest.raises(
+        Exception, match=rf"onnxnorm::RMSNorm.*{message}|{message}.*onnxnorm::RMSNorm"
+    ):
         _run_kernel("RMSNorm", arrays, attrs)
 
 

@@ -46,11 +46,13 @@ def _normalized(name: str) -> str:
 
 def _same_version(a: str, b: str) -> bool:
     """``1.23`` and ``1.23.0`` are one release (as pip reads ``==1.23``)."""
+
     def release(v: str) -> tuple[str, ...]:
         parts = v.split(".")
         while len(parts) > 1 and parts[-1] == "0":
             parts.pop()
         return tuple(parts)
+
     return release(a) == release(b)
 
 
@@ -93,11 +95,19 @@ def test_every_runtime_dependency_has_a_lower_bound():
             name, lower = _lower_bound(requirement)
             assert lower is not None, f"pyproject.toml {group}: {requirement!r} has no >= bound"
     names = minimum_versions()
-    for needed in ("numpy", "ml-dtypes", "onnx", "onnx-ir", "onnxscript", "onnxruntime",
-                   "onnxruntime-gpu"):
+    for needed in (
+        "numpy",
+        "ml-dtypes",
+        "onnx",
+        "onnx-ir",
+        "onnxscript",
+        "onnxruntime",
+        "onnxruntime-gpu",
+    ):
         assert needed in names, f"pyproject.toml declares no {needed}"
-    assert _same_version(names["onnxruntime"], names["onnxruntime-gpu"]), \
+    assert _same_version(names["onnxruntime"], names["onnxruntime-gpu"]), (
         "the cpu and gpu extras must require the same ONNX Runtime version"
+    )
 
 
 def _readme_table() -> dict[str, tuple[str, str]]:
@@ -106,15 +116,16 @@ def _readme_table() -> dict[str, tuple[str, str]]:
     text = (ROOT / "docs" / "development.md").read_text()
     heading = re.search(r"^## Supported versions[ \t]*$", text, re.MULTILINE)
     assert heading, "docs/development.md has no '## Supported versions' section"
-    section = text[heading.end():]
+    section = text[heading.end() :]
     following = re.search(r"^#{1,2} ", section, re.MULTILINE)
-    section = section[:following.start()] if following else section
+    section = section[: following.start()] if following else section
     rows = [line.strip() for line in section.splitlines() if line.strip().startswith("|")]
     assert rows, "docs/development.md '## Supported versions' has no table"
     header = [c.strip().lower() for c in rows[0].strip("|").split("|")]
-    assert header == ["package", "required", "tested by ci"], \
-        f"docs/development.md supported-versions table header is {rows[0]!r}, " \
+    assert header == ["package", "required", "tested by ci"], (
+        f"docs/development.md supported-versions table header is {rows[0]!r}, "
         "expected '| package | required | tested by CI |'"
+    )
     table = {}
     for row in rows[1:]:
         cells = [c.strip().strip("`").strip() for c in row.strip("|").split("|")]
@@ -130,16 +141,19 @@ def _readme_table() -> dict[str, tuple[str, str]]:
 def test_readme_names_the_declared_lower_bounds():
     declared = minimum_versions()
     table = _readme_table()
-    missing = [f"| {name} | >={version} | ... |" for name, version in declared.items()
-               if name not in table]
-    assert not missing, "docs/development.md's supported-versions table lacks the rows " + \
-        "; ".join(missing)
+    missing = [
+        f"| {name} | >={version} | ... |" for name, version in declared.items() if name not in table
+    ]
+    assert not missing, (
+        "docs/development.md's supported-versions table lacks the rows " + "; ".join(missing)
+    )
     for name, version in declared.items():
         row, required = table[name]
         # the required cell: 1.2.3, >=1.2.3, >= 1.2.3 or ≥ 1.2.3, backticks allowed
         found = re.fullmatch(r"(?:>=|≥)?\s*`?([0-9][0-9A-Za-z.+-]*)`?", required)
-        assert found and _same_version(found.group(1), version), \
+        assert found and _same_version(found.group(1), version), (
             f"docs/development.md row {row!r}: pyproject.toml declares {name}>={version}"
+        )
 
 
 # --- slow ---------------------------------------------------------------------------------------

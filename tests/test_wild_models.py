@@ -30,13 +30,15 @@ def _loads(model: onnx.ModelProto, with_library: bool) -> ort.InferenceSession:
     options = ort.SessionOptions()
     if with_library:
         runtime.register(options)
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def _onnxnorm_ops(model: onnx.ModelProto) -> dict[str, int]:
-    return dict(collections.Counter(n.op_type for n in model.graph.node
-                                    if n.domain == catalogue.DOMAIN))
+    return dict(
+        collections.Counter(n.op_type for n in model.graph.node if n.domain == catalogue.DOMAIN)
+    )
 
 
 def _check_parity(original: onnx.ModelProto, fused: onnx.ModelProto, with_library: bool) -> None:
@@ -54,16 +56,18 @@ def test_corpus_fuses_for_every_target(name, target):
     assert report.norms == sum(entry.expect.values()), str(report)
     if target in ("function", "fused"):
         assert _onnxnorm_ops(fused) == entry.expect, str(report)
-        assert not [n for n in fused.graph.node if n.op_type in ("ReduceMean", "Sqrt")], \
+        assert not [n for n in fused.graph.node if n.op_type in ("ReduceMean", "Sqrt")], (
             "a norm was left decomposed"
+        )
     else:
         assert _onnxnorm_ops(fused) == {}, "a node was not lowered"
     assert fused.opset_import and {o.domain for o in fused.opset_import} >= {""}
     _check_parity(original, fused, with_library=target != "onnx")
     if target == "function":
         # no library: ONNX Runtime inlines each node's body, written in the model's own opset
-        assert {o.version for o in fused.opset_import if o.domain == ""} == \
-            {o.version for o in original.opset_import if o.domain in ("", "ai.onnx")}
+        assert {o.version for o in fused.opset_import if o.domain == ""} == {
+            o.version for o in original.opset_import if o.domain in ("", "ai.onnx")
+        }
         _check_parity(original, fused, with_library=False)
 
 
@@ -76,8 +80,10 @@ def _fused_by_others(model: onnx.ModelProto, path) -> tuple[int, int]:
     options.optimized_model_filepath = str(path.with_suffix(".ort.onnx"))
     ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     results = [compare.count(onnx.load(options.optimized_model_filepath))]
-    for tool in (lambda: compare._run_ort(model, path, "bert"),
-                 lambda: compare._run_onnxscript(model, path)):
+    for tool in (
+        lambda: compare._run_ort(model, path, "bert"),
+        lambda: compare._run_onnxscript(model, path),
+    ):
         try:
             results.append(compare.count(tool()))
         except Exception:  # noqa: BLE001 - a tool that fails on the model fuses nothing
@@ -127,8 +133,9 @@ def test_the_written_model_is_checked_to_load(monkeypatch):
         return lowered, notes
 
     monkeypatch.setattr(pipeline, "lower_with_notes", broken)
-    with pytest.raises(OutputDoesNotLoad, match="does not load in ONNX Runtime, although the "
-                                                 "input does"):
+    with pytest.raises(
+        OutputDoesNotLoad, match="does not load in ONNX Runtime, although the input does"
+    ):
         fuse(original, "fused")
 
 
@@ -155,11 +162,16 @@ def _bfloat16_norm(opset: int) -> onnx.ModelProto:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("RMSNorm", ["x"], ["y"], domain=catalogue.DOMAIN)], "bf16",
+        [helper.make_node("RMSNorm", ["x"], ["y"], domain=catalogue.DOMAIN)],
+        "bf16",
         [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 8])])
-    return helper.make_model(graph, ir_version=7, opset_imports=[
-        helper.make_opsetid("", opset), helper.make_opsetid(catalogue.DOMAIN, 1)])
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 8])],
+    )
+    return helper.make_model(
+        graph,
+        ir_version=7,
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(catalogue.DOMAIN, 1)],
+    )
 
 
 def test_upgrade_opset_gives_the_body_or_says_why_not(monkeypatch):
@@ -177,8 +189,10 @@ def test_upgrade_opset_gives_the_body_or_says_why_not(monkeypatch):
 
     monkeypatch.setattr(version_converter, "convert_version", refuse)
     fused, report = fuse(_bfloat16_norm(11), "function", upgrade=True)
-    assert ("--upgrade-opset: onnx's version converter could not take the model from opset 11 "
-            "to 13 (no adapter for this op); the model keeps its opset") in str(report)
+    assert (
+        "--upgrade-opset: onnx's version converter could not take the model from opset 11 "
+        "to 13 (no adapter for this op); the model keeps its opset"
+    ) in str(report)
     assert [n.overload for n in fused.graph.node] == [""] and not fused.functions
     assert "X is bfloat16, which ONNX casts to from opset 13 on" in str(report)
 
@@ -202,6 +216,9 @@ def test_an_opset_below_7_keeps_the_node_without_a_body_and_says_why(target):
     model.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     fused, report = fuse(model, target)
     assert [(n.domain, n.op_type, n.overload) for n in fused.graph.node] == [
-        (catalogue.DOMAIN, "RMSNorm", "")] and not fused.functions
-    assert ("onnxnorm writes function bodies in ONNX opset 7 or newer; the model imports opset "
-            "6: convert the model to opset 7 or newer") in str(report), str(report)
+        (catalogue.DOMAIN, "RMSNorm", "")
+    ] and not fused.functions
+    assert (
+        "onnxnorm writes function bodies in ONNX opset 7 or newer; the model imports opset "
+        "6: convert the model to opset 7 or newer"
+    ) in str(report), str(report)

@@ -43,7 +43,7 @@ def load_catalogue():
 
 
 def _camel(name: str) -> str:
-    """"finite_non_negative" -> "kFiniteNonNegative", "layer" -> "kLayer", "RMSNorm" -> "kRMSNorm"."""
+    """ "finite_non_negative" -> "kFiniteNonNegative", "layer" -> "kLayer", "RMSNorm" -> "kRMSNorm"."""
     return "k" + "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
@@ -76,8 +76,10 @@ def _shared_defaults(catalogue) -> dict[str, object]:
     for spec in catalogue.OPS.values():
         for a in spec.attributes:
             if found.setdefault(a.name, a) != a:
-                raise ValueError(f"attribute {a.name} differs between ops; the native defaults "
-                                 "assume one definition")
+                raise ValueError(
+                    f"attribute {a.name} differs between ops; the native defaults "
+                    "assume one definition"
+                )
     return found
 
 
@@ -108,31 +110,55 @@ def render(catalogue=None) -> str:
         f"inline constexpr int kDomainVersion = {int(catalogue.VERSION)};",
         "",
     ]
-    out += _enum("ElemType", "Element types: X's (catalogue.DATA_TYPES), then the quantized "
-                 "ones (catalogue.QUANT_TYPES).", [n for _, n in elem.values()],
-                 [e for e, _ in elem.values()])
-    out += ["// The float types (X's) are the first kElemTypeCount; the quantized types follow.",
-            f"inline constexpr int kElemTypeCount = {len(catalogue.DATA_TYPES)};",
-            f"inline constexpr int kQuantTypeCount = {len(catalogue.QUANT_TYPES)};", ""]
-    out += _enum("NormKind", "The statistics (catalogue.NORM_KINDS): mean and variance, or root "
-                 "mean square.", list(catalogue.NORM_KINDS)) + [""]
-    out += _enum("ResidualKind", "What comes before the norm (catalogue.RESIDUAL_KINDS).",
-                 list(catalogue.RESIDUAL_KINDS)) + [""]
-    out += _enum("QuantizeKind", "What follows the norm (catalogue.QUANTIZE_KINDS): nothing, "
-                 "QuantizeLinear or DynamicQuantizeLinear.", list(catalogue.QUANTIZE_KINDS)) + [""]
+    out += _enum(
+        "ElemType",
+        "Element types: X's (catalogue.DATA_TYPES), then the quantized "
+        "ones (catalogue.QUANT_TYPES).",
+        [n for _, n in elem.values()],
+        [e for e, _ in elem.values()],
+    )
+    out += [
+        "// The float types (X's) are the first kElemTypeCount; the quantized types follow.",
+        f"inline constexpr int kElemTypeCount = {len(catalogue.DATA_TYPES)};",
+        f"inline constexpr int kQuantTypeCount = {len(catalogue.QUANT_TYPES)};",
+        "",
+    ]
+    out += _enum(
+        "NormKind",
+        "The statistics (catalogue.NORM_KINDS): mean and variance, or root mean square.",
+        list(catalogue.NORM_KINDS),
+    ) + [""]
+    out += _enum(
+        "ResidualKind",
+        "What comes before the norm (catalogue.RESIDUAL_KINDS).",
+        list(catalogue.RESIDUAL_KINDS),
+    ) + [""]
+    out += _enum(
+        "QuantizeKind",
+        "What follows the norm (catalogue.QUANTIZE_KINDS): nothing, "
+        "QuantizeLinear or DynamicQuantizeLinear.",
+        list(catalogue.QUANTIZE_KINDS),
+    ) + [""]
     out += _enum("OpId", "The ops of the domain, in catalogue order.", list(catalogue.OPS))
     out += [f"inline constexpr int kOpCount = {len(catalogue.OPS)};", ""]
     out += _enum("AttrKind", "Kinds of attribute values.", list(_ATTR_KINDS)) + [""]
-    out += _enum("AttrCheck", "Rules for attribute values (catalogue.CHECKS).",
-                 [c.name for c in checks])
-    out += [f"inline constexpr int kAttrCheckCount = {len(checks)};",
-            "// What a value must be, for messages: \"attribute <name> must be <requirement>, "
-            "got <value>\".",
-            "inline constexpr const char* kAttrCheckRequirements[kAttrCheckCount] = {"]
+    out += _enum(
+        "AttrCheck", "Rules for attribute values (catalogue.CHECKS).", [c.name for c in checks]
+    )
+    out += [
+        f"inline constexpr int kAttrCheckCount = {len(checks)};",
+        '// What a value must be, for messages: "attribute <name> must be <requirement>, '
+        'got <value>".',
+        "inline constexpr const char* kAttrCheckRequirements[kAttrCheckCount] = {",
+    ]
     out += [f"    {_string(c.requirement)}," for c in checks]
     out += ["};", ""]
-    type_var = _enum("TypeVar", "The type of an input or output (catalogue.TYPE_VARS):",
-                     list(catalogue.TYPE_VARS), ["k" + v for v in catalogue.TYPE_VARS])
+    type_var = _enum(
+        "TypeVar",
+        "The type of an input or output (catalogue.TYPE_VARS):",
+        list(catalogue.TYPE_VARS),
+        ["k" + v for v in catalogue.TYPE_VARS],
+    )
     out += type_var[:1] + [f"//   {v}: {doc}" for v, doc in catalogue.TYPE_VARS.items()]
     out += type_var[1:] + [""]
     out += [
@@ -195,8 +221,10 @@ def render(catalogue=None) -> str:
     def attr(a) -> str:
         int_default = int(a.default) if a.kind == "int" else 0
         float_default = _float(a.default if a.kind == "float" else 0.0)
-        return (f"{{{_string(a.name)}, AttrKind::{_camel(a.kind)}, {int_default}, {float_default}, "
-                f"AttrCheck::{_camel(a.check)}}}")
+        return (
+            f"{{{_string(a.name)}, AttrKind::{_camel(a.kind)}, {int_default}, {float_default}, "
+            f"AttrCheck::{_camel(a.check)}}}"
+        )
 
     def param(p) -> str:
         return f"{{{_string(p.name)}, TypeVar::{_camel(p.type_var)}, {'true' if p.optional else 'false'}}}"
@@ -204,33 +232,59 @@ def render(catalogue=None) -> str:
     for name, spec in catalogue.OPS.items():
         unknown_checks = [a.name for a in spec.attributes if a.check not in catalogue.CHECKS]
         if unknown_checks:
-            raise ValueError(f"{name}: attributes {unknown_checks} name no check of catalogue.CHECKS")
-        for suffix, items, fmt, kind in (("Inputs", spec.inputs, param, "ParamSpec"),
-                                         ("Outputs", spec.outputs, param, "ParamSpec"),
-                                         ("Attributes", spec.attributes, attr, "AttrSpec")):
+            raise ValueError(
+                f"{name}: attributes {unknown_checks} name no check of catalogue.CHECKS"
+            )
+        for suffix, items, fmt, kind in (
+            ("Inputs", spec.inputs, param, "ParamSpec"),
+            ("Outputs", spec.outputs, param, "ParamSpec"),
+            ("Attributes", spec.attributes, attr, "AttrSpec"),
+        ):
             out.append(f"inline constexpr {kind} k{name}{suffix}[] = {{")
             out += [f"    {fmt(item)}," for item in items]
             out.append("};")
         if spec.quant_types:
-            out.append(f"inline constexpr ElemType k{name}QuantTypes[] = {{"
-                       + ", ".join(f"ElemType::{elem[q][0]}" for q in spec.quant_types) + "};")
+            out.append(
+                f"inline constexpr ElemType k{name}QuantTypes[] = {{"
+                + ", ".join(f"ElemType::{elem[q][0]}" for q in spec.quant_types)
+                + "};"
+            )
         out.append("")
     out += ["}  // namespace generated", "", "inline constexpr OpSpec kOps[kOpCount] = {"]
     for name, spec in catalogue.OPS.items():
-        out.append(f"    {{{_string(name)}, OpId::{_camel(name)}, {int(catalogue.VERSION)}, "
-                   f"NormKind::{_camel(spec.norm)}, ResidualKind::{_camel(spec.residual)},")
-        out += [f"     {{generated::k{name}{s}, {len(items)}}},"
-                for s, items in (("Inputs", spec.inputs), ("Outputs", spec.outputs),
-                                 ("Attributes", spec.attributes))]
-        quant = (f"{{generated::k{name}QuantTypes, {len(spec.quant_types)}}}" if spec.quant_types
-                 else "{nullptr, 0}")
+        out.append(
+            f"    {{{_string(name)}, OpId::{_camel(name)}, {int(catalogue.VERSION)}, "
+            f"NormKind::{_camel(spec.norm)}, ResidualKind::{_camel(spec.residual)},"
+        )
+        out += [
+            f"     {{generated::k{name}{s}, {len(items)}}},"
+            for s, items in (
+                ("Inputs", spec.inputs),
+                ("Outputs", spec.outputs),
+                ("Attributes", spec.attributes),
+            )
+        ]
+        quant = (
+            f"{{generated::k{name}QuantTypes, {len(spec.quant_types)}}}"
+            if spec.quant_types
+            else "{nullptr, 0}"
+        )
         out.append(f"     QuantizeKind::{_camel(spec.quantize)}, {quant}}},")
     out += ["};", ""]
-    out += ["// Every (T, S) an op accepts (catalogue.TYPE_PAIRS).",
-            "inline constexpr TypePair kTypePairs[] = {"]
-    out += [f"    {{ElemType::{elem[t][0]}, ElemType::{elem[s][0]}}}," for t, s in catalogue.TYPE_PAIRS]
-    out += ["};", f"inline constexpr int kTypePairCount = {len(catalogue.TYPE_PAIRS)};", "",
-            "}  // namespace onnxnorm", ""]
+    out += [
+        "// Every (T, S) an op accepts (catalogue.TYPE_PAIRS).",
+        "inline constexpr TypePair kTypePairs[] = {",
+    ]
+    out += [
+        f"    {{ElemType::{elem[t][0]}, ElemType::{elem[s][0]}}}," for t, s in catalogue.TYPE_PAIRS
+    ]
+    out += [
+        "};",
+        f"inline constexpr int kTypePairCount = {len(catalogue.TYPE_PAIRS)};",
+        "",
+        "}  // namespace onnxnorm",
+        "",
+    ]
     return "\n".join(out)
 
 

@@ -150,12 +150,8 @@ float ScalarToFloat(ElemType type, const void* value) {
       std::memcpy(&f, value, sizeof(f));
       return f;
     }
-    case ElemType::kFloat16:
-      std::memcpy(&bits, value, sizeof(bits));
-      return HalfToFloat(bits);
-    case ElemType::kBFloat16:
-      std::memcpy(&bits, value, sizeof(bits));
-      return BFloat16ToFloat(bits);
+    case ElemType::kFloat16: std::memcpy(&bits, value, sizeof(bits)); return HalfToFloat(bits);
+    case ElemType::kBFloat16: std::memcpy(&bits, value, sizeof(bits)); return BFloat16ToFloat(bits);
     default: return NAN;
   }
 }

@@ -36,7 +36,9 @@ struct Isa {
   static V MaskN(V a, int n) { return _mm256_and_ps(a, _mm256_castsi256_ps(LaneMask(n))); }
 
   static V Load(F32, const float* p) { return _mm256_loadu_ps(p); }
-  static V Load(F16, const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V Load(F16, const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static V Load(BF16, const uint16_t* p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));

@@ -49,9 +49,7 @@ struct Isa {
     return a;
   }
   // Halving folds (lane k + lane k + 4, then + 2, then + 1), as the x86 kernels add.
-  static float HSum(V a) {
-    return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
-  }
+  static float HSum(V a) { return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7])); }
   static V MaskN(V a, int n) {
     for (int k = n; k < W; ++k) a.v[k] = 0.f;
     return a;

@@ -133,8 +133,8 @@ struct PreparedWeights {
 
 // Writes the prepared Scale and Bias of one weight row into float32 buffers (nullptr: absent).
 template <class E, class S, bool kOrderA>
-void PrepareWeights(const typename S::St* scale, const typename S::St* bias, int64_t n, float offset,
-                    float* scale_out, float* bias_out) {
+void PrepareWeights(const typename S::St* scale, const typename S::St* bias, int64_t n, float offset, float* scale_out,
+                    float* bias_out) {
   const WeightPrep<E, S, kOrderA> prep(offset);
   int64_t i = 0;
   for (; i + W <= n; i += W) {
@@ -517,8 +517,8 @@ template <NormKind NK, class E, bool kOrderA, class Wt, class Src>
 inline void ResidualRow(const Src& src, float* z_buffer, const Wt& weights, bool has_scale, bool has_bias,
                         typename E::St* y, typename E::St* sum, const RowParams& p, const OutputPlan& plan) {
   if (z_buffer != nullptr) {
-    NormRowFrom<NK, E, kOrderA>(StoringSource<F32, Src>{src, z_buffer}, PlainSource<F32>{z_buffer}, weights,
-                                has_scale, has_bias, y, sum, p, plan);
+    NormRowFrom<NK, E, kOrderA>(StoringSource<F32, Src>{src, z_buffer}, PlainSource<F32>{z_buffer}, weights, has_scale,
+                                has_bias, y, sum, p, plan);
   } else {
     typename E::St* z = sum != nullptr ? sum : y;
     NormRowFrom<NK, E, kOrderA>(StoringSource<E, Src>{src, z}, PlainSource<E>{z}, weights, has_scale, has_bias, y,
@@ -532,7 +532,10 @@ template <class T>
 class WeightRows {
  public:
   WeightRows(const void* weight, int64_t rows, int64_t n, int64_t first_row)
-      : base_(static_cast<const T*>(weight)), rows_(rows > 1 ? rows : 1), n_(n), row_(rows > 1 ? first_row % rows : 0) {}
+      : base_(static_cast<const T*>(weight)),
+        rows_(rows > 1 ? rows : 1),
+        n_(n),
+        row_(rows > 1 ? first_row % rows : 0) {}
   const T* Get() const { return base_ == nullptr ? nullptr : base_ + row_ * n_; }
   bool Shared() const { return rows_ == 1; }
   void Next() {
@@ -627,8 +630,7 @@ ONNXNORM_NOINLINE void RowsBuffered(const NormArgs& a, int64_t row_begin, int64_
   alignas(64) float z_row[kResidual ? kZBufferCols : 1];
   if (prepare) {
     PrepareWeights<E, S, kOrderA>(static_cast<const typename S::St*>(a.scale),
-                                  static_cast<const typename S::St*>(a.bias), p.n, p.offset, prepared[0],
-                                  prepared[1]);
+                                  static_cast<const typename S::St*>(a.bias), p.n, p.offset, prepared[0], prepared[1]);
   }
   RowsLoop<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare ? prepared[0] : nullptr,
                                   prepare ? prepared[1] : nullptr, kResidual && buffer_z ? z_row : nullptr);
@@ -658,8 +660,8 @@ void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
   // kZBufferCols), and the weights prepared once when every row of a range of several rows of at
   // most kBufferCols shares them.
   const bool shared = (a.scale == nullptr || a.scale_rows <= 1) && (a.bias == nullptr || a.bias_rows <= 1);
-  const bool prepare = n <= kBufferCols && row_end - row_begin >= kPrepareRows && shared &&
-                       (a.scale != nullptr || a.bias != nullptr);
+  const bool prepare =
+      n <= kBufferCols && row_end - row_begin >= kPrepareRows && shared && (a.scale != nullptr || a.bias != nullptr);
   const bool buffer_z = RK != ResidualKind::kNone && n <= kZBufferCols && (a.sum == nullptr || plan.stream_y);
   if (prepare || buffer_z) {
     RowsBuffered<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare, buffer_z);

@@ -16,15 +16,14 @@ template <NormKind NK, ResidualKind RK>
 NormRowsFn PickTypes(ElemType x, ElemType w) {
   switch (x) {
 #if !defined(ONNXNORM_ONLY_BFLOAT16)
-    case ElemType::kFloat32:
-      return w == ElemType::kFloat32 ? &Rows<NK, RK, F32, F32> : nullptr;
+    case ElemType::kFloat32: return w == ElemType::kFloat32 ? &Rows<NK, RK, F32, F32> : nullptr;
     case ElemType::kFloat16:
-      return w == ElemType::kFloat16 ? &Rows<NK, RK, F16, F16>
+      return w == ElemType::kFloat16   ? &Rows<NK, RK, F16, F16>
              : w == ElemType::kFloat32 ? &Rows<NK, RK, F16, F32>
                                        : nullptr;
 #endif
     case ElemType::kBFloat16:
-      return w == ElemType::kBFloat16 ? &Rows<NK, RK, BF16, BF16>
+      return w == ElemType::kBFloat16  ? &Rows<NK, RK, BF16, BF16>
              : w == ElemType::kFloat32 ? &Rows<NK, RK, BF16, F32>
                                        : nullptr;
   }

@@ -8,7 +8,8 @@
 namespace onnxnorm {
 namespace cpu {
 
-QuantRowsFn GetQuantRowsAvx512(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w, ElemType q) {
+QuantRowsFn GetQuantRowsAvx512(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w,
+                               ElemType q) {
   return PickQuantKernel(norm, residual, pass, x, w, q);
 }
 

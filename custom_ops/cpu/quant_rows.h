@@ -111,8 +111,8 @@ ONNXNORM_INLINE void QuantizeBlock(const float* v, typename Q::St* out, int n, c
 
 // The pass that writes a row's quantized Y (and Y_float, Sum when not null) from its statistics.
 template <bool kScale, bool kBias, class E, class Q, class Nz, class Wt, class Src>
-void QuantizeRow(const Src& source, const Nz& normalizer, const Wt& weights, typename Q::St* q,
-                 typename E::St* y_float, typename E::St* sum, int64_t n, const QuantParams& params) {
+void QuantizeRow(const Src& source, const Nz& normalizer, const Wt& weights, typename Q::St* q, typename E::St* y_float,
+                 typename E::St* sum, int64_t n, const QuantParams& params) {
   const Src src = source;
   const Nz nz = normalizer;
   const Wt wt = weights;
@@ -264,16 +264,15 @@ void QuantRowsInOrder(const NormArgs& a, const QuantArgs& qa, int64_t row_begin,
     } else {
       const SkipSource<E, S> src{x + at, residual + at, xbias.Get(), alpha, a.alpha != 1.f};
       if (sr == nullptr) {
-        QuantRow<kPass, NK, E, Q, kOrderA>(src, src, weights, has_scale, has_bias, qr, yr, nullptr, scratch, p,
-                                            qp);
+        QuantRow<kPass, NK, E, Q, kOrderA>(src, src, weights, has_scale, has_bias, qr, yr, nullptr, scratch, p, qp);
       } else if constexpr (kPass == QuantPass::kQuantize) {
         // Sum, written by the range pass, is the row's Z: one tensor to read instead of two
         const PlainSource<E> z{sr};
         QuantRow<kPass, NK, E, Q, kOrderA>(z, z, weights, has_scale, has_bias, qr, yr, nullptr, scratch, p, qp);
       } else {
         // the statistics pass writes Sum, the later passes read Z back from it (from cache)
-        QuantRow<kPass, NK, E, Q, kOrderA>(StoringSource<E, SkipSource<E, S>>{src, sr}, PlainSource<E>{sr},
-                                            weights, has_scale, has_bias, qr, yr, nullptr, scratch, p, qp);
+        QuantRow<kPass, NK, E, Q, kOrderA>(StoringSource<E, SkipSource<E, S>>{src, sr}, PlainSource<E>{sr}, weights,
+                                           has_scale, has_bias, qr, yr, nullptr, scratch, p, qp);
       }
       xbias.Next();
     }
@@ -297,14 +296,13 @@ void QuantRows(const NormArgs& a, const QuantArgs& qa, int64_t row_begin, int64_
 template <QuantPass kPass, NormKind NK, ResidualKind RK, class Q>
 QuantRowsFn PickQuantTypes(ElemType x, ElemType w) {
   switch (x) {
-    case ElemType::kFloat32:
-      return w == ElemType::kFloat32 ? &QuantRows<kPass, NK, RK, F32, F32, Q> : nullptr;
+    case ElemType::kFloat32: return w == ElemType::kFloat32 ? &QuantRows<kPass, NK, RK, F32, F32, Q> : nullptr;
     case ElemType::kFloat16:
-      return w == ElemType::kFloat16 ? &QuantRows<kPass, NK, RK, F16, F16, Q>
+      return w == ElemType::kFloat16   ? &QuantRows<kPass, NK, RK, F16, F16, Q>
              : w == ElemType::kFloat32 ? &QuantRows<kPass, NK, RK, F16, F32, Q>
                                        : nullptr;
     case ElemType::kBFloat16:
-      return w == ElemType::kBFloat16 ? &QuantRows<kPass, NK, RK, BF16, BF16, Q>
+      return w == ElemType::kBFloat16  ? &QuantRows<kPass, NK, RK, BF16, BF16, Q>
              : w == ElemType::kFloat32 ? &QuantRows<kPass, NK, RK, BF16, F32, Q>
                                        : nullptr;
     default: return nullptr;

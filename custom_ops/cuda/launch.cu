@@ -80,16 +80,19 @@ bool Check(const NormArgs* args, char* err, size_t len) {
   const char* n = op.name;
   if (static_cast<int>(a.x_type) < 0 || static_cast<int>(a.x_type) >= kElemTypeCount) {
     return Write(err, len, "onnxnorm::%s: X must be float32, float16 or bfloat16 (type code %d)", n,
-                 static_cast<int>(a.x_type)), false;
+                 static_cast<int>(a.x_type)),
+           false;
   }
   if (AnyWeight(a) && a.weight_type != a.x_type && a.weight_type != ElemType::kFloat32) {
-    return Write(err, len, "onnxnorm::%s: the weights must be of X's type %s or float32, got %s", n,
-                 TypeName(a.x_type), TypeName(a.weight_type)), false;
+    return Write(err, len, "onnxnorm::%s: the weights must be of X's type %s or float32, got %s", n, TypeName(a.x_type),
+                 TypeName(a.weight_type)),
+           false;
   }
   if (a.rows < 0) return Write(err, len, "onnxnorm::%s: rows must be >= 0, got %lld", n, (long long)a.rows), false;
   if (a.rows > 0 && a.cols <= 0) {
     return Write(err, len, "onnxnorm::%s: the normalized dimensions hold no elements (cols %lld)", n,
-                 (long long)a.cols), false;
+                 (long long)a.cols),
+           false;
   }
   if (a.cols < 0) return Write(err, len, "onnxnorm::%s: cols must be >= 0, got %lld", n, (long long)a.cols), false;
   if (a.rows > 0 && a.cols > INT64_MAX / a.rows) {
@@ -129,11 +132,12 @@ bool Check(const NormArgs* args, char* err, size_t len) {
   }
   if (!std::isfinite(a.scale_offset) || (op.norm == kLayer && a.scale_offset != 0.f)) {
     return Write(err, len, "onnxnorm::%s: scale_offset must be finite (and 0 for LayerNorm ops), got %g", n,
-                 (double)a.scale_offset), false;
+                 (double)a.scale_offset),
+           false;
   }
   if (!std::isfinite(a.alpha) || (op.residual != kSkip && a.alpha != 1.f)) {
-    return Write(err, len, "onnxnorm::%s: alpha must be finite (and 1 for ops without it), got %g", n,
-                 (double)a.alpha), false;
+    return Write(err, len, "onnxnorm::%s: alpha must be finite (and 1 for ops without it), got %g", n, (double)a.alpha),
+           false;
   }
   if (a.cast_before_scale != 0 && a.cast_before_scale != 1) {
     return Write(err, len, "onnxnorm::%s: cast_before_scale must be 0 or 1, got %d", n, a.cast_before_scale), false;
@@ -164,7 +168,8 @@ bool CheckQuant(const NormArgs& a, const CudaQuantArgs* quant, char* err, size_t
       used += w > 0 ? static_cast<size_t>(w) : 0;
     }
     return Write(err, len, "onnxnorm::%s: the quantized type must be %s, got type code %d", n, types,
-                 static_cast<int>(quant->q_type)), false;
+                 static_cast<int>(quant->q_type)),
+           false;
   }
   if (a.rows > 0 && quant->q == nullptr) return Write(err, len, "onnxnorm::%s: the quantized Y is required", n), false;
   if (!dynamic) {
@@ -176,7 +181,8 @@ bool CheckQuant(const NormArgs& a, const CudaQuantArgs* quant, char* err, size_t
   }
   if (a.rows > 0 && (quant->scratch == nullptr || reinterpret_cast<uintptr_t>(quant->scratch) % 4 != 0)) {
     return Write(err, len, "onnxnorm::%s: scratch of %zu bytes, 4-byte aligned, is required", n,
-                 static_cast<size_t>(a.rows) * kCudaQuantScratchBytesPerRow), false;
+                 static_cast<size_t>(a.rows) * kCudaQuantScratchBytesPerRow),
+           false;
   }
   return true;
 }
@@ -189,7 +195,8 @@ cudaError_t DispatchQuant(const NormArgs& a, const QuantKernelArgs& qa, QuantMod
     return cudaErrorInvalidValue;
   } else {
     if constexpr (kOps[I].quantize != QuantizeKind::kNone) {
-      if (static_cast<int>(a.op) == I) return LaunchQuantOp<kOps[I].norm, kOps[I].residual>(a, qa, mode, config, stream);
+      if (static_cast<int>(a.op) == I)
+        return LaunchQuantOp<kOps[I].norm, kOps[I].residual>(a, qa, mode, config, stream);
     }
     return DispatchQuant<I + 1>(a, qa, mode, config, stream);
   }
@@ -294,7 +301,8 @@ extern "C" int onnxnorm_cuda_launch_quantized(const NormArgs* args, const onnxno
     }
     // 2. the scale and zero point, written to the outputs on the device
     if (status == cudaSuccess) {
-      status = LaunchDynamicParams(range, a.rows, static_cast<float*>(q.y_scale), static_cast<uint8_t*>(q.y_zero_point), s);
+      status =
+          LaunchDynamicParams(range, a.rows, static_cast<float*>(q.y_scale), static_cast<uint8_t*>(q.y_zero_point), s);
     }
     // 3. the norm again, quantized with them (Sum was written by the first pass)
     if (status == cudaSuccess && a.rows > 0) {

@@ -59,11 +59,17 @@ __device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162fl
 template <typename T>
 __device__ __forceinline__ T FromFloat(float v);
 template <>
-__device__ __forceinline__ float FromFloat<float>(float v) { return v; }
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // v rounded to T's precision (round to nearest even), as a float.
 template <typename T>
@@ -75,8 +81,8 @@ __device__ __forceinline__ float RoundTo(float v) {
 // The output step shared by both kernels: normalized value n (float32) -> Y in T
 // ---------------------------------------------------------------------------------------------
 template <typename T>
-__device__ __forceinline__ float ScaleShift(float n, bool has_scale, float s, bool has_bias, float b,
-                                            float offset, bool order_a) {
+__device__ __forceinline__ float ScaleShift(float n, bool has_scale, float s, bool has_bias, float b, float offset,
+                                            bool order_a) {
   if (sizeof(T) == 2 && order_a) {
     // order A: round n to T, then every step in T (scale and bias are cast to T first)
     float st = has_scale ? RoundTo<T>(s) : 1.f;
@@ -395,9 +401,9 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
         if (ib != nullptr) LoadVec<W, kVE>(ib + col, bv, false);
 #pragma unroll
         for (int j = 0; j < kVE; ++j) {
-          const float normed = RoundTo<T>(ScaleShift<T>(inner.Normalize(z[i][j]), is != nullptr,
-                                                        is != nullptr ? sv[j] : 0.f, ib != nullptr,
-                                                        ib != nullptr ? bv[j] : 0.f, p.scale_offset, order_a));
+          const float normed =
+              RoundTo<T>(ScaleShift<T>(inner.Normalize(z[i][j]), is != nullptr, is != nullptr ? sv[j] : 0.f,
+                                       ib != nullptr, ib != nullptr ? bv[j] : 0.f, p.scale_offset, order_a));
           z[i][j] = RoundTo<T>(rv[j] + normed);
         }
         if (p.sum != nullptr) StoreVec<T, kVE>(static_cast<T*>(p.sum) + base + col, z[i]);
@@ -484,10 +490,9 @@ struct StreamRow {
         return RoundTo<T>(s);
       } else {
         const bool hs = p.inner_scale != nullptr, hb = p.inner_bias != nullptr;
-        const float normed = RoundTo<T>(ScaleShift<T>(inner.Normalize(x), hs,
-                                                      hs ? Weight(p.inner_scale, p.inner_scale_rows, col) : 0.f, hb,
-                                                      hb ? Weight(p.inner_bias, p.inner_bias_rows, col) : 0.f,
-                                                      p.scale_offset, p.cast_before_scale != 0));
+        const float normed = RoundTo<T>(ScaleShift<T>(
+            inner.Normalize(x), hs, hs ? Weight(p.inner_scale, p.inner_scale_rows, col) : 0.f, hb,
+            hb ? Weight(p.inner_bias, p.inner_bias_rows, col) : 0.f, p.scale_offset, p.cast_before_scale != 0));
         return RoundTo<T>(r + normed);
       }
     }
@@ -519,10 +524,10 @@ __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p, c
     };
     if constexpr (kResidual == kSandwich) {
       r.inner = ComputeRowStats<kNorm, true, false>([&] { return r.X(0); }, each_x, kStreamBlock, inv_cols, p.epsilon,
-                                             red, parity);
+                                                    red, parity);
     }
-    const RowStats stats =
-        ComputeRowStats<kNorm, true, false>([&] { return r.Z(0); }, each_z, kStreamBlock, inv_cols, p.epsilon, red, parity);
+    const RowStats stats = ComputeRowStats<kNorm, true, false>([&] { return r.Z(0); }, each_z, kStreamBlock, inv_cols,
+                                                               p.epsilon, red, parity);
 
     const bool hs = p.scale != nullptr, hb = p.bias != nullptr;
     T* y = p.y != nullptr ? static_cast<T*>(p.y) + r.base : nullptr;
@@ -531,9 +536,9 @@ __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p, c
     for (int64_t col = threadIdx.x; col < cols; col += kStreamBlock) {
       const float z = r.Z(col);
       if (sum != nullptr) sum[col] = FromFloat<T>(z);
-      const float out = ScaleShift<T>(stats.Normalize(z), hs, hs ? r.Weight(p.scale, p.scale_rows, col) : 0.f, hb,
-                                      hb ? r.Weight(p.bias, p.bias_rows, col) : 0.f, p.scale_offset,
-                                      p.cast_before_scale != 0);
+      const float out =
+          ScaleShift<T>(stats.Normalize(z), hs, hs ? r.Weight(p.scale, p.scale_rows, col) : 0.f, hb,
+                        hb ? r.Weight(p.bias, p.bias_rows, col) : 0.f, p.scale_offset, p.cast_before_scale != 0);
       if constexpr (kQ == QuantMode::kNone) {
         y[col] = FromFloat<T>(out);
       } else if constexpr (kQ == QuantMode::kRange) {
@@ -569,8 +574,8 @@ constexpr int kParamsBlock = 512;
 
 // (a template, so that it is defined once wherever the header is included)
 template <int kBlock = kParamsBlock>
-__global__ void __launch_bounds__(kBlock) DynamicParamsKernel(const float* range, int64_t rows, float* scale,
-                                                                    uint8_t* zero_point) {
+__global__ void __launch_bounds__(kBlock)
+    DynamicParamsKernel(const float* range, int64_t rows, float* scale, uint8_t* zero_point) {
   __shared__ float red[2][32];
   int parity = 0;
   float lo = INFINITY, hi = -INFINITY;
@@ -605,7 +610,7 @@ struct RegsConfig {
 // Short rows take few lanes with two vectors each rather than more lanes with one: twice the
 // bytes in flight per thread at about the same registers, and one shuffle step less.
 constexpr RegsConfig kRegsConfigs[] = {
-    {4, 2, 128}, {8, 2, 128}, {16, 2, 128}, {32, 2, 128}, {32, 4, 128},
+    {4, 2, 128},   {8, 2, 128},   {16, 2, 128},  {32, 2, 128},  {32, 4, 128},
     {128, 4, 128}, {256, 4, 256}, {512, 4, 512}, {512, 8, 512},
 };
 constexpr int kNumRegsConfigs = sizeof(kRegsConfigs) / sizeof(kRegsConfigs[0]);
@@ -686,36 +691,36 @@ cudaError_t LaunchDynamicParams(const float* range, int64_t rows, float* scale, 
 }  // namespace cuda
 }  // namespace onnxnorm
 
-#define ONNXNORM_CUDA_DEFINE_LAUNCH_OP(NORM, RESIDUAL, LAUNCHER)                                            \
-  namespace onnxnorm {                                                                                      \
-  namespace cuda {                                                                                          \
-  template <>                                                                                               \
-  cudaError_t LaunchOp<NORM, RESIDUAL>(const NormArgs& p, int config, cudaStream_t stream) {                \
-    return LaunchTypes<NORM, RESIDUAL, QuantMode::kNone>(p, QuantKernelArgs{}, config, LAUNCHER{stream});   \
-  }                                                                                                         \
-  }                                                                                                         \
+#define ONNXNORM_CUDA_DEFINE_LAUNCH_OP(NORM, RESIDUAL, LAUNCHER)                                          \
+  namespace onnxnorm {                                                                                    \
+  namespace cuda {                                                                                        \
+  template <>                                                                                             \
+  cudaError_t LaunchOp<NORM, RESIDUAL>(const NormArgs& p, int config, cudaStream_t stream) {              \
+    return LaunchTypes<NORM, RESIDUAL, QuantMode::kNone>(p, QuantKernelArgs{}, config, LAUNCHER{stream}); \
+  }                                                                                                       \
+  }                                                                                                       \
   }
 
-#define ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(NORM, RESIDUAL, LAUNCHER)                                      \
-  namespace onnxnorm {                                                                                      \
-  namespace cuda {                                                                                          \
-  template <>                                                                                               \
-  cudaError_t LaunchQuantOp<NORM, RESIDUAL>(const NormArgs& p, const QuantKernelArgs& qa, QuantMode mode,   \
-                                            int config, cudaStream_t stream) {                              \
-    if (mode == QuantMode::kRange) {                                                                        \
-      return LaunchTypes<NORM, RESIDUAL, QuantMode::kRange>(p, qa, config, LAUNCHER{stream});               \
-    }                                                                                                       \
-    return LaunchTypes<NORM, RESIDUAL, QuantMode::kQuantize>(p, qa, config, LAUNCHER{stream});              \
-  }                                                                                                         \
-  }                                                                                                         \
+#define ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(NORM, RESIDUAL, LAUNCHER)                                                \
+  namespace onnxnorm {                                                                                                \
+  namespace cuda {                                                                                                    \
+  template <>                                                                                                         \
+  cudaError_t LaunchQuantOp<NORM, RESIDUAL>(const NormArgs& p, const QuantKernelArgs& qa, QuantMode mode, int config, \
+                                            cudaStream_t stream) {                                                    \
+    if (mode == QuantMode::kRange) {                                                                                  \
+      return LaunchTypes<NORM, RESIDUAL, QuantMode::kRange>(p, qa, config, LAUNCHER{stream});                         \
+    }                                                                                                                 \
+    return LaunchTypes<NORM, RESIDUAL, QuantMode::kQuantize>(p, qa, config, LAUNCHER{stream});                        \
+  }                                                                                                                   \
+  }                                                                                                                   \
   }
 
-#define ONNXNORM_CUDA_DEFINE_LAUNCH_DYNAMIC_PARAMS(LAUNCHER)                                                \
-  namespace onnxnorm {                                                                                      \
-  namespace cuda {                                                                                          \
-  cudaError_t LaunchDynamicParams(const float* range, int64_t rows, float* scale, uint8_t* zero_point,      \
-                                  cudaStream_t stream) {                                                    \
-    return LAUNCHER{stream}(&DynamicParamsKernel<>, 1u, kParamsBlock, range, rows, scale, zero_point);        \
-  }                                                                                                         \
-  }                                                                                                         \
+#define ONNXNORM_CUDA_DEFINE_LAUNCH_DYNAMIC_PARAMS(LAUNCHER)                                           \
+  namespace onnxnorm {                                                                                 \
+  namespace cuda {                                                                                     \
+  cudaError_t LaunchDynamicParams(const float* range, int64_t rows, float* scale, uint8_t* zero_point, \
+                                  cudaStream_t stream) {                                               \
+    return LAUNCHER{stream}(&DynamicParamsKernel<>, 1u, kParamsBlock, range, rows, scale, zero_point); \
+  }                                                                                                    \
+  }                                                                                                    \
   }

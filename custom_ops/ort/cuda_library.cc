@@ -29,7 +29,7 @@ std::string ThisLibraryFolder() {
 std::string CudaLibraryPath() { return ThisLibraryFolder() + "/" + kCudaLibraryName; }
 
 bool CudaLibraryPresent() {
-  struct stat status {};
+  struct stat status{};
   return stat(CudaLibraryPath().c_str(), &status) == 0 && S_ISREG(status.st_mode);
 }
 
@@ -50,8 +50,9 @@ const CudaLaunchers* LoadCudaLaunchers(std::string* error) {
   auto found = reinterpret_cast<CudaLaunchFn>(dlsym(handle, "onnxnorm_cuda_launch"));
   auto quantized = reinterpret_cast<CudaLaunchQuantizedFn>(dlsym(handle, "onnxnorm_cuda_launch_quantized"));
   if (layout == nullptr || found == nullptr || quantized == nullptr) {
-    *error = path + " is not the onnxnorm CUDA library (it lacks onnxnorm_cuda_launch, "
-                    "onnxnorm_cuda_launch_quantized or onnxnorm_args_layout)";
+    *error = path +
+             " is not the onnxnorm CUDA library (it lacks onnxnorm_cuda_launch, "
+             "onnxnorm_cuda_launch_quantized or onnxnorm_args_layout)";
     dlclose(handle);
     return nullptr;
   }

@@ -24,8 +24,8 @@ namespace {
 // The NormArgs fields of each weight input, by the input's name.
 struct WeightField {
   const char* name;
-  const void* NormArgs::*data;
-  int64_t NormArgs::*rows;
+  const void* NormArgs::* data;
+  int64_t NormArgs::* rows;
 };
 constexpr WeightField kWeightFields[] = {
     {"Scale", &NormArgs::scale, &NormArgs::scale_rows},
@@ -89,7 +89,8 @@ class NormKernel final : public Kernel {
       for (const WeightField& w : kWeightFields) {
         if (std::strcmp(w.name, name) == 0) weights_[i] = &w;
       }
-      if (weights_[i] == nullptr) return MakeError(api_, ORT_FAIL, op, std::string("the kernel does not know input ") + name);
+      if (weights_[i] == nullptr)
+        return MakeError(api_, ORT_FAIL, op, std::string("the kernel does not know input ") + name);
     }
     return nullptr;
   }
@@ -132,9 +133,9 @@ class NormKernel final : public Kernel {
 
   OrtStatus* CheckType(const char* name, const InputTensor& t, ElemType expected) const {
     if (t.type == OnnxType(expected)) return nullptr;
-    return MakeError(api_, ORT_INVALID_ARGUMENT, entry_.spec->name,
-                     std::string(name) + " must be " + kElemTypeNames[static_cast<int>(expected)] + ", got " +
-                         TypeName(t.type));
+    return MakeError(
+        api_, ORT_INVALID_ARGUMENT, entry_.spec->name,
+        std::string(name) + " must be " + kElemTypeNames[static_cast<int>(expected)] + ", got " + TypeName(t.type));
   }
 
   OrtStatus* ComputeImpl(OrtKernelContext* context) {
@@ -376,9 +377,9 @@ OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const K
   const OpSpec& spec = *entry.spec;
   if (spec.quantize != QuantizeKind::kNone) {
     const bool dynamic = spec.quantize == QuantizeKind::kDynamic;
-    cpu::QuantRowsFn rows = cpu::GetQuantRows(spec.norm, spec.residual,
-                                              dynamic ? cpu::QuantPass::kQuantize : cpu::QuantPass::kStatic, entry.t,
-                                              entry.s, entry.q);
+    cpu::QuantRowsFn rows =
+        cpu::GetQuantRows(spec.norm, spec.residual, dynamic ? cpu::QuantPass::kQuantize : cpu::QuantPass::kStatic,
+                          entry.t, entry.s, entry.q);
     cpu::QuantRowsFn range =
         dynamic ? cpu::GetQuantRows(spec.norm, spec.residual, cpu::QuantPass::kRange, entry.t, entry.s, entry.q)
                 : nullptr;

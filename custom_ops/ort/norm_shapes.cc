@@ -5,8 +5,7 @@
 namespace onnxnorm {
 namespace ort {
 
-OrtStatus* ResolveNormGeometry(const OrtApi& api, const char* op, const Dims& x_dims, int64_t axis,
-                               NormGeometry* out) {
+OrtStatus* ResolveNormGeometry(const OrtApi& api, const char* op, const Dims& x_dims, int64_t axis, NormGeometry* out) {
   const int64_t rank = static_cast<int64_t>(x_dims.rank());
   if (rank == 0) {
     return MakeError(api, ORT_INVALID_ARGUMENT, op, "X must have rank >= 1, got a scalar (shape [])");
@@ -58,8 +57,8 @@ OrtStatus* ResolveWeightRows(const OrtApi& api, const char* op, const char* name
     return MakeError(api, ORT_INVALID_ARGUMENT, op,
                      std::string(name) + " of shape " + FormatShape(weight_dims) + " does not fit X of shape " +
                          FormatShape(x_dims) + " normalized from axis " + std::to_string(geometry.axis) +
-                         ": it must equal a suffix of X's shape that covers X.shape[" +
-                         std::to_string(geometry.axis) + ":] (leading 1s are ignored)");
+                         ": it must equal a suffix of X's shape that covers X.shape[" + std::to_string(geometry.axis) +
+                         ":] (leading 1s are ignored)");
   }
 
   // The dimensions it spans beyond the normalized ones index its rows.

@@ -19,8 +19,7 @@ struct NormGeometry {
 
 // Checks X's rank and the axis attribute, and computes the [rows, cols] view. A zero-length
 // normalized part (cols == 0) with rows > 0 is an error; rows == 0 is an empty X, which is fine.
-OrtStatus* ResolveNormGeometry(const OrtApi& api, const char* op, const Dims& x_dims, int64_t axis,
-                               NormGeometry* out);
+OrtStatus* ResolveNormGeometry(const OrtApi& api, const char* op, const Dims& x_dims, int64_t axis, NormGeometry* out);
 
 // Checks that a weight input (Scale, Bias) fits X: after dropping leading 1s (down to the
 // normalized rank), its shape must equal the trailing k >= rank - axis dimensions of X. It may

@@ -33,8 +33,8 @@ constexpr std::array<KernelEntry, kKernelCount> BuildTable() {
       for (const TypePair& pair : kTypePairs) {
         for (size_t q = 0; q < QuantRows(spec); ++q) {
           const ElemType q_type = spec.quant_types.size() > 0 ? spec.quant_types[q] : ElemType::kUInt8;
-          table[i++] = KernelEntry{&spec, pair.t, pair.s, q_type, provider,
-                                   provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel};
+          table[i++] = KernelEntry{&spec,  pair.t,   pair.s,
+                                   q_type, provider, provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel};
         }
       }
     }

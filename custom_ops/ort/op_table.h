@@ -27,8 +27,8 @@ class Kernel {
 struct KernelEntry;
 
 // Creates the kernel of one node: reads and checks its attributes. Must not throw.
-using KernelFactory = OrtStatus* (*)(const OrtApi& api, const OrtKernelInfo* info,
-                                     const KernelEntry& entry, Kernel** out);
+using KernelFactory = OrtStatus* (*)(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry,
+                                     Kernel** out);
 
 // One line of the registration table: an op for one (T, S) (and Q, for the quantized ops) on one
 // execution provider.

@@ -147,8 +147,7 @@ std::string FormatFloat(float value) {
 
 // True when the node sets attribute `name` with a value of another kind than `kind` (a float for
 // an int, a string, a list), so that a wrong type is reported rather than replaced by the default.
-bool HasAttributeOfOtherKind(const OrtApi& api, const OrtKernelInfo* info, const char* name,
-                             AttrKind kind) {
+bool HasAttributeOfOtherKind(const OrtApi& api, const OrtKernelInfo* info, const char* name, AttrKind kind) {
   if (kind != AttrKind::kFloat) {
     float f = 0.f;
     StatusHolder s(api, api.KernelInfoGetAttribute_float(info, name, &f));
@@ -193,8 +192,8 @@ OrtStatus* Violation(const OrtApi& api, const char* op, const AttrSpec& spec, co
 OrtStatus* WrongKind(const OrtApi& api, const char* op, const AttrSpec& spec) {
   return MakeError(api, ORT_INVALID_ARGUMENT, op,
                    std::string("attribute ") + spec.name + " must be " +
-                       (spec.kind == AttrKind::kInt ? "an int" : "a float") +
-                       " (AttributeProto type " + (spec.kind == AttrKind::kInt ? "INT" : "FLOAT") + ")");
+                       (spec.kind == AttrKind::kInt ? "an int" : "a float") + " (AttributeProto type " +
+                       (spec.kind == AttrKind::kInt ? "INT" : "FLOAT") + ")");
 }
 
 OrtStatus* ReadAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* name, int64_t* value) {
@@ -227,13 +226,13 @@ OrtStatus* GetAttributeOfKind(const OrtApi& api, const OrtKernelInfo* info, cons
 
 }  // namespace
 
-OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
-                        const AttrSpec& spec, int64_t* out) {
+OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op, const AttrSpec& spec,
+                        int64_t* out) {
   return GetAttributeOfKind(api, info, op, spec, out);
 }
 
-OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
-                        const AttrSpec& spec, float* out) {
+OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op, const AttrSpec& spec,
+                        float* out) {
   return GetAttributeOfKind(api, info, op, spec, out);
 }
 

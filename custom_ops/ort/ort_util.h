@@ -92,10 +92,9 @@ void EnableShapeReferences(const OrtApiBase& base, const OrtApi& api);
 // Reads an attribute of the node, or its default when the node does not set it. A value of the
 // wrong kind (a float for an int attribute, ...) or one that fails spec.check is an error
 // ("attribute <name> must be <requirement>, got <value>", as the catalogue words it).
-OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
-                        const AttrSpec& spec, int64_t* out);
-OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op,
-                        const AttrSpec& spec, float* out);
+OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op, const AttrSpec& spec,
+                        int64_t* out);
+OrtStatus* GetAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* op, const AttrSpec& spec, float* out);
 
 // a * b for non-negative values; false on overflow.
 inline bool CheckedMul(int64_t a, int64_t b, int64_t* out) {

@@ -21,7 +21,8 @@ namespace {
 constexpr const char* kBuiltFor =
     "ONNX Runtime C API " ONNXNORM_STR(ORT_API_VERSION) " (headers 1." ONNXNORM_STR(ORT_API_VERSION) ")";
 
-OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase& base, const OrtApi& api, const char* runtime_version) {
+OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase& base, const OrtApi& api,
+                    const char* runtime_version) {
   onnxnorm::ort::SetRegisteredApi(&api);
   onnxnorm::ort::EnableShapeReferences(base, api);
   const bool shape_inference = onnxnorm::ort::RuntimeAtLeast(runtime_version, 1, 24);  // see custom_op.h
@@ -50,11 +51,12 @@ extern "C" ONNXNORM_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionO
       message += kBuiltFor;
       message += ", which this ONNX Runtime (version ";
       message += runtime != nullptr ? runtime : "unknown";
-      message += ") does not provide; use ONNX Runtime 1." ONNXNORM_STR(ORT_API_VERSION)
-                 " or newer, or rebuild onnxnorm against this runtime's headers";
+      message += ") does not provide; use ONNX Runtime 1." ONNXNORM_STR(
+          ORT_API_VERSION) " or newer, or rebuild onnxnorm against this runtime's headers";
       return api1->CreateStatus(ORT_FAIL, message.c_str());
     } catch (...) {
-      return api1->CreateStatus(ORT_FAIL, "onnxnorm: this ONNX Runtime is older than the one the library was built for");
+      return api1->CreateStatus(ORT_FAIL,
+                                "onnxnorm: this ONNX Runtime is older than the one the library was built for");
     }
   }
   try {

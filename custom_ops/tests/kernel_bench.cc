@@ -41,7 +41,8 @@ constexpr int64_t kMaxBlocks = 1024;
 constexpr int64_t kParallelMinElements = 64 * 1024;
 
 struct Buffer {
-  explicit Buffer(size_t bytes) : size(bytes), data(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
+  explicit Buffer(size_t bytes)
+      : size(bytes), data(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
   ~Buffer() { std::free(data); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -149,10 +150,11 @@ Timing TimeCalls(const std::function<void()>& fn, double seconds, int64_t calls,
 }
 
 int Usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s --op NAME --dtype float32|float16|bfloat16 --shape ROWSxCOLS [--threads N] "
-               "[--isa avx512_bf16|avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds S] [--calls N]\n",
-               argv0);
+  std::fprintf(
+      stderr,
+      "usage: %s --op NAME --dtype float32|float16|bfloat16 --shape ROWSxCOLS [--threads N] "
+      "[--isa avx512_bf16|avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds S] [--calls N]\n",
+      argv0);
   return 2;
 }
 
@@ -193,8 +195,8 @@ int main(int argc, char** argv) {
   for (const OpSpec& o : onnxnorm::kOps) {
     if (op_name == o.name) op = &o;
   }
-  const ElemType t = dtype == "float32" ? ElemType::kFloat32
-                     : dtype == "float16" ? ElemType::kFloat16
+  const ElemType t = dtype == "float32"    ? ElemType::kFloat32
+                     : dtype == "float16"  ? ElemType::kFloat16
                      : dtype == "bfloat16" ? ElemType::kBFloat16
                                            : static_cast<ElemType>(-1);
   long long rows = 0, cols = 0;
@@ -275,7 +277,9 @@ int main(int argc, char** argv) {
   const int copy_threads = threads;
   const std::function<void(int)> copy_job = [&](int i) {
     const size_t begin = tensor / 64 * static_cast<size_t>(i) / static_cast<size_t>(copy_threads) * 64;
-    const size_t end = i + 1 == copy_threads ? tensor : tensor / 64 * static_cast<size_t>(i + 1) / static_cast<size_t>(copy_threads) * 64;
+    const size_t end = i + 1 == copy_threads
+                           ? tensor
+                           : tensor / 64 * static_cast<size_t>(i + 1) / static_cast<size_t>(copy_threads) * 64;
     std::memcpy(y.data + begin, x.data + begin, end - begin);
     if (residual) std::memcpy(sum.data + begin, r.data + begin, end - begin);
   };

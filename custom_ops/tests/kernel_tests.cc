@@ -157,17 +157,18 @@ double Decode(ElemType t, uint32_t bits) {
     return f;
   }
   // every 16-bit value, decoded once
-  static const std::vector<double> tables[2] = {
-      [] {
-        std::vector<double> v(65536);
-        for (uint32_t b = 0; b < 65536; ++b) v[b] = DecodeSlow(ElemType::kFloat16, b);
-        return v;
-      }(),
-      [] {
-        std::vector<double> v(65536);
-        for (uint32_t b = 0; b < 65536; ++b) v[b] = DecodeSlow(ElemType::kBFloat16, b);
-        return v;
-      }()};
+  static const std::vector<double> tables[2] = {[] {
+                                                  std::vector<double> v(65536);
+                                                  for (uint32_t b = 0; b < 65536; ++b)
+                                                    v[b] = DecodeSlow(ElemType::kFloat16, b);
+                                                  return v;
+                                                }(),
+                                                [] {
+                                                  std::vector<double> v(65536);
+                                                  for (uint32_t b = 0; b < 65536; ++b)
+                                                    v[b] = DecodeSlow(ElemType::kBFloat16, b);
+                                                  return v;
+                                                }()};
   return tables[t == ElemType::kFloat16 ? 0 : 1][bits & 0xffffu];
 }
 
@@ -411,10 +412,10 @@ NormArgs ArgsFor(const OpSpec& op, const Case& c, const Inputs& in, void* y, Ten
       a.sum = sum->data();
     }
   }
-  const void* NormArgs::*data[kSlots] = {&NormArgs::scale, &NormArgs::bias, &NormArgs::xbias, &NormArgs::inner_scale,
-                                         &NormArgs::inner_bias};
-  int64_t NormArgs::*rows[kSlots] = {&NormArgs::scale_rows, &NormArgs::bias_rows, &NormArgs::xbias_rows,
-                                     &NormArgs::inner_scale_rows, &NormArgs::inner_bias_rows};
+  const void* NormArgs::* data[kSlots] = {&NormArgs::scale, &NormArgs::bias, &NormArgs::xbias, &NormArgs::inner_scale,
+                                          &NormArgs::inner_bias};
+  int64_t NormArgs::* rows[kSlots] = {&NormArgs::scale_rows, &NormArgs::bias_rows, &NormArgs::xbias_rows,
+                                      &NormArgs::inner_scale_rows, &NormArgs::inner_bias_rows};
   for (int w = 0; w < kSlots; ++w) {
     if (!c.present[w]) continue;
     a.*data[w] = in.weights[w].data();
@@ -443,8 +444,8 @@ Outputs Run(NormRowsFn fn, const Case& c, const Inputs& in, int splits) {
 }
 
 std::string Describe(const Case& c, const char* isa) {
-  std::string s = std::string(c.op->name) + " " + NameOf(c.t) + "/" + NameOf(c.s) + " " + std::to_string(c.rows) +
-                  "x" + std::to_string(c.cols) + " [" + c.label + "] inputs:";
+  std::string s = std::string(c.op->name) + " " + NameOf(c.t) + "/" + NameOf(c.s) + " " + std::to_string(c.rows) + "x" +
+                  std::to_string(c.cols) + " [" + c.label + "] inputs:";
   for (int w = 0; w < kSlots; ++w) {
     if (c.present[w]) s += std::string(" ") + kSlotNames[w];
   }
@@ -453,8 +454,7 @@ std::string Describe(const Case& c, const char* isa) {
 }
 
 // Checks an output against the reference; the first mismatch is reported.
-void CheckOutput(const char* name, const Tensor& got, const std::vector<double>& want, const Case& c,
-                 const char* isa) {
+void CheckOutput(const char* name, const Tensor& got, const std::vector<double>& want, const Case& c, const char* isa) {
   ++g_checks;
   double rtol, atol;
   Tolerance(c.t, &rtol, &atol);
@@ -509,8 +509,8 @@ void CheckCase(const Case& c, std::mt19937_64& rng) {
           while (i < want.y.size() && out.y.Bits(i) == first.y.Bits(i)) ++i;
           char buf[200];
           std::snprintf(buf, sizeof(buf), ": differs from %s%s (first at Y[%zu]: %.9g vs %.9g)", first_isa,
-                        splits > 1 ? " when the rows are split" : "", i,
-                        i < want.y.size() ? out.y.Get(i) : 0.0, i < want.y.size() ? first.y.Get(i) : 0.0);
+                        splits > 1 ? " when the rows are split" : "", i, i < want.y.size() ? out.y.Get(i) : 0.0,
+                        i < want.y.size() ? first.y.Get(i) : 0.0);
           Fail(Describe(c, isa_name) + buf);
         }
       }
@@ -693,8 +693,8 @@ int TestOp(const OpSpec& op) {
     }
   }
   cpu::SetStreamMinBytes(cpu::kStreamMinBytes);
-  std::printf("%-18s %4d cases, %5d checks against the reference and across instruction sets: %s\n", op.name,
-              cases, g_checks - checks_before, g_failures == failures_before ? "ok" : "FAILED");
+  std::printf("%-18s %4d cases, %5d checks against the reference and across instruction sets: %s\n", op.name, cases,
+              g_checks - checks_before, g_failures == failures_before ? "ok" : "FAILED");
   return g_failures == failures_before ? 0 : 1;
 }
 
@@ -748,7 +748,8 @@ void DynamicRef(const std::vector<float>& values, float* scale, int32_t* zero_po
   }
   *scale = hi == lo ? 1.f : (hi - lo) / 255.f;
   const float initial = 0.f - lo / *scale;
-  *zero_point = std::isnan(initial) ? 255 : static_cast<int32_t>(std::nearbyint(std::min(255.f, std::max(0.f, initial))));
+  *zero_point =
+      std::isnan(initial) ? 255 : static_cast<int32_t>(std::nearbyint(std::min(255.f, std::max(0.f, initial))));
 }
 
 struct QuantOutputs {
@@ -784,9 +785,8 @@ QuantOutputs RunQuant(cpu::Isa isa, const OpSpec& op, const Case& c, ElemType qt
     }
   };
   const bool dynamic = op.quantize == onnxnorm::QuantizeKind::kDynamic;
-  cpu::QuantRowsFn fn = cpu::GetQuantRowsFor(isa, op.norm, op.residual,
-                                             dynamic ? cpu::QuantPass::kQuantize : cpu::QuantPass::kStatic, c.t,
-                                             c.s, qt);
+  cpu::QuantRowsFn fn = cpu::GetQuantRowsFor(
+      isa, op.norm, op.residual, dynamic ? cpu::QuantPass::kQuantize : cpu::QuantPass::kStatic, c.t, c.s, qt);
   if (fn == nullptr) {
     Fail(std::string(op.name) + ": no quantized kernel");
     return out;
@@ -865,7 +865,8 @@ void CheckQuantCase(const OpSpec& op, const OpSpec& float_op, const Case& c, Ele
             }
           }
         }
-        if (c.with_sum && out.sum.count() != 0 && !out.sum.SameBytes(want.sum)) Fail(what + ": Sum is not the float op's");
+        if (c.with_sum && out.sum.count() != 0 && !out.sum.SameBytes(want.sum))
+          Fail(what + ": Sum is not the float op's");
         if (!out.q.GuardsIntact() || (with_float && !out.y_float.GuardsIntact()) ||
             (out.sum.count() != 0 && !out.sum.GuardsIntact())) {
           Fail(what + ": wrote outside an output");
@@ -948,8 +949,8 @@ int TestQuantOp(const OpSpec& op) {
       }
     }
   }
-  std::printf("%-34s %4d cases, %5d checks against the float op and across instruction sets: %s\n", op.name,
-              cases, g_checks - checks_before, g_failures == failures_before ? "ok" : "FAILED");
+  std::printf("%-34s %4d cases, %5d checks against the float op and across instruction sets: %s\n", op.name, cases,
+              g_checks - checks_before, g_failures == failures_before ? "ok" : "FAILED");
   return g_failures == failures_before ? 0 : 1;
 }
 
@@ -1036,8 +1037,8 @@ int TestConversions() {
   // float32 -> float16 / bfloat16 / float8 e4m3fn: every exponent with mantissas at and around
   // the rounding points, both signs, and random values
   std::vector<uint32_t> samples;
-  const uint32_t mantissas[] = {0u,      1u,      0xfffu,  0x1000u, 0x1001u, 0x1fffu, 0x2000u, 0x3000u,
-                                0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0x17fffu, 0x7fffffu, 0x400000u, 0x401000u,
+  const uint32_t mantissas[] = {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu, 0x2000u, 0x3000u, 0x7fffu, 0x8000u, 0x8001u,
+                                0x18000u, 0x17fffu, 0x7fffffu, 0x400000u, 0x401000u,
                                 // float8's rounding points (20 bits dropped): ties and their neighbours
                                 0x7ffffu, 0x80000u, 0x80001u, 0x17ffffu, 0x180000u, 0x180001u, 0x680000u};
   for (uint32_t e = 0; e < 256; ++e) {

@@ -21,14 +21,22 @@ SUBCOMMANDS = {
 def register(commands: argparse._SubParsersAction) -> None:
     """Registers ``onnxnorm bench`` and its subcommands."""
     bench = commands.add_parser(
-        "bench", help="benchmarks: onnxnorm against ORT, torch and a memory copy",
-        description="Benchmarks that print markdown tables of medians and ratios.")
+        "bench",
+        help="benchmarks: onnxnorm against ORT, torch and a memory copy",
+        description="Benchmarks that print markdown tables of medians and ratios.",
+    )
     subcommands = bench.add_subparsers(dest="bench", required=True)
     for module in SUBCOMMANDS.values():
         importlib.import_module(module).register(subcommands)
 
 
 # the names these had when the kernels' options were declared here
-__getattr__, __dir__ = exports(__name__, {}, globals(), {
-    "_csv": ("onnxnorm.bench.common", "choices_list"),
-    "_run_kernels": ("onnxnorm.bench.kernels_cli", "run")})
+__getattr__, __dir__ = exports(
+    __name__,
+    {},
+    globals(),
+    {
+        "_csv": ("onnxnorm.bench.common", "choices_list"),
+        "_run_kernels": ("onnxnorm.bench.kernels_cli", "run"),
+    },
+)

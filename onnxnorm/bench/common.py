@@ -19,19 +19,23 @@ import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 
-def choices_list(choices: Sequence[str] | Callable[[], Sequence[str]]
-                 ) -> Callable[[str], list[str]]:
+def choices_list(
+    choices: Sequence[str] | Callable[[], Sequence[str]],
+) -> Callable[[str], list[str]]:
     """An argparse ``type``: a comma-separated list of ``choices``, or of what ``choices()``
     returns, called only when the option is given (the ops come from the catalogue, which
     imports onnx: too slow for ``--help``)."""
+
     def parse(text: str) -> list[str]:
         known = tuple(choices() if callable(choices) else choices)
         values = [v.strip() for v in text.split(",") if v.strip()]
         bad = [v for v in values if v not in known]
         if bad:
-            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}; "
-                                             f"choose from {', '.join(known)}")
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(bad)}; choose from {', '.join(known)}"
+            )
         return values
+
     return parse
 
 
@@ -67,8 +71,11 @@ def quietly(fn: Callable[[], Any]) -> Any:
     great deal, and the benchmark's log says what matters."""
     logging.disable(logging.WARNING)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                warnings.catch_warnings():
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+            warnings.catch_warnings(),
+        ):
             warnings.simplefilter("ignore")
             return fn()
     finally:
@@ -107,18 +114,32 @@ def environment(threads: int, warmup: float | None = None) -> dict[str, Any]:
 
     env: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_average": load_average(), "cpu": cpu_name(), "cores": os.cpu_count(),
-        "threads": threads}
+        "load_average": load_average(),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+    }
     if warmup is not None:
         env["warmup_seconds"] = warmup
-    env.update({"onnxruntime": ort.__version__, "torch": torch.__version__,
-                "numpy": np.__version__, "python": platform.python_version(),
-                "library": str(runtime.library_path()), "isa": _native.active_isa()})
+    env.update(
+        {
+            "onnxruntime": ort.__version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+            "library": str(runtime.library_path()),
+            "isa": _native.active_isa(),
+        }
+    )
     return env
 
 
-def exports(module: str, names: dict[str, str], namespace: dict[str, Any],
-            old: dict[str, tuple[str, str]] | None = None):
+def exports(
+    module: str,
+    names: dict[str, str],
+    namespace: dict[str, Any],
+    old: dict[str, tuple[str, str]] | None = None,
+):
     """``__getattr__`` and ``__dir__`` (PEP 562) for ``module``, whose globals are
     ``namespace``: a name of ``names`` (name -> the module that defines it) is imported from
     there on first use and kept, so that importing ``module`` loads none of the modules behind
@@ -133,8 +154,11 @@ def exports(module: str, names: dict[str, str], namespace: dict[str, Any],
             return value
         if name in old:
             where, new = old[name]
-            warnings.warn(f"{module}.{name} is deprecated: use {where}.{new}", DeprecationWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"{module}.{name} is deprecated: use {where}.{new}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             return getattr(importlib.import_module(where), new)
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 

@@ -25,18 +25,37 @@ import sys
 from onnxnorm.bench.common import exports
 
 #: names of the binding that lived here, now in onnxnorm._native
-_MOVED = ("elem_type_name", "ELEM_TYPES", "OP_IDS", "WEIGHT_INPUTS", "NormArgs", "CudaQuantArgs",
-          "QUANT_ELEM_TYPES", "QUANT_NP_TYPES", "layout", "quant_torch_dtype", "to_numpy",
-          "from_numpy", "Kernels")
+_MOVED = (
+    "elem_type_name",
+    "ELEM_TYPES",
+    "OP_IDS",
+    "WEIGHT_INPUTS",
+    "NormArgs",
+    "CudaQuantArgs",
+    "QUANT_ELEM_TYPES",
+    "QUANT_NP_TYPES",
+    "layout",
+    "quant_torch_dtype",
+    "to_numpy",
+    "from_numpy",
+    "Kernels",
+)
 
 __getattr__, __dir__ = exports(
     __name__,
-    {**dict.fromkeys(("BENCH_SHAPES", "TARGETS", "QK_TARGET", "bench", "markdown", "report"),
-                     "onnxnorm.bench.cuda_bandwidth"),
-     "main": "onnxnorm.bench.cuda_cli"},
+    {
+        **dict.fromkeys(
+            ("BENCH_SHAPES", "TARGETS", "QK_TARGET", "bench", "markdown", "report"),
+            "onnxnorm.bench.cuda_bandwidth",
+        ),
+        "main": "onnxnorm.bench.cuda_cli",
+    },
     globals(),
-    old={**{name: ("onnxnorm._native", name) for name in _MOVED},
-         "library_path": ("onnxnorm._native", "cuda_library_path")})
+    old={
+        **{name: ("onnxnorm._native", name) for name in _MOVED},
+        "library_path": ("onnxnorm._native", "cuda_library_path"),
+    },
+)
 
 if __name__ == "__main__":
     from onnxnorm.bench.cuda_cli import main as _main

@@ -32,8 +32,13 @@ def _copy_gbs(src, flush, reps: int) -> float:
     return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
-def bench(kernels: _native.Kernels, ops: Iterable[str] | None = None, dtype: str = "bfloat16",
-          reps: int = 30, shapes=None) -> list[dict[str, Any]]:
+def bench(
+    kernels: _native.Kernels,
+    ops: Iterable[str] | None = None,
+    dtype: str = "bfloat16",
+    reps: int = 30,
+    shapes=None,
+) -> list[dict[str, Any]]:
     """Measures each op at each shape; returns rows with GB/s and % of copy."""
     import torch
 
@@ -61,15 +66,28 @@ def bench(kernels: _native.Kernels, ops: Iterable[str] | None = None, dtype: str
             kernels.launch(args)  # warm-up, and errors surface here
             torch.cuda.synchronize()
             ms = timing.cuda_ms(lambda: kernels.launch(args), flush, reps)
-            moved = sum(t.numel() * t.element_size() for t in inputs.values()) + y.numel() * \
-                y.element_size() * (2 if s is not None else 1)
+            moved = sum(
+                t.numel() * t.element_size() for t in inputs.values()
+            ) + y.numel() * y.element_size() * (2 if s is not None else 1)
             gbs = moved / ms / 1e6
-            target = QK_TARGET if qk and spec.residual == "none" else (
-                None if qk else TARGETS.get(op))
+            target = (
+                QK_TARGET if qk and spec.residual == "none" else (None if qk else TARGETS.get(op))
+            )
             pct = 100 * gbs / copy_gbs
-            results.append(dict(op=op, dtype=dtype, shape=label, kernel=kernels.kernel_name(args),
-                                ms=ms, gbs=gbs, copy_gbs=copy_gbs, pct_of_copy=pct, target=target,
-                                met=None if target is None else pct >= target))
+            results.append(
+                dict(
+                    op=op,
+                    dtype=dtype,
+                    shape=label,
+                    kernel=kernels.kernel_name(args),
+                    ms=ms,
+                    gbs=gbs,
+                    copy_gbs=copy_gbs,
+                    pct_of_copy=pct,
+                    target=target,
+                    met=None if target is None else pct >= target,
+                )
+            )
             del y, s
         del src
         torch.cuda.empty_cache()
@@ -77,29 +95,63 @@ def bench(kernels: _native.Kernels, ops: Iterable[str] | None = None, dtype: str
 
 
 def markdown(results: list[dict[str, Any]], device: str = "") -> str:
-    lines = [f"CUDA kernels on {device}" if device else "CUDA kernels", "",
-             common.table_row(["op", "dtype", "shape", "kernel", "time (us)", "GB/s", "copy GB/s",
-                               "% of copy", "target", "met?"]),
-             common.table_rule("llllrrrrrl")]
+    lines = [
+        f"CUDA kernels on {device}" if device else "CUDA kernels",
+        "",
+        common.table_row(
+            [
+                "op",
+                "dtype",
+                "shape",
+                "kernel",
+                "time (us)",
+                "GB/s",
+                "copy GB/s",
+                "% of copy",
+                "target",
+                "met?",
+            ]
+        ),
+        common.table_rule("llllrrrrrl"),
+    ]
     for r in results:
         target = f"{r['target']}%" if r["target"] is not None else "-"
         met = "-" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        lines.append(common.table_row([
-            r["op"], r["dtype"], r["shape"], r["kernel"].split("/")[-1], f"{1000 * r['ms']:.1f}",
-            f"{r['gbs']:.0f}", f"{r['copy_gbs']:.0f}", f"{r['pct_of_copy']:.1f}%", target, met]))
+        lines.append(
+            common.table_row(
+                [
+                    r["op"],
+                    r["dtype"],
+                    r["shape"],
+                    r["kernel"].split("/")[-1],
+                    f"{1000 * r['ms']:.1f}",
+                    f"{r['gbs']:.0f}",
+                    f"{r['copy_gbs']:.0f}",
+                    f"{r['pct_of_copy']:.1f}%",
+                    target,
+                    met,
+                ]
+            )
+        )
     return "\n".join(lines)
 
 
-def report(library: str | os.PathLike | None = None, dtype: str = "bfloat16", reps: int = 30,
-           json_path: str | None = None) -> list[dict[str, Any]]:
+def report(
+    library: str | os.PathLike | None = None,
+    dtype: str = "bfloat16",
+    reps: int = 30,
+    json_path: str | None = None,
+) -> list[dict[str, Any]]:
     """Measures every float op with the CUDA library at ``library`` (default: the installed
     one) on the first GPU, prints the table, writes the rows as JSON where asked."""
     import torch
 
     kernels = _native.Kernels(library)
     device = torch.cuda.get_device_name(0)
-    print(f"# {kernels.path} ({kernels.build_info()}) on {device}, torch {torch.__version__}",
-          flush=True)
+    print(
+        f"# {kernels.path} ({kernels.build_info()}) on {device}, torch {torch.__version__}",
+        flush=True,
+    )
     results = bench(kernels, dtype=dtype, reps=reps)
     print(markdown(results, device))
     if json_path:

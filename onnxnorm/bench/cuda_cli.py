@@ -13,8 +13,12 @@ DESCRIPTION = "CUDA kernel bandwidth: the onnxnorm CUDA kernels against a device
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--library", help="the CUDA library (default: the installed one)")
-    parser.add_argument("--reps", type=int, default=30,
-                        help="timed repetitions of each kernel and copy (default 30)")
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=30,
+        help="timed repetitions of each kernel and copy (default 30)",
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     parser.add_argument("--json", help="write the bandwidth rows here")
 
@@ -22,10 +26,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 def register(subcommands: argparse._SubParsersAction) -> None:
     """Registers ``onnxnorm bench cuda``."""
     cuda = subcommands.add_parser(
-        "cuda", help="CUDA kernels' bandwidth against a device-to-device copy (needs a GPU)",
+        "cuda",
+        help="CUDA kernels' bandwidth against a device-to-device copy (needs a GPU)",
         description=DESCRIPTION + " Drives the CUDA library's C launcher on torch CUDA tensors "
-                                  "(no onnxruntime-gpu needed) and prints a markdown table with "
-                                  "each op's target.")
+        "(no onnxruntime-gpu needed) and prints a markdown table with "
+        "each op's target.",
+    )
     add_options(cuda)
     cuda.set_defaults(run=run)
 

@@ -6,68 +6,110 @@ from __future__ import annotations
 import argparse
 
 from onnxnorm.bench.common import choices_list
-from onnxnorm.bench.e2e_config import (DEVICES, DTYPES, FAMILIES, GENAI_PRECISIONS, QUANTIZATIONS,
-                                       VARIANTS, Config, check_keep)
+from onnxnorm.bench.e2e_config import (
+    DEVICES,
+    DTYPES,
+    FAMILIES,
+    GENAI_PRECISIONS,
+    QUANTIZATIONS,
+    VARIANTS,
+    Config,
+    check_keep,
+)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
     """Registers ``onnxnorm bench e2e``."""
     e2e = subcommands.add_parser(
-        "e2e", help="generation with a KV cache: every way of fusing a decoder's norms, end to "
-                    "end",
+        "e2e",
+        help="generation with a KV cache: every way of fusing a decoder's norms, end to end",
         description="Exports a Llama-style and a Gemma-2-style decoder (random weights) with "
-                    "their KV cache, makes every variant (the export as it is, ORT's transformers "
-                    "optimizer, onnxscript's ort_fusions, onnxnorm fuse --target ort / fused, "
-                    "onnxnorm.export --mode fused) and generates greedily with each in one run "
-                    "in lockstep beside a control (a second session of the first variant); the "
-                    "same through onnxruntime-genai before and after onnxnorm genai; with "
-                    "--quantize, the same decoder quantized by ORT's quantize_dynamic / "
-                    "quantize_static, as it is and after onnxnorm fuse. Prints prefill and "
-                    "per-token latency, tokens/s, node counts, the share of norm kernels, peak "
-                    "memory and whether the tokens agree.")
-    e2e.add_argument("--models", type=choices_list(FAMILIES), default=list(FAMILIES),
-                     help="comma-separated decoders (default: llama,gemma2)")
-    e2e.add_argument("--dtypes", type=choices_list(DTYPES), default=list(DTYPES),
-                     help="comma-separated dtypes of the exported decoders "
-                          "(default: float32,float16)")
-    e2e.add_argument("--variants", type=choices_list(tuple(VARIANTS)), default=list(VARIANTS),
-                     help="comma-separated variants (default: all)")
-    e2e.add_argument("--quantize", type=choices_list(("none",) + tuple(QUANTIZATIONS)),
-                     default=["none"],
-                     help="comma-separated quantizations of the exported decoder to measure, "
-                          "each a group of its own: none (the float export and its --variants), "
-                          "dynamic (quantize_dynamic), static (quantize_static, QDQ, calibrated "
-                          "on generated prompts); the quantized model as it is, after ORT's "
-                          "optimizer and after onnxnorm fuse --target ort / fused "
-                          "(default: none)")
-    e2e.add_argument("--genai", type=choices_list(GENAI_PRECISIONS + ("none",)),
-                     default=list(GENAI_PRECISIONS),
-                     help="comma-separated model builder precisions for the onnxruntime-genai "
-                          "rows, or none (default: fp32,int4)")
-    e2e.add_argument("--devices", type=choices_list(DEVICES + ("auto",)), default=["auto"],
-                     help="cpu, cuda, cuda-graph (onnxruntime-gpu; CUDA graphs apply to the "
-                          "genai rows) or auto: the CPU, and both CUDA rows where onnxruntime "
-                          "offers the CUDA provider (default)")
-    e2e.add_argument("--layers", type=int, default=Config.layers,
-                     help="decoder layers (default 8)")
-    e2e.add_argument("--hidden", type=int, default=Config.hidden,
-                     help="hidden size (default 1024)")
-    e2e.add_argument("--vocab", type=int, default=Config.vocab,
-                     help="vocabulary size (default 2048)")
-    e2e.add_argument("--prompt", type=int, default=Config.prompt,
-                     help="prompt tokens (default 512)")
-    e2e.add_argument("--new-tokens", type=int, default=Config.new_tokens,
-                     help="tokens to generate (default 128)")
-    e2e.add_argument("--repeats", type=int, default=Config.repeats,
-                     help="repetitions of every variant's generation (default 5)")
-    e2e.add_argument("--threads", type=int, default=Config.threads,
-                     help="intra-op threads (default 2)")
-    e2e.add_argument("--keep", metavar="FOLDER",
-                     help="write the models into this folder and keep them; a later run with the "
-                          "same folder and sizes uses them again (their making is not timed)")
-    e2e.add_argument("--prepare-only", action="store_true",
-                     help="with --keep: make the models, measure nothing (a busy machine can make "
-                          "them; the measuring run wants a quiet one)")
+        "their KV cache, makes every variant (the export as it is, ORT's transformers "
+        "optimizer, onnxscript's ort_fusions, onnxnorm fuse --target ort / fused, "
+        "onnxnorm.export --mode fused) and generates greedily with each in one run "
+        "in lockstep beside a control (a second session of the first variant); the "
+        "same through onnxruntime-genai before and after onnxnorm genai; with "
+        "--quantize, the same decoder quantized by ORT's quantize_dynamic / "
+        "quantize_static, as it is and after onnxnorm fuse. Prints prefill and "
+        "per-token latency, tokens/s, node counts, the share of norm kernels, peak "
+        "memory and whether the tokens agree.",
+    )
+    e2e.add_argument(
+        "--models",
+        type=choices_list(FAMILIES),
+        default=list(FAMILIES),
+        help="comma-separated decoders (default: llama,gemma2)",
+    )
+    e2e.add_argument(
+        "--dtypes",
+        type=choices_list(DTYPES),
+        default=list(DTYPES),
+        help="comma-separated dtypes of the exported decoders (default: float32,float16)",
+    )
+    e2e.add_argument(
+        "--variants",
+        type=choices_list(tuple(VARIANTS)),
+        default=list(VARIANTS),
+        help="comma-separated variants (default: all)",
+    )
+    e2e.add_argument(
+        "--quantize",
+        type=choices_list(("none",) + tuple(QUANTIZATIONS)),
+        default=["none"],
+        help="comma-separated quantizations of the exported decoder to measure, "
+        "each a group of its own: none (the float export and its --variants), "
+        "dynamic (quantize_dynamic), static (quantize_static, QDQ, calibrated "
+        "on generated prompts); the quantized model as it is, after ORT's "
+        "optimizer and after onnxnorm fuse --target ort / fused "
+        "(default: none)",
+    )
+    e2e.add_argument(
+        "--genai",
+        type=choices_list(GENAI_PRECISIONS + ("none",)),
+        default=list(GENAI_PRECISIONS),
+        help="comma-separated model builder precisions for the onnxruntime-genai "
+        "rows, or none (default: fp32,int4)",
+    )
+    e2e.add_argument(
+        "--devices",
+        type=choices_list(DEVICES + ("auto",)),
+        default=["auto"],
+        help="cpu, cuda, cuda-graph (onnxruntime-gpu; CUDA graphs apply to the "
+        "genai rows) or auto: the CPU, and both CUDA rows where onnxruntime "
+        "offers the CUDA provider (default)",
+    )
+    e2e.add_argument("--layers", type=int, default=Config.layers, help="decoder layers (default 8)")
+    e2e.add_argument("--hidden", type=int, default=Config.hidden, help="hidden size (default 1024)")
+    e2e.add_argument(
+        "--vocab", type=int, default=Config.vocab, help="vocabulary size (default 2048)"
+    )
+    e2e.add_argument(
+        "--prompt", type=int, default=Config.prompt, help="prompt tokens (default 512)"
+    )
+    e2e.add_argument(
+        "--new-tokens", type=int, default=Config.new_tokens, help="tokens to generate (default 128)"
+    )
+    e2e.add_argument(
+        "--repeats",
+        type=int,
+        default=Config.repeats,
+        help="repetitions of every variant's generation (default 5)",
+    )
+    e2e.add_argument(
+        "--threads", type=int, default=Config.threads, help="intra-op threads (default 2)"
+    )
+    e2e.add_argument(
+        "--keep",
+        metavar="FOLDER",
+        help="write the models into this folder and keep them; a later run with the "
+        "same folder and sizes uses them again (their making is not timed)",
+    )
+    e2e.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="with --keep: make the models, measure nothing (a busy machine can make "
+        "them; the measuring run wants a quiet one)",
+    )
     e2e.add_argument("--json", metavar="PATH", help="write the results as JSON")
     e2e.add_argument("--plot", metavar="PATH", help="draw a PNG plot of the latencies")
     e2e.set_defaults(run=run)
@@ -78,8 +120,15 @@ def run(args: argparse.Namespace) -> int:
     from onnxnorm._deps import require
     from onnxnorm._io import OnnxNormError, check_output
 
-    config = Config(layers=args.layers, hidden=args.hidden, vocab=args.vocab, prompt=args.prompt,
-                    new_tokens=args.new_tokens, repeats=args.repeats, threads=args.threads)
+    config = Config(
+        layers=args.layers,
+        hidden=args.hidden,
+        vocab=args.vocab,
+        prompt=args.prompt,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        threads=args.threads,
+    )
     config.check()
     genai = [] if "none" in args.genai else args.genai
     if "none" in args.genai and len(args.genai) > 1:
@@ -98,8 +147,10 @@ def run(args: argparse.Namespace) -> int:
     require("torch", "onnxnorm bench e2e")
     require("transformers", "onnxnorm bench e2e")
     if genai:
-        require("onnxruntime_genai", "onnxnorm bench e2e (the onnxruntime-genai rows; --genai none "
-                                     "leaves them out)")
+        require(
+            "onnxruntime_genai",
+            "onnxnorm bench e2e (the onnxruntime-genai rows; --genai none leaves them out)",
+        )
     devices = ["cpu", "cuda", "cuda-graph"] if "auto" in args.devices else args.devices
     import logging
     import warnings
@@ -108,7 +159,17 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("torch").setLevel(logging.ERROR)
     from onnxnorm.bench import e2e_runner as runner
 
-    runner.run(args.models, args.dtypes, args.variants, config, devices, genai,
-               json_path=args.json, plot_path=args.plot, keep=args.keep,
-               prepare_only=args.prepare_only, quantize=tuple(dict.fromkeys(args.quantize)))
+    runner.run(
+        args.models,
+        args.dtypes,
+        args.variants,
+        config,
+        devices,
+        genai,
+        json_path=args.json,
+        plot_path=args.plot,
+        keep=args.keep,
+        prepare_only=args.prepare_only,
+        quantize=tuple(dict.fromkeys(args.quantize)),
+    )
     return 0

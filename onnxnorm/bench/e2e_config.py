@@ -17,7 +17,7 @@ DTYPES = ("float32", "float16")
 VARIANTS = {
     "export": "torch.onnx.export(dynamo=True), as it is",
     "ort-optimizer": "onnxruntime.transformers.optimizer.optimize_model(model_type='gpt2', "
-                     "num_heads=0, hidden_size=0, opt_level=0)",
+    "num_heads=0, hidden_size=0, opt_level=0)",
     "onnxscript": "onnxscript.rewriter.ort_fusions.optimize_for_ort",
     "onnxnorm-ort": "onnxnorm fuse --target ort",
     "onnxnorm-fused": "onnxnorm fuse --target fused (+ the onnxnorm library)",
@@ -25,26 +25,27 @@ VARIANTS = {
 }
 ONNXNORM_VARIANTS = ("onnxnorm-ort", "onnxnorm-fused", "onnxnorm-export")
 GENAI_PRECISIONS = ("fp32", "int4")
-GENAI_VARIANTS = {"genai": "the model builder's folder, as it is",
-                  "genai+onnxnorm": "onnxnorm genai (+ the library, registered in "
-                                    "genai_config.json)"}
+GENAI_VARIANTS = {
+    "genai": "the model builder's folder, as it is",
+    "genai+onnxnorm": "onnxnorm genai (+ the library, registered in genai_config.json)",
+}
 DEVICES = ("cpu", "cuda", "cuda-graph")
 #: quantization -> what makes it (``none``: the float export, the variants above)
 QUANTIZATIONS = {
     "dynamic": "onnxruntime.quantization.quantize_dynamic(src, dst, "
-               "op_types_to_quantize=['MatMul'])",
+    "op_types_to_quantize=['MatMul'])",
     "static": "onnxruntime.quantization.quantize_static(src, dst, reader, "
-              "quant_format=QuantFormat.QDQ, op_types_to_quantize=['MatMul']), calibrated on "
-              "4 generated prompts",
+    "quant_format=QuantFormat.QDQ, op_types_to_quantize=['MatMul']), calibrated on "
+    "4 generated prompts",
 }
 #: variant of a quantized group -> what a user runs to get it (from the quantized model)
 QUANT_VARIANTS = {
     "quantized": "the quantized export, as it is",
     "ort-optimizer": "optimize_model(quantized, model_type='gpt2', num_heads=0, hidden_size=0, "
-                     "opt_level=0)",
+    "opt_level=0)",
     "onnxnorm-ort": "onnxnorm fuse --target ort of the quantized model",
     "onnxnorm-fused": "onnxnorm fuse --target fused of the quantized model "
-                      "(+ the onnxnorm library)",
+    "(+ the onnxnorm library)",
 }
 QUANT_ONNXNORM_VARIANTS = ("onnxnorm-ort", "onnxnorm-fused")
 #: prompts (of the benchmark's prompt length, other ids) that calibrate static quantization
@@ -108,8 +109,10 @@ class Config:
         if self.vocab in widths:
             # onnxruntime-genai's model builder takes the first Linear of vocabulary width for
             # the LM head
-            raise OnnxNormError(f"--vocab must differ from the widths of the decoder's linear "
-                                f"layers ({', '.join(map(str, sorted(widths)))})")
+            raise OnnxNormError(
+                f"--vocab must differ from the widths of the decoder's linear "
+                f"layers ({', '.join(map(str, sorted(widths)))})"
+            )
 
     def prompt_ids(self) -> list[int]:
         """The prompt: fixed pseudo-random token ids (no end-of-text id among them)."""
@@ -144,7 +147,9 @@ def check_keep(keep: str, config: Config) -> None:
     stamp_file = folder / STAMP
     if stamp_file.is_file():
         if json.loads(stamp_file.read_text()) != stamp(config):
-            raise OnnxNormError(f"--keep {keep}: holds models made for another configuration "
-                                f"({stamp_file.name}); choose another folder")
+            raise OnnxNormError(
+                f"--keep {keep}: holds models made for another configuration "
+                f"({stamp_file.name}); choose another folder"
+            )
     elif any(folder.iterdir()):
         raise OnnxNormError(f"--keep {keep}: the folder is not empty and holds no {STAMP}")

@@ -26,12 +26,23 @@ def _tokenizer(vocab: int):
     words.update({f"t{i}": i for i in range(3, vocab)})
     tokenizer = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>",
-                                   bos_token="<s>", eos_token="</s>", pad_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<unk>",
+    )
 
 
-def genai_folders(model, config: Config, precisions: list[str], folder: Path, device: str,
-                  log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+def genai_folders(
+    model,
+    config: Config,
+    precisions: list[str],
+    folder: Path,
+    device: str,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict[str, Any]]:
     """The model builder's folders of ``model`` (saved with save_pretrained) and their
     ``onnxnorm genai`` copies: "<precision> <variant>" -> {"path", ...} or {"error"}."""
     import onnx
@@ -48,8 +59,12 @@ def genai_folders(model, config: Config, precisions: list[str], folder: Path, de
             # onnxruntime-genai's KV cache holds the generation's length, and its CPU attention
             # wants the window within it; a window of that length still covers every sequence
             model.config.sliding_window = config.max_length
-        quietly(lambda: (model.save_pretrained(checkpoint),
-                          _tokenizer(config.vocab).save_pretrained(checkpoint)))
+        quietly(
+            lambda: (
+                model.save_pretrained(checkpoint),
+                _tokenizer(config.vocab).save_pretrained(checkpoint),
+            )
+        )
     provider = "cuda" if device.startswith("cuda") else "cpu"
     for precision in todo:
         built = folder / f"genai-{precision}"
@@ -76,7 +91,8 @@ def genai_folders(model, config: Config, precisions: list[str], folder: Path, de
             quietly(lambda: convert(built, fused))
         except Exception as error:  # noqa: BLE001
             found[f"{precision} genai+onnxnorm"] = {
-                "error": f"onnxnorm genai: {short_error(error)}"}
+                "error": f"onnxnorm genai: {short_error(error)}"
+            }
             fused = None
         for variant, path in (("genai", built), ("genai+onnxnorm", fused)):
             if path is None:
@@ -92,10 +108,12 @@ def _build(checkpoint: Path, folder: Path, precision: str, provider: str) -> Non
     from onnxruntime_genai.models import builder
 
     cache = folder.parent / f".{folder.name}.cache"
-    options = builder.parse_extra_options(None, str(checkpoint), str(folder), precision, provider,
-                                          str(cache), [])
-    builder.create_model(None, str(checkpoint), str(folder), precision, provider, str(cache),
-                         **options)
+    options = builder.parse_extra_options(
+        None, str(checkpoint), str(folder), precision, provider, str(cache), []
+    )
+    builder.create_model(
+        None, str(checkpoint), str(folder), precision, provider, str(cache), **options
+    )
     shutil.rmtree(cache, ignore_errors=True)
 
 
@@ -134,4 +152,3 @@ class GenaiGenerator:
             started = clock()
             generator.generate_next_token()
             yield int(generator.get_next_tokens()[0]), clock() - started
-

@@ -32,9 +32,13 @@ def _session(path: str, library: bool, threads: int, device: str, profile: str |
         options.profile_file_prefix = profile
     providers: list[Any] = ["CPUExecutionProvider"]
     if device.startswith("cuda"):
-        providers = [("CUDAExecutionProvider",
-                      {"enable_cuda_graph": "1" if device == "cuda-graph" else "0"}),
-                     "CPUExecutionProvider"]
+        providers = [
+            (
+                "CUDAExecutionProvider",
+                {"enable_cuda_graph": "1" if device == "cuda-graph" else "0"},
+            ),
+            "CPUExecutionProvider",
+        ]
     return runtime.session(path, options, providers, with_library=library)
 
 
@@ -43,8 +47,14 @@ class Generator:
     run, through IO binding: the outputs stay in ORT's buffers and the present keys and
     values are bound as the next run's past as they are; only the last row of logits is read."""
 
-    def __init__(self, path: str, library: bool, config: Config, device: str = "cpu",
-                 profile: str | None = None):
+    def __init__(
+        self,
+        path: str,
+        library: bool,
+        config: Config,
+        device: str = "cpu",
+        profile: str | None = None,
+    ):
         import onnxruntime as ort
 
         self.session = _session(path, library, config.threads, device, profile)
@@ -52,9 +62,12 @@ class Generator:
         self.device = "cuda" if device.startswith("cuda") else "cpu"
         types = {i.name: i.type for i in self.session.get_inputs()}
         self.dtype = np.float16 if types[past_names(1)[0]] == "tensor(float16)" else np.float32
-        self.empty = {name: ort.OrtValue.ortvalue_from_numpy(
-            np.zeros((1, config.kv_heads, 0, config.head_dim), self.dtype), self.device)
-            for name in past_names(config.layers)}
+        self.empty = {
+            name: ort.OrtValue.ortvalue_from_numpy(
+                np.zeros((1, config.kv_heads, 0, config.head_dim), self.dtype), self.device
+            )
+            for name in past_names(config.layers)
+        }
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def generate(self, prompt: list[int], new_tokens: int) -> tuple[list[int], float, list[float]]:
@@ -96,4 +109,3 @@ def collect(steps: Iterator[tuple[int, float]]) -> tuple[list[int], float, list[
         tokens.append(token)
         seconds.append(elapsed)
     return tokens, seconds[0], seconds[1:]
-

@@ -15,8 +15,12 @@ import numpy as np
 
 from onnxnorm.bench import timing
 from onnxnorm.bench.common import short_error
-from onnxnorm.bench.e2e_config import (GENAI_VARIANTS, ONNXNORM_VARIANTS, QUANT_ONNXNORM_VARIANTS,
-                                       Config)
+from onnxnorm.bench.e2e_config import (
+    GENAI_VARIANTS,
+    ONNXNORM_VARIANTS,
+    QUANT_ONNXNORM_VARIANTS,
+    Config,
+)
 from onnxnorm.bench.e2e_genai import GenaiGenerator
 from onnxnorm.bench.e2e_generation import Generator
 from onnxnorm.bench.e2e_models import hf_model
@@ -52,19 +56,24 @@ class Row:
         decode = [t for rep in self.steps for t in rep]
         totals = self.totals
         decode_s = statistics.median([sum(s) for s in self.steps]) if decode else None
-        out.update({
-            "prefill_ms": 1e3 * statistics.median(self.prefill),
-            "prefill_ms_range": [1e3 * min(self.prefill), 1e3 * max(self.prefill)],
-            "decode_ms_median": 1e3 * statistics.median(decode) if decode else None,
-            "decode_ms_p90": 1e3 * float(np.percentile(decode, 90)) if decode else None,
-            "generation_s": statistics.median(totals),
-            "decode_s": decode_s,
-            "generation_s_range": [min(totals), max(totals)],
-            "tokens_per_s": len(self.tokens or []) / statistics.median(totals),
-            "decode_tokens_per_s": (len(decode) / len(self.steps)) / decode_s if decode else None,
-            "generation_s_samples": totals,
-            "tokens": self.tokens, "tokens_stable": self.tokens_stable,
-        })
+        out.update(
+            {
+                "prefill_ms": 1e3 * statistics.median(self.prefill),
+                "prefill_ms_range": [1e3 * min(self.prefill), 1e3 * max(self.prefill)],
+                "decode_ms_median": 1e3 * statistics.median(decode) if decode else None,
+                "decode_ms_p90": 1e3 * float(np.percentile(decode, 90)) if decode else None,
+                "generation_s": statistics.median(totals),
+                "decode_s": decode_s,
+                "generation_s_range": [min(totals), max(totals)],
+                "tokens_per_s": len(self.tokens or []) / statistics.median(totals),
+                "decode_tokens_per_s": (len(decode) / len(self.steps)) / decode_s
+                if decode
+                else None,
+                "generation_s_samples": totals,
+                "tokens": self.tokens,
+                "tokens_stable": self.tokens_stable,
+            }
+        )
         return out
 
 
@@ -73,8 +82,14 @@ class Row:
 CONTROL = " (again)"
 
 
-def interleave(rows: dict[str, Row], make: dict[str, Callable[[], Any]], config: Config,
-               prompt: list[int], log: Callable[[str], None], lockstep: bool = True) -> None:
+def interleave(
+    rows: dict[str, Row],
+    make: dict[str, Callable[[], Any]],
+    config: Config,
+    prompt: list[int],
+    log: Callable[[str], None],
+    lockstep: bool = True,
+) -> None:
     """``repeats`` times: opens every variant's generator anew, in a shuffled order (seeded,
     new every repetition), generates once untimed with each (a short warm-up), then every
     variant generates; with ``lockstep``, step k (the prefill, then each token) of every
@@ -122,8 +137,10 @@ def interleave(rows: dict[str, Row], make: dict[str, Callable[[], Any]], config:
             row.tokens = tokens
             row.prefill.append(steps[0][1])
             row.steps.append([seconds for _, seconds in steps[1:]])
-        log(f"  repetition {rep + 1}/{config.repeats}: " + ", ".join(
-            f"{n} {rows[n].totals[-1]:.2f} s" for n in made))
+        log(
+            f"  repetition {rep + 1}/{config.repeats}: "
+            + ", ".join(f"{n} {rows[n].totals[-1]:.2f} s" for n in made)
+        )
 
 
 def paired(a: Row, b: Row) -> dict[str, float]:
@@ -147,8 +164,9 @@ def gains(rows: dict[str, Row], mine: tuple[str, ...]) -> dict[str, dict[str, di
         a = rows.get(name)
         if a is None or not a.prefill:
             continue
-        out[name] = {other: paired(a, b) for other, b in rows.items()
-                     if other != name and b.prefill}
+        out[name] = {
+            other: paired(a, b) for other, b in rows.items() if other != name and b.prefill
+        }
     return out
 
 
@@ -160,8 +178,12 @@ def noise(control: dict[str, float] | None) -> float | None:
     return max(abs(control["decode_max"] - 1), abs(1 - control["decode_min"]))
 
 
-def verdict(summary: dict[str, dict[str, Any]], gain: dict[str, dict[str, dict[str, float]]],
-            mine: tuple[str, ...], spread: float | None = None) -> dict[str, str]:
+def verdict(
+    summary: dict[str, dict[str, Any]],
+    gain: dict[str, dict[str, dict[str, float]]],
+    mine: tuple[str, ...],
+    spread: float | None = None,
+) -> dict[str, str]:
     """Per onnxnorm variant, against the fastest other (non-onnxnorm) variant by median decode
     time, from the per-repetition ratios of decode times (the prefill, one step, is reported
     apart): "met" when their median is at least 1; else "within noise" when it is short of 1
@@ -186,10 +208,17 @@ def verdict(summary: dict[str, dict[str, Any]], gain: dict[str, dict[str, dict[s
     return out
 
 
-def run_group(rows: dict[str, Row], make: dict[str, Callable[[], Any]],
-              profile: dict[str, Callable[[], dict]], memory: dict[str, Callable[[], dict]],
-              config: Config, prompt: list[int], mine: tuple[str, ...],
-              log: Callable[[str], None], lockstep: bool = True) -> dict[str, Any]:
+def run_group(
+    rows: dict[str, Row],
+    make: dict[str, Callable[[], Any]],
+    profile: dict[str, Callable[[], dict]],
+    memory: dict[str, Callable[[], dict]],
+    config: Config,
+    prompt: list[int],
+    mine: tuple[str, ...],
+    log: Callable[[str], None],
+    lockstep: bool = True,
+) -> dict[str, Any]:
     """Times the group's variants and a control (:data:`CONTROL`) (``lockstep``: see
     :func:`interleave`), profiles them, measures their memory, compares their tokens with
     the first variant's."""
@@ -201,8 +230,10 @@ def run_group(rows: dict[str, Row], make: dict[str, Callable[[], Any]],
     interleave(rows, make, config, prompt, log, lockstep)
     control = rows.pop(twin, None)
     if control is not None and control.prefill and rows[first].prefill:
-        control_gain = {**paired(rows[first], control),
-                        "same_tokens": control.tokens == rows[first].tokens}
+        control_gain = {
+            **paired(rows[first], control),
+            "same_tokens": control.tokens == rows[first].tokens,
+        }
     else:
         control_gain = None
     for name, fn in profile.items():
@@ -225,18 +256,30 @@ def run_group(rows: dict[str, Row], make: dict[str, Callable[[], Any]],
             if row.tokens != reference:
                 summary[name]["first_difference"] = next(
                     (i for i, (x, y) in enumerate(zip(row.tokens, reference)) if x != y),
-                    min(len(row.tokens), len(reference)))
+                    min(len(row.tokens), len(reference)),
+                )
     gain = gains(rows, mine)
-    return {"timing": "lockstep" if lockstep else "whole generations",
-            "variants": summary, "gains": gain,
-            "control": None if control_gain is None else {"variant": first, **control_gain},
-            "targets": verdict(summary, gain, mine, noise(control_gain)),
-            "tokens_identical": all(s.get("tokens_identical", True) for s in summary.values()
-                                    if "tokens" in s)}
+    return {
+        "timing": "lockstep" if lockstep else "whole generations",
+        "variants": summary,
+        "gains": gain,
+        "control": None if control_gain is None else {"variant": first, **control_gain},
+        "targets": verdict(summary, gain, mine, noise(control_gain)),
+        "tokens_identical": all(
+            s.get("tokens_identical", True) for s in summary.values() if "tokens" in s
+        ),
+    }
 
 
-def ort_group(family: str, dtype: str, device: str, config: Config, variants: list[str],
-              folder: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def ort_group(
+    family: str,
+    dtype: str,
+    device: str,
+    config: Config,
+    variants: list[str],
+    folder: Path,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """The float export's variants (``--variants``), made in ``folder`` and timed."""
     model = hf_model(family, config, dtype)
     built = make_variants(model, config, folder, variants, log)
@@ -244,43 +287,77 @@ def ort_group(family: str, dtype: str, device: str, config: Config, variants: li
     return {"engine": "onnxruntime", "family": family, "dtype": dtype, "device": device, **result}
 
 
-def quantized_group(family: str, dtype: str, device: str, config: Config, quantization: str,
-                    variants: list[str], folder: Path, log: Callable[[str], None]
-                    ) -> dict[str, Any]:
+def quantized_group(
+    family: str,
+    dtype: str,
+    device: str,
+    config: Config,
+    quantization: str,
+    variants: list[str],
+    folder: Path,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """The quantized export's variants (``QUANT_VARIANTS``); the tokens are compared with the
     quantized model's as it is, and the gains are those of onnxnorm's fused forms over it."""
     names = quantized_variants(variants)
-    built = make_quantized(hf_model(family, config, dtype), config, folder, quantization, names,
-                           dtype, log)
+    built = make_quantized(
+        hf_model(family, config, dtype), config, folder, quantization, names, dtype, log
+    )
     result = _ort_rows(built, names, config, device, folder, QUANT_ONNXNORM_VARIANTS, log)
-    return {"engine": "onnxruntime", "family": family, "dtype": dtype, "quantization": quantization,
-            "device": device, **result}
+    return {
+        "engine": "onnxruntime",
+        "family": family,
+        "dtype": dtype,
+        "quantization": quantization,
+        "device": device,
+        **result,
+    }
 
 
-def _ort_rows(built: dict[str, dict[str, Any]], variants: list[str], config: Config, device: str,
-              folder: Path, mine: tuple[str, ...], log: Callable[[str], None]) -> dict[str, Any]:
+def _ort_rows(
+    built: dict[str, dict[str, Any]],
+    variants: list[str],
+    config: Config,
+    device: str,
+    folder: Path,
+    mine: tuple[str, ...],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """:func:`run_group` of ORT variants (their models made): each generates with its own
     :class:`~.e2e_generation.Generator`."""
     prompt = config.prompt_ids()
     rows = {name: Row(name, built[name], error=built[name].get("error")) for name in variants}
     ready = [n for n in variants if "path" in built[n]]
-    make = {n: (lambda n=n: Generator(built[n]["path"], built[n]["library"], config, device))
-            for n in ready}
-    profile = {n: (lambda n=n: profile_ort(built[n], config, prompt, device, folder))
-               for n in ready}
-    memory = {n: (lambda n=n: peak_memory("ort", built[n]["path"], built[n]["library"], config,
-                                          device))
-              for n in ready}
+    make = {
+        n: (lambda n=n: Generator(built[n]["path"], built[n]["library"], config, device))
+        for n in ready
+    }
+    profile = {
+        n: (lambda n=n: profile_ort(built[n], config, prompt, device, folder)) for n in ready
+    }
+    memory = {
+        n: (lambda n=n: peak_memory("ort", built[n]["path"], built[n]["library"], config, device))
+        for n in ready
+    }
     return run_group(rows, make, profile, memory, config, prompt, mine, log)
 
 
-def genai_group(family: str, precision: str, device: str, config: Config, found: dict[str, dict],
-                folder: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def genai_group(
+    family: str,
+    precision: str,
+    device: str,
+    config: Config,
+    found: dict[str, dict],
+    folder: Path,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """The model builder's folder of ``precision`` and its ``onnxnorm genai`` copy (``found``:
     :func:`~.e2e_genai.genai_folders`), generating with genai's own loop."""
     prompt = config.prompt_ids()
-    rows = {v: Row(v, dict(found[f"{precision} {v}"]), error=found[f"{precision} {v}"].get("error"))
-            for v in GENAI_VARIANTS}
+    rows = {
+        v: Row(v, dict(found[f"{precision} {v}"]), error=found[f"{precision} {v}"].get("error"))
+        for v in GENAI_VARIANTS
+    }
     ready = [v for v in GENAI_VARIANTS if "path" in rows[v].info]
     path = {v: rows[v].info["path"] for v in ready}
     make = {v: (lambda v=v: GenaiGenerator(path[v], config)) for v in ready}
@@ -288,9 +365,15 @@ def genai_group(family: str, precision: str, device: str, config: Config, found:
     memory = {v: (lambda v=v: peak_memory("genai", path[v], True, config, device)) for v in ready}
     # genai's sessions keep their threads spinning after a run (no option stops that): its
     # variants take turns by whole generations
-    result = run_group(rows, make, profile, memory, config, prompt, ("genai+onnxnorm",), log,
-                       lockstep=False)
+    result = run_group(
+        rows, make, profile, memory, config, prompt, ("genai+onnxnorm",), log, lockstep=False
+    )
     dtype = {"fp32": "float32", "int4": "int4 (MatMulNBits), float32"}[precision]
-    return {"engine": "onnxruntime-genai", "family": family, "dtype": dtype, "precision": precision,
-            "device": device, **result}
-
+    return {
+        "engine": "onnxruntime-genai",
+        "family": family,
+        "dtype": dtype,
+        "precision": precision,
+        "device": device,
+        **result,
+    }

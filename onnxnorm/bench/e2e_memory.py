@@ -16,21 +16,36 @@ from onnxnorm.bench.e2e_genai import GenaiGenerator
 from onnxnorm.bench.e2e_generation import Generator
 
 
-def peak_memory(kind: str, path: str, library: bool, config: Config, device: str
-                ) -> dict[str, float]:
+def peak_memory(
+    kind: str, path: str, library: bool, config: Config, device: str
+) -> dict[str, float]:
     """Peak resident memory (VmHWM, MiB) of a fresh interpreter that loads the variant and
     generates once, and its resident memory before loading the model (the interpreter,
     numpy and onnxruntime)."""
-    payload = json.dumps({"kind": kind, "path": path, "library": library, "device": device,
-                          "config": dataclasses.asdict(config)})
-    child = ("import sys; from onnxnorm.bench.e2e_memory import memory_child; "
-             "memory_child(sys.argv[1])")
-    result = subprocess.run([sys.executable, "-c", child, payload], capture_output=True, text=True,
-                            timeout=3600)
+    payload = json.dumps(
+        {
+            "kind": kind,
+            "path": path,
+            "library": library,
+            "device": device,
+            "config": dataclasses.asdict(config),
+        }
+    )
+    child = (
+        "import sys; from onnxnorm.bench.e2e_memory import memory_child; memory_child(sys.argv[1])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", child, payload], capture_output=True, text=True, timeout=3600
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("PEAK ")]
     if result.returncode != 0 or not lines:
-        raise RuntimeError(short_error(RuntimeError(result.stderr.strip().splitlines()[-1]
-                                                    if result.stderr.strip() else "no result")))
+        raise RuntimeError(
+            short_error(
+                RuntimeError(
+                    result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no result"
+                )
+            )
+        )
     _, before, peak = lines[-1].split()
     return {"peak_rss_mib": float(peak), "baseline_rss_mib": float(before)}
 
@@ -60,4 +75,3 @@ def memory_child(payload: str) -> None:
         generator = Generator(job["path"], job["library"], config, job["device"])
     generator.generate(config.prompt_ids(), config.new_tokens)
     print(f"PEAK {before:.1f} {_vm('VmHWM'):.1f}", flush=True)
-

@@ -12,18 +12,29 @@ def hf_config(family: str, config: Config):
     """The transformers config of ``family`` ("llama", "gemma2") at ``config``'s sizes."""
     import transformers
 
-    common = dict(vocab_size=config.vocab, hidden_size=config.hidden,
-                  num_hidden_layers=config.layers, num_attention_heads=config.heads,
-                  num_key_value_heads=config.kv_heads, intermediate_size=config.intermediate,
-                  head_dim=config.head_dim,
-                  max_position_embeddings=max(2048, 2 * config.max_length),
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=config.vocab,
+        hidden_size=config.hidden,
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.heads,
+        num_key_value_heads=config.kv_heads,
+        intermediate_size=config.intermediate,
+        head_dim=config.head_dim,
+        max_position_embeddings=max(2048, 2 * config.max_length),
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     if family == "llama":
         return transformers.LlamaConfig(**common)
     # Gemma 2's local layers see a window larger than any sequence here, so every layer's cache
     # holds the whole sequence (the sandwich norms, soft-capping and the rest are Gemma 2's)
-    return transformers.Gemma2Config(**common, sliding_window=max(2048, 2 * config.max_length),
-                                     query_pre_attn_scalar=config.head_dim)
+    return transformers.Gemma2Config(
+        **common,
+        sliding_window=max(2048, 2 * config.max_length),
+        query_pre_attn_scalar=config.head_dim,
+    )
 
 
 def hf_model(family: str, config: Config, dtype: str = "float32"):
@@ -74,10 +85,15 @@ def with_cache(model):
             cache = DynamicCache(config=hf)
             for i in range(hf.num_hidden_layers):
                 cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             past_key_values=cache, use_cache=True)
-            present = [t for layer in out.past_key_values.layers
-                       for t in (layer.keys, layer.values)]
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            present = [
+                t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
+            ]
             return (out.logits, *present)
 
     return WithCache().eval()
@@ -91,12 +107,17 @@ def _export_args(model, config: Config):
     past, seq = 3, 4
     ids = torch.randint(3, config.vocab, (1, seq), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(1, past + seq, dtype=torch.int64)
-    cache = [torch.randn(1, config.kv_heads, past, config.head_dim, dtype=dtype)
-             for _ in range(2 * config.layers)]
+    cache = [
+        torch.randn(1, config.kv_heads, past, config.head_dim, dtype=dtype)
+        for _ in range(2 * config.layers)
+    ]
     dim = torch.export.Dim
     limit = max(4096, 2 * config.max_length)
-    p, s, t = (dim("past_sequence_length", max=limit), dim("sequence_length", max=limit),
-               dim("total_sequence_length", max=2 * limit))
+    p, s, t = (
+        dim("past_sequence_length", max=limit),
+        dim("sequence_length", max=limit),
+        dim("total_sequence_length", max=2 * limit),
+    )
     shapes = ({1: s}, {1: t}, tuple({2: p} for _ in cache))
     names = ["input_ids", "attention_mask"] + past_names(config.layers)
     return (ids, mask, *cache), shapes, names, ["logits"] + present_names(config.layers)
@@ -110,9 +131,16 @@ def export(model, config: Config):
 
     args, shapes, inputs, outputs = _export_args(model, config)
     with quiet_export(), torch.no_grad():
-        program = torch.onnx.export(with_cache(model), args, input_names=inputs,
-                                    output_names=outputs, dynamo=True, opset_version=18,
-                                    optimize=True, dynamic_shapes=shapes)
+        program = torch.onnx.export(
+            with_cache(model),
+            args,
+            input_names=inputs,
+            output_names=outputs,
+            dynamo=True,
+            opset_version=18,
+            optimize=True,
+            dynamic_shapes=shapes,
+        )
     return program.model_proto
 
 
@@ -124,6 +152,12 @@ def export_onnxnorm(model, config: Config):
 
     args, shapes, inputs, outputs = _export_args(model, config)
     with torch.no_grad():
-        return onnxnorm.export(with_cache(model), args, mode="fused", convert=True,
-                               dynamic_shapes=shapes, input_names=inputs, output_names=outputs)
-
+        return onnxnorm.export(
+            with_cache(model),
+            args,
+            mode="fused",
+            convert=True,
+            dynamic_shapes=shapes,
+            input_names=inputs,
+            output_names=outputs,
+        )

@@ -18,8 +18,11 @@ from onnxnorm.bench.e2e_variants import NORM_OPS, norm_node_names
 def norm_share(events: list[dict], names: set[str]) -> dict[str, float]:
     """The share of node time in norm kernels, overall and in the decode steps (every run
     after the first), from ORT's profile events."""
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                  if e.get("cat") == "Session" and e.get("name") == "model_run")
+    runs = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("cat") == "Session" and e.get("name") == "model_run"
+    )
     first_end = runs[0][1] if runs else float("inf")
     totals = {"all": [0.0, 0.0], "decode": [0.0, 0.0]}
     for e in events:
@@ -33,13 +36,15 @@ def norm_share(events: list[dict], names: set[str]) -> dict[str, float]:
     return {key: (norm / total if total else float("nan")) for key, (norm, total) in totals.items()}
 
 
-def profile_ort(variant: dict[str, Any], config: Config, prompt: list[int], device: str,
-                folder: Path) -> dict[str, float]:
+def profile_ort(
+    variant: dict[str, Any], config: Config, prompt: list[int], device: str, folder: Path
+) -> dict[str, float]:
     """Norm share of an ORT variant (:func:`norm_share`) over its first ``PROFILED_TOKENS``."""
     import onnx
 
-    generator = Generator(variant["path"], variant["library"], config, device,
-                          profile=str(folder / "profile"))
+    generator = Generator(
+        variant["path"], variant["library"], config, device, profile=str(folder / "profile")
+    )
     generator.generate(prompt, min(config.new_tokens, PROFILED_TOKENS))
     path = generator.session.end_profiling()
     with open(path) as f:

@@ -19,11 +19,20 @@ from onnxnorm.bench.e2e_report import environment, markdown, overview, plot, wri
 from onnxnorm.bench.e2e_variants import make_quantized, make_variants, quantized_variants
 
 
-def run(families: list[str], dtypes: list[str], variants: list[str], config: Config,
-        devices: list[str], genai: list[str], json_path: str | None = None,
-        plot_path: str | None = None, keep: str | None = None, prepare_only: bool = False,
-        log: Callable[[str], None] = print, quantize: tuple[str, ...] = ("none",)
-        ) -> list[dict[str, Any]]:
+def run(
+    families: list[str],
+    dtypes: list[str],
+    variants: list[str],
+    config: Config,
+    devices: list[str],
+    genai: list[str],
+    json_path: str | None = None,
+    plot_path: str | None = None,
+    keep: str | None = None,
+    prepare_only: bool = False,
+    log: Callable[[str], None] = print,
+    quantize: tuple[str, ...] = ("none",),
+) -> list[dict[str, Any]]:
     """Measures every group and prints the tables. ``keep``: the folder where the models are
     written and kept (models an earlier run made there are used again); ``prepare_only``: make
     the models there, measure nothing; ``quantize``: ``none`` (the float export's variants)
@@ -32,15 +41,19 @@ def run(families: list[str], dtypes: list[str], variants: list[str], config: Con
 
     os.environ.setdefault("OMP_NUM_THREADS", str(config.threads))
     env = environment(config)
-    log(f"# onnxnorm bench e2e — {env['date']}, {env['cpu']}, {env['cores']} cores, "
+    log(
+        f"# onnxnorm bench e2e — {env['date']}, {env['cpu']}, {env['cores']} cores, "
         f"{config.threads} threads, onnxruntime {env['onnxruntime']}, torch {env['torch']}, "
-        f"transformers {env['transformers']}, load average {env['load_average']}")
+        f"transformers {env['transformers']}, load average {env['load_average']}"
+    )
     providers = ort.get_available_providers()
     usable = []
     for device in devices:
         if device.startswith("cuda") and "CUDAExecutionProvider" not in providers:
-            log(f"# {device}: skipped, this onnxruntime has no CUDAExecutionProvider "
-                f"(install onnxruntime-gpu on a machine with a GPU)")
+            log(
+                f"# {device}: skipped, this onnxruntime has no CUDAExecutionProvider "
+                f"(install onnxruntime-gpu on a machine with a GPU)"
+            )
             continue
         usable.append(device)
     groups: list[dict[str, Any]] = []
@@ -71,11 +84,13 @@ def run(families: list[str], dtypes: list[str], variants: list[str], config: Con
                         log(f"{family} {dtype} onnxruntime {device}:")
                         folder = folder_of(f"{family}-{dtype}-{device}")
                         if prepare_only:
-                            make_variants(hf_model(family, config, dtype), config, folder,
-                                          variants, log)
+                            make_variants(
+                                hf_model(family, config, dtype), config, folder, variants, log
+                            )
                         else:
-                            measured(ort_group(family, dtype, device, config, variants, folder,
-                                               log))
+                            measured(
+                                ort_group(family, dtype, device, config, variants, folder, log)
+                            )
                         done(folder)
                     # the quantizations share one folder: one float export for all of them
                     folder = root / f"{family}-{dtype}-{device}-quantized"
@@ -83,20 +98,37 @@ def run(families: list[str], dtypes: list[str], variants: list[str], config: Con
                         log(f"{family} {dtype} {quantization} 8-bit onnxruntime {device}:")
                         folder_of(folder.name)
                         if prepare_only:
-                            make_quantized(hf_model(family, config, dtype), config, folder,
-                                           quantization, quantized_variants(variants), dtype, log)
+                            make_quantized(
+                                hf_model(family, config, dtype),
+                                config,
+                                folder,
+                                quantization,
+                                quantized_variants(variants),
+                                dtype,
+                                log,
+                            )
                         else:
-                            measured(quantized_group(family, dtype, device, config, quantization,
-                                                     variants, folder, log))
+                            measured(
+                                quantized_group(
+                                    family,
+                                    dtype,
+                                    device,
+                                    config,
+                                    quantization,
+                                    variants,
+                                    folder,
+                                    log,
+                                )
+                            )
                     done(folder)
                 if genai:
                     log(f"{family} onnxruntime-genai {device}:")
                     folder = folder_of(f"{family}-genai-{device}")
-                    found = genai_folders(hf_model(family, config), config, genai, folder, device,
-                                          log)
+                    found = genai_folders(
+                        hf_model(family, config), config, genai, folder, device, log
+                    )
                     for precision in genai if not prepare_only else ():
-                        measured(genai_group(family, precision, device, config, found, folder,
-                                             log))
+                        measured(genai_group(family, precision, device, config, found, folder, log))
                     done(folder)
     finally:
         if not keep:

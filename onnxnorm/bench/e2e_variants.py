@@ -13,8 +13,13 @@ from typing import Any, Callable
 import numpy as np
 
 from onnxnorm.bench.common import quietly, short_error
-from onnxnorm.bench.e2e_config import (CALIBRATION_PROMPTS, NORM_CLASSES, QUANT_VARIANTS,
-                                       QUANTIZERS, Config)
+from onnxnorm.bench.e2e_config import (
+    CALIBRATION_PROMPTS,
+    NORM_CLASSES,
+    QUANT_VARIANTS,
+    QUANTIZERS,
+    Config,
+)
 from onnxnorm.bench.e2e_models import export, export_onnxnorm, past_names
 from onnxnorm.bench.timing import clock
 from onnxnorm.ops import catalogue
@@ -24,8 +29,9 @@ from onnxnorm.ops import catalogue
 NORM_OPS = frozenset(op_type for _, op_type in catalogue.NORM_OPS)
 
 
-def make_variants(model, config: Config, folder: Path, names: list[str],
-                  log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+def make_variants(
+    model, config: Config, folder: Path, names: list[str], log: Callable[[str], None] = print
+) -> dict[str, dict[str, Any]]:
     """Writes every variant's model into ``folder``: name -> {"path", "library", "prepare_s",
     node counts} or {"error"} where the tool fails. What a variant's ``<name>.json`` in
     ``folder`` records (an earlier run's, see ``--keep``) is used as it is."""
@@ -48,8 +54,9 @@ def make_variants(model, config: Config, folder: Path, names: list[str],
         from onnxruntime.transformers.optimizer import optimize_model
 
         plain()
-        optimize_model(str(source), model_type="gpt2", num_heads=0, hidden_size=0,
-                       opt_level=0).save_model_to_file(str(path))
+        optimize_model(
+            str(source), model_type="gpt2", num_heads=0, hidden_size=0, opt_level=0
+        ).save_model_to_file(str(path))
 
     def onnxscript(path):
         import onnx_ir as ir
@@ -71,9 +78,15 @@ def make_variants(model, config: Config, folder: Path, names: list[str],
     return _make(folder, names, makers, paths, ("onnxnorm-fused", "onnxnorm-export"), "", log)
 
 
-def _make(folder: Path, names: list[str], makers: dict[str, Callable[[Path], Any]],
-          paths: dict[str, Path], library: tuple[str, ...], prefix: str,
-          log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+def _make(
+    folder: Path,
+    names: list[str],
+    makers: dict[str, Callable[[Path], Any]],
+    paths: dict[str, Path],
+    library: tuple[str, ...],
+    prefix: str,
+    log: Callable[[str], None],
+) -> dict[str, dict[str, Any]]:
     """Makes each variant's model with its maker (unless ``folder`` holds its record,
     ``<prefix><name>.json``, from an earlier run): name -> {"path", "library", "prepare_s",
     node counts} or {"error"}."""
@@ -93,9 +106,12 @@ def _make(folder: Path, names: list[str], makers: dict[str, Callable[[Path], Any
             variants[name] = {"error": f"{type(error).__name__}: {short_error(error)}"}
             log(f"  {prefix}{name}: fails ({variants[name]['error']})")
         else:
-            variants[name] = {"path": str(path), "library": name in library,
-                              "prepare_s": clock() - started,
-                              **node_counts(onnx.load(path, load_external_data=False))}
+            variants[name] = {
+                "path": str(path),
+                "library": name in library,
+                "prepare_s": clock() - started,
+                **node_counts(onnx.load(path, load_external_data=False)),
+            }
         record.write_text(json.dumps(variants[name]))
     return variants
 
@@ -106,25 +122,37 @@ def calibration_feeds(config: Config, dtype: str = "float32") -> list[dict[str, 
     feeds = []
     for i in range(CALIBRATION_PROMPTS):
         ids = np.random.default_rng(100 + i).integers(3, config.vocab, (1, config.prompt))
-        feed = {"input_ids": ids.astype(np.int64),
-                "attention_mask": np.ones((1, config.prompt), np.int64)}
-        feed.update({name: np.zeros((1, config.kv_heads, 0, config.head_dim), dtype)
-                     for name in past_names(config.layers)})
+        feed = {
+            "input_ids": ids.astype(np.int64),
+            "attention_mask": np.ones((1, config.prompt), np.int64),
+        }
+        feed.update(
+            {
+                name: np.zeros((1, config.kv_heads, 0, config.head_dim), dtype)
+                for name in past_names(config.layers)
+            }
+        )
         feeds.append(feed)
     return feeds
 
 
-def quantize(source: Path, destination: Path, quantization: str, config: Config,
-             dtype: str = "float32") -> None:
+def quantize(
+    source: Path, destination: Path, quantization: str, config: Config, dtype: str = "float32"
+) -> None:
     """``source`` quantized by ONNX Runtime's tool (``QUANTIZATIONS``) into ``destination``
     (written under another name first, so a killed run leaves no half model there)."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, quantize_dynamic,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     partial = destination.with_name(f".{destination.stem}.partial.onnx")
     if quantization == "dynamic":
         quantize_dynamic(str(source), str(partial), op_types_to_quantize=["MatMul"])
     else:
+
         class Prompts(CalibrationDataReader):
             def __init__(self):
                 self.feeds = iter(calibration_feeds(config, dtype))
@@ -132,14 +160,25 @@ def quantize(source: Path, destination: Path, quantization: str, config: Config,
             def get_next(self):
                 return next(self.feeds, None)
 
-        quantize_static(str(source), str(partial), Prompts(), quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=["MatMul"])
+        quantize_static(
+            str(source),
+            str(partial),
+            Prompts(),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=["MatMul"],
+        )
     os.replace(partial, destination)
 
 
-def make_quantized(model, config: Config, folder: Path, quantization: str, names: list[str],
-                   dtype: str = "float32", log: Callable[[str], None] = print
-                   ) -> dict[str, dict[str, Any]]:
+def make_quantized(
+    model,
+    config: Config,
+    folder: Path,
+    quantization: str,
+    names: list[str],
+    dtype: str = "float32",
+    log: Callable[[str], None] = print,
+) -> dict[str, dict[str, Any]]:
     """Writes the variants of the quantized export into ``folder`` (``QUANT_VARIANTS``), as
     :func:`make_variants` does: the float export (``export.onnx``, shared by the
     quantizations), ``<quantization>.onnx``, ``<quantization>-<variant>.onnx`` and their
@@ -169,21 +208,28 @@ def make_quantized(model, config: Config, folder: Path, quantization: str, names
         from onnxruntime.transformers.optimizer import optimize_model
 
         quantized_model()
-        optimize_model(str(quantized), model_type="gpt2", num_heads=0, hidden_size=0,
-                       opt_level=0).save_model_to_file(str(path))
+        optimize_model(
+            str(quantized), model_type="gpt2", num_heads=0, hidden_size=0, opt_level=0
+        ).save_model_to_file(str(path))
 
     def fused(target):
         def make(path):
             quantized_model()
             onnx.save(fuse(onnx.load(quantized), target)[0], path)
+
         return make
 
-    makers = {"quantized": quantized_model, "ort-optimizer": ort_optimizer,
-              "onnxnorm-ort": fused("ort"), "onnxnorm-fused": fused("fused")}
-    paths = {name: quantized if name == "quantized" else folder / f"{quantization}-{name}.onnx"
-             for name in names}
+    makers = {
+        "quantized": quantized_model,
+        "ort-optimizer": ort_optimizer,
+        "onnxnorm-ort": fused("ort"),
+        "onnxnorm-fused": fused("fused"),
+    }
+    paths = {
+        name: quantized if name == "quantized" else folder / f"{quantization}-{name}.onnx"
+        for name in names
+    }
     return _make(folder, names, makers, paths, ("onnxnorm-fused",), f"{quantization}-", log)
-
 
 
 def quantized_variants(variants: list[str]) -> list[str]:
@@ -217,8 +263,9 @@ def norm_node_names(model) -> set[str]:
             continue
         for prop in node.metadata_props:
             if prop.key == "pkg.torch.onnx.class_hierarchy" and any(
-                    part.strip(" '\"").endswith(NORM_CLASSES)
-                    for part in prop.value.strip("[]").split(",")):
+                part.strip(" '\"").endswith(NORM_CLASSES)
+                for part in prop.value.strip("[]").split(",")
+            ):
                 names.add(node.name)
                 break
     # a quantizer that reads a norm's output (through a Cast to float32 in a half-precision
@@ -230,7 +277,10 @@ def norm_node_names(model) -> set[str]:
         if producer is not None and producer.op_type == "Cast":
             producer = outputs.get(producer.input[0])
         return producer is not None and bool(producer.name) and producer.name in names
-    names |= {node.name for node in model.graph.node
-              if node.op_type in QUANTIZERS and node.input and from_norm(node.input[0])}
-    return names
 
+    names |= {
+        node.name
+        for node in model.graph.node
+        if node.op_type in QUANTIZERS and node.input and from_norm(node.input[0])
+    }
+    return names

@@ -54,17 +54,56 @@ from onnxnorm.bench.common import exports
 _HERE = "onnxnorm.bench.kernels_"
 #: public name -> the module that defines it
 _NAMES = {
-    **dict.fromkeys(("SHAPES", "BANDWIDTH_SHAPES", "BANDWIDTH_FRACTION", "SINGLE_TOKEN_SHAPES",
-                     "FLOOR_FACTOR", "QUANT_SPEEDUP", "DTYPES", "EPSILON", "Y_SCALE",
-                     "Y_ZERO_POINT", "QUANT_ZERO_POINTS", "QUANT_TYPE", "Result"), _HERE + "cases"),
-    **dict.fromkeys(("ORT_BUILTINS", "onnx_type", "np_dtype", "quant_onnx_type", "zero_point",
-                     "input_names", "output_names", "onnxnorm_model", "ort_builtin_model",
-                     "ort_floor_model"), _HERE + "graphs"),
-    **dict.fromkeys(("torch_fn", "decomposed_model", "ortvalue", "ort_runner", "threaded_copy"),
-                    _HERE + "contenders"),
+    **dict.fromkeys(
+        (
+            "SHAPES",
+            "BANDWIDTH_SHAPES",
+            "BANDWIDTH_FRACTION",
+            "SINGLE_TOKEN_SHAPES",
+            "FLOOR_FACTOR",
+            "QUANT_SPEEDUP",
+            "DTYPES",
+            "EPSILON",
+            "Y_SCALE",
+            "Y_ZERO_POINT",
+            "QUANT_ZERO_POINTS",
+            "QUANT_TYPE",
+            "Result",
+        ),
+        _HERE + "cases",
+    ),
+    **dict.fromkeys(
+        (
+            "ORT_BUILTINS",
+            "onnx_type",
+            "np_dtype",
+            "quant_onnx_type",
+            "zero_point",
+            "input_names",
+            "output_names",
+            "onnxnorm_model",
+            "ort_builtin_model",
+            "ort_floor_model",
+        ),
+        _HERE + "graphs",
+    ),
+    **dict.fromkeys(
+        ("torch_fn", "decomposed_model", "ortvalue", "ort_runner", "threaded_copy"),
+        _HERE + "contenders",
+    ),
     **dict.fromkeys(("bench_case", "run"), _HERE + "measure"),
-    **dict.fromkeys(("environment", "us", "dtype_cell", "markdown_table", "comparison_table",
-                     "plot", "load_results"), _HERE + "report"),
+    **dict.fromkeys(
+        (
+            "environment",
+            "us",
+            "dtype_cell",
+            "markdown_table",
+            "comparison_table",
+            "plot",
+            "load_results",
+        ),
+        _HERE + "report",
+    ),
 }
 #: the names these had when the benchmark was this one module
 _OLD = {
@@ -74,11 +113,22 @@ _OLD = {
     "_ORT_BUILTINS": (_HERE + "graphs", "ORT_BUILTINS"),
     "_weights": (_HERE + "graphs", "input_names"),
     "_outputs": (_HERE + "graphs", "output_names"),
-    **{f"_{name}": (_HERE + "graphs", name) for name in (
-        "onnx_type", "np_dtype", "quant_onnx_type", "zero_point", "onnxnorm_model",
-        "ort_builtin_model", "ort_floor_model")},
-    **{f"_{name}": (_HERE + "contenders", name) for name in (
-        "torch_fn", "decomposed_model", "ortvalue", "ort_runner", "threaded_copy")},
+    **{
+        f"_{name}": (_HERE + "graphs", name)
+        for name in (
+            "onnx_type",
+            "np_dtype",
+            "quant_onnx_type",
+            "zero_point",
+            "onnxnorm_model",
+            "ort_builtin_model",
+            "ort_floor_model",
+        )
+    },
+    **{
+        f"_{name}": (_HERE + "contenders", name)
+        for name in ("torch_fn", "decomposed_model", "ortvalue", "ort_runner", "threaded_copy")
+    },
     "_us": (_HERE + "report", "us"),
     "_dtype_cell": (_HERE + "report", "dtype_cell"),
 }

@@ -59,8 +59,9 @@ class Result:
         """onnxnorm's median seconds per call."""
         return self.times.get("onnxnorm")
 
-    def best_ort(self, times: dict[str, float | None] | None = None
-                 ) -> tuple[str | None, float | None]:
+    def best_ort(
+        self, times: dict[str, float | None] | None = None
+    ) -> tuple[str | None, float | None]:
         """ORT's fastest built-in contender ("ort:<label>") and its time, by the median (or the
         given) times; (None, None) where none ran."""
         times = self.times if times is None else times
@@ -91,19 +92,21 @@ class Result:
             misses.append(f"slower than {name[4:]} ({mine / best:.2f}x)")
         copy = times.get("copy")
         if self.shape in BANDWIDTH_SHAPES and copy is not None and copy / mine < BANDWIDTH_FRACTION:
-            misses.append(f"{100 * copy / mine:.0f}% of copy bandwidth "
-                          f"< {100 * BANDWIDTH_FRACTION:.0f}%")
+            misses.append(
+                f"{100 * copy / mine:.0f}% of copy bandwidth < {100 * BANDWIDTH_FRACTION:.0f}%"
+            )
         floor = times.get("floor")
         if self.shape in SINGLE_TOKEN_SHAPES and floor is not None and mine > FLOOR_FACTOR * floor:
             misses.append(f"{mine / floor:.2f}x ORT's floor > {FLOOR_FACTOR}x")
         return misses
 
     def verdict(self) -> str:
-        """"met", or the misses by the median times and by the best-of times."""
+        """ "met", or the misses by the median times and by the best-of times."""
         by_median = self.targets()
         by_best = self.targets(self.best) if self.best else by_median
         if not by_median and not by_best:
             return "met"
+
         def kind(miss: str) -> str:
             if miss.startswith("slower"):
                 return "slower"
@@ -125,12 +128,17 @@ class Result:
         copy = self.times.get("copy")
         floor = self.times.get("floor")
         return {
-            "op": self.op, "shape": self.shape, "dtype": self.dtype, "quant_type": self.quant_type,
-            "median_seconds": self.times, "best_seconds": self.best, "notes": self.notes,
-            "best_ort": name, "ratio_to_best_ort": (mine / best) if mine and best else None,
+            "op": self.op,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "quant_type": self.quant_type,
+            "median_seconds": self.times,
+            "best_seconds": self.best,
+            "notes": self.notes,
+            "best_ort": name,
+            "ratio_to_best_ort": (mine / best) if mine and best else None,
             "ratio_to_ort_floor": (mine / floor) if mine and floor else None,
             "fraction_of_copy_bandwidth": (copy / mine) if mine and copy else None,
             "target_misses": self.targets(),
             "target_misses_by_best_times": self.targets(self.best) if self.best else None,
         }
-

@@ -18,34 +18,62 @@ def _ops() -> tuple[str, ...]:
 def register(subcommands: argparse._SubParsersAction) -> None:
     """Registers ``onnxnorm bench kernels``."""
     kernels = subcommands.add_parser(
-        "kernels", help="CPU kernels vs ORT's built-in ops, the decomposed graph, torch and a copy",
+        "kernels",
+        help="CPU kernels vs ORT's built-in ops, the decomposed graph, torch and a copy",
         description="Times every onnxnorm op on the CPU against ONNX Runtime's built-in ops for "
-                    "the same math, the graph torch.onnx.export writes, torch eager and a memory "
-                    "copy of the same bytes, in one run with interleaved repetitions; prints "
-                    "medians and ratios.")
-    kernels.add_argument("--ops", type=choices_list(_ops), default=None,
-                         help="comma-separated ops (default: all)")
-    kernels.add_argument("--shapes", type=choices_list(tuple(SHAPES)), default=list(SHAPES),
-                         help=f"comma-separated shapes from {', '.join(SHAPES)} (default: all)")
-    kernels.add_argument("--dtypes", type=choices_list(DTYPES), default=list(DTYPES),
-                         help="comma-separated dtypes (default: float32,float16,bfloat16)")
-    kernels.add_argument("--quant-type", choices=tuple(QUANT_ZERO_POINTS), default=QUANT_TYPE,
-                         help="the type the static quantized ops (<Norm>QuantizeLinear) quantize "
-                              "to, by their zero point's type; ORT's QuantizeLinear after its "
-                              "norm quantizes to the same (default int8)")
+        "the same math, the graph torch.onnx.export writes, torch eager and a memory "
+        "copy of the same bytes, in one run with interleaved repetitions; prints "
+        "medians and ratios.",
+    )
+    kernels.add_argument(
+        "--ops", type=choices_list(_ops), default=None, help="comma-separated ops (default: all)"
+    )
+    kernels.add_argument(
+        "--shapes",
+        type=choices_list(tuple(SHAPES)),
+        default=list(SHAPES),
+        help=f"comma-separated shapes from {', '.join(SHAPES)} (default: all)",
+    )
+    kernels.add_argument(
+        "--dtypes",
+        type=choices_list(DTYPES),
+        default=list(DTYPES),
+        help="comma-separated dtypes (default: float32,float16,bfloat16)",
+    )
+    kernels.add_argument(
+        "--quant-type",
+        choices=tuple(QUANT_ZERO_POINTS),
+        default=QUANT_TYPE,
+        help="the type the static quantized ops (<Norm>QuantizeLinear) quantize "
+        "to, by their zero point's type; ORT's QuantizeLinear after its "
+        "norm quantizes to the same (default int8)",
+    )
     kernels.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    kernels.add_argument("--repeats", type=int, default=9,
-                         help="interleaved repetitions (default 9)")
-    kernels.add_argument("--min-sample", type=float, default=0.002,
-                         help="each timed sample loops until it lasts this many seconds "
-                              "(default 0.002)")
-    kernels.add_argument("--warmup", type=float, default=0.01,
-                         help="before each timed sample, run the same contender untimed for this "
-                              "many seconds (default 0.01)")
-    kernels.add_argument("--compare-library", metavar="NAME=PATH", action="append", default=[],
-                         help="also time this other build of libonnxnorm_ops.so (a copy of an "
-                              "older one, say) in the same run, as contender onnxnorm@NAME; "
-                              "repeatable")
+    kernels.add_argument(
+        "--repeats", type=int, default=9, help="interleaved repetitions (default 9)"
+    )
+    kernels.add_argument(
+        "--min-sample",
+        type=float,
+        default=0.002,
+        help="each timed sample loops until it lasts this many seconds (default 0.002)",
+    )
+    kernels.add_argument(
+        "--warmup",
+        type=float,
+        default=0.01,
+        help="before each timed sample, run the same contender untimed for this "
+        "many seconds (default 0.01)",
+    )
+    kernels.add_argument(
+        "--compare-library",
+        metavar="NAME=PATH",
+        action="append",
+        default=[],
+        help="also time this other build of libonnxnorm_ops.so (a copy of an "
+        "older one, say) in the same run, as contender onnxnorm@NAME; "
+        "repeatable",
+    )
     kernels.add_argument("--json", metavar="PATH", help="write the results as JSON")
     kernels.add_argument("--plot", metavar="PATH", help="draw a PNG plot of the ratios")
     kernels.set_defaults(run=run)
@@ -77,7 +105,17 @@ def run(args: argparse.Namespace) -> int:
     from onnxnorm.bench import kernels_measure as measure
 
     ops = list(_ops()) if args.ops is None else args.ops
-    measure.run(ops, args.shapes, args.dtypes, threads=args.threads, repeats=args.repeats,
-                min_sample=args.min_sample, json_path=args.json, plot_path=args.plot,
-                warmup=args.warmup, compare=compare, quant_type=args.quant_type)
+    measure.run(
+        ops,
+        args.shapes,
+        args.dtypes,
+        threads=args.threads,
+        repeats=args.repeats,
+        min_sample=args.min_sample,
+        json_path=args.json,
+        plot_path=args.plot,
+        warmup=args.warmup,
+        compare=compare,
+        quant_type=args.quant_type,
+    )
     return 0

@@ -51,19 +51,24 @@ def torch_fn(op: str, decomposed: bool) -> Callable:
     if spec.residual == "none":
         return (lambda x, s, b: norm(x, s, b)) if layer else (lambda x, s: norm(x, s))
     if spec.residual == "skip":
+
         def skip(x, r, s, b=None):
             total = x + r
             return norm(total, s, b), total
+
         return skip
     if layer:
+
         def sandwich_layer(x, r, s, b, si, bi):
             total = r + norm(x, si, bi)
             return norm(total, s, b), total
+
         return sandwich_layer
 
     def sandwich_rms(x, r, s, si):
         total = r + norm(x, si)
         return norm(total, s), total
+
     return sandwich_rms
 
 
@@ -76,6 +81,7 @@ class _TorchModule:
         class Wrapped(torch.nn.Module):
             def forward(self, *args):
                 return fn(*args)
+
         return Wrapped()
 
 
@@ -90,14 +96,25 @@ def decomposed_model(op: str, dtype: str, arrays: dict[str, np.ndarray]):
     if key not in _EXPORTS:
         names = list(arrays)
         rows = {n: arrays[n].ndim == 3 for n in names}  # X and Residual; the others are weights
-        example = {n: torch.from_numpy(np.ones([2, 3, 8] if rows[n] else [8], np.float32))
-                   .to(getattr(torch, dtype)) for n in names}
+        example = {
+            n: torch.from_numpy(np.ones([2, 3, 8] if rows[n] else [8], np.float32)).to(
+                getattr(torch, dtype)
+            )
+            for n in names
+        }
         dims = [torch.export.Dim("b"), torch.export.Dim("s"), torch.export.Dim("d")]
-        dynamic = tuple({0: dims[0], 1: dims[1], 2: dims[2]} if rows[n] else {0: dims[2]}
-                        for n in names)
+        dynamic = tuple(
+            {0: dims[0], 1: dims[1], 2: dims[2]} if rows[n] else {0: dims[2]} for n in names
+        )
         module = _TorchModule(torch_fn(op, decomposed=True))
-        program = torch.onnx.export(module, tuple(example[n] for n in names), dynamo=True,
-                                    dynamic_shapes=(dynamic,), input_names=names, verbose=False)
+        program = torch.onnx.export(
+            module,
+            tuple(example[n] for n in names),
+            dynamo=True,
+            dynamic_shapes=(dynamic,),
+            input_names=names,
+            verbose=False,
+        )
         _EXPORTS[key] = program.model_proto
     return _EXPORTS[key]
 
@@ -109,17 +126,25 @@ def ortvalue(array: np.ndarray):
     import onnxruntime as ort
 
     if array.dtype == np_dtype("bfloat16"):
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16),
-                                                               onnx.TensorProto.BFLOAT16)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            array.view(np.uint16), onnx.TensorProto.BFLOAT16
+        )
     if array.dtype == np.dtype(ml_dtypes.float8_e4m3fn):  # (ORT takes its bits as uint8)
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint8),
-                                                               onnx.TensorProto.FLOAT8E4M3FN)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            array.view(np.uint8), onnx.TensorProto.FLOAT8E4M3FN
+        )
     return ort.OrtValue.ortvalue_from_numpy(array)
 
 
-def ort_runner(model, arrays: dict[str, np.ndarray], threads: int, with_library: bool,
-               keep: list, output_shape: tuple[int, ...] | None = None, library: str | None = None
-               ) -> Callable[[], None]:
+def ort_runner(
+    model,
+    arrays: dict[str, np.ndarray],
+    threads: int,
+    with_library: bool,
+    keep: list,
+    output_shape: tuple[int, ...] | None = None,
+    library: str | None = None,
+) -> Callable[[], None]:
     """A call of the model through IO binding (inputs and outputs preallocated, so no call
     allocates or copies; ``keep`` holds them and the session alive); with_library registers the
     onnxnorm library, ``library`` (a path) another build of it instead."""
@@ -151,7 +176,7 @@ def ort_runner(model, arrays: dict[str, np.ndarray], threads: int, with_library:
         if out.name in ("ys_out", "yz_out"):  # DynamicQuantizeLinear's scalars
             shape, dtype = (), np.dtype(np.float32 if out.name == "ys_out" else np.uint8)
         elif out.type in ("tensor(int8)", "tensor(uint8)", "tensor(float8e4m3fn)"):
-            dtype = zero_point(out.type[len("tensor("):-1]).dtype
+            dtype = zero_point(out.type[len("tensor(") : -1]).dtype
         value = ortvalue(np.empty(shape, dtype))
         keep.append(value)
         binding.bind_ortvalue_output(out.name, value)
@@ -159,12 +184,14 @@ def ort_runner(model, arrays: dict[str, np.ndarray], threads: int, with_library:
 
     def call():
         sess.run_with_iobinding(binding)
+
     call()
     return call
 
 
-def threaded_copy(pool: ThreadPoolExecutor, threads: int, source: np.ndarray, target: np.ndarray
-                  ) -> Callable[[], None]:
+def threaded_copy(
+    pool: ThreadPoolExecutor, threads: int, source: np.ndarray, target: np.ndarray
+) -> Callable[[], None]:
     """A copy of ``source`` into ``target`` in ``threads`` slices (64-byte multiples) at once: the
     calling thread copies the last one, ``pool``'s ``threads - 1`` workers the others."""
     step = -(-source.nbytes // threads // 64) * 64
@@ -173,8 +200,8 @@ def threaded_copy(pool: ThreadPoolExecutor, threads: int, source: np.ndarray, ta
 
     def call() -> None:
         futures = [pool.submit(np.copyto, target[a:b], source[a:b]) for a, b in head]
-        np.copyto(target[last[0]:last[1]], source[last[0]:last[1]])
+        np.copyto(target[last[0] : last[1]], source[last[0] : last[1]])
         for f in futures:
             f.result()
-    return call
 
+    return call

@@ -23,31 +23,37 @@ ORT_BUILTINS = {
 # the quantized ops: each built-in of their norm followed by ORT's quantizer
 _QUANTIZERS = {"static": "QuantizeLinear", "dynamic": "DynamicQuantizeLinear"}
 for _name, _spec in catalogue.QUANTIZED_OPS.items():
-    ORT_BUILTINS[_name] = [f"{label}+{_QUANTIZERS[_spec.quantize]}"
-                           for label in ORT_BUILTINS[_spec.norm_op]]
+    ORT_BUILTINS[_name] = [
+        f"{label}+{_QUANTIZERS[_spec.quantize]}" for label in ORT_BUILTINS[_spec.norm_op]
+    ]
     if _spec.quantize == "static":  # ORT's CPU QuantizeLinear has no bfloat16 kernel: cast first
-        ORT_BUILTINS[_name] += [f"{label}+Cast+QuantizeLinear"
-                                for label in ORT_BUILTINS[_spec.norm_op]]
+        ORT_BUILTINS[_name] += [
+            f"{label}+Cast+QuantizeLinear" for label in ORT_BUILTINS[_spec.norm_op]
+        ]
 
 
 def onnx_type(dtype: str) -> int:
-    """"float16" -> TensorProto.FLOAT16 (a dtype of ``--dtypes``)."""
+    """ "float16" -> TensorProto.FLOAT16 (a dtype of ``--dtypes``)."""
     import onnx
 
-    return {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
-            "bfloat16": onnx.TensorProto.BFLOAT16}[dtype]
+    return {
+        "float32": onnx.TensorProto.FLOAT,
+        "float16": onnx.TensorProto.FLOAT16,
+        "bfloat16": onnx.TensorProto.BFLOAT16,
+    }[dtype]
 
 
 def np_dtype(dtype: str) -> np.dtype:
-    """"bfloat16" -> ml_dtypes' bfloat16 (a dtype of ``--dtypes``)."""
+    """ "bfloat16" -> ml_dtypes' bfloat16 (a dtype of ``--dtypes``)."""
     import ml_dtypes
 
-    return np.dtype({"float32": np.float32, "float16": np.float16,
-                     "bfloat16": ml_dtypes.bfloat16}[dtype])
+    return np.dtype(
+        {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    )
 
 
 def quant_onnx_type(quant_type: str) -> int:
-    """"int8" -> TensorProto.INT8 (a key of QUANT_ZERO_POINTS)."""
+    """ "int8" -> TensorProto.INT8 (a key of QUANT_ZERO_POINTS)."""
     import onnx
 
     return onnx.helper.np_dtype_to_tensor_dtype(_native.QUANT_NP_TYPES[quant_type])
@@ -58,16 +64,17 @@ def zero_point(quant_type: str) -> np.ndarray:
     return np.array(QUANT_ZERO_POINTS[quant_type], _native.QUANT_NP_TYPES[quant_type])
 
 
-def _model(nodes, inputs: dict[str, tuple], outputs: list[str], dtype: str,
-           opsets: dict[str, int]):
+def _model(nodes, inputs: dict[str, tuple], outputs: list[str], dtype: str, opsets: dict[str, int]):
     """A model of ``nodes``: ``inputs`` (name -> shape) and ``outputs`` of X's type."""
     from onnx import helper
 
     t = onnx_type(dtype)
     graph = helper.make_graph(
-        nodes, "bench",
+        nodes,
+        "bench",
         [helper.make_tensor_value_info(name, t, shape) for name, shape in inputs.items()],
-        [helper.make_tensor_value_info(name, t, None) for name in outputs])
+        [helper.make_tensor_value_info(name, t, None) for name in outputs],
+    )
     imports = [helper.make_opsetid(domain, version) for domain, version in opsets.items()]
     model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = min(model.ir_version, 10)
@@ -135,8 +142,9 @@ def onnxnorm_model(op: str, dtype: str, x_shape, d: int, quant_type: str = QUANT
     while inputs and not inputs[-1]:
         inputs.pop()
     outputs = output_names(op)
-    node_outputs = outputs if spec.quantize == "none" or not spec.has_residual else (
-        outputs[:-1] + ["sum"])
+    node_outputs = (
+        outputs if spec.quantize == "none" or not spec.has_residual else (outputs[:-1] + ["sum"])
+    )
     node = helper.make_node(op, inputs, node_outputs, domain=catalogue.DOMAIN, epsilon=EPSILON)
     shapes = {n: (x_shape if n in ("x", "r") else (d,)) for n in names.values()}
     model = _model([node], shapes, outputs, dtype, {"": 18, catalogue.DOMAIN: catalogue.VERSION})
@@ -156,7 +164,7 @@ def _ort_quantized_model(label: str, dtype: str, x_shape, d: int, quant_type: st
     if cast:
         if dtype == "float32":
             raise ValueError("float32 needs no Cast before QuantizeLinear")
-        norm_label = norm_label[:-len("+Cast")]
+        norm_label = norm_label[: -len("+Cast")]
     model = ort_builtin_model(norm_label, dtype, x_shape, d)
     graph = model.graph
     for node in graph.node:
@@ -166,30 +174,42 @@ def _ort_quantized_model(label: str, dtype: str, x_shape, d: int, quant_type: st
     y = "y_float"
     if quantizer == "DynamicQuantizeLinear":
         if dtype != "float32":
-            graph.node.append(helper.make_node("Cast", [y], ["y_float32"],
-                                               to=onnx.TensorProto.FLOAT))
+            graph.node.append(
+                helper.make_node("Cast", [y], ["y_float32"], to=onnx.TensorProto.FLOAT)
+            )
             y = "y_float32"
         graph.node.append(helper.make_node("DynamicQuantizeLinear", [y], ["y", "ys_out", "yz_out"]))
     else:
         scale = "ys"
         if cast:  # the norm's output and the scale in float32 (QuantizeLinear divides in float32)
-            graph.node.extend([
-                helper.make_node("Cast", [y], ["y_float32"], to=onnx.TensorProto.FLOAT),
-                helper.make_node("Cast", ["ys"], ["ys_float32"], to=onnx.TensorProto.FLOAT)])
+            graph.node.extend(
+                [
+                    helper.make_node("Cast", [y], ["y_float32"], to=onnx.TensorProto.FLOAT),
+                    helper.make_node("Cast", ["ys"], ["ys_float32"], to=onnx.TensorProto.FLOAT),
+                ]
+            )
             y, scale = "y_float32", "ys_float32"
         graph.node.append(helper.make_node("QuantizeLinear", [y, scale, "yz"], ["y"]))
-        graph.input.extend([helper.make_tensor_value_info("ys", onnx_type(dtype), []),
-                            helper.make_tensor_value_info("yz", quant_onnx_type(quant_type), [])])
+        graph.input.extend(
+            [
+                helper.make_tensor_value_info("ys", onnx_type(dtype), []),
+                helper.make_tensor_value_info("yz", quant_onnx_type(quant_type), []),
+            ]
+        )
         for imp in model.opset_import:
             if imp.domain == "":
                 imp.version = max(imp.version, 21)
     outputs = {o.name: o for o in graph.output}
-    names = ["y"] + (["ys_out", "yz_out"] if quantizer == "DynamicQuantizeLinear" else []) + (
-        ["sum"] if "sum" in outputs else [])
+    names = (
+        ["y"]
+        + (["ys_out", "yz_out"] if quantizer == "DynamicQuantizeLinear" else [])
+        + (["sum"] if "sum" in outputs else [])
+    )
     del graph.output[:]
     graph.output.extend(helper.make_tensor_value_info(n, onnx_type(dtype), None) for n in names)
-    _quantized_types(model, "dynamic" if quantizer == "DynamicQuantizeLinear" else "static",
-                     quant_type)
+    _quantized_types(
+        model, "dynamic" if quantizer == "DynamicQuantizeLinear" else "static", quant_type
+    )
     return model
 
 
@@ -211,29 +231,37 @@ def ort_builtin_model(label: str, dtype: str, x_shape, d: int, quant_type: str =
     w = {"s": (d,)}
     wb = {"s": (d,), "b": (d,)}
     if label == "LayerNormalization-17":
-        return _model([norm("LayerNormalization", ["x", "s", "b"])], {**xs, **wb}, ["y"], dtype,
-                      {"": 17})
+        return _model(
+            [norm("LayerNormalization", ["x", "s", "b"])], {**xs, **wb}, ["y"], dtype, {"": 17}
+        )
     if label == "RMSNormalization-23":
         return _model([norm("RMSNormalization", ["x", "s"])], {**xs, **w}, ["y"], dtype, {"": 23})
     if label == "SimplifiedLayerNormalization":
-        return _model([norm("SimplifiedLayerNormalization", ["x", "s"])], {**xs, **w}, ["y"], dtype,
-                      {"": 17})
+        return _model(
+            [norm("SimplifiedLayerNormalization", ["x", "s"])], {**xs, **w}, ["y"], dtype, {"": 17}
+        )
     rs = {"r": x_shape}
     opsets = {"": 17, ms: 1}
     if label == "SkipLayerNormalization":
-        return _model([skip(label, ["x", "r", "s", "b"])], {**xs, **rs, **wb}, ["y", "sum"], dtype,
-                      opsets)
+        return _model(
+            [skip(label, ["x", "r", "s", "b"])], {**xs, **rs, **wb}, ["y", "sum"], dtype, opsets
+        )
     if label == "SkipSimplifiedLayerNormalization":
-        return _model([skip(label, ["x", "r", "s"])], {**xs, **rs, **w}, ["y", "sum"], dtype,
-                      opsets)
+        return _model(
+            [skip(label, ["x", "r", "s"])], {**xs, **rs, **w}, ["y", "sum"], dtype, opsets
+        )
     if label == "LayerNormalization+SkipLayerNormalization":
-        nodes = [norm("LayerNormalization", ["x", "si", "bi"], "inner"),
-                 skip("SkipLayerNormalization", ["inner", "r", "s", "b"])]
+        nodes = [
+            norm("LayerNormalization", ["x", "si", "bi"], "inner"),
+            skip("SkipLayerNormalization", ["inner", "r", "s", "b"]),
+        ]
         inputs = {**xs, **rs, **wb, "si": (d,), "bi": (d,)}
         return _model(nodes, inputs, ["y", "sum"], dtype, opsets)
     if label == "SimplifiedLayerNormalization+SkipSimplifiedLayerNormalization":
-        nodes = [norm("SimplifiedLayerNormalization", ["x", "si"], "inner"),
-                 skip("SkipSimplifiedLayerNormalization", ["inner", "r", "s"])]
+        nodes = [
+            norm("SimplifiedLayerNormalization", ["x", "si"], "inner"),
+            skip("SkipSimplifiedLayerNormalization", ["inner", "r", "s"]),
+        ]
         return _model(nodes, {**xs, **rs, **w, "si": (d,)}, ["y", "sum"], dtype, opsets)
     raise KeyError(label)
 
@@ -248,4 +276,3 @@ def ort_floor_model(op: str, dtype: str, x_shape):
         return _model([node], {"x": x_shape}, ["y"], dtype, {"": 17})
     node = helper.make_node("Concat", ["x", "r"], ["y"], axis=0)
     return _model([node], {"x": x_shape, "r": x_shape}, ["y"], dtype, {"": 17})
-

@@ -11,17 +11,31 @@ import numpy as np
 from onnxnorm.bench import common, timing
 from onnxnorm.bench import kernels_graphs as graphs
 from onnxnorm.bench.kernels_cases import QUANT_TYPE, QUANT_ZERO_POINTS, SHAPES, Y_SCALE, Result
-from onnxnorm.bench.kernels_contenders import (decomposed_model, ort_runner, threaded_copy,
-                                               torch_fn)
-from onnxnorm.bench.kernels_report import (comparison_table, dtype_cell, environment,
-                                           markdown_table, plot, us)
+from onnxnorm.bench.kernels_contenders import decomposed_model, ort_runner, threaded_copy, torch_fn
+from onnxnorm.bench.kernels_report import (
+    comparison_table,
+    dtype_cell,
+    environment,
+    markdown_table,
+    plot,
+    us,
+)
 from onnxnorm.ops import catalogue
 
 
-def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int, min_sample: float,
-               rng: np.random.Generator, log: Callable[[str], None] = lambda s: None,
-               warmup: float = 0.01, compare: dict[str, str] | None = None,
-               quant_type: str = QUANT_TYPE) -> Result:
+def bench_case(
+    op: str,
+    shape_name: str,
+    dtype: str,
+    threads: int,
+    repeats: int,
+    min_sample: float,
+    rng: np.random.Generator,
+    log: Callable[[str], None] = lambda s: None,
+    warmup: float = 0.01,
+    compare: dict[str, str] | None = None,
+    quant_type: str = QUANT_TYPE,
+) -> Result:
     """One row: ``op`` on ``shape_name`` in ``dtype`` (a static quantized op quantizing to
     ``quant_type``), every contender timed."""
     import torch
@@ -61,24 +75,52 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
 
     add("onnxnorm", lambda: ort_runner(model(), arrays, threads, True, keep))
     for name, path in (compare or {}).items():  # other builds of the library, for before/after
-        add(f"onnxnorm@{name}", lambda path=path: ort_runner(model(), arrays, threads, False, keep,
-                                                             library=path))
+        add(
+            f"onnxnorm@{name}",
+            lambda path=path: ort_runner(model(), arrays, threads, False, keep, library=path),
+        )
     for label in graphs.ORT_BUILTINS[op]:
-        add("ort:" + label, lambda label=label: ort_runner(
-            graphs.ort_builtin_model(label, dtype, shape, d, quant_type), arrays, threads, False,
-            keep))
+        add(
+            "ort:" + label,
+            lambda label=label: ort_runner(
+                graphs.ort_builtin_model(label, dtype, shape, d, quant_type),
+                arrays,
+                threads,
+                False,
+                keep,
+            ),
+        )
     quantized = catalogue.get(op).quantize != "none"
     if not quantized:
-        add("decomposed", lambda: ort_runner(decomposed_model(op, dtype, arrays), arrays, threads,
-                                             False, keep))
+        add(
+            "decomposed",
+            lambda: ort_runner(decomposed_model(op, dtype, arrays), arrays, threads, False, keep),
+        )
     floor_shape = (2 * shape[0], *shape[1:]) if catalogue.get(op).has_residual else shape
-    add("floor", lambda: ort_runner(graphs.ort_floor_model(op, dtype, shape), arrays, threads,
-                                    False, keep, output_shape=floor_shape))
+    add(
+        "floor",
+        lambda: ort_runner(
+            graphs.ort_floor_model(op, dtype, shape),
+            arrays,
+            threads,
+            False,
+            keep,
+            output_shape=floor_shape,
+        ),
+    )
 
     torch.set_num_threads(threads)
     bfloat16 = graphs.np_dtype("bfloat16")
-    tensors = [torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16) if a.dtype == bfloat16
-               else torch.from_numpy(a) for a in arrays.values()] if not quantized else []
+    tensors = (
+        [
+            torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+            if a.dtype == bfloat16
+            else torch.from_numpy(a)
+            for a in arrays.values()
+        ]
+        if not quantized
+        else []
+    )
     eager = torch_fn(op, decomposed=False)
 
     def make_torch():
@@ -88,7 +130,9 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
         def call():
             with torch.inference_mode():
                 eager(*tensors)
+
         return call
+
     if not quantized:
         add("torch", make_torch)
 
@@ -116,15 +160,26 @@ def bench_case(op: str, shape_name: str, dtype: str, threads: int, repeats: int,
     return Result(op, shape_name, dtype, times, notes, best, quant_type if static else None)
 
 
-def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, repeats: int = 9,
-        min_sample: float = 0.002, json_path: str | None = None, plot_path: str | None = None,
-        verbose: bool = True, warmup: float = 0.01, compare: dict[str, str] | None = None,
-        quant_type: str = QUANT_TYPE) -> list[Result]:
+def run(
+    ops: list[str],
+    shapes: list[str],
+    dtypes: list[str],
+    threads: int = 2,
+    repeats: int = 9,
+    min_sample: float = 0.002,
+    json_path: str | None = None,
+    plot_path: str | None = None,
+    verbose: bool = True,
+    warmup: float = 0.01,
+    compare: dict[str, str] | None = None,
+    quant_type: str = QUANT_TYPE,
+) -> list[Result]:
     """Times every op, dtype and shape (the static quantized ops quantizing to ``quant_type``),
     prints the table, writes the JSON and the plot where asked; returns the rows."""
     if quant_type not in QUANT_ZERO_POINTS:
-        raise ValueError(f"unknown quant_type {quant_type!r}; "
-                         f"choose from {', '.join(QUANT_ZERO_POINTS)}")
+        raise ValueError(
+            f"unknown quant_type {quant_type!r}; choose from {', '.join(QUANT_ZERO_POINTS)}"
+        )
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -135,20 +190,35 @@ def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, 
     rng = np.random.default_rng(0)
     env = environment(threads, warmup)
     env["quant_type"] = quant_type
-    log(f"# onnxnorm bench kernels — {env['date']}, {env['cpu']}, {env['cores']} cores, "
+    log(
+        f"# onnxnorm bench kernels — {env['date']}, {env['cpu']}, {env['cores']} cores, "
         f"{threads} threads, onnxruntime {env['onnxruntime']}, torch {env['torch']}, "
-        f"kernels {env['isa']}, load average {env['load_average']}")
+        f"kernels {env['isa']}, load average {env['load_average']}"
+    )
     results = []
     for op in ops:
         for dtype in dtypes:
             for shape in shapes:
                 start = timing.clock()
-                result = bench_case(op, shape, dtype, threads, repeats, min_sample, rng, log,
-                                    warmup, compare, quant_type)
+                result = bench_case(
+                    op,
+                    shape,
+                    dtype,
+                    threads,
+                    repeats,
+                    min_sample,
+                    rng,
+                    log,
+                    warmup,
+                    compare,
+                    quant_type,
+                )
                 results.append(result)
                 name, best = result.best_ort()
-                log(f"{op} {shape} {dtype_cell(result)}: onnxnorm {us(result.onnxnorm)} µs, "
-                    f"{name} {us(best)} µs ({timing.clock() - start:.1f} s)")
+                log(
+                    f"{op} {shape} {dtype_cell(result)}: onnxnorm {us(result.onnxnorm)} µs, "
+                    f"{name} {us(best)} µs ({timing.clock() - start:.1f} s)"
+                )
     env["load_average_after"] = common.load_average()
     log(f"# load average at the end {env['load_average_after']}")
     table = markdown_table(results)
@@ -158,8 +228,9 @@ def run(ops: list[str], shapes: list[str], dtypes: list[str], threads: int = 2, 
         print()
         print(comparison_table(results, list(compare)))
     if json_path:
-        common.write_json(json_path, {"environment": env,
-                                      "results": [r.to_dict() for r in results]})
+        common.write_json(
+            json_path, {"environment": env, "results": [r.to_dict() for r in results]}
+        )
     if plot_path:
         plot(results, plot_path)
     return results

@@ -17,8 +17,11 @@ clock = time.perf_counter
 def spread(values: Iterable[float], prefix: str = "") -> dict[str, float]:
     """``{"median", "min", "max"}`` of ``values`` (keys prefixed with ``prefix``)."""
     values = list(values)
-    return {f"{prefix}median": statistics.median(values), f"{prefix}min": min(values),
-            f"{prefix}max": max(values)}
+    return {
+        f"{prefix}median": statistics.median(values),
+        f"{prefix}min": min(values),
+        f"{prefix}max": max(values),
+    }
 
 
 def paired_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
@@ -28,8 +31,9 @@ def paired_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
     return [y / x for x, y in zip(a, b) if x]
 
 
-def interleaved(fns: dict[str, Callable[[], None]], repeats: int, min_sample: float,
-                warmup: float = 0.0) -> tuple[dict[str, float], dict[str, float]]:
+def interleaved(
+    fns: dict[str, Callable[[], None]], repeats: int, min_sample: float, warmup: float = 0.0
+) -> tuple[dict[str, float], dict[str, float]]:
     """(median, minimum) seconds per call of each function over ``repeats`` repetitions, each
     timing every function once in an order rotated by one per repetition; a sample loops until
     it lasts ``min_sample`` seconds. Each timed sample follows ``warmup`` seconds (at least one
@@ -56,8 +60,10 @@ def interleaved(fns: dict[str, Callable[[], None]], repeats: int, min_sample: fl
             for _ in range(number):
                 fn()
             samples[name].append((clock() - start) / number)
-    return ({name: statistics.median(values) for name, values in samples.items()},
-            {name: min(values) for name, values in samples.items()})
+    return (
+        {name: statistics.median(values) for name, values in samples.items()},
+        {name: min(values) for name, values in samples.items()},
+    )
 
 
 def cuda_ms(fn: Callable[[], None], before: Callable[[], None], reps: int) -> float:

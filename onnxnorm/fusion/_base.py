@@ -13,7 +13,7 @@ from onnxnorm.ops import catalogue
 from onnxnorm.fusion.report import Tracker
 
 #: The element types an onnxnorm node takes, from the catalogue.
-DATA_TYPES = frozenset(ir.DataType[t[len("tensor("):-1].upper()] for t in catalogue.DATA_TYPES)
+DATA_TYPES = frozenset(ir.DataType[t[len("tensor(") : -1].upper()] for t in catalogue.DATA_TYPES)
 FLOAT = ir.DataType.FLOAT
 
 
@@ -42,10 +42,15 @@ class Replacement:
         """An onnxnorm node read back, its attributes merged over the op's defaults: what
         the rules that grow a node start from."""
         spec = catalogue.get(node.op_type)
-        inputs = {p.name: (node.inputs[i] if i < len(node.inputs) else None)
-                  for i, p in enumerate(spec.inputs)}
-        return cls(node.op_type, inputs, {name: attribute(node, name, default)
-                                          for name, default in spec.defaults.items()})
+        inputs = {
+            p.name: (node.inputs[i] if i < len(node.inputs) else None)
+            for i, p in enumerate(spec.inputs)
+        }
+        return cls(
+            node.op_type,
+            inputs,
+            {name: attribute(node, name, default) for name, default in spec.defaults.items()},
+        )
 
     def arguments(self) -> list[ir.Value | None]:
         """The inputs in the op's order, without the absent ones at the end."""
@@ -109,8 +114,10 @@ class FusionRule(pattern.RewriteRuleClassBase):
                 raise NotThisPattern(f"inside {function.domain}::{function.name}'s own body")
             if isinstance(function, ir.Function):
                 # attach_functions gives bodies to the nodes of the main graph only
-                raise Rejected(f"inside model-local function {context.graph_or_function.domain}::"
-                               f"{context.graph_or_function.name}; inline it first")
+                raise Rejected(
+                    f"inside model-local function {context.graph_or_function.domain}::"
+                    f"{context.graph_or_function.name}; inline it first"
+                )
             replacement = self.inspect(context, **bindings)
             _only_used_inside(context, {bindings[n] for n in self.shared if n in bindings})
         except NotThisPattern as e:
@@ -125,9 +132,14 @@ class FusionRule(pattern.RewriteRuleClassBase):
     def rewrite(self, op, y, total=None, **_):
         (root, new), self._accepted = self._accepted, None
         self.tracker.fused(self.title, root, new.note)
-        outputs = op.op(new.op, *new.arguments(), _domain=catalogue.DOMAIN,
-                        _outputs=len(catalogue.get(new.op).outputs),
-                        _name=f"{root.name}/{new.op}" if root.name else None, **new.attributes)
+        outputs = op.op(
+            new.op,
+            *new.arguments(),
+            _domain=catalogue.DOMAIN,
+            _outputs=len(catalogue.get(new.op).outputs),
+            _name=f"{root.name}/{new.op}" if root.name else None,
+            **new.attributes,
+        )
         if isinstance(outputs, ir.Value):
             outputs = [outputs]
         for value in outputs:
@@ -152,17 +164,20 @@ def _only_used_inside(context, shared=frozenset()) -> None:
                 raise Rejected(f"intermediate value {value.name!r} is a graph output")
             for user in value.consumers():
                 if user not in nodes and not dead(user):
-                    raise Rejected(f"intermediate value {value.name!r} is also used by "
-                                   f"{user.op_type} node {user.name!r}")
+                    raise Rejected(
+                        f"intermediate value {value.name!r} is also used by "
+                        f"{user.op_type} node {user.name!r}"
+                    )
 
 
 def dead(node: ir.Node, depth: int = 4) -> bool:
     """Whether nothing reads ``node``'s outputs, directly or through nodes nothing reads (the
     final dead-code pass removes it): ONNX's function expansion writes the statistics of
     LayerNormalization's optional outputs whether the node had them or not."""
-    return depth > 0 and all(not v.is_graph_output() and all(dead(u, depth - 1)
-                                                             for u in v.consumers())
-                             for v in node.outputs)
+    return depth > 0 and all(
+        not v.is_graph_output() and all(dead(u, depth - 1) for u in v.consumers())
+        for v in node.outputs
+    )
 
 
 def dtype(value: ir.Value, what: str) -> ir.DataType:
@@ -174,8 +189,9 @@ def dtype(value: ir.Value, what: str) -> ir.DataType:
         to = attribute(producer, "to", None)
         if to is not None:
             return ir.DataType(to)
-    raise Rejected(f"the element type of {what} ({value.name!r}) is unknown; "
-                   "run shape inference first")
+    raise Rejected(
+        f"the element type of {what} ({value.name!r}) is unknown; run shape inference first"
+    )
 
 
 def constant(value: ir.Value | None, what: str) -> np.ndarray:
@@ -222,13 +238,20 @@ def int_values(value: ir.Value | None, what: str, depth: int = 8) -> np.ndarray:
     if op in ("Shape", "Size"):
         source = args[0]
         inner = source.producer()
-        if (op == "Size" and inner is not None and inner.op_type == "Shape"
-                and not inner.attributes and inner.inputs[0].shape is not None):
+        if (
+            op == "Size"
+            and inner is not None
+            and inner.op_type == "Shape"
+            and not inner.attributes
+            and inner.inputs[0].shape is not None
+        ):
             return np.array(inner.inputs[0].shape.rank(), np.int64)  # Size(Shape(v)): the rank
         dims = list(source.shape.dims) if source.shape is not None else None
         if dims is None or not all(isinstance(d, int) for d in dims):
-            raise Rejected(f"{what} ({value.name!r}) depends on the dims of {source.name!r}, "
-                           "which are not static")
+            raise Rejected(
+                f"{what} ({value.name!r}) depends on the dims of {source.name!r}, "
+                "which are not static"
+            )
         if op == "Size":
             return np.array(np.prod(dims, dtype=np.int64), np.int64)
         rank = len(dims)
@@ -268,14 +291,18 @@ def attribute(node: ir.Node, name: str, default: Any) -> Any:
     if attr is None:
         return default
     if attr.is_ref():
-        raise Rejected(f"attribute {name} of {node.op_type} node {node.name!r} is a reference "
-                       "to a function attribute")
+        raise Rejected(
+            f"attribute {name} of {node.op_type} node {node.name!r} is a reference "
+            "to a function attribute"
+        )
     return attr.value
 
 
 #: the report's words for a norm whose statistics the original computes in half precision
-HALF_STATISTICS = ("statistics computed in {type} in the original; onnxnorm computes them in "
-                   "float32 (more accurate, no overflow above |x| 256 where x*x passes 65504)")
+HALF_STATISTICS = (
+    "statistics computed in {type} in the original; onnxnorm computes them in "
+    "float32 (more accurate, no overflow above |x| 256 where x*x passes 65504)"
+)
 
 
 def statistics_type(x_type: ir.DataType, strict: bool, what: str = "the statistics are") -> str:
@@ -316,19 +343,24 @@ def check_scale(scale: ir.Value, x: ir.Value, axis: int) -> None:
     if rank is not None and len(dims) > rank:
         raise Rejected(f"Scale of shape {_shape(scale)} has a higher rank than X {_shape(x)}")
     if rank is None and len(dims) > normalized:
-        raise Rejected(f"Scale of shape {_shape(scale)} spans more than the normalized dims of X "
-                       f"({x.name!r}) of unknown rank")
+        raise Rejected(
+            f"Scale of shape {_shape(scale)} spans more than the normalized dims of X "
+            f"({x.name!r}) of unknown rank"
+        )
     while len(dims) > normalized and dims[0] == 1:
         dims.pop(0)
     if len(dims) < normalized:
-        raise Rejected(f"Scale of shape {_shape(scale)} does not cover the {normalized} "
-                       f"normalized dim(s) of X {_shape(x)}")
-    trailing = x_dims[len(x_dims) - len(dims):] if x_dims is not None else [None] * len(dims)
+        raise Rejected(
+            f"Scale of shape {_shape(scale)} does not cover the {normalized} "
+            f"normalized dim(s) of X {_shape(x)}"
+        )
+    trailing = x_dims[len(x_dims) - len(dims) :] if x_dims is not None else [None] * len(dims)
     for s, d in zip(dims, trailing):
         if isinstance(s, int) and isinstance(d, int):
             if s != d:
-                raise Rejected(f"Scale of shape {_shape(scale)} is not a suffix of X's shape "
-                               f"{_shape(x)}")
+                raise Rejected(
+                    f"Scale of shape {_shape(scale)} is not a suffix of X's shape {_shape(x)}"
+                )
         elif isinstance(s, int) and s > 1:
             pass  # X's dim is not static: the original graph's broadcast forces it to s
         elif not (isinstance(s, ir.SymbolicDim) and s.value is not None and s == d):
@@ -338,7 +370,8 @@ def check_scale(scale: ir.Value, x: ir.Value, axis: int) -> None:
 def _shape(value: ir.Value) -> str:
     if value.shape is None:
         return "?"
-    return "[" + ", ".join(str(d) if isinstance(d, int) else (d.value or "?")
-                           for d in value.shape.dims) + "]"
-
-
+    return (
+        "["
+        + ", ".join(str(d) if isinstance(d, int) else (d.value or "?") for d in value.shape.dims)
+        + "]"
+    )

@@ -57,4 +57,5 @@ def check() -> None:
     found = root_op(rule)
     assert found == ("", "Relu"), (
         f"onnxscript {onnxscript.__version__}: a rule's pattern root reads as {found!r}, not "
-        "('', 'Relu'): onnxnorm/fusion/_onnxscript_private.py must follow onnxscript's change")
+        "('', 'Relu'): onnxnorm/fusion/_onnxscript_private.py must follow onnxscript's change"
+    )

@@ -31,8 +31,13 @@ import onnx
 #: ops whose output shape ORT's symbolic inference takes from onnx's, broadcasting their inputs
 _BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Sum", "Max", "Min", "MatMul"}
 #: the private methods and attributes this module relies on
-_METHODS = ("_check_merged_dims", "_broadcast_shapes", "_onnx_infer_single_node", "_preprocess",
-            "_infer_impl")
+_METHODS = (
+    "_check_merged_dims",
+    "_broadcast_shapes",
+    "_onnx_infer_single_node",
+    "_preprocess",
+    "_infer_impl",
+)
 _ATTRIBUTES = ("symbolic_dims_", "known_vi_", "run_", "out_mp_")
 
 
@@ -78,7 +83,8 @@ def _inference_class():
                     continue
                 for dim in info.type.tensor_type.shape.dim:
                     if not dim.HasField("dim_value") and (
-                            not dim.dim_param or dim.dim_param.startswith("unk__")):
+                        not dim.dim_param or dim.dim_param.startswith("unk__")
+                    ):
                         dim.dim_param = self._fresh()
 
     return Inference
@@ -109,19 +115,26 @@ def check() -> None:
     assert not missing, f"{version}: SymbolicShapeInference lacks {missing}"
     graph = helper.make_graph(
         [helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Add", ["a", "a"], ["d"])],
-        "check", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4]),
-                  helper.make_tensor_value_info("b", TensorProto.FLOAT, ["m", 4])],
-        [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("c", "d")])
+        "check",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["m", 4]),
+        ],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("c", "d")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     instance = _inference_class()(2**31 - 1, False, False, 0)
     instance._preprocess(model)
     missing = [a for a in _ATTRIBUTES if not hasattr(instance, a)]
     assert not missing, f"{version}: SymbolicShapeInference lacks {missing} after _preprocess"
     inferred = infer_symbolic(model)
-    shapes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
-              for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    shapes = {
+        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in list(inferred.graph.value_info) + list(inferred.graph.output)
+    }
     assert shapes.get("d") == ["n", 4], f"{version}: Add(a, a) gives {shapes.get('d')}"
     first = (shapes.get("c") or [None])[0]
     assert isinstance(first, str) and first.startswith("onnxnorm_unknown_"), (
         f"{version}: a broadcast of n and m gives {shapes.get('c')}, not a fresh dim: "
-        "onnxnorm/fusion/_ort_symbolic.py must follow ONNX Runtime's change")
+        "onnxnorm/fusion/_ort_symbolic.py must follow ONNX Runtime's change"
+    )

@@ -8,9 +8,11 @@ from __future__ import annotations
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
-from onnxscript.rewriter.rules.common import (fuse_batchnorm_into_conv_rule,
-                                              fuse_batchnorm_into_conv_transpose_rule,
-                                              fuse_batchnorm_into_gemm_rule)
+from onnxscript.rewriter.rules.common import (
+    fuse_batchnorm_into_conv_rule,
+    fuse_batchnorm_into_conv_transpose_rule,
+    fuse_batchnorm_into_gemm_rule,
+)
 
 from onnxnorm.fusion.report import Tracker
 
@@ -24,13 +26,17 @@ class FoldIntoMatMul(pattern.RewriteRuleClassBase):
     Conv folding)."""
 
     def pattern(self, op, x, w, gamma, beta, mean, var):
-        return op.BatchNormalization(op.MatMul(x, w, _outputs=["product"]), gamma, beta, mean,
-                                     var, _outputs=["y"])
+        return op.BatchNormalization(
+            op.MatMul(x, w, _outputs=["product"]), gamma, beta, mean, var, _outputs=["y"]
+        )
 
     def check(self, context, x, w, gamma, beta, mean, var, product, y, **_):
         result = pattern.MatchResult()
         node = y.producer()
-        if node.attributes.get("training_mode") is not None and node.attributes["training_mode"].value:
+        if (
+            node.attributes.get("training_mode") is not None
+            and node.attributes["training_mode"].value
+        ):
             return result.fail("training mode")
         if len(node.outputs) > 1 and any(v.uses() for v in node.outputs[1:]):
             return result.fail("running statistics are used")
@@ -42,8 +48,10 @@ class FoldIntoMatMul(pattern.RewriteRuleClassBase):
         shape = product.shape
         weight = ir.convenience.get_const_tensor(w)
         if shape is None or shape.rank() != 2 or len(weight.shape) != 2:
-            return result.fail("BatchNormalization's channel axis 1 is the MatMul's feature "
-                               "axis only for a 2-D product of a 2-D weight")
+            return result.fail(
+                "BatchNormalization's channel axis 1 is the MatMul's feature "
+                "axis only for a 2-D product of a 2-D weight"
+            )
         return result
 
     def rewrite(self, op, x, w, gamma, beta, mean, var, y, **_):
@@ -51,8 +59,10 @@ class FoldIntoMatMul(pattern.RewriteRuleClassBase):
 
         node = y.producer()
         eps = node.attributes["epsilon"].value if "epsilon" in node.attributes else 1e-5
-        values = [ir.convenience.get_const_tensor(v).numpy().astype(np.float64)
-                  for v in (w, gamma, beta, mean, var)]
+        values = [
+            ir.convenience.get_const_tensor(v).numpy().astype(np.float64)
+            for v in (w, gamma, beta, mean, var)
+        ]
         weight, g, b, m, v = values
         factor = g / np.sqrt(v + eps)
         dtype = ir.convenience.get_const_tensor(w).numpy().dtype
@@ -63,14 +73,22 @@ class FoldIntoMatMul(pattern.RewriteRuleClassBase):
 
 
 def rule_set() -> pattern.RewriteRuleSet:
-    return pattern.RewriteRuleSet([fuse_batchnorm_into_conv_rule,
-                                   fuse_batchnorm_into_conv_transpose_rule,
-                                   fuse_batchnorm_into_gemm_rule, FoldIntoMatMul().rule()])
+    return pattern.RewriteRuleSet(
+        [
+            fuse_batchnorm_into_conv_rule,
+            fuse_batchnorm_into_conv_transpose_rule,
+            fuse_batchnorm_into_gemm_rule,
+            FoldIntoMatMul().rule(),
+        ]
+    )
 
 
 def _batch_norms(model: ir.Model) -> list[ir.Node]:
-    return [n for n in ir.traversal.RecursiveGraphIterator(model.graph)
-            if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")]
+    return [
+        n
+        for n in ir.traversal.RecursiveGraphIterator(model.graph)
+        if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")
+    ]
 
 
 def fold(model: ir.Model, tracker: Tracker) -> None:
@@ -89,9 +107,13 @@ def fold(model: ir.Model, tracker: Tracker) -> None:
         if node in remaining:
             producer = node.inputs[0].producer() if node.inputs[0] is not None else None
             before_op = producer.op_type if producer is not None else "a graph input"
-            tracker.checked(TITLE, node, f"after {before_op}: no Conv/ConvTranspose/Gemm, or "
-                                         "MatMul with a 2-D product, with constant weights and "
-                                         "statistics to fold it into, or training outputs in use")
+            tracker.checked(
+                TITLE,
+                node,
+                f"after {before_op}: no Conv/ConvTranspose/Gemm, or "
+                "MatMul with a 2-D product, with constant weights and "
+                "statistics to fold it into, or training outputs in use",
+            )
         else:
             tracker.checked(TITLE, node, None)
             tracker.fused(TITLE, node)

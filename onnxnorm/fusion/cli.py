@@ -7,8 +7,13 @@ import json
 import sys
 
 
-def add_fusion_options(parser: argparse.ArgumentParser, *, output_help: str,
-                       verify_help: str, verify_default: bool | None = False) -> None:
+def add_fusion_options(
+    parser: argparse.ArgumentParser,
+    *,
+    output_help: str,
+    verify_help: str,
+    verify_default: bool | None = False,
+) -> None:
     """The options ``onnxnorm fuse`` and ``onnxnorm genai`` share: the output, the target,
     --verify (``verify_default`` None: --verify/--no-verify, the default decided by the
     command), --overwrite, --strict-precision, --upgrade-opset and --json."""
@@ -17,27 +22,37 @@ def add_fusion_options(parser: argparse.ArgumentParser, *, output_help: str,
     parser.add_argument("-o", "--output", required=True, help=output_help)
     parser.add_argument("--target", choices=TARGETS, default=DEFAULT, help=help_text())
     if verify_default is None:
-        parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
-                            help=verify_help)
+        parser.add_argument(
+            "--verify", action=argparse.BooleanOptionalAction, default=None, help=verify_help
+        )
     else:
         parser.add_argument("--verify", action="store_true", help=verify_help)
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the output folder if it exists (a single output file is "
-                             "always replaced)")
-    parser.add_argument("--strict-precision", action="store_true",
-                        help="leave norms whose statistics the original computes in float16/"
-                             "bfloat16 as they are (by default they are fused with float32 "
-                             "statistics, as onnxnorm's ops compute them, and the report says "
-                             "so)")
-    parser.add_argument("--upgrade-opset", action="store_true",
-                        help="where the model's ONNX opset is too old for an onnxnorm node's "
-                             "function body or lowering (bfloat16 below opset 13, quantizers "
-                             "below 10/11, float8 below 19), convert the model to the oldest "
-                             "opset that has them with onnx's version converter (by default "
-                             "such a node keeps no body and needs the onnxnorm library; the "
-                             "report says why)")
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON "
-                                                       "('-' for standard output)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the output folder if it exists (a single output file is always replaced)",
+    )
+    parser.add_argument(
+        "--strict-precision",
+        action="store_true",
+        help="leave norms whose statistics the original computes in float16/"
+        "bfloat16 as they are (by default they are fused with float32 "
+        "statistics, as onnxnorm's ops compute them, and the report says "
+        "so)",
+    )
+    parser.add_argument(
+        "--upgrade-opset",
+        action="store_true",
+        help="where the model's ONNX opset is too old for an onnxnorm node's "
+        "function body or lowering (bfloat16 below opset 13, quantizers "
+        "below 10/11, float8 below 19), convert the model to the oldest "
+        "opset that has them with onnx's version converter (by default "
+        "such a node keeps no body and needs the onnxnorm library; the "
+        "report says why)",
+    )
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write the report as JSON ('-' for standard output)"
+    )
 
 
 def write_json(result: dict, path: str | None) -> None:
@@ -54,23 +69,27 @@ def write_json(result: dict, path: str | None) -> None:
 
 def register(commands: argparse._SubParsersAction) -> None:
     fuse = commands.add_parser(
-        "fuse", help="replace norm patterns with fused onnxnorm ops",
+        "fuse",
+        help="replace norm patterns with fused onnxnorm ops",
         description="Find the norms of an exported ONNX model (decomposed, or single ops of "
-                    "ONNX or ONNX Runtime), fuse each with its residual add where exact, and "
-                    "write them for a target. The input file is never modified; the output is "
-                    "written atomically (with external data when the input has it or is over "
-                    "2 GB). Given a folder (an Optimum export: model.onnx, or encoder_model."
-                    "onnx, decoder_model.onnx, decoder_with_past_model.onnx and decoder_model_"
-                    "merged.onnx), it writes a copy of the folder with every .onnx file fused "
-                    "and verified and the other files copied.")
+        "ONNX or ONNX Runtime), fuse each with its residual add where exact, and "
+        "write them for a target. The input file is never modified; the output is "
+        "written atomically (with external data when the input has it or is over "
+        "2 GB). Given a folder (an Optimum export: model.onnx, or encoder_model."
+        "onnx, decoder_model.onnx, decoder_with_past_model.onnx and decoder_model_"
+        "merged.onnx), it writes a copy of the folder with every .onnx file fused "
+        "and verified and the other files copied.",
+    )
     fuse.add_argument("input", help="the ONNX model, or the folder of ONNX models, to read")
     add_fusion_options(
-        fuse, output_help="where to write the fused model (for a folder: the folder to write)",
+        fuse,
+        output_help="where to write the fused model (for a folder: the folder to write)",
         verify_default=None,
         verify_help="run the original and the fused model in onnxruntime on generated inputs, "
-                    "print the max abs/rel error per output; exit 3 (output not kept) when over "
-                    "tolerance. Default: on for a folder (each file; a merged decoder in both "
-                    "branches), off for a file")
+        "print the max abs/rel error per output; exit 3 (output not kept) when over "
+        "tolerance. Default: on for a folder (each file; a merged decoder in both "
+        "branches), off for a file",
+    )
     fuse.set_defaults(run=run)
 
 
@@ -93,8 +112,14 @@ def _problems(model, folder) -> list[str]:
         notes.append(f"the input fails onnx.checker: {first_line(error)}")
     known = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", catalogue.DOMAIN}
     local = {(f.domain, f.name) for f in model.functions}
-    unknown = sorted({f"{n.domain}::{n.op_type}" for g in _all_graphs(model.graph) for n in g.node
-                      if n.domain not in known and (n.domain, n.op_type) not in local})
+    unknown = sorted(
+        {
+            f"{n.domain}::{n.op_type}"
+            for g in _all_graphs(model.graph)
+            for n in g.node
+            if n.domain not in known and (n.domain, n.op_type) not in local
+        }
+    )
     if unknown:
         notes.append(f"ops of unknown domains, left as they are: {', '.join(unknown)}")
     return notes
@@ -104,8 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from onnxnorm.errors import OnnxNormError, first_line
-    from onnxnorm._io import (check_input, check_output, load_model, model_dir,
-                              save_model)
+    from onnxnorm._io import check_input, check_output, load_model, model_dir, save_model
     from onnxnorm.fusion.pipeline import fuse_detached
 
     if Path(args.input).is_dir():
@@ -118,10 +142,13 @@ def run(args: argparse.Namespace) -> int:
     notes = _problems(model, model_dir(source))
     for note in notes:
         print(f"note: {note}")
-    fused, weights, report = fuse_detached(model, target=args.target,
-                                           base_dir=str(model_dir(source)),
-                                           strict_precision=args.strict_precision,
-                                           upgrade=args.upgrade_opset)
+    fused, weights, report = fuse_detached(
+        model,
+        target=args.target,
+        base_dir=str(model_dir(source)),
+        strict_precision=args.strict_precision,
+        upgrade=args.upgrade_opset,
+    )
     print(report)
     result = report.to_dict()
     result["input_notes"] = notes
@@ -135,14 +162,19 @@ def run(args: argparse.Namespace) -> int:
             checks = verify(source, args.output, sizes=_genai_sizes(source, model))
         except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
             _remove(args.output)
-            raise OnnxNormError(f"--verify could not run the models in onnxruntime: "
-                                f"{first_line(error)}; {args.output} not kept") from None
+            raise OnnxNormError(
+                f"--verify could not run the models in onnxruntime: "
+                f"{first_line(error)}; {args.output} not kept"
+            ) from None
         for check in checks:
             print(f"verify: {check}")
         result["verify"] = [vars(c) for c in checks]
         if not all(c.ok for c in checks):
-            print("onnxnorm: verify failed: the fused model's outputs differ beyond tolerance; "
-                  f"{args.output} not kept", file=sys.stderr)
+            print(
+                "onnxnorm: verify failed: the fused model's outputs differ beyond tolerance; "
+                f"{args.output} not kept",
+                file=sys.stderr,
+            )
             _remove(args.output)
             status = 3
     del model
@@ -160,15 +192,24 @@ def run_folder(args: argparse.Namespace) -> int:
     onnx_files(args.input)
     if args.json and args.json != "-":
         check_output(args.json)
-    report = fuse_folder(args.input, args.output, target=args.target,
-                         verify=args.verify is not False, overwrite=args.overwrite,
-                         strict_precision=args.strict_precision, upgrade=args.upgrade_opset)
+    report = fuse_folder(
+        args.input,
+        args.output,
+        target=args.target,
+        verify=args.verify is not False,
+        overwrite=args.overwrite,
+        strict_precision=args.strict_precision,
+        upgrade=args.upgrade_opset,
+    )
     print(report)
     write_json(report.to_dict(), args.json)
     if not report.written:
         failed = ", ".join(f.name for f in report.files if not f.ok)
-        print(f"onnxnorm: verify failed: outputs over tolerance in {failed}; {args.output} not "
-              "written", file=sys.stderr)
+        print(
+            f"onnxnorm: verify failed: outputs over tolerance in {failed}; {args.output} not "
+            "written",
+            file=sys.stderr,
+        )
         return 3
     print(f"wrote {args.output}")
     return 0

@@ -64,18 +64,29 @@ class FolderReport:
         return sum(f.report.residual_adds for f in self.files)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"norms": self.norms, "residual_adds": self.residual_adds, "ok": self.ok,
-                "written": self.written,
-                "files": [{"file": f.name, "report": f.report.to_dict(),
-                           "verify": None if f.checks is None else [vars(c) for c in f.checks]}
-                          for f in self.files]}
+        return {
+            "norms": self.norms,
+            "residual_adds": self.residual_adds,
+            "ok": self.ok,
+            "written": self.written,
+            "files": [
+                {
+                    "file": f.name,
+                    "report": f.report.to_dict(),
+                    "verify": None if f.checks is None else [vars(c) for c in f.checks],
+                }
+                for f in self.files
+            ],
+        }
 
     def table(self) -> str:
         """One line per file: norms fused, residual adds absorbed, parity."""
         width = max([len(f.name) for f in self.files] + [4])
         lines = [f"{'file':<{width}}  norms  adds  parity"]
-        lines += [f"{f.name:<{width}}  {f.report.norms:>5}  {f.report.residual_adds:>4}  "
-                  f"{f.parity()}" for f in self.files]
+        lines += [
+            f"{f.name:<{width}}  {f.report.norms:>5}  {f.report.residual_adds:>4}  {f.parity()}"
+            for f in self.files
+        ]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -109,8 +120,9 @@ def verify_file(original: Path, fused: Path) -> list:
     from onnxnorm.fusion.verify import generate_inputs, verify
 
     graph = onnx.load(original, load_external_data=False)
-    flags = [i.name for i in graph.graph.input
-             if i.type.tensor_type.elem_type == onnx.TensorProto.BOOL]
+    flags = [
+        i.name for i in graph.graph.input if i.type.tensor_type.elem_type == onnx.TensorProto.BOOL
+    ]
     if not flags:
         return verify(original, fused)
     checks = []
@@ -124,8 +136,14 @@ def verify_file(original: Path, fused: Path) -> list:
     return checks
 
 
-def fuse_file(source: Path, output: Path, *, target: str = "function",
-              strict_precision: bool = False, upgrade: bool = False) -> tuple[Any, set[Path]]:
+def fuse_file(
+    source: Path,
+    output: Path,
+    *,
+    target: str = "function",
+    strict_precision: bool = False,
+    upgrade: bool = False,
+) -> tuple[Any, set[Path]]:
     """Fuses the model file ``source`` into ``output`` (its folder made where missing), as
     ``onnxnorm fuse`` does; returns the fusion report and the resolved paths of the input's
     external data files (not to be copied beside the output)."""
@@ -134,18 +152,30 @@ def fuse_file(source: Path, output: Path, *, target: str = "function",
 
     model = load_model(source, load_weights=False)
     data = external_files(model, source.parent)
-    fused, weights, report = fuse_detached(model, target=target, base_dir=str(source.parent),
-                                           strict_precision=strict_precision, upgrade=upgrade)
+    fused, weights, report = fuse_detached(
+        model,
+        target=target,
+        base_dir=str(source.parent),
+        strict_precision=strict_precision,
+        upgrade=upgrade,
+    )
     del model
     output.parent.mkdir(parents=True, exist_ok=True)
     save_model(fused, output, source=source, extra=weights)
     return report, data
 
 
-def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
-                target: str = "function", verify: bool = True, overwrite: bool = False,
-                strict_precision: bool = False, upgrade: bool = False,
-                progress: Callable[[str], None] | None = None) -> FolderReport:
+def fuse_folder(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    target: str = "function",
+    verify: bool = True,
+    overwrite: bool = False,
+    strict_precision: bool = False,
+    upgrade: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> FolderReport:
     """Writes to ``output`` a copy of the folder ``source`` with every ONNX file fused
     (``target``, ``strict_precision``, ``upgrade``: see :func:`onnxnorm.fusion.fuse`) and the
     other files
@@ -166,8 +196,13 @@ def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
         for name in names:
             if progress:
                 progress(f"fusing {name}")
-            fused, data = fuse_file(source / name, work / name, target=target,
-                                    strict_precision=strict_precision, upgrade=upgrade)
+            fused, data = fuse_file(
+                source / name,
+                work / name,
+                target=target,
+                strict_precision=strict_precision,
+                upgrade=upgrade,
+            )
             skip |= data | {(source / name).resolve()}
             result = FileResult(str(name), fused)
             report.files.append(result)
@@ -180,7 +215,8 @@ def fuse_folder(source: str | os.PathLike, output: str | os.PathLike, *,
             except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
                 raise OnnxNormError(
                     f"{name}: could not run it in onnxruntime to verify it: "
-                    f"{first_line(error)}; {output} not written") from None
+                    f"{first_line(error)}; {output} not written"
+                ) from None
         if not report.ok:
             return False
         copy_rest(source, work, skip)

@@ -63,8 +63,9 @@ def lower(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
     return lower_with_notes(model, target)[0]
 
 
-def lower_with_notes(model: onnx.ModelProto, target: str, weights: Sequence[onnx.TensorProto] = ()
-                     ) -> tuple[onnx.ModelProto, list[Note]]:
+def lower_with_notes(
+    model: onnx.ModelProto, target: str, weights: Sequence[onnx.TensorProto] = ()
+) -> tuple[onnx.ModelProto, list[Note]]:
     """:func:`lower`, and a note per node (``function``: per node left without a body);
     ``weights``: initializers kept apart from ``model`` (``fuse_detached``), whose types and
     shapes the lowering needs all the same."""
@@ -93,8 +94,13 @@ def lower_with_notes(model: onnx.ModelProto, target: str, weights: Sequence[onnx
 
 
 class _Lowerer(functions.OpsetWriter):
-    def __init__(self, model: onnx.ModelProto, target: str, opset: int,
-                 weights: Sequence[onnx.TensorProto] = ()):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        target: str,
+        opset: int,
+        weights: Sequence[onnx.TensorProto] = (),
+    ):
         self.target, self.opset = target, opset
         self.notes: list[Note] = []
         self.uses_ms = False
@@ -105,18 +111,21 @@ class _Lowerer(functions.OpsetWriter):
         self.t: int | None = None
         # X's type and dims, inferred where undeclared (without them a node takes the safe path)
         self.types, self.dims = functions.node_types(
-            model, list(functions.onnxnorm_nodes(model)), opset, weights, all_x=True)
+            model, list(functions.onnxnorm_nodes(model)), opset, weights, all_x=True
+        )
 
     # -- emitting nodes -------------------------------------------------------------------
     def _name(self, hint: str) -> str:
         self.count += 1
         return f"{self.prefix}{hint}_{self.count}"
 
-    def emit(self, op: str, inputs: list[str], outs: list[str] | None = None, domain: str = "",
-             **attrs) -> list[str]:
+    def emit(
+        self, op: str, inputs: list[str], outs: list[str] | None = None, domain: str = "", **attrs
+    ) -> list[str]:
         outs = outs or [self._name(op)]
-        self.new_nodes.append(helper.make_node(op, inputs, outs, name=self._name(op),
-                                               domain=domain, **attrs))
+        self.new_nodes.append(
+            helper.make_node(op, inputs, outs, name=self._name(op), domain=domain, **attrs)
+        )
         return outs
 
     def __call__(self, op: str, *inputs: str, out: str | None = None, **attrs) -> str:
@@ -156,10 +165,14 @@ class _Lowerer(functions.OpsetWriter):
     def node(self, node: onnx.NodeProto) -> tuple[str, str]:
         spec = catalogue.get(node.op_type)
         attrs = {**spec.defaults, **{a.name: helper.get_attribute_value(a) for a in node.attribute}}
-        args = {p.name: (node.input[i] if i < len(node.input) and node.input[i] else None)
-                for i, p in enumerate(spec.inputs)}
-        outs = {p.name: (node.output[i] if i < len(node.output) and node.output[i] else None)
-                for i, p in enumerate(spec.outputs)}
+        args = {
+            p.name: (node.input[i] if i < len(node.input) and node.input[i] else None)
+            for i, p in enumerate(spec.inputs)
+        }
+        outs = {
+            p.name: (node.output[i] if i < len(node.output) and node.output[i] else None)
+            for i, p in enumerate(spec.outputs)
+        }
         self.t = t = self.types.get(args["X"])
         problem = functions.node_problem(node, self.opset, self.types)
         if problem:
@@ -167,11 +180,17 @@ class _Lowerer(functions.OpsetWriter):
         if t is None:
             return self._inline(node, "the element type of X is unknown")
         if self._core_op(spec) is None:
-            return self._inline(node, f"opset {self.opset} has no standard "
-                                      f"{'RMSNormalization (needs 23)' if spec.norm == 'rms' else 'LayerNormalization (needs 17)'}")
+            return self._inline(
+                node,
+                f"opset {self.opset} has no standard "
+                f"{'RMSNormalization (needs 23)' if spec.norm == 'rms' else 'LayerNormalization (needs 17)'}",
+            )
         if self.opset < 9 and self._normalized_count(args["X"], attrs["axis"]) is None:
-            return self._inline(node, f"opset {self.opset} has no ConstantOfShape for a unit "
-                                      "scale, and the rank of X is unknown")
+            return self._inline(
+                node,
+                f"opset {self.opset} has no ConstantOfShape for a unit "
+                "scale, and the rank of X is unknown",
+            )
         if spec.quantize != "none":
             return self._quantized(spec, attrs, args, outs)
         return self._float(spec, attrs, args, outs)
@@ -196,12 +215,16 @@ class _Lowerer(functions.OpsetWriter):
         self.types[y_float], self.dims[y_float] = self.t, self.dims.get(args["X"])
         norm_args = {p.name: args[p.name] for p in base.inputs}
         norm_outs = {"Y": y_float, "Sum": outs.get("Sum")}
-        emitted, reason = self._float(base, {a.name: attrs[a.name] for a in base.attributes},
-                                      norm_args, norm_outs)
+        emitted, reason = self._float(
+            base, {a.name: attrs[a.name] for a in base.attributes}, norm_args, norm_outs
+        )
         value = self.float32(y_float)
         if spec.quantize == "dynamic":
-            self.emit("DynamicQuantizeLinear", [value],
-                      outs=[outs["Y"], outs["Y_scale"] or "", outs["Y_zero_point"] or ""])
+            self.emit(
+                "DynamicQuantizeLinear",
+                [value],
+                outs=[outs["Y"], outs["Y_scale"] or "", outs["Y_zero_point"] or ""],
+            )
             return f"{emitted} + DynamicQuantizeLinear", reason
         inputs = [value, self.float32(args["Y_scale"])]
         if args["Y_zero_point"] is not None:
@@ -257,9 +280,13 @@ class _Lowerer(functions.OpsetWriter):
         xf = x if t == _FLOAT else self("Cast", x, to=_FLOAT)
         ones = self.ones(xf, axis, self._normalized_count(x, axis))
         value = functions.scale_and_shift(
-            self, self(op, xf, ones, axis=axis, epsilon=eps), scale, bias,
+            self,
+            self(op, xf, ones, axis=axis, epsilon=eps),
+            scale,
+            bias,
             float(attrs.get("scale_offset", 0.0)) or None,
-            bool(attrs["cast_before_scale"]) and t != _FLOAT)
+            bool(attrs["cast_before_scale"]) and t != _FLOAT,
+        )
         if t == _FLOAT:
             self("Identity", value, out=y)
         else:
@@ -267,8 +294,13 @@ class _Lowerer(functions.OpsetWriter):
         return f"{op} (unit scale) + float32 arithmetic"
 
     def _skip(self, spec, attrs, args, outs) -> tuple[str, str]:
-        x, residual, scale, bias, xbias = (args["X"], args["Residual"], args["Scale"],
-                                           args["Bias"], args["XBias"])
+        x, residual, scale, bias, xbias = (
+            args["X"],
+            args["Residual"],
+            args["Scale"],
+            args["Bias"],
+            args["XBias"],
+        )
         y, total = outs["Y"], outs["Sum"] or self._name("sum")
         t = self.t
         self.types[total], self.dims[total] = t, self.dims.get(x)
@@ -284,14 +316,23 @@ class _Lowerer(functions.OpsetWriter):
         if why_not is None and self.target == "ort" and scale is not None:
             if alpha != 1.0:
                 residual = self("Mul", residual, self.scalar(alpha))
-            op = "SkipLayerNormalization" if spec.norm == "layer" else "SkipSimplifiedLayerNormalization"
+            op = (
+                "SkipLayerNormalization"
+                if spec.norm == "layer"
+                else "SkipSimplifiedLayerNormalization"
+            )
             inputs = [x, residual, scale] + ([bias or ""] if spec.norm == "layer" else [])
             if xbias is not None:
                 inputs.append(xbias)
             while inputs and not inputs[-1]:
                 inputs.pop()
-            self.emit(op, inputs, outs=[y, "", "", outs["Sum"] or ""], domain=MS_DOMAIN,
-                      epsilon=float(attrs["epsilon"]))
+            self.emit(
+                op,
+                inputs,
+                outs=[y, "", "", outs["Sum"] or ""],
+                domain=MS_DOMAIN,
+                epsilon=float(attrs["epsilon"]),
+            )
             self.uses_ms = True
             return f"{MS_DOMAIN}.{op}" + (" after Mul(alpha)" if alpha != 1.0 else ""), ""
         # the sum as the catalogue computes it: in float32, rounded once to X's type
@@ -321,8 +362,12 @@ class _Lowerer(functions.OpsetWriter):
     def _inline(self, node: onnx.NodeProto, reason: str) -> tuple[str, str]:
         spec = catalogue.get(node.op_type)
         body = functions.function_proto(
-            node.op_type, functions.node_variant(node, self.opset, self.t), self.opset)
-        values = {**spec.defaults, **{a.name: helper.get_attribute_value(a) for a in node.attribute}}
+            node.op_type, functions.node_variant(node, self.opset, self.t), self.opset
+        )
+        values = {
+            **spec.defaults,
+            **{a.name: helper.get_attribute_value(a) for a in node.attribute},
+        }
         rename = {formal: actual for formal, actual in zip(body.input, node.input)}
         for i, formal in enumerate(body.output):
             actual = node.output[i] if i < len(node.output) and node.output[i] else None
@@ -340,7 +385,9 @@ class _Lowerer(functions.OpsetWriter):
                 if attr.ref_attr_name:
                     resolved = helper.make_attribute(attr.name, values[attr.ref_attr_name])
                     if attr.type == onnx.AttributeProto.FLOAT:
-                        resolved = helper.make_attribute(attr.name, float(values[attr.ref_attr_name]))
+                        resolved = helper.make_attribute(
+                            attr.name, float(values[attr.ref_attr_name])
+                        )
                     attr.CopyFrom(resolved)
             self.new_nodes.append(new)
         return "inlined function body", reason

@@ -22,9 +22,21 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from onnxnorm.fusion._base import (DATA_TYPES, FLOAT, FusionRule, NotThisPattern, Rejected,
-                                   Replacement, attribute, check_scale, dtype, epsilon, int_values,
-                                   scalar, statistics_type)
+from onnxnorm.fusion._base import (
+    DATA_TYPES,
+    FLOAT,
+    FusionRule,
+    NotThisPattern,
+    Rejected,
+    Replacement,
+    attribute,
+    check_scale,
+    dtype,
+    epsilon,
+    int_values,
+    scalar,
+    statistics_type,
+)
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
 
@@ -67,8 +79,10 @@ def mean_axis(node: ir.Node, x: ir.Value, rank: int | None = None) -> int:
         trailing = sorted(a % rank for a in axes)
         if trailing == list(range(rank - len(axes), rank)):
             return -len(axes)
-    raise Rejected(f"ReduceMean {node.name!r} reduces over axes {axes}, not over the trailing "
-                   "axes [axis, rank) of X")
+    raise Rejected(
+        f"ReduceMean {node.name!r} reduces over axes {axes}, not over the trailing "
+        "axes [axis, rank) of X"
+    )
 
 
 def check_weight(value: ir.Value, x: ir.Value, what: str, axis: int | None = None) -> None:
@@ -82,8 +96,14 @@ def check_weight(value: ir.Value, x: ir.Value, what: str, axis: int | None = Non
     rank = value.shape.rank() if value.shape is not None else None
     if x_rank is not None and rank is not None and rank < x_rank:
         return
-    if (axis is not None and x_rank is not None and axis in (0, -x_rank) and rank == x_rank
-            and x.shape.is_static() and list(value.shape.dims) == list(x.shape.dims)):
+    if (
+        axis is not None
+        and x_rank is not None
+        and axis in (0, -x_rank)
+        and rank == x_rank
+        and x.shape.is_static()
+        and list(value.shape.dims) == list(x.shape.dims)
+    ):
         return
     raise NotThisPattern(f"{what} ({value.name!r}) is neither a constant nor of lower rank than X")
 
@@ -114,9 +134,12 @@ class _Core(FusionRule):
         return op.Mul(x, pattern.OrValue([op.Reciprocal(d), op.Div(one, d)]), _outputs=["y"])
 
     def replacement(self, x: ir.Value, eps: ir.Value, axis: int, note: str) -> Replacement:
-        return Replacement(self.op_name, {"X": x}, {
-            "axis": axis, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0},
-            note)
+        return Replacement(
+            self.op_name,
+            {"X": x},
+            {"axis": axis, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0},
+            note,
+        )
 
 
 class RMSCore(_Core):
@@ -142,8 +165,7 @@ class LayerCore(_Core):
     def pattern(self, op, x, eps, two, one):
         mu = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mu"])
         centred = op.Sub(x, mu)
-        var = op.ReduceMean(_square(op, centred, two), _allow_other_inputs=True,
-                            _outputs=["mean"])
+        var = op.ReduceMean(_square(op, centred, two), _allow_other_inputs=True, _outputs=["mean"])
         return self.divide(op, centred, op.Sqrt(op.Add(var, eps)), one)
 
     def inspect(self, context, x, eps, mean, mu, two=None, one=None, **_):
@@ -178,8 +200,9 @@ class ScaleAbsorb(FusionRule):
         self.op_name, self.offset = op_name, offset
 
     def pattern(self, op, x, scale, c):
-        norm = getattr(op, self.op_name)(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
-                     _outputs=["norm"])
+        norm = getattr(op, self.op_name)(
+            x, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["norm"]
+        )
         factor = op.Add(scale, c) if self.offset else scale
         return op.Mul(norm, factor, _outputs=["y"])
 
@@ -213,8 +236,9 @@ class BiasAbsorb(FusionRule):
         self.op_name = op_name
 
     def pattern(self, op, x, bias):
-        norm = getattr(op, self.op_name)(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
-                     _outputs=["norm"])
+        norm = getattr(op, self.op_name)(
+            x, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["norm"]
+        )
         return op.Add(norm, bias, _outputs=["y"])
 
     def inspect(self, context, x, bias, norm, y, **_):
@@ -230,8 +254,10 @@ class BiasAbsorb(FusionRule):
             if norm.inputs["Scale"] is None and not attrs.get("scale_offset"):
                 attrs["cast_before_scale"] = 1
             elif not attrs["cast_before_scale"]:
-                raise Rejected("the norm rounds once after its scale (order B) but the bias is "
-                               f"added in {x_type.name} after that rounding")
+                raise Rejected(
+                    "the norm rounds once after its scale (order B) but the bias is "
+                    f"added in {x_type.name} after that rounding"
+                )
         return Replacement(self.op_name, dict(norm.inputs, Bias=bias), attrs)
 
 
@@ -249,8 +275,9 @@ class CastAbsorb(FusionRule):
 
     def pattern(self, op, x):
         xf = op.Cast(x, _outputs=["xf"])
-        norm = getattr(op, self.op_name)(xf, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
-                     _outputs=["norm"])
+        norm = getattr(op, self.op_name)(
+            xf, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["norm"]
+        )
         return op.Cast(norm, _outputs=["y"])
 
     def inspect(self, context, x, xf, norm, y, **_):
@@ -263,8 +290,9 @@ class CastAbsorb(FusionRule):
             value = norm.inputs[what]
             if value is not None and dtype(value, what) not in (FLOAT, x_type):
                 raise Rejected(f"{what} is neither FLOAT nor X's type")
-        return Replacement(self.op_name, dict(norm.inputs, X=x),
-                           dict(norm.attributes, cast_before_scale=0))
+        return Replacement(
+            self.op_name, dict(norm.inputs, X=x), dict(norm.attributes, cast_before_scale=0)
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,20 +318,32 @@ class StandardLayerNorm(FusionRule):
         note = _stash(node, self.strict_precision)
         x_type = dtype(x, "X")
         if x_type != FLOAT and dtype(y, "Y") == FLOAT == dtype(scale, "Scale"):
-            raise Rejected(f"Y is FLOAT, X is {x_type.name}: ONNX Runtime's LayerNormalization "
-                           "(below opset 17) gives Y in Scale's type, unrounded, where "
-                           "onnxnorm's LayerNorm gives it in X's type")
+            raise Rejected(
+                f"Y is FLOAT, X is {x_type.name}: ONNX Runtime's LayerNormalization "
+                "(below opset 17) gives Y in Scale's type, unrounded, where "
+                "onnxnorm's LayerNorm gives it in X's type"
+            )
         check_type(x_type, Y=y)
         axis = _axis(node, x)
         for what, value in (("Scale", scale), ("Bias", bias)):
             if value is not None:
                 check_type(x_type, **{what: value})
                 check_scale(value, x, axis)
-        inputs = {"X": x, "Scale": None if _is_ones(scale) else scale,
-                  "Bias": None if bias is None or _is_zeros(bias) else bias}
-        return Replacement("LayerNorm", inputs, {
-            "axis": axis, "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
-            "cast_before_scale": 0}, note)
+        inputs = {
+            "X": x,
+            "Scale": None if _is_ones(scale) else scale,
+            "Bias": None if bias is None or _is_zeros(bias) else bias,
+        }
+        return Replacement(
+            "LayerNorm",
+            inputs,
+            {
+                "axis": axis,
+                "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
+                "cast_before_scale": 0,
+            },
+            note,
+        )
 
 
 class StandardRMSNorm(FusionRule):
@@ -329,9 +369,16 @@ class StandardRMSNorm(FusionRule):
         check_type(x_type, Scale=scale, Y=y)
         axis = _axis(node, x)
         check_scale(scale, x, axis)
-        return Replacement("RMSNorm", {"X": x, "Scale": scale}, {
-            "axis": axis, "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
-            "cast_before_scale": int(self.order_a and x_type != FLOAT)}, note)
+        return Replacement(
+            "RMSNorm",
+            {"X": x, "Scale": scale},
+            {
+                "axis": axis,
+                "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
+                "cast_before_scale": int(self.order_a and x_type != FLOAT),
+            },
+            note,
+        )
 
 
 class SimplifiedLayerNorm(StandardRMSNorm):
@@ -356,9 +403,10 @@ class MsSkipNorm(FusionRule):
         super().__init__(tracker, f"{self.ms_op}{n_out}")
 
     def pattern(self, op, x, residual, scale):
-        names = ["y", "mean", "inv", "total"][:self.n_out]
-        outs = getattr(op, self.ms_op)(x, residual, scale, _domain=MS_DOMAIN,
-                                       _allow_other_inputs=True, _outputs=names)
+        names = ["y", "mean", "inv", "total"][: self.n_out]
+        outs = getattr(op, self.ms_op)(
+            x, residual, scale, _domain=MS_DOMAIN, _allow_other_inputs=True, _outputs=names
+        )
         return (outs[0], outs[3]) if self.n_out == 4 else outs
 
     def inspect(self, context, x, residual, scale, y, **_):
@@ -379,15 +427,23 @@ class MsSkipNorm(FusionRule):
                 check_type(x_type, **{what: value})
                 check_scale(value, x, -1)
         inputs = {"X": x, "Residual": residual, "Scale": scale, "Bias": bias, "XBias": xbias}
-        return Replacement(self.op_name, inputs, {
-            "axis": -1, "epsilon": epsilon(attribute(node, "epsilon", 1e-12)),
-            "cast_before_scale": 0})
+        return Replacement(
+            self.op_name,
+            inputs,
+            {
+                "axis": -1,
+                "epsilon": epsilon(attribute(node, "epsilon", 1e-12)),
+                "cast_before_scale": 0,
+            },
+        )
 
 
 def _extra_outputs_unused(node: ir.Node) -> None:
     for value in node.outputs[1:]:
         if value is not None and (value.uses() or value.is_graph_output()):
-            raise Rejected(f"output {value.name!r} (the mean or inverse standard deviation) is used")
+            raise Rejected(
+                f"output {value.name!r} (the mean or inverse standard deviation) is used"
+            )
 
 
 def _stash(node: ir.Node, strict: bool) -> str:
@@ -398,10 +454,16 @@ def _stash(node: ir.Node, strict: bool) -> str:
     try:
         return statistics_type(stash, strict)
     except Rejected:
-        why = (" and has no DOUBLE kernels: fusing would lose the original's precision"
-               if stash == ir.DataType.DOUBLE else " (strict precision)" if strict else "")
-        raise Rejected(f"stash_type is {stash.name}; onnxnorm computes the statistics in "
-                       f"FLOAT{why}") from None
+        why = (
+            " and has no DOUBLE kernels: fusing would lose the original's precision"
+            if stash == ir.DataType.DOUBLE
+            else " (strict precision)"
+            if strict
+            else ""
+        )
+        raise Rejected(
+            f"stash_type is {stash.name}; onnxnorm computes the statistics in FLOAT{why}"
+        ) from None
 
 
 def _axis(node: ir.Node, x: ir.Value) -> int:
@@ -441,16 +503,23 @@ def norm_rules(tracker: Tracker, strict_precision: bool = False) -> list[pattern
     from onnxnorm.fusion.standard import standard_rules
 
     strict = strict_precision
-    rules = [*standard_rules(tracker, strict),
-             StandardLayerNorm.rule(tracker, strict_precision=strict),
-             StandardRMSNorm.rule(tracker, strict_precision=strict),
-             SimplifiedLayerNorm.rule(tracker, strict_precision=strict),
-             *(MsSkipNorm.rule(tracker, layer=layer, n_out=n) for layer in (True, False)
-               for n in (4, 1))]
+    rules = [
+        *standard_rules(tracker, strict),
+        StandardLayerNorm.rule(tracker, strict_precision=strict),
+        StandardRMSNorm.rule(tracker, strict_precision=strict),
+        SimplifiedLayerNorm.rule(tracker, strict_precision=strict),
+        *(
+            MsSkipNorm.rule(tracker, layer=layer, n_out=n)
+            for layer in (True, False)
+            for n in (4, 1)
+        ),
+    ]
     for form in ("div", "mul"):
         # LayerNorm first: RMSNorm's pattern also matches the centred half of a LayerNorm
-        rules += [LayerCore.rule(tracker, form=form, strict_precision=strict),
-                  RMSCore.rule(tracker, form=form, strict_precision=strict)]
+        rules += [
+            LayerCore.rule(tracker, form=form, strict_precision=strict),
+            RMSCore.rule(tracker, form=form, strict_precision=strict),
+        ]
     for name in ("RMSNorm", "LayerNorm"):
         # only an op with a scale_offset takes Mul(norm, w + c) as Scale w and offset c; for
         # the others the plain Mul rule takes w + c as Scale

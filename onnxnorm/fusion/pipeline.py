@@ -39,20 +39,22 @@ from onnxnorm.targets import TARGETS
 __all__ = ["TARGETS", "fuse", "fuse_ir", "rules", "stages"]
 
 
-def stages(tracker: Tracker, strict_precision: bool = False
-           ) -> list[tuple[str, pattern.RewriteRuleSet]]:
+def stages(
+    tracker: Tracker, strict_precision: bool = False
+) -> list[tuple[str, pattern.RewriteRuleSet]]:
     """The rule sets of the pipeline, in order (each is applied until nothing changes)."""
     return [
-        ("norms", pattern.RewriteRuleSet(norms.norm_rules(tracker, strict_precision),
-                                         commute=True)),
+        (
+            "norms",
+            pattern.RewriteRuleSet(norms.norm_rules(tracker, strict_precision), commute=True),
+        ),
         ("sandwich", pattern.RewriteRuleSet(residual.sandwich_rules(tracker), commute=True)),
         ("skip", pattern.RewriteRuleSet(residual.skip_rules(tracker), commute=True)),
         ("xbias", pattern.RewriteRuleSet(residual.xbias_rules(tracker), commute=True)),
     ]
 
 
-def rules(tracker: Tracker | None = None, strict_precision: bool = False
-          ) -> pattern.RewriteRuleSet:
+def rules(tracker: Tracker | None = None, strict_precision: bool = False) -> pattern.RewriteRuleSet:
     """Every onnxnorm fusion rule as one onnxscript rule set (commuted variants included), for
     other pipelines (Olive, Optimum, torch.onnx's optimizer). Apply it repeatedly until it
     returns 0 (norms grow one absorbed Mul/Add/Cast per application), with
@@ -63,8 +65,12 @@ def rules(tracker: Tracker | None = None, strict_precision: bool = False
     """
     tracker = tracker or Tracker()
     return pattern.RewriteRuleSet(
-        norms.norm_rules(tracker, strict_precision) + residual.sandwich_rules(tracker)
-        + residual.skip_rules(tracker) + residual.xbias_rules(tracker), commute=True)
+        norms.norm_rules(tracker, strict_precision)
+        + residual.sandwich_rules(tracker)
+        + residual.skip_rules(tracker)
+        + residual.xbias_rules(tracker),
+        commute=True,
+    )
 
 
 class _Driver:
@@ -80,8 +86,9 @@ class _Driver:
         """The rules that may be rooted at a node of this op, in the rule set's order."""
         key = (domain, op_type)
         if key not in self._for_op:
-            self._for_op[key] = [rule for rule, ident in self.rules
-                                 if ident is None or ident == key]
+            self._for_op[key] = [
+                rule for rule, ident in self.rules if ident is None or ident == key
+            ]
         return self._for_op[key]
 
     def _graph(self, model: ir.Model, graph) -> int:
@@ -93,7 +100,8 @@ class _Driver:
                 if delta is None:
                     continue
                 ir.convenience.replace_nodes_and_values(
-                    graph, node, [], delta.new_nodes, delta.match.outputs, delta.new_outputs)
+                    graph, node, [], delta.new_nodes, delta.match.outputs, delta.new_outputs
+                )
                 count += 1
                 break
             for attr in node.attributes.values():
@@ -126,10 +134,14 @@ def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
     norms and one add, a Skip op one norm and one add."""
     if isinstance(model, onnx.ModelProto):
         from onnxnorm.ops.functions import onnxnorm_nodes
+
         op_types = [n.op_type for n in onnxnorm_nodes(model)]
     else:
-        op_types = [n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph)
-                    if n.domain == catalogue.DOMAIN]
+        op_types = [
+            n.op_type
+            for n in ir.traversal.RecursiveGraphIterator(model.graph)
+            if n.domain == catalogue.DOMAIN
+        ]
     held = [catalogue.NORM_OPS.get((catalogue.DOMAIN, t), (0, 0)) for t in op_types]
     return sum(n for n, _ in held), sum(a for _, a in held)
 
@@ -178,8 +190,14 @@ def remove_noop_casts(model: ir.Model) -> int:
             continue
         source, out = node.inputs[0], node.outputs[0]
         to = node.attributes.get("to")
-        if (source is None or source.dtype is None or to is None or to.is_ref()
-                or ir.DataType(to.value) != source.dtype or out.is_graph_output()):
+        if (
+            source is None
+            or source.dtype is None
+            or to is None
+            or to.is_ref()
+            or ir.DataType(to.value) != source.dtype
+            or out.is_graph_output()
+        ):
             continue
         out.replace_all_uses_with(source)
         count += 1
@@ -212,8 +230,7 @@ def symbolic_shapes(model: ir.Model) -> bool:
 
         # "unsupported broadcast": reported by the rules instead
         with _quiet("_onnxnorm_symbolic_shape_infer", logging.ERROR):
-            inferred = ir.serde.deserialize_model(
-                _c_api_utils.call_onnx_api(infer_symbolic, model))
+            inferred = ir.serde.deserialize_model(_c_api_utils.call_onnx_api(infer_symbolic, model))
     except Exception:  # noqa: BLE001 - unknown ops, odd graphs: keep onnx's shapes
         return False
     for graph, other in zip(model.graphs(), inferred.graphs()):
@@ -223,20 +240,31 @@ def symbolic_shapes(model: ir.Model) -> bool:
             if found is None or found.shape is None:
                 continue
             # onnx's names for dims it cannot name are fresh per call: not a proof here
-            dims = [None if isinstance(d, ir.SymbolicDim) and (d.value or "").startswith("unk__")
-                    else d for d in found.shape.dims]
+            dims = [
+                None if isinstance(d, ir.SymbolicDim) and (d.value or "").startswith("unk__") else d
+                for d in found.shape.dims
+            ]
             value.meta[residual.SYMBOLIC_SHAPE] = ir.Shape(dims)
             if value.shape is None:
-                value.shape = ir.Shape([f"ort:{d.value}" if isinstance(d, ir.SymbolicDim)
-                                        and d.value is not None else d for d in dims])
+                value.shape = ir.Shape(
+                    [
+                        f"ort:{d.value}"
+                        if isinstance(d, ir.SymbolicDim) and d.value is not None
+                        else d
+                        for d in dims
+                    ]
+                )
             if value.dtype is None and found.dtype is not None:
                 value.dtype = found.dtype
     return True
 
 
-def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
-            progress: Callable[[str], None] | None = None,
-            strict_precision: bool = False) -> Tracker:
+def fuse_ir(
+    model: ir.Model,
+    tracker: Tracker | None = None,
+    progress: Callable[[str], None] | None = None,
+    strict_precision: bool = False,
+) -> Tracker:
     """Runs every stage on ``model`` in place; returns the tracker."""
     tracker = tracker or Tracker()
     # one value per name, or shape inference mixes up the branches of an If
@@ -258,12 +286,14 @@ def fuse_ir(model: ir.Model, tracker: Tracker | None = None,
     quantized.fuse_quantizers(model, tracker)
     quantized.report_quantized_norms(model, tracker)
     batch_norm.fold(model, tracker)
-    ir.passes.PassManager([
-        common_passes.RemoveUnusedNodesPass(),
-        common_passes.RemoveUnusedFunctionsPass(),
-        common_passes.RemoveUnusedOpsetsPass(),
-        common_passes.TopologicalSortPass(),
-    ])(model)
+    ir.passes.PassManager(
+        [
+            common_passes.RemoveUnusedNodesPass(),
+            common_passes.RemoveUnusedFunctionsPass(),
+            common_passes.RemoveUnusedOpsetsPass(),
+            common_passes.TopologicalSortPass(),
+        ]
+    )(model)
     return tracker
 
 
@@ -278,7 +308,7 @@ def drop_unused_sums(model: onnx.ModelProto, outputs: tuple[str, ...] = ("Sum",)
         for node in graph.node:
             used.update(node.input)
             for attr in node.attribute:  # subgraphs read outer values by name
-                for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
                     for inner in _all_graphs(g):
                         for n in inner.node:
                             used.update(n.input)
@@ -289,7 +319,11 @@ def drop_unused_sums(model: onnx.ModelProto, outputs: tuple[str, ...] = ("Sum",)
             spec = catalogue.get(node.op_type)
             for name in outputs:
                 index = spec.output_index(name)
-                if index is not None and index < len(node.output) and node.output[index] not in used:
+                if (
+                    index is not None
+                    and index < len(node.output)
+                    and node.output[index] not in used
+                ):
                     node.output[index] = ""
             while node.output and not node.output[-1]:
                 del node.output[-1]
@@ -306,8 +340,9 @@ def _add_stand_in(graph: onnx.GraphProto, tensor: onnx.TensorProto) -> None:
     entry.key, entry.value = "location", "onnxnorm-stand-in"
 
 
-def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None, repairs=()
-                       ) -> tuple[ir.Model, dict[str, onnx.TensorProto]]:
+def _deserialize_apart(
+    model: onnx.ModelProto, base_dir: str | None, repairs=()
+) -> tuple[ir.Model, dict[str, onnx.TensorProto]]:
     """The IR of ``model`` built from a copy of everything but its weights (onnx_ir would
     otherwise write into the protos it wraps, e.g. naming a Constant's tensor); the weights,
     initializers of 1 KiB or more and external-data references, are wrapped where they are,
@@ -333,12 +368,14 @@ def _deserialize_apart(model: onnx.ModelProto, base_dir: str | None, repairs=()
     graph = ir.serde.deserialize_model(shell)
     for name, tensor in originals.items():
         graph.graph.initializers[name].const_value = ir.serde.deserialize_tensor(
-            tensor, base_dir or "")
+            tensor, base_dir or ""
+        )
     return graph, originals
 
 
-def _serialize_detached(model: ir.Model, originals: dict[str, onnx.TensorProto]
-                        ) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+def _serialize_detached(
+    model: ir.Model, originals: dict[str, onnx.TensorProto]
+) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
     """Serializes ``model`` without copying its weights: initializers that still hold one of
     the input's ``originals`` (unchanged weights held inline) are left out of the proto and
     returned, by reference, beside it."""
@@ -346,7 +383,7 @@ def _serialize_detached(model: ir.Model, originals: dict[str, onnx.TensorProto]
     removed = []
     for name, value in list(model.graph.initializers.items()):
         tensor = value.const_value
-        if (isinstance(tensor, ir.serde.TensorProtoTensor) and originals.get(name) is tensor.raw):
+        if isinstance(tensor, ir.serde.TensorProtoTensor) and originals.get(name) is tensor.raw:
             detached.append(tensor.raw)
             removed.append(value)
             model.graph.initializers.pop(name)
@@ -371,8 +408,9 @@ def _check(model: onnx.ModelProto, base_dir: str | None) -> list:
         raise OnnxNormError(str(problem)) from None
 
 
-def upgrade_opset(model: onnx.ModelProto, weights: list[onnx.TensorProto]
-                  ) -> tuple[onnx.ModelProto, str]:
+def upgrade_opset(
+    model: onnx.ModelProto, weights: list[onnx.TensorProto]
+) -> tuple[onnx.ModelProto, str]:
     """``model`` converted by onnx's version converter to the oldest standard opset at which
     every onnxnorm node has a function body (bfloat16 needs 13, a quantizer 10 or 11, float8
     19: ``functions.body_problem``), and the report's line on it; ``model`` and "" where no
@@ -389,11 +427,18 @@ def upgrade_opset(model: onnx.ModelProto, weights: list[onnx.TensorProto]
     if all(functions.node_problem(n, opset, types) is None for n in nodes):
         return model, ""
     newest = onnx.defs.onnx_opset_version()
-    target = next((v for v in range(opset + 1, newest + 1)
-                   if all(functions.node_problem(n, v, types) is None for n in nodes)), None)
+    target = next(
+        (
+            v
+            for v in range(opset + 1, newest + 1)
+            if all(functions.node_problem(n, v, types) is None for n in nodes)
+        ),
+        None,
+    )
     if target is None:
-        return model, (f"no opset up to {newest} gives every onnxnorm node a body; the model "
-                       "keeps its opset")
+        return model, (
+            f"no opset up to {newest} gives every onnxnorm node a body; the model keeps its opset"
+        )
     shell = onnx.ModelProto()
     shell.CopyFrom(model)
     names = {t.name for t in weights}
@@ -404,19 +449,27 @@ def upgrade_opset(model: onnx.ModelProto, weights: list[onnx.TensorProto]
 
         converted = version_converter.convert_version(shell, target)
     except Exception as error:  # noqa: BLE001 - the converter's own words go in the report
-        return model, (f"onnx's version converter could not take the model "
-                       f"from opset {opset} to {target} ({first_line(error)}); the model keeps "
-                       "its opset")
+        return model, (
+            f"onnx's version converter could not take the model "
+            f"from opset {opset} to {target} ({first_line(error)}); the model keeps "
+            "its opset"
+        )
     kept = [t for t in converted.graph.initializer if t.name not in names]
     del converted.graph.initializer[:]
     converted.graph.initializer.extend(kept)
-    return converted, (f"ONNX opset {opset} -> {target} (onnx's version converter), the oldest "
-                       "where every onnxnorm node has a function body")
+    return converted, (
+        f"ONNX opset {opset} -> {target} (onnx's version converter), the oldest "
+        "where every onnxnorm node has a function body"
+    )
 
 
-def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None,
-                  strict_precision: bool = False, upgrade: bool = False
-                  ) -> tuple[onnx.ModelProto, list[onnx.TensorProto], FusionReport]:
+def fuse_detached(
+    model: onnx.ModelProto,
+    target: str = "function",
+    base_dir: str | None = None,
+    strict_precision: bool = False,
+    upgrade: bool = False,
+) -> tuple[onnx.ModelProto, list[onnx.TensorProto], FusionReport]:
     """:func:`fuse` for large models: returns the fused model without the input's unchanged
     weights, and those weights (the input's own TensorProtos, not copies) to be written beside
     it (``onnxnorm._io.save_model(..., extra=weights)``). Tensors stored as external data stay
@@ -450,8 +503,9 @@ def fuse_detached(model: onnx.ModelProto, target: str = "function", base_dir: st
     return lowered, weights, report
 
 
-def _check_loads(model: onnx.ModelProto, lowered: onnx.ModelProto,
-                 weights: list[onnx.TensorProto]) -> str:
+def _check_loads(
+    model: onnx.ModelProto, lowered: onnx.ModelProto, weights: list[onnx.TensorProto]
+) -> str:
     """Proves that ONNX Runtime loads the fused model, before anything is written, without
     reading a weight (``verify.load_problem``); raises :class:`OutputDoesNotLoad` when it does
     not although the input does. Returns "" when it loads, else the report's note on why the
@@ -463,15 +517,22 @@ def _check_loads(model: onnx.ModelProto, lowered: onnx.ModelProto,
         return ""
     before = load_problem(model)
     if before is None:
-        raise OutputDoesNotLoad(f"the fused model does not load in ONNX Runtime, although the "
-                                f"input does: {problem}")
-    return (f"not checked that ONNX Runtime loads the output: it does not load the input "
-            f"either ({before})")
+        raise OutputDoesNotLoad(
+            f"the fused model does not load in ONNX Runtime, although the input does: {problem}"
+        )
+    return (
+        f"not checked that ONNX Runtime loads the output: it does not load the input "
+        f"either ({before})"
+    )
 
 
-def fuse(model: onnx.ModelProto, target: str = "function", base_dir: str | None = None,
-         strict_precision: bool = False, upgrade: bool = False
-         ) -> tuple[onnx.ModelProto, FusionReport]:
+def fuse(
+    model: onnx.ModelProto,
+    target: str = "function",
+    base_dir: str | None = None,
+    strict_precision: bool = False,
+    upgrade: bool = False,
+) -> tuple[onnx.ModelProto, FusionReport]:
     """Rewrites the norms of ``model`` into onnxnorm ops; ``model`` is left as is.
 
     ``target``: a name of :data:`onnxnorm.targets.TARGETS` (how each is written:

@@ -32,7 +32,11 @@ _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
 def _op(node: ir.Node | None, *types: str) -> bool:
-    return node is not None and node.domain in ("", "ai.onnx", "com.microsoft") and node.op_type in types
+    return (
+        node is not None
+        and node.domain in ("", "ai.onnx", "com.microsoft")
+        and node.op_type in types
+    )
 
 
 def _through_qdq(value: ir.Value | None, places: list[str], where: str) -> ir.Value | None:
@@ -90,12 +94,18 @@ def report_quantized_norms(model: ir.Model, tracker: Tracker) -> int:
             continue
         kind, places = found
         tracker.register(f"{kind} (decomposed)")
-        tracker.checked(f"{kind} (decomposed)", node, (
-            "QuantizeLinear/DequantizeLinear pairs inside the norm ("
-            + ", ".join(dict.fromkeys(places)) + "): the original rounds its statistics to "
-            "the quantizer's steps between ReduceMean, Add and Sqrt, which no fused norm "
-            "computes; quantize with the norm's ops left out (op_types_to_quantize without "
-            "ReduceMean, Add, Pow, Sqrt, or their nodes in nodes_to_exclude) to fuse it"))
+        tracker.checked(
+            f"{kind} (decomposed)",
+            node,
+            (
+                "QuantizeLinear/DequantizeLinear pairs inside the norm ("
+                + ", ".join(dict.fromkeys(places))
+                + "): the original rounds its statistics to "
+                "the quantizer's steps between ReduceMean, Add and Sqrt, which no fused norm "
+                "computes; quantize with the norm's ops left out (op_types_to_quantize without "
+                "ReduceMean, Add, Pow, Sqrt, or their nodes in nodes_to_exclude) to fuse it"
+            ),
+        )
         count += 1
     return count
 
@@ -104,15 +114,17 @@ def report_quantized_norms(model: ir.Model, tracker: Tracker) -> int:
 # A norm followed by its quantizer: one quantized onnxnorm op
 
 _FLOAT_OPS_WITH_QUANTIZED_FORMS = {
-    (spec.base, spec.quantize): name for name, spec in catalogue.QUANTIZED_OPS.items()}
-_QUANT_TYPES = frozenset(ir.DataType[t[len("tensor("):-1].upper()] for t in catalogue.QUANT_TYPES)
-_QUANT_TYPE_NAMES = ", ".join(t[len("tensor("):-1].upper() for t in catalogue.QUANT_TYPES)
+    (spec.base, spec.quantize): name for name, spec in catalogue.QUANTIZED_OPS.items()
+}
+_QUANT_TYPES = frozenset(ir.DataType[t[len("tensor(") : -1].upper()] for t in catalogue.QUANT_TYPES)
+_QUANT_TYPE_NAMES = ", ".join(t[len("tensor(") : -1].upper() for t in catalogue.QUANT_TYPES)
 #: why a QuantizeLinear to float8 with saturate = 0 stays as it is
 _NO_SATURATE = (
     "QuantizeLinear to FLOAT8E4M3FN with saturate = 0: the fused op always saturates (to +-448, "
     "QuantizeLinear's default saturate = 1), and without saturation ONNX Runtime's CPU "
     "conversion departs from the ONNX specification (values in [480, 496) become 448 there, "
-    "NaN in the specification), so no fused kernel could match both")
+    "NaN in the specification), so no fused kernel could match both"
+)
 
 
 def _one_element(value: ir.Value, what: str) -> None:
@@ -122,8 +134,10 @@ def _one_element(value: ir.Value, what: str) -> None:
         raise Rejected(f"the shape of {what} ({value.name!r}) is unknown")
     dims = list(shape.dims)
     if len(dims) > 1 or any(d != 1 for d in dims):
-        raise Rejected(f"{what} of shape {list(dims)} is not per tensor: the fused op quantizes "
-                       "per tensor only")
+        raise Rejected(
+            f"{what} of shape {list(dims)} is not per tensor: the fused op quantizes "
+            "per tensor only"
+        )
 
 
 def _quantized_source(quantizer: ir.Node) -> tuple[ir.Node, ir.Node | None] | None:
@@ -140,8 +154,12 @@ def _quantized_source(quantizer: ir.Node) -> tuple[ir.Node, ir.Node | None] | No
             return None
         cast, value = producer, producer.inputs[0]
         producer = value.producer() if value is not None else None
-    if producer is None or producer.domain != catalogue.DOMAIN or not producer.outputs \
-            or producer.outputs[0] is not value:
+    if (
+        producer is None
+        or producer.domain != catalogue.DOMAIN
+        or not producer.outputs
+        or producer.outputs[0] is not value
+    ):
         return None
     quantize = "static" if quantizer.op_type == "QuantizeLinear" else "dynamic"
     if (producer.op_type, quantize) not in _FLOAT_OPS_WITH_QUANTIZED_FORMS:
@@ -160,8 +178,10 @@ def _inspect(quantizer: ir.Node, norm: ir.Node, cast: ir.Node | None) -> list[ir
             raise Rejected(f"DynamicQuantizeLinear of a {x_type.name} value")
         return []
     if cast is not None and x_type != FLOAT:
-        raise Rejected(f"QuantizeLinear takes the {x_type.name} norm's output cast to FLOAT: the "
-                       "fused op's Y_scale has X's type")
+        raise Rejected(
+            f"QuantizeLinear takes the {x_type.name} norm's output cast to FLOAT: the "
+            "fused op's Y_scale has X's type"
+        )
     if attribute(quantizer, "block_size", 0):
         raise Rejected("blocked quantization (block_size): the fused op quantizes per tensor")
     scale = quantizer.inputs[1] if len(quantizer.inputs) > 1 else None
@@ -169,22 +189,28 @@ def _inspect(quantizer: ir.Node, norm: ir.Node, cast: ir.Node | None) -> list[ir
     if scale is None:
         raise Rejected("QuantizeLinear without y_scale")
     if scale.dtype != x_type:
-        raise Rejected(f"y_scale of type {scale.dtype.name if scale.dtype else 'unknown'} for a "
-                       f"{x_type.name} norm: the fused op's Y_scale has X's type")
+        raise Rejected(
+            f"y_scale of type {scale.dtype.name if scale.dtype else 'unknown'} for a "
+            f"{x_type.name} norm: the fused op's Y_scale has X's type"
+        )
     _one_element(scale, "y_scale")
     q_type = ir.DataType.UINT8
     if zero_point is not None:
         q_type = zero_point.dtype
         if q_type not in _QUANT_TYPES:
-            raise Rejected(f"y_zero_point of type {q_type.name if q_type else 'unknown'}: the "
-                           f"fused op quantizes to {_QUANT_TYPE_NAMES}")
+            raise Rejected(
+                f"y_zero_point of type {q_type.name if q_type else 'unknown'}: the "
+                f"fused op quantizes to {_QUANT_TYPE_NAMES}"
+            )
         _one_element(zero_point, "y_zero_point")
     if q_type == ir.DataType.FLOAT8E4M3FN and not attribute(quantizer, "saturate", 1):
         raise Rejected(_NO_SATURATE)
     output_dtype = attribute(quantizer, "output_dtype", 0)
     if output_dtype and ir.DataType(output_dtype) != q_type:
-        raise Rejected(f"output_dtype {ir.DataType(output_dtype).name}: the fused op quantizes "
-                       f"to its zero point's type {q_type.name}")
+        raise Rejected(
+            f"output_dtype {ir.DataType(output_dtype).name}: the fused op quantizes "
+            f"to its zero point's type {q_type.name}"
+        )
     return [scale, zero_point]
 
 
@@ -202,8 +228,9 @@ def fuse_quantizers(model: ir.Model, tracker: Tracker) -> int:
     count = 0
     for graph in model.graphs():
         for quantizer in list(graph):
-            if quantizer.graph is not graph or not _op(quantizer, "QuantizeLinear",
-                                                         "DynamicQuantizeLinear"):
+            if quantizer.graph is not graph or not _op(
+                quantizer, "QuantizeLinear", "DynamicQuantizeLinear"
+            ):
                 continue
             if quantizer.domain not in ("", "ai.onnx"):
                 continue
@@ -223,29 +250,46 @@ def fuse_quantizers(model: ir.Model, tracker: Tracker) -> int:
                 tracker.checked(title, quantizer, str(e))
                 continue
             tracker.checked(title, quantizer, None)
-            _rewrite(graph, quantizer, norm, cast, _FLOAT_OPS_WITH_QUANTIZED_FORMS[
-                (norm.op_type, quantize)], quant_inputs)
+            _rewrite(
+                graph,
+                quantizer,
+                norm,
+                cast,
+                _FLOAT_OPS_WITH_QUANTIZED_FORMS[(norm.op_type, quantize)],
+                quant_inputs,
+            )
             tracker.fused(title, quantizer)
             count += 1
     return count
 
 
-def _rewrite(graph: ir.Graph, quantizer: ir.Node, norm: ir.Node, cast: ir.Node | None, op: str,
-             quant_inputs: list[ir.Value | None]) -> None:
+def _rewrite(
+    graph: ir.Graph,
+    quantizer: ir.Node,
+    norm: ir.Node,
+    cast: ir.Node | None,
+    op: str,
+    quant_inputs: list[ir.Value | None],
+) -> None:
     spec = catalogue.get(op)
     base = catalogue.get(norm.op_type)
     inputs = list(norm.inputs) + [None] * (len(base.inputs) - len(norm.inputs)) + quant_inputs
     while inputs and inputs[-1] is None:
         inputs.pop()
     name = f"{norm.name}/{op}" if norm.name else None
-    fused = ir.Node(catalogue.DOMAIN, op, inputs,
-                    attributes=[ir.Attr(a.name, a.type, a.value) for a in norm.attributes.values()],
-                    num_outputs=len(spec.outputs), name=name)
+    fused = ir.Node(
+        catalogue.DOMAIN,
+        op,
+        inputs,
+        attributes=[ir.Attr(a.name, a.type, a.value) for a in norm.attributes.values()],
+        num_outputs=len(spec.outputs),
+        name=name,
+    )
     removed = {quantizer, norm}
     cast_removed = cast is not None and not _used_outside(cast.outputs[0], {quantizer})
     if cast_removed:
         removed.add(cast)
-    old_values, new_values = list(quantizer.outputs), list(fused.outputs[:len(quantizer.outputs)])
+    old_values, new_values = list(quantizer.outputs), list(fused.outputs[: len(quantizer.outputs)])
     y = norm.outputs[0]
     if _used_outside(y, removed):
         old_values.append(y)
@@ -261,6 +305,11 @@ def _rewrite(graph: ir.Graph, quantizer: ir.Node, norm: ir.Node, cast: ir.Node |
         value.name = f"{base_name}/{spec.outputs[index].name}"
         if spec.outputs[index].type_var == "T":
             value.type, value.shape = y.type, y.shape
-    ir.convenience.replace_nodes_and_values(graph, norm, [n for n in (norm, cast, quantizer)
-                                                          if n in removed],
-                                            [fused], old_values, new_values)
+    ir.convenience.replace_nodes_and_values(
+        graph,
+        norm,
+        [n for n in (norm, cast, quantizer) if n in removed],
+        [fused],
+        old_values,
+        new_values,
+    )

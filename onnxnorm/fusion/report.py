@@ -73,9 +73,17 @@ class FusionReport:
             "upgrade": self.upgrade,
             "load_check": self.load_check,
             "fused_total": self.fused_total,
-            "rules": [{"rule": r.rule, "found": r.found, "fused": r.fused, "skipped": r.skipped,
-                       "skips": [dataclasses.asdict(s) for s in r.skips],
-                       "notes": [dataclasses.asdict(n) for n in r.notes]} for r in self.rules],
+            "rules": [
+                {
+                    "rule": r.rule,
+                    "found": r.found,
+                    "fused": r.fused,
+                    "skipped": r.skipped,
+                    "skips": [dataclasses.asdict(s) for s in r.skips],
+                    "notes": [dataclasses.asdict(n) for n in r.notes],
+                }
+                for r in self.rules
+            ],
         }
 
     def __str__(self) -> str:
@@ -86,12 +94,19 @@ class FusionReport:
                 lines.extend(f"  skipped {s.node}: {s.reason}" for s in r.skips)
                 lines.extend(f"  note {n.node}: {n.reason}" for n in r.notes)
         if not self.fused_total:
-            lines.append("nothing to fuse: no norm pattern in the model"
-                         + (" fuses (see the skips above)"
-                            if any(r.found or r.skips for r in self.rules) else ""))
+            lines.append(
+                "nothing to fuse: no norm pattern in the model"
+                + (
+                    " fuses (see the skips above)"
+                    if any(r.found or r.skips for r in self.rules)
+                    else ""
+                )
+            )
         else:
-            lines.append(f"total fused: {self.fused_total} rewrites; {self.norms} norm(s) and "
-                         f"{self.residual_adds} residual add(s) now in onnxnorm ops")
+            lines.append(
+                f"total fused: {self.fused_total} rewrites; {self.norms} norm(s) and "
+                f"{self.residual_adds} residual add(s) now in onnxnorm ops"
+            )
         if self.upgrade:
             lines.append(f"--upgrade-opset: {self.upgrade}")
         lines.extend(f"lowered to {self.target}: {note}" for note in self.lowering)
@@ -133,9 +148,13 @@ class Tracker:
         rows = []
         for title, seen in self._seen.items():
             fused = self._fused[title]
-            skips = [Skip(node_label(node), "; ".join(reasons) or "rejected")
-                     for node, reasons in seen.items() if node not in fused]
+            skips = [
+                Skip(node_label(node), "; ".join(reasons) or "rejected")
+                for node, reasons in seen.items()
+                if node not in fused
+            ]
             notes = [Skip(node_label(node), note) for node, note in self._notes[title].items()]
-            rows.append(RuleReport(title, found=len(seen), fused=len(fused), skips=skips,
-                                   notes=notes))
+            rows.append(
+                RuleReport(title, found=len(seen), fused=len(fused), skips=skips, notes=notes)
+            )
         return FusionReport(rows)

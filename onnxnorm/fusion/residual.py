@@ -11,8 +11,16 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from onnxnorm.fusion._base import (FLOAT, FusionRule, NotThisPattern, Rejected, Replacement,
-                                   check_scale, dtype, scalar)
+from onnxnorm.fusion._base import (
+    FLOAT,
+    FusionRule,
+    NotThisPattern,
+    Rejected,
+    Replacement,
+    check_scale,
+    dtype,
+    scalar,
+)
 from onnxnorm.fusion.norms import check_type, check_weight
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
@@ -45,13 +53,15 @@ def _compare(dims_a: list, dims_b: list, what: str) -> str | None:
     """None when the dims prove the shapes equal; else why not. Raises where they prove that
     the Add broadcasts."""
     if len(dims_a) != len(dims_b):
-        raise Rejected(f"{what} differ in rank ({len(dims_a)} and {len(dims_b)}): the Add "
-                       "broadcasts")
+        raise Rejected(
+            f"{what} differ in rank ({len(dims_a)} and {len(dims_b)}): the Add broadcasts"
+        )
     for i, (da, db) in enumerate(zip(dims_a, dims_b)):
         if isinstance(da, int) and isinstance(db, int):
             if da != db:
-                raise Rejected(f"{what} differ in shape (dim {i}: {da} and {db}): the Add "
-                               "broadcasts")
+                raise Rejected(
+                    f"{what} differ in shape (dim {i}: {da} and {db}): the Add broadcasts"
+                )
     for i, (da, db) in enumerate(zip(dims_a, dims_b)):
         if isinstance(da, int) and isinstance(db, int):
             continue
@@ -59,10 +69,14 @@ def _compare(dims_a: list, dims_b: list, what: str) -> str | None:
             continue
         shapes = f"[{', '.join(map(_dim, dims_a))}] and [{', '.join(map(_dim, dims_b))}]"
         if 1 in (da, db):
-            return (f"{what} may broadcast: dim {i} is 1 in one and {_dim(db if da == 1 else da)}"
-                    f" in the other ({shapes})")
-        return f"cannot prove that {what} have the same shape: dim {i} is {_dim(da)} and " \
-               f"{_dim(db)} ({shapes})"
+            return (
+                f"{what} may broadcast: dim {i} is 1 in one and {_dim(db if da == 1 else da)}"
+                f" in the other ({shapes})"
+            )
+        return (
+            f"cannot prove that {what} have the same shape: dim {i} is {_dim(da)} and "
+            f"{_dim(db)} ({shapes})"
+        )
     return None
 
 
@@ -93,19 +107,25 @@ class SkipFusion(FusionRule):
 
     def __init__(self, tracker: Tracker, op_name: str, deep: bool) -> None:
         self.op_name, self.deep = op_name, deep
-        self.title = f"Skip{op_name} ({'DeepNorm: alpha * residual + x' if deep else 'residual add'})"
+        self.title = (
+            f"Skip{op_name} ({'DeepNorm: alpha * residual + x' if deep else 'residual add'})"
+        )
         super().__init__(tracker, f"Skip{op_name}{'Deep' if deep else ''}")
 
     def pattern(self, op, a, b, alpha):
         first = op.Mul(a, alpha, _outputs=["scaled"]) if self.deep else a
         total = op.Add(first, b, _outputs=["total"])
-        y = getattr(op, self.op_name)(total, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
-                                      _outputs=["y"])
+        y = getattr(op, self.op_name)(
+            total, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["y"]
+        )
         return y, total
 
     def inspect(self, context, a, b, total, y, alpha=None, **_):
-        if (self.deep and alpha.producer() is not None
-                and ir.convenience.get_const_tensor(alpha) is None):
+        if (
+            self.deep
+            and alpha.producer() is not None
+            and ir.convenience.get_const_tensor(alpha) is None
+        ):
             # a Mul by an activation (a dynamically quantized MatMul's scale), not DeepNorm
             raise NotThisPattern(f"alpha ({alpha.name!r}) is not a constant")
         norm = Replacement.of(y.producer())
@@ -117,8 +137,9 @@ class SkipFusion(FusionRule):
             value = scalar(alpha, "alpha")
             check_type(t, alpha=alpha)
             if t != FLOAT:
-                raise Rejected(f"DeepNorm in {t.name}: the original rounds alpha * residual "
-                               "before the add")
+                raise Rejected(
+                    f"DeepNorm in {t.name}: the original rounds alpha * residual before the add"
+                )
             attrs["alpha"] = value
             x, residual = b, a
         elif len(a.uses()) > 1 and len(b.uses()) == 1:
@@ -142,8 +163,12 @@ class CastSkipFusion(SkipFusion):
 
     def pattern(self, op, a, b):
         total = op.Add(a, b, _outputs=["total"])
-        y = getattr(op, self.op_name)(op.Cast(total, _outputs=["cast"]), _domain=catalogue.DOMAIN,
-                                      _allow_other_inputs=True, _outputs=["y"])
+        y = getattr(op, self.op_name)(
+            op.Cast(total, _outputs=["cast"]),
+            _domain=catalogue.DOMAIN,
+            _allow_other_inputs=True,
+            _outputs=["y"],
+        )
         return y, total
 
     def inspect(self, context, a, b, total, cast, y, **_):
@@ -152,20 +177,29 @@ class CastSkipFusion(SkipFusion):
         if t == norm_type:  # a Cast to the type it has (``rules()`` without the pipeline)
             return super().inspect(context, a=a, b=b, total=total, y=y)
         if t.itemsize < norm_type.itemsize:
-            why = (f"the Skip op would give Y in {t.name}, where the original's norm returns it "
-                   f"in {norm_type.name}; in {norm_type.name} it would not round the sum to "
-                   f"{t.name} as the original does")
+            why = (
+                f"the Skip op would give Y in {t.name}, where the original's norm returns it "
+                f"in {norm_type.name}; in {norm_type.name} it would not round the sum to "
+                f"{t.name} as the original does"
+            )
         else:
-            why = (f"a Skip op in {norm_type.name} would round the operands to {norm_type.name} "
-                   f"before adding them, where the original rounds their {t.name} sum")
-        raise Rejected(f"the residual add runs in {t.name} and its sum is cast to "
-                       f"{norm_type.name} for the norm: {why}")
+            why = (
+                f"a Skip op in {norm_type.name} would round the operands to {norm_type.name} "
+                f"before adding them, where the original rounds their {t.name} sum"
+            )
+        raise Rejected(
+            f"the residual add runs in {t.name} and its sum is cast to "
+            f"{norm_type.name} for the norm: {why}"
+        )
 
 
 def _matters(attrs: dict, inputs: dict, t: ir.DataType) -> bool:
     """Whether a norm's rounding order changes its result."""
-    return t != FLOAT and (inputs.get("Scale") is not None or inputs.get("Bias") is not None
-                           or bool(attrs.get("scale_offset")))
+    return t != FLOAT and (
+        inputs.get("Scale") is not None
+        or inputs.get("Bias") is not None
+        or bool(attrs.get("scale_offset"))
+    )
 
 
 class SandwichFusion(FusionRule):
@@ -178,11 +212,13 @@ class SandwichFusion(FusionRule):
         super().__init__(tracker, f"Sandwich{op_name}")
 
     def pattern(self, op, x, r):
-        inner = getattr(op, self.op_name)(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
-                                          _outputs=["inner"])
+        inner = getattr(op, self.op_name)(
+            x, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["inner"]
+        )
         total = op.Add(r, inner, _outputs=["total"])
-        y = getattr(op, self.op_name)(total, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
-                                      _outputs=["y"])
+        y = getattr(op, self.op_name)(
+            total, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["y"]
+        )
         return y, total
 
     def inspect(self, context, x, r, inner, total, y, **_):
@@ -190,7 +226,9 @@ class SandwichFusion(FusionRule):
 
     def sandwich(self, x, r, inner, total, outer_norm: Replacement) -> Replacement:
         if len(inner.uses()) > 1 or inner.is_graph_output():
-            raise NotThisPattern("the inner norm's output is used elsewhere: Post-Norm, no sandwich")
+            raise NotThisPattern(
+                "the inner norm's output is used elsewhere: Post-Norm, no sandwich"
+            )
         inner_norm = Replacement.of(inner.producer())
         a, b = inner_norm.attributes, outer_norm.attributes
         ia, ib = inner_norm.inputs, outer_norm.inputs
@@ -207,11 +245,22 @@ class SandwichFusion(FusionRule):
             raise Rejected("the two norms round in different orders")
         if _matters(a, ia, t) and not _matters(b, ib, t):
             order = a["cast_before_scale"]
-        attrs = {k: v for k, v in b.items() if k in catalogue.get(f"Sandwich{self.op_name}").defaults}
+        attrs = {
+            k: v for k, v in b.items() if k in catalogue.get(f"Sandwich{self.op_name}").defaults
+        }
         attrs["cast_before_scale"] = order
-        return Replacement(f"Sandwich{self.op_name}", {
-            "X": x, "Residual": r, "InnerScale": ia["Scale"], "InnerBias": ia["Bias"],
-            "Scale": ib["Scale"], "Bias": ib["Bias"]}, attrs)
+        return Replacement(
+            f"Sandwich{self.op_name}",
+            {
+                "X": x,
+                "Residual": r,
+                "InnerScale": ia["Scale"],
+                "InnerBias": ia["Bias"],
+                "Scale": ib["Scale"],
+                "Bias": ib["Bias"],
+            },
+            attrs,
+        )
 
 
 class SandwichFromSkip(SandwichFusion):
@@ -226,19 +275,21 @@ class SandwichFromSkip(SandwichFusion):
         FusionRule.__init__(self, tracker, f"Sandwich{op_name}FromSkip{'X' if inner_is_x else 'R'}")
 
     def pattern(self, op, x, r):
-        inner = getattr(op, self.op_name)(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True,
-                                          _outputs=["inner"])
+        inner = getattr(op, self.op_name)(
+            x, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["inner"]
+        )
         args = (inner, r) if self.inner_is_x else (r, inner)
-        y, total = getattr(op, f"Skip{self.op_name}")(*args, _domain=catalogue.DOMAIN,
-                                                       _allow_other_inputs=True,
-                                                       _outputs=["y", "total"])
+        y, total = getattr(op, f"Skip{self.op_name}")(
+            *args, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["y", "total"]
+        )
         return y, total
 
     def inspect(self, context, x, r, inner, total, y, **_):
         skip = Replacement.of(y.producer())
         if skip.inputs["XBias"] is not None:
-            raise Rejected("the Skip op also adds a sublayer bias (XBias), which the Sandwich op "
-                           "does not take")
+            raise Rejected(
+                "the Skip op also adds a sublayer bias (XBias), which the Sandwich op does not take"
+            )
         if skip.attributes["alpha"] != 1:
             raise Rejected(f"the Skip op scales the residual by alpha {skip.attributes['alpha']}")
         return self.sandwich(x, r, inner, total, skip)
@@ -256,8 +307,9 @@ class XBiasAbsorb(FusionRule):
     def pattern(self, op, m, bias, other):
         biased = op.Add(m, bias, _outputs=["biased"])
         args = (other, biased) if self.on_residual else (biased, other)
-        y, total = getattr(op, self.op_name)(*args, _domain=catalogue.DOMAIN,
-                                             _allow_other_inputs=True, _outputs=["y", "total"])
+        y, total = getattr(op, self.op_name)(
+            *args, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["y", "total"]
+        )
         return y, total
 
     def inspect(self, context, m, bias, other, y, **_):
@@ -280,15 +332,22 @@ class XBiasAbsorb(FusionRule):
 def sandwich_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
     return [SandwichFusion.rule(tracker, op_name=name) for name in ("RMSNorm", "LayerNorm")] + [
         SandwichFromSkip.rule(tracker, op_name=name, inner_is_x=side)
-        for name in ("RMSNorm", "LayerNorm") for side in (False, True)]
+        for name in ("RMSNorm", "LayerNorm")
+        for side in (False, True)
+    ]
 
 
 def skip_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
-    return [SkipFusion.rule(tracker, op_name=name, deep=deep)
-            for deep in (True, False) for name in ("RMSNorm", "LayerNorm")] + [
-        CastSkipFusion.rule(tracker, op_name=name) for name in ("RMSNorm", "LayerNorm")]
+    return [
+        SkipFusion.rule(tracker, op_name=name, deep=deep)
+        for deep in (True, False)
+        for name in ("RMSNorm", "LayerNorm")
+    ] + [CastSkipFusion.rule(tracker, op_name=name) for name in ("RMSNorm", "LayerNorm")]
 
 
 def xbias_rules(tracker: Tracker) -> list[pattern.RewriteRule]:
-    return [XBiasAbsorb.rule(tracker, op_name=name, on_residual=side)
-            for name in ("SkipRMSNorm", "SkipLayerNorm") for side in (False, True)]
+    return [
+        XBiasAbsorb.rule(tracker, op_name=name, on_residual=side)
+        for name in ("SkipRMSNorm", "SkipLayerNorm")
+        for side in (False, True)
+    ]

@@ -13,19 +13,34 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from onnxnorm.fusion._base import (FLOAT, FusionRule, Rejected, Replacement, attribute,
-                                   check_scale, dead, dtype, epsilon, int_values, scalar,
-                                   statistics_type)
+from onnxnorm.fusion._base import (
+    FLOAT,
+    FusionRule,
+    Rejected,
+    Replacement,
+    attribute,
+    check_scale,
+    dead,
+    dtype,
+    epsilon,
+    int_values,
+    scalar,
+    statistics_type,
+)
 from onnxnorm.fusion.norms import _square, check_type, check_weight, mean_axis
 
 #: the report's note on the one-pass variance of ONNX's function body
-ONE_PASS = ("the original computes the variance in one pass, E[x^2] - E[x]^2 (ONNX's function "
-            "body of LayerNormalization); onnxnorm computes it in two passes, E[(x - mean)^2], "
-            "which is more accurate for rows far from zero")
+ONE_PASS = (
+    "the original computes the variance in one pass, E[x^2] - E[x]^2 (ONNX's function "
+    "body of LayerNormalization); onnxnorm computes it in two passes, E[(x - mean)^2], "
+    "which is more accurate for rows far from zero"
+)
 #: the report's note on TensorFlow's arrangement
-FOLDED = ("the original folds Scale into 1 / sqrt(var + eps) and computes x * s + (Bias - "
-          "mean * s) (TensorFlow's batch_normalization); onnxnorm computes (x - mean) / "
-          "sqrt(var + eps) * Scale + Bias: the same function, rounded differently")
+FOLDED = (
+    "the original folds Scale into 1 / sqrt(var + eps) and computes x * s + (Bias - "
+    "mean * s) (TensorFlow's batch_normalization); onnxnorm computes (x - mean) / "
+    "sqrt(var + eps) * Scale + Bias: the same function, rounded differently"
+)
 
 
 def _notes(*notes: str) -> str:
@@ -56,12 +71,18 @@ def _flatten_axis(node: ir.Node, x: ir.Value) -> int:
             if not all(isinstance(d, int) for d in dims[k:]):
                 break
             prefix = dims[:k]
-            if np.prod(dims[k:], dtype=np.int64) == target[1] and (target[0] == -1 or (
+            if np.prod(dims[k:], dtype=np.int64) == target[1] and (
+                target[0] == -1
+                or (
                     all(isinstance(d, int) for d in prefix)
-                    and np.prod(prefix, dtype=np.int64) == target[0])):
+                    and np.prod(prefix, dtype=np.int64) == target[0]
+                )
+            ):
                 return k - len(dims)
-    raise Rejected(f"X is reshaped to {target}, which is not X flattened at one of its axes "
-                   f"(X's shape {[str(d) for d in dims] if dims else '?'})")
+    raise Rejected(
+        f"X is reshaped to {target}, which is not X flattened at one of its axes "
+        f"(X's shape {[str(d) for d in dims] if dims else '?'})"
+    )
 
 
 def _check_flat_weight(weight: ir.Value, x: ir.Value, axis: int, what: str) -> None:
@@ -74,8 +95,10 @@ def _check_flat_weight(weight: ir.Value, x: ir.Value, axis: int, what: str) -> N
     while len(dims) > -axis and dims[0] == 1:
         dims.pop(0)
     if len(dims) != -axis:
-        raise Rejected(f"{what} of shape {weight.shape} does not have X's {-axis} normalized "
-                       "dim(s): the function body flattens it, the fused op broadcasts it over X")
+        raise Rejected(
+            f"{what} of shape {weight.shape} does not have X's {-axis} normalized "
+            "dim(s): the function body flattens it, the fused op broadcasts it over X"
+        )
     if -axis == 1:
         check_scale(weight, x, axis)  # one normalized dim: the original's Mul fixes its size
         return
@@ -83,11 +106,14 @@ def _check_flat_weight(weight: ir.Value, x: ir.Value, axis: int, what: str) -> N
         raise Rejected(f"the shape of X ({x.name!r}) is unknown")
     normalized = list(x.shape.dims)[axis:]
     same = all(
-        d == n and (isinstance(d, int) or d.value is not None) for d, n in zip(dims, normalized))
+        d == n and (isinstance(d, int) or d.value is not None) for d, n in zip(dims, normalized)
+    )
     if not same:
-        raise Rejected(f"cannot prove that {what} of shape {weight.shape} has X's normalized dims "
-                       f"{list(x.shape.dims)[axis:]}: the function body flattens both, the fused "
-                       "op broadcasts it over X")
+        raise Rejected(
+            f"cannot prove that {what} of shape {weight.shape} has X's normalized dims "
+            f"{list(x.shape.dims)[axis:]}: the function body flattens both, the fused "
+            "op broadcasts it over X"
+        )
 
 
 def _flat_weight(flat: ir.Value, x: ir.Value, axis: int, what: str) -> ir.Value:
@@ -101,9 +127,11 @@ def _flat_weight(flat: ir.Value, x: ir.Value, axis: int, what: str) -> ir.Value:
         return node.inputs[0]
     check_weight(flat, x, what)
     if -axis > 1:
-        raise Rejected(f"{what} ({flat.name!r}) is already flattened (a constant folding ran) "
-                       f"and X is normalized over {-axis} dims: the fused op needs {what} in "
-                       "those dims; fuse before folding constants")
+        raise Rejected(
+            f"{what} ({flat.name!r}) is already flattened (a constant folding ran) "
+            f"and X is normalized over {-axis} dims: the fused op needs {what} in "
+            "those dims; fuse before folding constants"
+        )
     check_scale(flat, x, axis)
     return flat
 
@@ -131,48 +159,82 @@ class ExpandedLayerNorm(FusionRule):
         # (a tag: onnxscript 0.7's commute cannot clone an untagged backtracking OrValue)
         xu = pattern.OrValue([op.Cast(x2d), x2d], name="xu", tag_var="cast_in")
         mean = op.ReduceMean(xu, _allow_other_inputs=True, _outputs=["mean"])
-        square_mean = op.ReduceMean(op.Mul(xu, xu), _allow_other_inputs=True,
-                                    _outputs=["square_mean"])
+        square_mean = op.ReduceMean(
+            op.Mul(xu, xu), _allow_other_inputs=True, _outputs=["square_mean"]
+        )
         std = op.Sqrt(op.Add(op.Sub(square_mean, op.Mul(mean, mean)), eps), _outputs=["std"])
         normalized = op.Div(op.Sub(xu, mean), std, _outputs=["normalized"])
-        rounded = pattern.OrValue([op.Cast(normalized), op.CastLike(normalized, like),
-                                   normalized], name="rounded")
+        rounded = pattern.OrValue(
+            [op.Cast(normalized), op.CastLike(normalized, like), normalized], name="rounded"
+        )
         scaled = op.Mul(rounded, scale2d)
         biased = pattern.OrValue([op.Add(scaled, bias2d), op.Identity(scaled), scaled])
         return op.Reshape(biased, shape, _outputs=["y"])
 
-    def inspect(self, context, x, x2d, xu, eps, mean, square_mean, std, rounded, scale2d, shape,
-                y, bias2d=None, **_):
+    def inspect(
+        self,
+        context,
+        x,
+        x2d,
+        xu,
+        eps,
+        mean,
+        square_mean,
+        std,
+        rounded,
+        scale2d,
+        shape,
+        y,
+        bias2d=None,
+        **_,
+    ):
         nodes = set(context.nodes)
         used = [v for v in (mean, std) if _outside_uses(v, nodes) or v.is_graph_output()]
         if used:
-            raise Rejected(f"the statistics ({', '.join(repr(v.name) for v in used)}) are used "
-                           "outside the norm (LayerNormalization's Mean / InvStdDev outputs); "
-                           "the fused op does not give them, and keeping their nodes beside it "
-                           "would compute the statistics twice")
+            raise Rejected(
+                f"the statistics ({', '.join(repr(v.name) for v in used)}) are used "
+                "outside the norm (LayerNormalization's Mean / InvStdDev outputs); "
+                "the fused op does not give them, and keeping their nodes beside it "
+                "would compute the statistics twice"
+            )
         x_type = dtype(x, "X")
         stats = dtype(xu, "the statistics")
         if xu is not x2d and stats != FLOAT:
-            raise Rejected(f"stash_type is {stats.name}: the statistics are computed in "
-                           f"{stats.name}; onnxnorm computes them in FLOAT"
-                           + (" and has no DOUBLE kernels: fusing would lose the original's "
-                              "precision" if stats == ir.DataType.DOUBLE else ""))
+            raise Rejected(
+                f"stash_type is {stats.name}: the statistics are computed in "
+                f"{stats.name}; onnxnorm computes them in FLOAT"
+                + (
+                    " and has no DOUBLE kernels: fusing would lose the original's precision"
+                    if stats == ir.DataType.DOUBLE
+                    else ""
+                )
+            )
         note = statistics_type(stats, self.strict_precision)
         axis = _flatten_axis(x2d.producer(), x)
         scale = _flat_weight(scale2d, x, axis, "Scale")
         bias = _flat_weight(bias2d, x, axis, "Bias") if bias2d is not None else None
         check_type(x_type, Y=y, Scale=scale, **({"Bias": bias} if bias is not None else {}))
         if dtype(rounded, "the normalized value") != x_type:
-            raise Rejected(f"the normalized value is {dtype(rounded, 'it').name}, X is "
-                           f"{x_type.name}")
+            raise Rejected(
+                f"the normalized value is {dtype(rounded, 'it').name}, X is {x_type.name}"
+            )
         for value in (mean, square_mean):
             if mean_axis(value.producer(), xu, rank=2) != -1:
-                raise Rejected(f"ReduceMean {value.producer().name!r} does not reduce the rows "
-                               "of the flattened X")
+                raise Rejected(
+                    f"ReduceMean {value.producer().name!r} does not reduce the rows "
+                    "of the flattened X"
+                )
         self._check_shape(x, shape)
-        return Replacement("LayerNorm", {"X": x, "Scale": scale, "Bias": bias}, {
-            "axis": axis, "epsilon": epsilon(scalar(eps, "epsilon")),
-            "cast_before_scale": int(x_type != FLOAT)}, _notes(ONE_PASS, note))
+        return Replacement(
+            "LayerNorm",
+            {"X": x, "Scale": scale, "Bias": bias},
+            {
+                "axis": axis,
+                "epsilon": epsilon(scalar(eps, "epsilon")),
+                "cast_before_scale": int(x_type != FLOAT),
+            },
+            _notes(ONE_PASS, note),
+        )
 
     @staticmethod
     def _check_shape(x: ir.Value, shape: ir.Value) -> None:
@@ -188,8 +250,10 @@ class ExpandedLayerNorm(FusionRule):
             raise Rejected(f"cannot prove that the output is reshaped to X's shape: {e}") from None
         dims = list(x.shape.dims) if x.shape is not None else None
         if dims != target:
-            raise Rejected(f"the output is reshaped to {target}, not to X's shape "
-                           f"{[str(d) for d in dims] if dims is not None else '?'}")
+            raise Rejected(
+                f"the output is reshaped to {target}, not to X's shape "
+                f"{[str(d) for d in dims] if dims is not None else '?'}"
+            )
 
 
 class KerasLayerNorm(FusionRule):
@@ -205,26 +269,29 @@ class KerasLayerNorm(FusionRule):
 
     def pattern(self, op, x, eps, gamma, beta, two, power, one):
         mean = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mean"])
-        var = op.ReduceMean(_square(op, op.Sub(x, mean), two), _allow_other_inputs=True,
-                            _outputs=["var"])
+        var = op.ReduceMean(
+            _square(op, op.Sub(x, mean), two), _allow_other_inputs=True, _outputs=["var"]
+        )
         shifted = op.Add(var, eps)
-        inverse = pattern.OrValue([op.Reciprocal(op.Sqrt(shifted)), op.Pow(shifted, power),
-                                   op.Div(one, op.Sqrt(shifted))])
+        inverse = pattern.OrValue(
+            [op.Reciprocal(op.Sqrt(shifted)), op.Pow(shifted, power), op.Div(one, op.Sqrt(shifted))]
+        )
         s = op.Mul(inverse, gamma)
         return op.Add(op.Mul(x, s), op.Sub(beta, op.Mul(mean, s)), _outputs=["y"])
 
-    def inspect(self, context, x, eps, gamma, beta, mean, var, y, two=None, power=None,
-                one=None, **_):
+    def inspect(
+        self, context, x, eps, gamma, beta, mean, var, y, two=None, power=None, one=None, **_
+    ):
         x_type = dtype(x, "X")
         note = statistics_type(x_type, self.strict_precision)
         if two is not None and scalar(two, "the Pow exponent") != 2:
             raise Rejected(f"the Pow exponent is {scalar(two, 'the Pow exponent')}, not 2")
         if power is not None and scalar(power, "the Pow exponent") != -0.5:
-            raise Rejected(f"the exponent of var + eps is {scalar(power, 'the exponent')}, "
-                           "not -0.5")
+            raise Rejected(
+                f"the exponent of var + eps is {scalar(power, 'the exponent')}, not -0.5"
+            )
         if one is not None and scalar(one, "the reciprocal's numerator") != 1:
-            raise Rejected(f"the reciprocal's numerator is {scalar(one, 'the numerator')}, "
-                           "not 1")
+            raise Rejected(f"the reciprocal's numerator is {scalar(one, 'the numerator')}, not 1")
         axis = mean_axis(var.producer(), x)
         if mean_axis(mean.producer(), x) != axis:
             raise Rejected("the mean and the variance reduce over different axes")
@@ -233,11 +300,16 @@ class KerasLayerNorm(FusionRule):
         check_type(x_type, Scale=gamma, Bias=beta, Y=y)
         check_scale(gamma, x, axis)
         check_scale(beta, x, axis)
-        return Replacement("LayerNorm", {"X": x, "Scale": gamma, "Bias": beta}, {
-            "axis": axis, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0},
-            _notes(FOLDED, note))
+        return Replacement(
+            "LayerNorm",
+            {"X": x, "Scale": gamma, "Bias": beta},
+            {"axis": axis, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0},
+            _notes(FOLDED, note),
+        )
 
 
 def standard_rules(tracker, strict_precision: bool = False) -> list[pattern.RewriteRule]:
-    return [ExpandedLayerNorm.rule(tracker, strict_precision=strict_precision),
-            KerasLayerNorm.rule(tracker, strict_precision=strict_precision)]
+    return [
+        ExpandedLayerNorm.rule(tracker, strict_precision=strict_precision),
+        KerasLayerNorm.rule(tracker, strict_precision=strict_precision),
+    ]

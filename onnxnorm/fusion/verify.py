@@ -33,8 +33,10 @@ class OutputCheck:
     ok: bool
 
     def __str__(self) -> str:
-        return (f"{self.name} ({self.dtype}): max abs error {self.max_abs:.3g}, "
-                f"max rel error {self.max_rel:.3g} {'ok' if self.ok else 'OVER TOLERANCE'}")
+        return (
+            f"{self.name} ({self.dtype}): max abs error {self.max_abs:.3g}, "
+            f"max rel error {self.max_rel:.3g} {'ok' if self.ok else 'OVER TOLERANCE'}"
+        )
 
 
 def _dim_size(dim, sizes: dict[str, int]) -> int:
@@ -53,7 +55,9 @@ def _named_size(name: str, sizes: dict[str, int]) -> int:
         return int(name)
     if name not in sizes:
         lowered = name.lower()
-        sizes[name] = 2 if "batch" in lowered else 5 if ("seq" in lowered or "len" in lowered) else 3
+        sizes[name] = (
+            2 if "batch" in lowered else 5 if ("seq" in lowered or "len" in lowered) else 3
+        )
     return sizes[name]
 
 
@@ -90,8 +94,9 @@ def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
-def generate_inputs(model: onnx.ModelProto, seed: int = 0,
-                    sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+def generate_inputs(
+    model: onnx.ModelProto, seed: int = 0, sizes: dict[str, int] | None = None
+) -> dict[str, np.ndarray]:
     """Inputs for every graph input of ``model``; ``sizes`` fixes symbolic dims by name."""
     rng = np.random.default_rng(seed)
     initializers = {i.name for i in model.graph.initializer}
@@ -99,8 +104,9 @@ def generate_inputs(model: onnx.ModelProto, seed: int = 0,
     sizes = dict(sizes or {})
     inputs = [v for v in model.graph.input if v.name not in initializers]
     # the past length first: a total length is the past plus the new tokens
-    inputs.sort(key=lambda v: not any(d.dim_param.startswith("past") for d in
-                                      v.type.tensor_type.shape.dim))
+    inputs.sort(
+        key=lambda v: not any(d.dim_param.startswith("past") for d in v.type.tensor_type.shape.dim)
+    )
     feeds = {}
     for value in inputs:
         t = value.type.tensor_type
@@ -149,13 +155,16 @@ def _run(session, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     for name, array in feeds.items():
         if array.dtype == ml_dtypes.bfloat16:
             values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                array.view(np.uint16), onnx.TensorProto.BFLOAT16)
+                array.view(np.uint16), onnx.TensorProto.BFLOAT16
+            )
         else:
             values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
     outputs = []
     for value in session.run_with_ort_values(None, values):
         if value.data_type() == "tensor(bfloat16)":
-            raise RuntimeError("bfloat16 graph outputs cannot be read back through ORT's Python API")
+            raise RuntimeError(
+                "bfloat16 graph outputs cannot be read back through ORT's Python API"
+            )
         outputs.append(value.numpy())
     return outputs
 
@@ -183,8 +192,9 @@ def uses_onnxnorm(model: onnx.ModelProto) -> bool:
     """Whether any graph of ``model`` (subgraphs included) has a node of the onnxnorm domain."""
     from onnxnorm.ops import catalogue
 
-    return any(node.domain == catalogue.DOMAIN
-               for graph in _all_graphs(model.graph) for node in graph.node)
+    return any(
+        node.domain == catalogue.DOMAIN for graph in _all_graphs(model.graph) for node in graph.node
+    )
 
 
 def _structure(model) -> onnx.ModelProto:
@@ -217,9 +227,16 @@ def _float8_check(name: str, want: np.ndarray, have: np.ndarray) -> OutputCheck:
     return OutputCheck(name, "float8e4m3fn", max_abs, max_rel, same)
 
 
-def verify(original, fused, *, with_library: bool | None = None, seed: int = 0,
-           tolerance: dict | None = None, sizes: dict[str, int] | None = None,
-           feeds: dict[str, np.ndarray] | None = None) -> list[OutputCheck]:
+def verify(
+    original,
+    fused,
+    *,
+    with_library: bool | None = None,
+    seed: int = 0,
+    tolerance: dict | None = None,
+    sizes: dict[str, int] | None = None,
+    feeds: dict[str, np.ndarray] | None = None,
+) -> list[OutputCheck]:
     """Runs both models (ModelProtos or files) on the same generated inputs; one check per
     graph output. Both run with the onnxnorm library registered when either holds onnxnorm
     nodes (``with_library=None``, the default), else both without it; ``True`` / ``False``
@@ -243,8 +260,15 @@ def verify(original, fused, *, with_library: bool | None = None, seed: int = 0,
             continue
         if not np.issubdtype(np.asarray(want).dtype, np.floating):
             same = np.array_equal(want, have)
-            checks.append(OutputCheck(info.name, str(np.asarray(want).dtype), 0.0 if same else np.inf,
-                                      0.0 if same else np.inf, same))
+            checks.append(
+                OutputCheck(
+                    info.name,
+                    str(np.asarray(want).dtype),
+                    0.0 if same else np.inf,
+                    0.0 if same else np.inf,
+                    same,
+                )
+            )
             continue
         w, h = np.asarray(want, np.float64), np.asarray(have, np.float64)
         if w.shape != h.shape:
@@ -278,8 +302,9 @@ def _weightless(model: onnx.ModelProto, weights=()) -> bytes:
         if tensor.ByteSize() < SMALL_TENSOR and not external_data_helper.uses_external_data(tensor):
             shell.graph.initializer.add().CopyFrom(tensor)
         elif tensor.name not in declared:
-            shell.graph.input.append(helper.make_tensor_value_info(
-                tensor.name, tensor.data_type, list(tensor.dims)))
+            shell.graph.input.append(
+                helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+            )
             declared.add(tensor.name)
     return shell.SerializeToString()
 
@@ -297,8 +322,9 @@ def load_problem(model: onnx.ModelProto, weights=()) -> str | None:
     options.log_severity_level = 3
     runtime.register(options)
     try:
-        ort.InferenceSession(_weightless(model, weights), options,
-                             providers=["CPUExecutionProvider"])
+        ort.InferenceSession(
+            _weightless(model, weights), options, providers=["CPUExecutionProvider"]
+        )
     except Exception as error:  # noqa: BLE001 - ORT's own words are the answer
         return first_line(error)
     return None

@@ -65,17 +65,28 @@ class GenaiReport:
         return sum(c.report.residual_adds for c in self.components)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"library": self.library, "norms": self.norms,
-                "residual_adds": self.residual_adds,
-                "components": [{"key": c.key, "filename": c.filename,
-                                "custom_ops_library": c.needs_library,
-                                "report": c.report.to_dict()} for c in self.components]}
+        return {
+            "library": self.library,
+            "norms": self.norms,
+            "residual_adds": self.residual_adds,
+            "components": [
+                {
+                    "key": c.key,
+                    "filename": c.filename,
+                    "custom_ops_library": c.needs_library,
+                    "report": c.report.to_dict(),
+                }
+                for c in self.components
+            ],
+        }
 
     def __str__(self) -> str:
         lines = [str(c) for c in self.components]
         if self.library:
-            lines.append(f"registered {self.library} as custom_ops_library of "
-                         + ", ".join(c.key for c in self.components if c.needs_library))
+            lines.append(
+                f"registered {self.library} as custom_ops_library of "
+                + ", ".join(c.key for c in self.components if c.needs_library)
+            )
         return "\n".join(lines)
 
 
@@ -85,8 +96,10 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
     if not folder.exists():
         raise OnnxNormError(f"{folder}: no such folder")
     if not folder.is_dir():
-        raise OnnxNormError(f"{folder}: not a folder (an onnxruntime-genai model folder holds "
-                            f"{CONFIG} and the ONNX models it names)")
+        raise OnnxNormError(
+            f"{folder}: not a folder (an onnxruntime-genai model folder holds "
+            f"{CONFIG} and the ONNX models it names)"
+        )
     path = folder / CONFIG
     if not path.is_file():
         raise OnnxNormError(f"{folder}: no {CONFIG}, not an onnxruntime-genai model folder")
@@ -95,7 +108,7 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
     except (OSError, ValueError) as error:
         raise OnnxNormError(f"{path}: not readable as JSON ({error})") from None
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
-        raise OnnxNormError(f"{path}: has no \"model\" section")
+        raise OnnxNormError(f'{path}: has no "model" section')
     return config
 
 
@@ -143,9 +156,16 @@ def _uses_cuda(options: dict | None) -> bool:
     return any(isinstance(p, dict) and "cuda" in p for p in providers)
 
 
-def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str = "function",
-            overwrite: bool = False, strict_precision: bool = False, upgrade: bool = False,
-            progress=None) -> GenaiReport:
+def convert(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    target: str = "function",
+    overwrite: bool = False,
+    strict_precision: bool = False,
+    upgrade: bool = False,
+    progress=None,
+) -> GenaiReport:
     """Writes to ``output`` a copy of the onnxruntime-genai model folder ``source`` whose norms
     are fused (``target``: see :data:`onnxnorm.targets.TARGETS`; ``strict_precision``,
     ``upgrade``: see :func:`onnxnorm.fusion.fuse`) and whose ``genai_config.json`` registers
@@ -163,7 +183,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
     check_output_folder(source, output, overwrite)
     found = list(components(config))
     if not found:
-        raise OnnxNormError(f"{source / CONFIG}: names no ONNX model (no \"filename\")")
+        raise OnnxNormError(f'{source / CONFIG}: names no ONNX model (no "filename")')
     for key, entry, _ in found:
         if not (source / entry["filename"]).is_file():
             raise OnnxNormError(f"{source}: {key} names {entry['filename']}, which is not there")
@@ -178,16 +198,26 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
             name = entry["filename"]
             if progress:
                 progress(f"fusing {key} ({name})")
-            report, data = fuse_file(source / name, work / name, target=target,
-                                     strict_precision=strict_precision, upgrade=upgrade)
+            report, data = fuse_file(
+                source / name,
+                work / name,
+                target=target,
+                strict_precision=strict_precision,
+                upgrade=upgrade,
+            )
             fused = load_model(work / name, load_weights=False)
             results.append(Component(key, name, report, uses_onnxnorm(fused)))
             skip |= data | {(source / name).resolve()}
         copy_rest(source, work, skip)
         needing = [c for c in results if c.needs_library]
         if needing:
-            files = _libraries(any(_uses_cuda(options) for key, _, options in found
-                                   if any(c.key == key for c in needing)))
+            files = _libraries(
+                any(
+                    _uses_cuda(options)
+                    for key, _, options in found
+                    if any(c.key == key for c in needing)
+                )
+            )
             library = files[0].name
             for key, entry, options in found:
                 if not any(c.key == key for c in needing):
@@ -198,7 +228,8 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, target: str
                 if present and present != library:
                     raise OnnxNormError(
                         f"{source / CONFIG}: {key} already registers the custom-op library "
-                        f"{present}; onnxruntime-genai takes one library per session")
+                        f"{present}; onnxruntime-genai takes one library per session"
+                    )
                 options["custom_ops_library"] = library
             for file in files:
                 shutil.copy2(file, work / file.name)

@@ -12,13 +12,21 @@ from onnxnorm import _lazy
 
 #: public name -> the submodule that defines it
 _WHERE = {
-    "TRANSLATION_TABLE": "functional", "call": "functional",
-    "LayerNorm": "modules", "RMSNorm": "modules",
+    "TRANSLATION_TABLE": "functional",
+    "call": "functional",
+    "LayerNorm": "modules",
+    "RMSNorm": "modules",
     "convert": "converter",
     "export": "exporter",
-    "DeepNormBlock": "residual", "DeepNormConstants": "residual", "PostNormBlock": "residual",
-    "PreNormBlock": "residual", "ResidualStream": "residual", "SandwichBlock": "residual",
-    "add_norm": "residual", "deepnorm_constants": "residual", "deepnorm_init_": "residual",
+    "DeepNormBlock": "residual",
+    "DeepNormConstants": "residual",
+    "PostNormBlock": "residual",
+    "PreNormBlock": "residual",
+    "ResidualStream": "residual",
+    "SandwichBlock": "residual",
+    "add_norm": "residual",
+    "deepnorm_constants": "residual",
+    "deepnorm_init_": "residual",
     "sandwich_norm": "residual",
 }
 

@@ -17,51 +17,79 @@ from onnxnorm.nn import families
 from onnxnorm.targets import DEFAULT, TARGETS, help_text
 
 DTYPES = ("float32", "float16", "bfloat16")
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
-        "export", help="export a model with one onnxnorm node per norm",
+        "export",
+        help="export a model with one onnxnorm node per norm",
         description="Export a model with torch.onnx.export (dynamo), every norm (and every "
-                    "residual add fused with a norm) as one node of the chosen target. MODEL is "
-                    f"a model family ({', '.join(families.BY_KEY)}: a small random decoder "
-                    "normalized like that family), 'decoder' (the configurable decoder), "
-                    "or a Hugging Face model given as a local directory (config.json, with or "
-                    "without weights) or a config .json file. Nothing is downloaded: without "
-                    "weights the model gets random ones.")
+        "residual add fused with a norm) as one node of the chosen target. MODEL is "
+        f"a model family ({', '.join(families.BY_KEY)}: a small random decoder "
+        "normalized like that family), 'decoder' (the configurable decoder), "
+        "or a Hugging Face model given as a local directory (config.json, with or "
+        "without weights) or a config .json file. Nothing is downloaded: without "
+        "weights the model gets random ones.",
+    )
     export.add_argument("model", help="family name, 'decoder', or a local directory / config.json")
     export.add_argument("-o", "--output", required=True, help="where to write the ONNX model")
     export.add_argument("--mode", choices=TARGETS, default=DEFAULT, help=help_text())
-    export.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18; 23 gives "
-                                                              "RMSNormalization in --mode onnx)")
+    export.add_argument(
+        "--opset",
+        type=int,
+        default=18,
+        help="ONNX opset (default 18; 23 gives RMSNormalization in --mode onnx)",
+    )
     export.add_argument("--batch", type=int, default=2, help="batch size of the example input")
     export.add_argument("--seq", type=int, default=8, help="sequence length of the example input")
-    export.add_argument("--static", action="store_true",
-                        help="fixed batch and sequence sizes (default: dynamic axes)")
+    export.add_argument(
+        "--static",
+        action="store_true",
+        help="fixed batch and sequence sizes (default: dynamic axes)",
+    )
     export.add_argument("--dtype", choices=DTYPES, default="float32")
-    export.add_argument("--external-data", action="store_true",
-                        help="write the weights to OUTPUT.data (automatic above 2 GB)")
+    export.add_argument(
+        "--external-data",
+        action="store_true",
+        help="write the weights to OUTPUT.data (automatic above 2 GB)",
+    )
     group = export.add_argument_group("family and 'decoder' sizes")
     group.add_argument("--hidden", type=int, default=64)
     group.add_argument("--heads", type=int, default=4)
     group.add_argument("--intermediate", type=int, default=None, help="default: 2 x hidden")
     group.add_argument("--layers", type=int, default=2)
-    group.add_argument("--vocab", type=int, default=None,
-                       help="vocabulary size: the model takes token ids (default: hidden states)")
+    group.add_argument(
+        "--vocab",
+        type=int,
+        default=None,
+        help="vocabulary size: the model takes token ids (default: hidden states)",
+    )
     group.add_argument("--norm", choices=("rms", "layer"), help="'decoder': the norm kind")
     group.add_argument("--position", help="'decoder': pre, post, sandwich, deepnorm or reordered")
-    export.add_argument("--json", metavar="PATH",
-                        help="also write what was converted and exported as JSON ('-' for stdout)")
+    export.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write what was converted and exported as JSON ('-' for stdout)",
+    )
     export.set_defaults(run=run)
 
 
 def _reference_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
     from onnxnorm.nn import decoder
 
-    sizes = dict(hidden=args.hidden, heads=args.heads, layers=args.layers, vocab=args.vocab,
-                 intermediate=args.intermediate or 2 * args.hidden)
+    sizes = dict(
+        hidden=args.hidden,
+        heads=args.heads,
+        layers=args.layers,
+        vocab=args.vocab,
+        intermediate=args.intermediate or 2 * args.hidden,
+    )
     try:
         if args.model == "decoder":
             extra = {k: v for k, v in (("norm", args.norm), ("position", args.position)) if v}
@@ -69,13 +97,16 @@ def _reference_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
             label = "configurable decoder"
         else:
             if args.norm or args.position:
-                raise OnnxNormError("--norm and --position are for MODEL 'decoder'; a family "
-                                    "fixes them")
+                raise OnnxNormError(
+                    "--norm and --position are for MODEL 'decoder'; a family fixes them"
+                )
             family = families.get(args.model)
             config = families.decoder_config(family, **sizes)
             label = f"{family.name}-style decoder"
     except KeyError as error:
-        raise OnnxNormError(f"{args.model}: not a directory or .json file, and {error.args[0]}") from None
+        raise OnnxNormError(
+            f"{args.model}: not a directory or .json file, and {error.args[0]}"
+        ) from None
     except ValueError as error:
         raise OnnxNormError(f"bad decoder configuration: {error}") from None
     _check_fits(decoder.size_in_parameters(config), label)
@@ -126,9 +157,11 @@ def _check_fits(parameters: int, label: str) -> None:
     available = _available_memory()
     size = 4 * parameters
     if available is not None and size > available:
-        raise OnnxNormError(f"{label}: {parameters:,} weights need {size / 2**30:.1f} GiB, more "
-                            f"than the {available / 2**30:.1f} GiB of memory available; choose "
-                            "smaller sizes")
+        raise OnnxNormError(
+            f"{label}: {parameters:,} weights need {size / 2**30:.1f} GiB, more "
+            f"than the {available / 2**30:.1f} GiB of memory available; choose "
+            "smaller sizes"
+        )
 
 
 def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
@@ -143,11 +176,13 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as error:  # a config transformers cannot read: say why in one line
-        raise OnnxNormError(f"{path}: not a readable Hugging Face config "
-                            f"({first_line(error)})") from None
+        raise OnnxNormError(
+            f"{path}: not a readable Hugging Face config ({first_line(error)})"
+        ) from None
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    classes = ([transformers.AutoModelForSeq2SeqLM] if seq2seq else
-               [transformers.AutoModelForCausalLM]) + [transformers.AutoModel]
+    classes = (
+        [transformers.AutoModelForSeq2SeqLM] if seq2seq else [transformers.AutoModelForCausalLM]
+    ) + [transformers.AutoModel]
     has_weights = path.is_dir() and any((path / name).is_file() for name in WEIGHT_FILES)
     model, problems = None, []
     for cls in classes:
@@ -155,13 +190,15 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
             if not has_weights:
                 with torch.device("meta"):  # its size first, nothing allocated
                     shape = cls.from_config(config, attn_implementation="eager")
-                _check_fits(sum(p.numel() for p in shape.parameters()),
-                            f"{path}: {type(shape).__name__}")
+                _check_fits(
+                    sum(p.numel() for p in shape.parameters()), f"{path}: {type(shape).__name__}"
+                )
                 del shape
             # eager attention: some models' SDPA paths do not trace (T5 in transformers 5.24)
             if has_weights:
-                model = cls.from_pretrained(str(path), local_files_only=True,
-                                            attn_implementation="eager")
+                model = cls.from_pretrained(
+                    str(path), local_files_only=True, attn_implementation="eager"
+                )
             else:
                 torch.manual_seed(0)
                 model = cls.from_config(config, attn_implementation="eager")
@@ -170,8 +207,10 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
             # RuntimeError, TypeError: sizes torch cannot make tensors of (negative, not ints)
             problems.append(first_line(error))
     if model is None:
-        raise OnnxNormError(f"{path}: transformers cannot build a model of type "
-                            f"{getattr(config, 'model_type', '?')!r} ({problems[-1]})")
+        raise OnnxNormError(
+            f"{path}: transformers cannot build a model of type "
+            f"{getattr(config, 'model_type', '?')!r} ({problems[-1]})"
+        )
     model.eval()
     vocab = int(getattr(config, "vocab_size", 0) or 100)
     generator = torch.Generator().manual_seed(0)
@@ -191,8 +230,10 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise OnnxNormError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if not args.static and (args.batch < 2 or args.seq < 2):
-        raise OnnxNormError("with dynamic axes --batch and --seq must be >= 2 (torch.export "
-                            "specializes example sizes of 1); use --static for fixed sizes")
+        raise OnnxNormError(
+            "with dynamic axes --batch and --seq must be >= 2 (torch.export "
+            "specializes example sizes of 1); use --static for fixed sizes"
+        )
     check_output(args.output)
     if args.json and args.json != "-":
         check_output(args.json, inputs=[args.output])
@@ -210,16 +251,33 @@ def run(args: argparse.Namespace) -> int:
 
     report = convert(model)
     print("convert: " + str(report).replace("\n", "\n  "))
-    proto = export(model, inputs, args.output, mode=args.mode, opset_version=args.opset,
-                   dynamic=not args.static, external_data=args.external_data or None)
+    proto = export(
+        model,
+        inputs,
+        args.output,
+        mode=args.mode,
+        opset_version=args.opset,
+        dynamic=not args.static,
+        external_data=args.external_data or None,
+    )
     counts = count_norm_nodes(proto)
-    print(f"export: mode {args.mode}, opset {args.opset}, norm nodes: "
-          + ", ".join(f"{n} {op}" for op, n in sorted(counts.items())))
+    print(
+        f"export: mode {args.mode}, opset {args.opset}, norm nodes: "
+        + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
+    )
     print(f"wrote {args.output}")
     if args.json:
-        text = json.dumps({"model": label, "mode": args.mode, "opset": args.opset,
-                           "convert": report.to_dict(), "norm_nodes": counts,
-                           "output": str(args.output)}, indent=2)
+        text = json.dumps(
+            {
+                "model": label,
+                "mode": args.mode,
+                "opset": args.opset,
+                "convert": report.to_dict(),
+                "norm_nodes": counts,
+                "output": str(args.output),
+            },
+            indent=2,
+        )
         if args.json == "-":
             print(text)
         else:

@@ -28,8 +28,14 @@ from onnxnorm.nn.functional import call
 from onnxnorm.nn.modules import NORM_TYPES, LayerNorm, RMSNorm
 
 #: attributes that hold a norm's epsilon, in the order they are looked up
-EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "rms_norm_eps",
-                  "layer_norm_epsilon")
+EPS_ATTRIBUTES = (
+    "eps",
+    "variance_epsilon",
+    "epsilon",
+    "layer_norm_eps",
+    "rms_norm_eps",
+    "layer_norm_epsilon",
+)
 #: epsilons tried when a module has none of those attributes
 EPS_CANDIDATES = (1e-5, 1e-6, 1e-12, 1e-8, 1e-3, 1e-4, 1e-7, 1e-10)
 #: attributes that hold a weightless norm's normalized shape
@@ -44,8 +50,13 @@ UNSUPPORTED = {
     torch.nn.LocalResponseNorm: "LocalResponseNorm: no onnxnorm op",
 }
 #: layer types that are never norms (they have weight and bias too)
-NOT_NORMS = (torch.nn.Linear, torch.nn.Embedding, torch.nn.EmbeddingBag,
-             torch.nn.modules.conv._ConvNd, torch.nn.MultiheadAttention)
+NOT_NORMS = (
+    torch.nn.Linear,
+    torch.nn.Embedding,
+    torch.nn.EmbeddingBag,
+    torch.nn.modules.conv._ConvNd,
+    torch.nn.MultiheadAttention,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,20 +81,32 @@ class Config:
             attrs["scale_offset"] = self.scale_offset
         return attrs
 
-    def run(self, x: torch.Tensor, weight: torch.Tensor | None,
-            bias: torch.Tensor | None) -> torch.Tensor:
+    def run(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         op = "RMSNorm" if self.kind == "rms" else "LayerNorm"
         return call(op, x, weight, bias, **self.attributes(x.dtype))
 
     def build(self) -> torch.nn.Module:
         if self.kind == "rms":
-            return RMSNorm(self.shape, eps=self.eps, elementwise_affine=self.weight,
-                           scale_offset=self.scale_offset,
-                           cast_before_scale=self.cast_before_scale, axis=self.axis,
-                           device="meta")
-        return LayerNorm(self.shape, eps=self.eps if self.eps is not None else 1e-5,
-                         elementwise_affine=self.weight or self.bias, bias=self.bias,
-                         cast_before_scale=self.cast_before_scale, axis=self.axis, device="meta")
+            return RMSNorm(
+                self.shape,
+                eps=self.eps,
+                elementwise_affine=self.weight,
+                scale_offset=self.scale_offset,
+                cast_before_scale=self.cast_before_scale,
+                axis=self.axis,
+                device="meta",
+            )
+        return LayerNorm(
+            self.shape,
+            eps=self.eps if self.eps is not None else 1e-5,
+            elementwise_affine=self.weight or self.bias,
+            bias=self.bias,
+            cast_before_scale=self.cast_before_scale,
+            axis=self.axis,
+            device="meta",
+        )
 
     def describe(self) -> str:
         name = "RMSNorm" if self.kind == "rms" else "LayerNorm"
@@ -130,29 +153,43 @@ class ConversionReport:
     def __str__(self) -> str:
         if not self.found:
             return "no norm modules found: nothing to convert"
-        lines = [f"replaced {len(self.replaced)} norm module(s)"
-                 + (f", {len(self.already)} already onnxnorm" if self.already else "")
-                 + f", left {len(self.left)}"]
+        lines = [
+            f"replaced {len(self.replaced)} norm module(s)"
+            + (f", {len(self.already)} already onnxnorm" if self.already else "")
+            + f", left {len(self.left)}"
+        ]
         for r in self.replaced:
-            lines.append(f"  replaced {r.name or '<model>'}: {r.original} -> {r.replacement} "
-                         f"({r.how})")
+            lines.append(
+                f"  replaced {r.name or '<model>'}: {r.original} -> {r.replacement} ({r.how})"
+            )
         for item in self.left:
             lines.append(f"  left {item.name or '<model>'}: {item.original}: {item.reason}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"replaced": [dataclasses.asdict(r) for r in self.replaced],
-                "left": [dataclasses.asdict(item) for item in self.left],
-                "already_onnxnorm": list(self.already)}
+        return {
+            "replaced": [dataclasses.asdict(r) for r in self.replaced],
+            "left": [dataclasses.asdict(item) for item in self.left],
+            "already_onnxnorm": list(self.already),
+        }
 
 
 def _direct(module: torch.nn.Module) -> Config | None:
     """The configuration of torch's own norm modules (no probe needed); subclasses that
     override forward (float32 wrappers and the like) are probed instead."""
-    if isinstance(module, torch.nn.LayerNorm) and type(module).forward is torch.nn.LayerNorm.forward:
+    if (
+        isinstance(module, torch.nn.LayerNorm)
+        and type(module).forward is torch.nn.LayerNorm.forward
+    ):
         shape = tuple(module.normalized_shape)
-        return Config("layer", shape, -len(shape), float(module.eps), weight=module.weight is not None,
-                      bias=module.bias is not None)
+        return Config(
+            "layer",
+            shape,
+            -len(shape),
+            float(module.eps),
+            weight=module.weight is not None,
+            bias=module.bias is not None,
+        )
     if isinstance(module, torch.nn.RMSNorm) and type(module).forward is torch.nn.RMSNorm.forward:
         shape = tuple(module.normalized_shape)
         return Config("rms", shape, -len(shape), module.eps, weight=module.weight is not None)
@@ -184,7 +221,11 @@ def _shape_of(module: torch.nn.Module) -> tuple[int, ...] | None:
         value = getattr(module, name, None)
         if isinstance(value, int) and value > 0:
             return (value,)
-        if isinstance(value, (tuple, list, torch.Size)) and value and all(isinstance(d, int) for d in value):
+        if (
+            isinstance(value, (tuple, list, torch.Size))
+            and value
+            and all(isinstance(d, int) for d in value)
+        ):
             return tuple(value)
     return None
 
@@ -214,8 +255,9 @@ def _run(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     try:
         y = module(x)
     except Exception as error:  # the module cannot be called as a norm: report why
-        raise _ProbeFailure(f"its forward fails on a tensor input ({type(error).__name__}: "
-                            f"{first_line(error, '')})") from None
+        raise _ProbeFailure(
+            f"its forward fails on a tensor input ({type(error).__name__}: {first_line(error, '')})"
+        ) from None
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         raise _ProbeFailure("its forward does not return a tensor of its input's shape")
     return y
@@ -234,14 +276,18 @@ def probe(module: torch.nn.Module, seed: int = 0) -> Config:
     random weights; raises ``_ProbeFailure`` with the reason when none matches."""
     shape = _shape_of(module)
     if shape is None:
-        raise _ProbeFailure("cannot tell its normalized shape (no weight and no "
-                            "normalized_shape/hidden_size attribute)")
+        raise _ProbeFailure(
+            "cannot tell its normalized shape (no weight and no "
+            "normalized_shape/hidden_size attribute)"
+        )
     generator = torch.Generator().manual_seed(seed)
     probe_module = _cpu_copy(module).float()
     params = dict(probe_module.named_parameters(recurse=False))
     with torch.no_grad():
         if "weight" in params:
-            params["weight"].copy_(1.0 + 0.5 * torch.randn(params["weight"].shape, generator=generator))
+            params["weight"].copy_(
+                1.0 + 0.5 * torch.randn(params["weight"].shape, generator=generator)
+            )
         if "bias" in params:
             params["bias"].copy_(torch.randn(params["bias"].shape, generator=generator))
         weight, bias = params.get("weight"), params.get("bias")
@@ -252,21 +298,24 @@ def probe(module: torch.nn.Module, seed: int = 0) -> Config:
             raise _ProbeFailure(f"its forward turns float32 into {want.dtype}")
         matches = []
         for config in _candidates(module, shape):
-            if (torch.allclose(config.run(x, weight, bias), want, rtol=1e-4, atol=1e-4)
-                    and torch.allclose(config.run(tiny, weight, bias), want_tiny, rtol=1e-3,
-                                       atol=1e-4)):
+            if torch.allclose(
+                config.run(x, weight, bias), want, rtol=1e-4, atol=1e-4
+            ) and torch.allclose(config.run(tiny, weight, bias), want_tiny, rtol=1e-3, atol=1e-4):
                 matches.append(config)
                 break
         if not matches:
-            raise _ProbeFailure("its forward matches no onnxnorm configuration (RMSNorm or "
-                                "LayerNorm, scale offset 0 or 1, over the weight's dims)")
+            raise _ProbeFailure(
+                "its forward matches no onnxnorm configuration (RMSNorm or "
+                "LayerNorm, scale offset 0 or 1, over the weight's dims)"
+            )
         config = matches[0]
         order, note = _rounding_order(module, config, x, generator)
         return dataclasses.replace(config, cast_before_scale=order, note=note)
 
 
-def _rounding_order(module: torch.nn.Module, config: Config, x: torch.Tensor,
-                    generator: torch.Generator) -> tuple[int, str]:
+def _rounding_order(
+    module: torch.nn.Module, config: Config, x: torch.Tensor, generator: torch.Generator
+) -> tuple[int, str]:
     """0 (order B) or 1 (order A): which one reproduces the module bit for bit in bfloat16 and
     float16 (the orders differ only there; order B when neither half type runs or tells), and a
     note when neither does exactly."""
@@ -275,8 +324,9 @@ def _rounding_order(module: torch.nn.Module, config: Config, x: torch.Tensor,
         half = _cpu_copy(module).to(dtype)
         params = dict(half.named_parameters(recurse=False))
         if "weight" in params:  # weights far from 1, so that the order shows in the last bit
-            params["weight"].copy_(1.0 + 2.0 * torch.randn(params["weight"].shape,
-                                                           generator=generator))
+            params["weight"].copy_(
+                1.0 + 2.0 * torch.randn(params["weight"].shape, generator=generator)
+            )
         xh = x.to(dtype)
         try:
             want = half(xh)
@@ -286,7 +336,8 @@ def _rounding_order(module: torch.nn.Module, config: Config, x: torch.Tensor,
             continue
         for order in (0, 1):
             got = dataclasses.replace(config, cast_before_scale=order).run(
-                xh, params.get("weight"), params.get("bias"))
+                xh, params.get("weight"), params.get("bias")
+            )
             mismatches[order] += int((got != want).sum())
         total += want.numel()
         tried.append(str(dtype).removeprefix("torch."))
@@ -294,8 +345,9 @@ def _rounding_order(module: torch.nn.Module, config: Config, x: torch.Tensor,
     if not tried:
         return order, "rounding order not determined: the module does not run in half precision"
     if mismatches[order]:
-        return order, (f"not bit-exact in {'/'.join(tried)}: {mismatches[order]} of {total} "
-                       "elements differ")
+        return order, (
+            f"not bit-exact in {'/'.join(tried)}: {mismatches[order]} of {total} elements differ"
+        )
     return order, ""
 
 
@@ -319,8 +371,9 @@ def convert(model: torch.nn.Module, *, seed: int = 0) -> ConversionReport:
         if isinstance(module, NORM_TYPES):
             report.already.append(name)
             continue
-        unsupported = next((reason for cls, reason in UNSUPPORTED.items()
-                            if isinstance(module, cls)), None)
+        unsupported = next(
+            (reason for cls, reason in UNSUPPORTED.items() if isinstance(module, cls)), None
+        )
         if unsupported:
             report.left.append(Left(name, type(module).__name__, unsupported))
             continue
@@ -347,8 +400,14 @@ def convert(model: torch.nn.Module, *, seed: int = 0) -> ConversionReport:
                     setattr(parent, child_name, replacements[id(child)])
         if id(model) in replacements:  # the model is itself a norm: it cannot replace itself
             report.replaced = [r for r in report.replaced if r.name]
-            report.left.append(Left("", type(model).__name__, "the model itself is a norm "
-                                    "module: use the replacement onnxnorm module instead"))
+            report.left.append(
+                Left(
+                    "",
+                    type(model).__name__,
+                    "the model itself is a norm "
+                    "module: use the replacement onnxnorm module instead",
+                )
+            )
     return report
 
 

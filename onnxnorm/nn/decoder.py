@@ -108,7 +108,11 @@ class DecomposedNorm(nn.Module):
         if self.order_a:
             y = y.to(x.dtype)
             if self.weight is not None:
-                y = y * (self.weight.to(x.dtype) + self.offset if self.offset else self.weight.to(x.dtype))
+                y = y * (
+                    self.weight.to(x.dtype) + self.offset
+                    if self.offset
+                    else self.weight.to(x.dtype)
+                )
             if self.bias is not None:
                 y = y + self.bias.to(x.dtype)
             return y
@@ -125,11 +129,21 @@ def make_norm(shape: int, config: DecoderConfig) -> nn.Module:
     from onnxnorm.nn import LayerNorm, RMSNorm
 
     if config.norm == "rms":
-        norm = RMSNorm(shape, eps=config.eps, elementwise_affine=config.weight,
-                       scale_offset=config.scale_offset, cast_before_scale=config.cast_before_scale)
+        norm = RMSNorm(
+            shape,
+            eps=config.eps,
+            elementwise_affine=config.weight,
+            scale_offset=config.scale_offset,
+            cast_before_scale=config.cast_before_scale,
+        )
     else:
-        norm = LayerNorm(shape, eps=config.eps, elementwise_affine=config.weight,
-                         bias=config.bias, cast_before_scale=config.cast_before_scale)
+        norm = LayerNorm(
+            shape,
+            eps=config.eps,
+            elementwise_affine=config.weight,
+            bias=config.bias,
+            cast_before_scale=config.cast_before_scale,
+        )
     return norm
 
 
@@ -146,7 +160,9 @@ class DecomposedStream:
     def add(self, delta: torch.Tensor, norm: nn.Module | None = None) -> "DecomposedStream":
         return DecomposedStream(self.x + (norm(delta) if norm is not None else delta))
 
-    def post_norm(self, delta: torch.Tensor, norm: nn.Module, alpha: float = 1.0) -> "DecomposedStream":
+    def post_norm(
+        self, delta: torch.Tensor, norm: nn.Module, alpha: float = 1.0
+    ) -> "DecomposedStream":
         if alpha == 1.0:
             return DecomposedStream(norm(self.x + delta))
         # DeepNorm's scaled add in float32, rounded once (as the catalogue's Skip ops do)
@@ -216,11 +232,15 @@ class DecoderLayer(nn.Module):
             from onnxnorm.nn import deepnorm_init_
 
             a, m = self.self_attn, self.mlp
-            deepnorm_init_([m.gate_proj, m.up_proj, m.down_proj, a.v_proj, a.o_proj],
-                           config.deepnorm.beta, unscaled=[a.q_proj, a.k_proj])
+            deepnorm_init_(
+                [m.gate_proj, m.up_proj, m.down_proj, a.v_proj, a.o_proj],
+                config.deepnorm.beta,
+                unscaled=[a.q_proj, a.k_proj],
+            )
 
-    def _sublayer(self, stream: Any, pre: nn.Module | None, sublayer: nn.Module,
-                  post: nn.Module | None) -> Any:
+    def _sublayer(
+        self, stream: Any, pre: nn.Module | None, sublayer: nn.Module, post: nn.Module | None
+    ) -> Any:
         if self.position in ("pre", "sandwich"):
             h, stream = stream.normalize(pre)
             return stream.add(sublayer(h), post)
@@ -229,10 +249,12 @@ class DecoderLayer(nn.Module):
         return stream.post_norm(sublayer(stream.value()), post, self.alpha)
 
     def forward(self, stream: Any) -> Any:
-        stream = self._sublayer(stream, self.input_layernorm, self.self_attn,
-                                self.post_attention_layernorm)
-        return self._sublayer(stream, self.pre_feedforward_layernorm, self.mlp,
-                              self.post_feedforward_layernorm)
+        stream = self._sublayer(
+            stream, self.input_layernorm, self.self_attn, self.post_attention_layernorm
+        )
+        return self._sublayer(
+            stream, self.pre_feedforward_layernorm, self.mlp, self.post_feedforward_layernorm
+        )
 
 
 class Decoder(nn.Module):
@@ -320,8 +342,13 @@ def build(config: DecoderConfig | None = None, seed: int = 0) -> Decoder:
     return model
 
 
-def example_input(config: DecoderConfig, batch: int = 2, seq: int = 8,
-                  dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+def example_input(
+    config: DecoderConfig,
+    batch: int = 2,
+    seq: int = 8,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> torch.Tensor:
     """Token ids (``vocab`` set) or hidden states for the model of ``config``."""
     generator = torch.Generator().manual_seed(seed)
     if config.vocab:
@@ -335,5 +362,15 @@ def size_in_parameters(config: DecoderConfig) -> int:
         return sum(p.numel() for p in Decoder(config).parameters())
 
 
-__all__ = ["Decoder", "DecoderConfig", "DecomposedNorm", "IMPLS", "NORMS", "POSITIONS", "build",
-           "example_input", "make_norm", "size_in_parameters"]
+__all__ = [
+    "Decoder",
+    "DecoderConfig",
+    "DecomposedNorm",
+    "IMPLS",
+    "NORMS",
+    "POSITIONS",
+    "build",
+    "example_input",
+    "make_norm",
+    "size_in_parameters",
+]

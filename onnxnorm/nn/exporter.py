@@ -54,12 +54,14 @@ def _check_value(value: Any, where: str) -> None:
             _check_value(item, f"{where}[{key!r}]")
         return
     hint = " (convert it with torch.from_numpy)" if type(value).__module__ == "numpy" else ""
-    raise OnnxNormError(f"{where} must be a torch.Tensor, got {type(value).__module__}."
-                        f"{type(value).__name__}{hint}")
+    raise OnnxNormError(
+        f"{where} must be a torch.Tensor, got {type(value).__module__}.{type(value).__name__}{hint}"
+    )
 
 
-def default_dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...],
-                           kwargs: dict[str, Any] | None = None) -> Any:
+def default_dynamic_shapes(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> Any:
     """Dynamic batch (dim 0) and sequence (dim 1) axes for every tensor input of rank >= 2
     (batch only for rank 1), keyed by the names of ``model.forward``'s parameters as
     torch.export expects; None when no input has a dimension to make dynamic."""
@@ -148,18 +150,26 @@ def _listed(items: list[str]) -> str:
 def _no_norms_message(model: torch.nn.Module) -> str:
     found = norm_modules(model)
     if found["other"]:
-        return (f"the exported graph has no onnxnorm node: the model's norm modules are not "
-                f"onnxnorm modules ({_listed(found['other'])}); pass convert=True or call "
-                "onnxnorm.convert(model) first (its report says what it cannot replace)")
+        return (
+            f"the exported graph has no onnxnorm node: the model's norm modules are not "
+            f"onnxnorm modules ({_listed(found['other'])}); pass convert=True or call "
+            "onnxnorm.convert(model) first (its report says what it cannot replace)"
+        )
     if found["no_op"]:
-        return (f"the model has no norm that onnxnorm exports: {_listed(found['no_op'])} "
-                "have no onnxnorm op and export as standard ONNX ops (pass allow_no_norms=True "
-                "to export anyway)")
-    return ("the model has no norm modules: the exported graph has no onnxnorm node (use "
-            "torch.onnx.export for models without norms, or pass allow_no_norms=True)")
+        return (
+            f"the model has no norm that onnxnorm exports: {_listed(found['no_op'])} "
+            "have no onnxnorm op and export as standard ONNX ops (pass allow_no_norms=True "
+            "to export anyway)"
+        )
+    return (
+        "the model has no norm modules: the exported graph has no onnxnorm node (use "
+        "torch.onnx.export for models without norms, or pass allow_no_norms=True)"
+    )
 
 
-def save(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None) -> Path:
+def save(
+    model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None
+) -> Path:
     """Writes ``model`` to ``path`` atomically (:func:`onnxnorm._io.save_model`); with
     ``external_data`` (default: when the model is over protobuf's 2 GB limit) the tensors go
     to ``<name>.data`` next to it, one at a time, and ``model`` keeps its own."""
@@ -175,17 +185,30 @@ def lower(model: onnx.ModelProto, mode: str) -> onnx.ModelProto:
     try:
         from onnxnorm.fusion.lowering import lower as lower_to
     except ImportError as error:
-        raise OnnxNormError(f"export mode {mode!r} needs onnxnorm.fusion.lowering, which this "
-                            f"installation lacks ({error})") from None
+        raise OnnxNormError(
+            f"export mode {mode!r} needs onnxnorm.fusion.lowering, which this "
+            f"installation lacks ({error})"
+        ) from None
     return lower_to(functions.strip_functions(model), mode)
 
 
-def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | None = None,
-           *, mode: str = "function", opset_version: int = 18, kwargs: dict[str, Any] | None = None,
-           dynamic: bool = True, dynamic_shapes: Any = None,
-           input_names: list[str] | None = None, output_names: list[str] | None = None,
-           convert: bool = False, external_data: bool | None = None,
-           allow_no_norms: bool = False, verbose: bool = False) -> onnx.ModelProto:
+def export(
+    model: torch.nn.Module,
+    args: Any = (),
+    path: str | os.PathLike | None = None,
+    *,
+    mode: str = "function",
+    opset_version: int = 18,
+    kwargs: dict[str, Any] | None = None,
+    dynamic: bool = True,
+    dynamic_shapes: Any = None,
+    input_names: list[str] | None = None,
+    output_names: list[str] | None = None,
+    convert: bool = False,
+    external_data: bool | None = None,
+    allow_no_norms: bool = False,
+    verbose: bool = False,
+) -> onnx.ModelProto:
     """Exports ``model`` with ``torch.onnx.export(dynamo=True)``; every onnxnorm norm module, and
     every residual add fused with a norm (:mod:`onnxnorm.nn.residual`), becomes one node.
 
@@ -229,9 +252,16 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
     def run(shapes: Any) -> Any:
         with quiet_export(not verbose):
             return torch.onnx.export(
-                model, args, kwargs=kwargs, dynamo=True, opset_version=opset_version,
-                custom_translation_table=TRANSLATION_TABLE, dynamic_shapes=shapes,
-                input_names=input_names, output_names=output_names, verbose=verbose,
+                model,
+                args,
+                kwargs=kwargs,
+                dynamo=True,
+                opset_version=opset_version,
+                custom_translation_table=TRANSLATION_TABLE,
+                dynamic_shapes=shapes,
+                input_names=input_names,
+                output_names=output_names,
+                verbose=verbose,
                 optimize=True,
             )
 
@@ -263,8 +293,9 @@ def export(model: torch.nn.Module, args: Any = (), path: str | os.PathLike | Non
     return proto
 
 
-def _eager_failure(model: torch.nn.Module, args: tuple[Any, ...],
-                   kwargs: dict[str, Any] | None) -> str | None:
+def _eager_failure(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+) -> str | None:
     """Why the model itself fails on these inputs, without the exporter (None if it runs)."""
     try:
         with torch.no_grad():

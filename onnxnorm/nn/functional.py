@@ -50,8 +50,14 @@ def _eager(spec: catalogue.OpSpec, args: dict[str, Any]) -> tuple[torch.Tensor, 
     return _norm(spec, z, dims, args, args["Scale"], args["Bias"]), z
 
 
-def _norm(spec: catalogue.OpSpec, z: torch.Tensor, dims: tuple[int, ...], args: dict[str, Any],
-          scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+def _norm(
+    spec: catalogue.OpSpec,
+    z: torch.Tensor,
+    dims: tuple[int, ...],
+    args: dict[str, Any],
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
     """The catalogue's norm of ``z`` with its scale and bias, in z's type, as torch math."""
     zf = z.float()
     if spec.norm == "layer":
@@ -107,12 +113,23 @@ def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
         attrs = {a.name: values[a.name] for a in spec.attributes}
         return getattr(_OPSET, spec.name)(*inputs, **attrs, _num_outputs=len(spec.outputs))
 
-    parameters = [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                    default=None if p.optional else inspect.Parameter.empty)
-                  for p in spec.inputs]
-    parameters += [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                     default=a.default, annotation=_PY_TYPES[a.kind])
-                   for a in spec.attributes]
+    parameters = [
+        inspect.Parameter(
+            p.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None if p.optional else inspect.Parameter.empty,
+        )
+        for p in spec.inputs
+    ]
+    parameters += [
+        inspect.Parameter(
+            a.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=a.default,
+            annotation=_PY_TYPES[a.kind],
+        )
+        for a in spec.attributes
+    ]
     translate.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     translate.__annotations__ = {a.name: _PY_TYPES[a.kind] for a in spec.attributes}
     translate.__name__ = spec.name

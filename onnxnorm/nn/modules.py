@@ -43,28 +43,40 @@ class _Norm(torch.nn.Module):
         rank = len(self.normalized_shape)
         axis = -rank if axis is None else int(axis)
         if not -rank <= axis < 0:
-            raise ValueError(f"axis must be in [-{rank}, -1] for normalized_shape "
-                             f"{self.normalized_shape}, got {axis}")
+            raise ValueError(
+                f"axis must be in [-{rank}, -1] for normalized_shape "
+                f"{self.normalized_shape}, got {axis}"
+            )
         self.axis = axis
 
     def check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{type(self).__name__} expects a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point() or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"{type(self).__name__} expects float32, float16 or bfloat16 input, "
-                            f"got {x.dtype}")
+        if not x.is_floating_point() or x.dtype not in (
+            torch.float32,
+            torch.float16,
+            torch.bfloat16,
+        ):
+            raise TypeError(
+                f"{type(self).__name__} expects float32, float16 or bfloat16 input, got {x.dtype}"
+            )
         n = len(self.normalized_shape)
-        if x.dim() < n or tuple(x.shape[x.dim() - n:]) != self.normalized_shape:
-            raise ValueError(f"{type(self).__name__} over {self.normalized_shape} got an input of "
-                             f"shape {tuple(x.shape)}")
+        if x.dim() < n or tuple(x.shape[x.dim() - n :]) != self.normalized_shape:
+            raise ValueError(
+                f"{type(self).__name__} over {self.normalized_shape} got an input of "
+                f"shape {tuple(x.shape)}"
+            )
 
     def epsilon(self, dtype: torch.dtype) -> float:
         return float(self.eps) if self.eps is not None else torch.finfo(dtype).eps
 
     def attributes(self, dtype: torch.dtype) -> dict[str, Any]:
         """The catalogue attributes of this norm for an input of ``dtype``."""
-        attrs: dict[str, Any] = {"axis": self.axis, "epsilon": self.epsilon(dtype),
-                                 "cast_before_scale": self.cast_before_scale}
+        attrs: dict[str, Any] = {
+            "axis": self.axis,
+            "epsilon": self.epsilon(dtype),
+            "cast_before_scale": self.cast_before_scale,
+        }
         if self.kind == "rms":
             attrs["scale_offset"] = self.scale_offset
         return attrs
@@ -98,9 +110,18 @@ class RMSNorm(_Norm):
 
     op, skip_op, sandwich_op, kind = "RMSNorm", "SkipRMSNorm", "SandwichRMSNorm", "rms"
 
-    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None,
-                 elementwise_affine: bool = True, device=None, dtype=None, *,
-                 scale_offset: float = 0.0, cast_before_scale: int = 0, axis: int | None = None):
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        scale_offset: float = 0.0,
+        cast_before_scale: int = 0,
+        axis: int | None = None,
+    ):
         super().__init__()
         self.normalized_shape = _shape(normalized_shape)
         self.eps = eps
@@ -110,7 +131,8 @@ class RMSNorm(_Norm):
         self._set_axis(axis)
         if elementwise_affine:
             self.weight = torch.nn.Parameter(
-                torch.empty(self.normalized_shape, device=device, dtype=dtype))
+                torch.empty(self.normalized_shape, device=device, dtype=dtype)
+            )
         else:
             self.register_parameter("weight", None)
         self.reset_parameters()
@@ -123,8 +145,10 @@ class RMSNorm(_Norm):
         return self.weight, None
 
     def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, eps={self.eps}, "
-                f"elementwise_affine={self.elementwise_affine}" + self._extra())
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, "
+            f"elementwise_affine={self.elementwise_affine}" + self._extra()
+        )
 
 
 class LayerNorm(_Norm):
@@ -137,9 +161,18 @@ class LayerNorm(_Norm):
 
     op, skip_op, sandwich_op, kind = "LayerNorm", "SkipLayerNorm", "SandwichLayerNorm", "layer"
 
-    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5,
-                 elementwise_affine: bool = True, bias: bool = True, device=None, dtype=None, *,
-                 cast_before_scale: int = 0, axis: int | None = None):
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        cast_before_scale: int = 0,
+        axis: int | None = None,
+    ):
         super().__init__()
         self.normalized_shape = _shape(normalized_shape)
         self.eps = eps
@@ -148,10 +181,12 @@ class LayerNorm(_Norm):
         self._set_axis(axis)
         if elementwise_affine:
             self.weight = torch.nn.Parameter(
-                torch.empty(self.normalized_shape, device=device, dtype=dtype))
+                torch.empty(self.normalized_shape, device=device, dtype=dtype)
+            )
             if bias:
                 self.bias = torch.nn.Parameter(
-                    torch.empty(self.normalized_shape, device=device, dtype=dtype))
+                    torch.empty(self.normalized_shape, device=device, dtype=dtype)
+                )
             else:
                 self.register_parameter("bias", None)
         else:
@@ -166,8 +201,10 @@ class LayerNorm(_Norm):
             torch.nn.init.zeros_(self.bias)
 
     def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, eps={self.eps}, "
-                f"elementwise_affine={self.elementwise_affine}" + self._extra())
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, "
+            f"elementwise_affine={self.elementwise_affine}" + self._extra()
+        )
 
 
 NORM_TYPES = (RMSNorm, LayerNorm)

@@ -34,33 +34,59 @@ from onnxnorm.nn.modules import NORM_TYPES, _Norm
 
 def _check_norm(norm: Any, role: str = "norm") -> _Norm:
     if not isinstance(norm, NORM_TYPES):
-        raise TypeError(f"{role} must be an onnxnorm.nn.RMSNorm or LayerNorm (convert the model "
-                        f"with onnxnorm.convert first), got {type(norm).__name__}")
+        raise TypeError(
+            f"{role} must be an onnxnorm.nn.RMSNorm or LayerNorm (convert the model "
+            f"with onnxnorm.convert first), got {type(norm).__name__}"
+        )
     return norm
 
 
-def add_norm(norm: _Norm, x: torch.Tensor, residual: torch.Tensor, *, alpha: float = 1.0,
-             x_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def add_norm(
+    norm: _Norm,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    *,
+    alpha: float = 1.0,
+    x_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``Sum = alpha * residual + x (+ x_bias)``, ``Y = norm(Sum)``; returns (Y, Sum) from one
     SkipRMSNorm / SkipLayerNorm node."""
     _check_norm(norm)
     norm.check_input(x)
-    if not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype:
-        raise ValueError(f"residual must be a tensor of x's shape {tuple(x.shape)} and type "
-                         f"{x.dtype}, got {getattr(residual, 'dtype', type(residual).__name__)} "
-                         f"{tuple(getattr(residual, 'shape', ()))}")
+    if (
+        not isinstance(residual, torch.Tensor)
+        or residual.shape != x.shape
+        or residual.dtype != x.dtype
+    ):
+        raise ValueError(
+            f"residual must be a tensor of x's shape {tuple(x.shape)} and type "
+            f"{x.dtype}, got {getattr(residual, 'dtype', type(residual).__name__)} "
+            f"{tuple(getattr(residual, 'shape', ()))}"
+        )
     scale, bias = norm.parameters_for_op()
-    return call(norm.skip_op, x, residual, scale, bias, x_bias, alpha=float(alpha),
-                **norm.attributes(x.dtype))
+    return call(
+        norm.skip_op,
+        x,
+        residual,
+        scale,
+        bias,
+        x_bias,
+        alpha=float(alpha),
+        **norm.attributes(x.dtype),
+    )
 
 
 def _same_attributes(inner: _Norm, outer: _Norm, dtype: torch.dtype) -> bool:
-    return (type(inner) is type(outer) and inner.normalized_shape == outer.normalized_shape
-            and inner.attributes(dtype) == outer.attributes(dtype))
+    return (
+        type(inner) is type(outer)
+        and inner.normalized_shape == outer.normalized_shape
+        and inner.attributes(dtype) == outer.attributes(dtype)
+    )
 
 
-def sandwich_norm(inner: _Norm, outer: _Norm, x: torch.Tensor,
-                  residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sandwich_norm(
+    inner: _Norm, outer: _Norm, x: torch.Tensor, residual: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``Sum = residual + inner(x)``, ``Y = outer(Sum)``; returns (Y, Sum).
 
     One SandwichRMSNorm / SandwichLayerNorm node when both norms are of the same kind with the
@@ -72,8 +98,16 @@ def sandwich_norm(inner: _Norm, outer: _Norm, x: torch.Tensor,
         return add_norm(outer, inner(x), residual)
     inner_scale, inner_bias = inner.parameters_for_op()
     scale, bias = outer.parameters_for_op()
-    return call(outer.sandwich_op, x, residual, inner_scale, inner_bias, scale, bias,
-                **outer.attributes(x.dtype))
+    return call(
+        outer.sandwich_op,
+        x,
+        residual,
+        inner_scale,
+        inner_bias,
+        scale,
+        bias,
+        **outer.attributes(x.dtype),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +128,9 @@ class ResidualStream:
         if isinstance(value, ResidualStream):
             return value
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"expected a torch.Tensor or ResidualStream, got {type(value).__name__}")
+            raise TypeError(
+                f"expected a torch.Tensor or ResidualStream, got {type(value).__name__}"
+            )
         return cls(value)
 
     def normalize(self, norm: _Norm) -> tuple[torch.Tensor, "ResidualStream"]:
@@ -145,8 +181,9 @@ class PreNormBlock(torch.nn.Module):
         self.norm = _check_norm(norm)
         self.sublayer = sublayer
 
-    def forward(self, stream: "torch.Tensor | ResidualStream", *args: Any,
-                **kwargs: Any) -> ResidualStream:
+    def forward(
+        self, stream: "torch.Tensor | ResidualStream", *args: Any, **kwargs: Any
+    ) -> ResidualStream:
         h, stream = ResidualStream.of(stream).normalize(self.norm)
         return stream.add(self.sublayer(h, *args, **kwargs))
 
@@ -162,8 +199,9 @@ class SandwichBlock(torch.nn.Module):
         self.sublayer = sublayer
         self.post_norm = _check_norm(post_norm, "post_norm")
 
-    def forward(self, stream: "torch.Tensor | ResidualStream", *args: Any,
-                **kwargs: Any) -> ResidualStream:
+    def forward(
+        self, stream: "torch.Tensor | ResidualStream", *args: Any, **kwargs: Any
+    ) -> ResidualStream:
         h, stream = ResidualStream.of(stream).normalize(self.pre_norm)
         return stream.add(self.sublayer(h, *args, **kwargs), self.post_norm)
 
@@ -178,8 +216,9 @@ class PostNormBlock(torch.nn.Module):
         self.norm = _check_norm(norm)
         self.alpha = float(alpha)
 
-    def forward(self, stream: "torch.Tensor | ResidualStream", *args: Any,
-                **kwargs: Any) -> ResidualStream:
+    def forward(
+        self, stream: "torch.Tensor | ResidualStream", *args: Any, **kwargs: Any
+    ) -> ResidualStream:
         stream = ResidualStream.of(stream)
         delta = self.sublayer(stream.value(), *args, **kwargs)
         return stream.post_norm(delta, self.norm, self.alpha)
@@ -197,8 +236,9 @@ class DeepNormConstants:
     beta: float
 
 
-def deepnorm_constants(architecture: str, encoder_layers: int = 0,
-                       decoder_layers: int = 0) -> dict[str, DeepNormConstants]:
+def deepnorm_constants(
+    architecture: str, encoder_layers: int = 0, decoder_layers: int = 0
+) -> dict[str, DeepNormConstants]:
     """DeepNorm's alpha and beta, from the table of Figure 2 of Wang et al., "DeepNet: Scaling
     Transformers to 1,000 Layers" (arXiv:2203.00555), for N encoder and M decoder layers:
 
@@ -224,16 +264,23 @@ def deepnorm_constants(architecture: str, encoder_layers: int = 0,
         return {"decoder": DeepNormConstants((2 * m) ** 0.25, (8 * m) ** -0.25)}
     if architecture == "encoder-decoder":
         if n < 1 or m < 1:
-            raise ValueError("encoder-decoder DeepNorm needs encoder_layers and decoder_layers >= 1")
-        return {"encoder": DeepNormConstants(0.81 * (n ** 4 * m) ** (1 / 16),
-                                             0.87 * (n ** 4 * m) ** (-1 / 16)),
-                "decoder": DeepNormConstants((3 * m) ** 0.25, (12 * m) ** -0.25)}
-    raise ValueError(f"unknown architecture {architecture!r}: expected 'encoder', 'decoder' or "
-                     "'encoder-decoder'")
+            raise ValueError(
+                "encoder-decoder DeepNorm needs encoder_layers and decoder_layers >= 1"
+            )
+        return {
+            "encoder": DeepNormConstants(
+                0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)
+            ),
+            "decoder": DeepNormConstants((3 * m) ** 0.25, (12 * m) ** -0.25),
+        }
+    raise ValueError(
+        f"unknown architecture {architecture!r}: expected 'encoder', 'decoder' or 'encoder-decoder'"
+    )
 
 
-def deepnorm_init_(scaled: Iterable[torch.nn.Module], beta: float,
-                   unscaled: Iterable[torch.nn.Module] = ()) -> None:
+def deepnorm_init_(
+    scaled: Iterable[torch.nn.Module], beta: float, unscaled: Iterable[torch.nn.Module] = ()
+) -> None:
     """DeepNet's initialization: Xavier-normal with gain ``beta`` for the weights of the FFN,
     value and output projections (``scaled``), gain 1 for the query and key projections
     (``unscaled``); biases are zeroed."""

@@ -11,23 +11,28 @@ from typing import Any
 
 def register(commands: argparse._SubParsersAction) -> None:
     olive = commands.add_parser(
-        "olive", help="run an Olive workflow with onnxnorm's pass and surgeon",
+        "olive",
+        help="run an Olive workflow with onnxnorm's pass and surgeon",
         description="Olive (olive-ai) with onnxnorm's fusion: the pass OnnxNormFusion as a "
-                    "workflow step, the surgeon OnnxNormFuse in a GraphSurgeries step "
-                    "(docs/pipelines.md).")
+        "workflow step, the surgeon OnnxNormFuse in a GraphSurgeries step "
+        "(docs/pipelines.md).",
+    )
     actions = olive.add_subparsers(dest="action", required=True)
     run_parser = actions.add_parser(
-        "run", help="run a workflow config (JSON or YAML), as `olive run --config` does",
+        "run",
+        help="run a workflow config (JSON or YAML), as `olive run --config` does",
         description="Checks onnxnorm's settings in the workflow (nothing is written when one is "
-                    "wrong), then runs it with Olive's passes, OnnxNormFusion and the surgeon "
-                    "OnnxNormFuse known. The input model is never modified.")
+        "wrong), then runs it with Olive's passes, OnnxNormFusion and the surgeon "
+        "OnnxNormFuse known. The input model is never modified.",
+    )
     run_parser.add_argument("config", help="the workflow config file")
     run_parser.add_argument("--tempdir", help="where Olive keeps its temporary files")
     run_parser.set_defaults(run=run)
     packages = actions.add_parser(
         "package-config",
         help="write Olive's package config with OnnxNormFusion added, for `olive run "
-             "--package-config`")
+        "--package-config`",
+    )
     packages.add_argument("-o", "--output", required=True, help="the JSON file to write")
     packages.set_defaults(run=write_package_config)
 
@@ -59,8 +64,10 @@ def workflow_problems(config: dict[str, Any]) -> list[str]:
                 check(step.get("target", DEFAULT), f"pass {name!r} ({PASS})")
             elif kind == "graphsurgeries" and isinstance(step.get("surgeries"), list):
                 for surgery in step["surgeries"]:
-                    if (isinstance(surgery, dict)
-                            and str(surgery.get("surgeon", "")).lower() == SURGEON.lower()):
+                    if (
+                        isinstance(surgery, dict)
+                        and str(surgery.get("surgeon", "")).lower() == SURGEON.lower()
+                    ):
                         check(surgery.get("target", DEFAULT), f"pass {name!r} ({SURGEON})")
     return problems
 

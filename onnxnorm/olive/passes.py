@@ -14,16 +14,20 @@ from onnxnorm._deps import require
 require("olive", "onnxnorm.olive (the Olive pass and surgeon)")
 
 import onnx  # noqa: E402
-from olive.common.ort_inference import (check_and_normalize_provider_args,  # noqa: E402
-                                        get_ort_available_providers)
+from olive.common.ort_inference import (
+    check_and_normalize_provider_args,  # noqa: E402
+    get_ort_available_providers,
+)
 from olive.hardware.accelerator import Device  # noqa: E402
 from olive.model import ONNXModelHandler  # noqa: E402
 from olive.model.config.registry import model_handler_registry  # noqa: E402
 from olive.model.utils import resolve_onnx_path  # noqa: E402
 from olive.package_config import OlivePackageConfig  # noqa: E402
 from olive.passes import Pass  # noqa: E402
-from olive.passes.onnx.common import (get_external_data_config,  # noqa: E402
-                                      model_proto_to_olive_model)
+from olive.passes.onnx.common import (
+    get_external_data_config,  # noqa: E402
+    model_proto_to_olive_model,
+)
 from olive.passes.onnx.graph_surgeries import Surgeon  # noqa: E402
 from olive.passes.pass_config import PassConfigParam, PassParamDefault  # noqa: E402
 from olive.search.search_parameter import SpecialParamValue  # noqa: E402
@@ -46,8 +50,7 @@ def _checked_setting(_, value: Any) -> Any:
 def _fuse(model: onnx.ModelProto, target: str, strict_precision: bool, base_dir: str | None):
     from onnxnorm.fusion import fuse
 
-    fused, report = fuse(model, target=target, base_dir=base_dir,
-                         strict_precision=strict_precision)
+    fused, report = fuse(model, target=target, base_dir=base_dir, strict_precision=strict_precision)
     for line in str(report).splitlines():
         logger.info("onnxnorm: %s", line)
     return fused, report
@@ -63,8 +66,10 @@ def _verified(original, fused, where: str) -> list[dict[str, Any]]:
         logger.info("onnxnorm verify: %s", check)
     failed = [str(c) for c in checks if not c.ok]
     if failed:
-        raise OliveSettingError(f"{where}: verify failed: the fused model's outputs differ "
-                                f"beyond tolerance: {'; '.join(failed)}")
+        raise OliveSettingError(
+            f"{where}: verify failed: the fused model's outputs differ "
+            f"beyond tolerance: {'; '.join(failed)}"
+        )
     return [vars(c) for c in checks]
 
 
@@ -86,7 +91,8 @@ def _session_options(settings: dict[str, Any]):
         options.execution_mode = ort.ExecutionMode(given["execution_mode"])
     if given.get("graph_optimization_level") is not None:
         options.graph_optimization_level = ort.GraphOptimizationLevel(
-            given["graph_optimization_level"])
+            given["graph_optimization_level"]
+        )
     for key, value in (given.get("extra_session_config") or {}).items():
         options.add_session_config_entry(key, value)
     return options
@@ -98,10 +104,13 @@ class OnnxNormModelHandler(ONNXModelHandler):
     ONNX Runtime sessions, those of Olive's evaluators among them, register the library. Its
     session options come from ``inference_settings`` as for an ``ONNXModel``."""
 
-    def prepare_session(self, inference_settings: dict[str, Any] | None = None,
-                        device: Device = Device.CPU,
-                        execution_providers: str | list[str] | None = None,
-                        rank: int | None = None):
+    def prepare_session(
+        self,
+        inference_settings: dict[str, Any] | None = None,
+        device: Device = Device.CPU,
+        execution_providers: str | list[str] | None = None,
+        rank: int | None = None,
+    ):
         import onnxruntime as ort
 
         settings = self.merge_inference_settings(inference_settings, execution_providers)
@@ -109,10 +118,16 @@ class OnnxNormModelHandler(ONNXModelHandler):
             settings["execution_provider"] = self._get_default_execution_providers(device)
             settings["provider_options"] = None
         providers, provider_options = check_and_normalize_provider_args(
-            settings["execution_provider"], settings.get("provider_options"),
-            get_ort_available_providers())
-        return ort.InferenceSession(self.model_path, _session_options(settings),
-                                    providers=providers, provider_options=provider_options)
+            settings["execution_provider"],
+            settings.get("provider_options"),
+            get_ort_available_providers(),
+        )
+        return ort.InferenceSession(
+            self.model_path,
+            _session_options(settings),
+            providers=providers,
+            provider_options=provider_options,
+        )
 
 
 class OnnxNormFusion(Pass):
@@ -125,18 +140,24 @@ class OnnxNormFusion(Pass):
     def _default_config(cls, accelerator_spec) -> dict[str, PassConfigParam]:
         return {
             "target": PassConfigParam(
-                type_=str, default_value=DEFAULT,
-                description="what the fused model holds: " + "; ".join(
-                    f"{name}: {text}" for name, text in TARGETS.items())),
+                type_=str,
+                default_value=DEFAULT,
+                description="what the fused model holds: "
+                + "; ".join(f"{name}: {text}" for name, text in TARGETS.items()),
+            ),
             "verify": PassConfigParam(
-                type_=bool, default_value=False,
+                type_=bool,
+                default_value=False,
                 description="run the input and the fused model in ONNX Runtime on generated "
-                            "inputs; the pass fails when an output differs beyond tolerance"),
+                "inputs; the pass fails when an output differs beyond tolerance",
+            ),
             "strict_precision": PassConfigParam(
-                type_=bool, default_value=False,
+                type_=bool,
+                default_value=False,
                 description="leave norms whose statistics the input computes in float16/"
-                            "bfloat16 as they are (by default they are fused with float32 "
-                            "statistics, and the report says so)"),
+                "bfloat16 as they are (by default they are fused with float32 "
+                "statistics, and the report says so)",
+            ),
             **get_external_data_config(),
         }
 
@@ -146,13 +167,15 @@ class OnnxNormFusion(Pass):
 
         return {"validate_target": field_validator("target")(classmethod(_checked_setting))}
 
-    def _run_for_config(self, model: ONNXModelHandler, config, output_model_path: str
-                        ) -> ONNXModelHandler:
+    def _run_for_config(
+        self, model: ONNXModelHandler, config, output_model_path: str
+    ) -> ONNXModelHandler:
         check_target(config.target)
         source = Path(model.model_path)
         output_model_path = resolve_onnx_path(output_model_path, source.name)
-        fused, report = _fuse(onnx.load(source), config.target, config.strict_precision,
-                              str(source.parent))
+        fused, report = _fuse(
+            onnx.load(source), config.target, config.strict_precision, str(source.parent)
+        )
         output = model_proto_to_olive_model(fused, output_model_path, config)
         del fused
         result = {"report": report.to_dict()}
@@ -164,8 +187,10 @@ class OnnxNormFusion(Pass):
                 raise
         if config.target == "fused":
             output = OnnxNormModelHandler(
-                model_path=output.get_resource("model_path"), onnx_file_name=output.onnx_file_name,
-                inference_settings=model.inference_settings)
+                model_path=output.get_resource("model_path"),
+                onnx_file_name=output.onnx_file_name,
+                inference_settings=model.inference_settings,
+            )
         else:
             output.inference_settings = model.inference_settings
         output.model_attributes = {**(model.model_attributes or {}), ATTRIBUTE: result}
@@ -176,8 +201,7 @@ class OnnxNormFuse(Surgeon):
     """The fusion as a surgery of Olive's ``GraphSurgeries`` pass: ``{"surgeon": "OnnxNormFuse",
     "target": ..., "verify": ..., "strict_precision": ...}``; the report goes to Olive's log."""
 
-    def __init__(self, target: str = DEFAULT, verify: bool = False,
-                 strict_precision: bool = False):
+    def __init__(self, target: str = DEFAULT, verify: bool = False, strict_precision: bool = False):
         super().__init__()
         self.target = check_target(target, SURGEON)
         self.verify = verify
@@ -202,8 +226,10 @@ def package_config() -> dict[str, Any]:
     default = json.loads(Path(OlivePackageConfig.get_default_config_path()).read_text())
     default.setdefault("passes", {})[PASS] = {
         "module_path": f"{__name__}.{PASS}",
-        "supported_providers": ["*"], "supported_accelerators": ["*"],
-        "supported_precisions": ["*"], "supported_algorithms": [],
+        "supported_providers": ["*"],
+        "supported_accelerators": ["*"],
+        "supported_precisions": ["*"],
+        "supported_algorithms": [],
         "supported_quantization_encodings": [],
     }
     return default

@@ -6,5 +6,15 @@ from onnxnorm.ops.functions import attach_functions, strip_functions
 
 schemas.register()
 
-__all__ = ["DOMAIN", "OPS", "VERSION", "OpSpec", "attach_functions", "catalogue", "functions",
-           "reference", "schemas", "strip_functions"]
+__all__ = [
+    "DOMAIN",
+    "OPS",
+    "VERSION",
+    "OpSpec",
+    "attach_functions",
+    "catalogue",
+    "functions",
+    "reference",
+    "schemas",
+    "strip_functions",
+]

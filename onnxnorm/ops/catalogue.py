@@ -60,13 +60,19 @@ def _is_finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-CHECKS: dict[str, Check] = {c.name: c for c in (
-    Check("none", "any value", lambda value: True),
-    Check("finite", "a finite number", _is_finite),
-    Check("finite_non_negative", "a finite number >= 0",
-          lambda value: _is_finite(value) and value >= 0),
-    Check("zero_or_one", "0 or 1", lambda value: value in (0, 1)),
-)}
+CHECKS: dict[str, Check] = {
+    c.name: c
+    for c in (
+        Check("none", "any value", lambda value: True),
+        Check("finite", "a finite number", _is_finite),
+        Check(
+            "finite_non_negative",
+            "a finite number >= 0",
+            lambda value: _is_finite(value) and value >= 0,
+        ),
+        Check("zero_or_one", "0 or 1", lambda value: value in (0, 1)),
+    )
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,17 +164,23 @@ class OpSpec:
 
 
 AXIS = Attribute(
-    "axis", "int", -1,
+    "axis",
+    "int",
+    -1,
     "First normalized dimension: statistics are taken over the dimensions [axis, rank). "
     "Negative values count from the back.",
 )
 EPSILON = Attribute(
-    "epsilon", "float", 1e-5,
+    "epsilon",
+    "float",
+    1e-5,
     "Added to the variance (LayerNorm) or the mean square (RMSNorm) before the square root.",
     "finite_non_negative",
 )
 CAST_BEFORE_SCALE = Attribute(
-    "cast_before_scale", "int", 0,
+    "cast_before_scale",
+    "int",
+    0,
     "Rounding order for float16/bfloat16. 0 (order B: Gemma, OLMo 2, Cohere, PyTorch kernels): "
     "normalize, scale and shift in float32, round once to X's type. 1 (order A: Llama, T5, the "
     "ONNX standard ops): round the normalized value to X's type, then scale and shift in X's type. "
@@ -176,78 +188,127 @@ CAST_BEFORE_SCALE = Attribute(
     "zero_or_one",
 )
 SCALE_OFFSET = Attribute(
-    "scale_offset", "float", 0.0,
+    "scale_offset",
+    "float",
+    0.0,
     "Added to Scale before it multiplies (Gemma's `1 + weight` is scale_offset = 1). The sum is "
     "taken in float32 in order B and in X's type in order A.",
     "finite",
 )
 ALPHA = Attribute(
-    "alpha", "float", 1.0,
+    "alpha",
+    "float",
+    1.0,
     "Multiplies Residual before the add (DeepNorm's alpha; 1 for Pre-/Post-Norm).",
     "finite",
 )
 
 _X = Param("X", "T", "Input tensor.")
 _SCALE = Param(
-    "Scale", "S",
+    "Scale",
+    "S",
     "Multiplier; its shape is a suffix of X's shape covering at least the normalized "
     "dimensions (it may span more, e.g. per-head Q/K norms). Absent means 1.",
     optional=True,
 )
-_BIAS = Param("Bias", "S", "Added after the scale; same shape rule as Scale. Absent means 0.",
-              optional=True)
+_BIAS = Param(
+    "Bias", "S", "Added after the scale; same shape rule as Scale. Absent means 0.", optional=True
+)
 _RESIDUAL = Param("Residual", "T", "The residual stream; same shape as X.")
-_XBIAS = Param("XBias", "S", "Bias of the sublayer that produced X, added into the sum; its "
-               "shape is a suffix of X's shape.", optional=True)
+_XBIAS = Param(
+    "XBias",
+    "S",
+    "Bias of the sublayer that produced X, added into the sum; its shape is a suffix of X's shape.",
+    optional=True,
+)
 _Y = Param("Y", "T", "The normalized output, same shape and type as X.")
-_SUM = Param("Sum", "T", "alpha * Residual + X (+ XBias) in X's type: the new residual stream.",
-             optional=True)
+_SUM = Param(
+    "Sum",
+    "T",
+    "alpha * Residual + X (+ XBias) in X's type: the new residual stream.",
+    optional=True,
+)
 
 _LAYER_FORMULA = "Y = (Z - mean(Z)) / sqrt(var(Z) + epsilon) * Scale + Bias  (population variance)"
 _RMS_FORMULA = "Y = Z / sqrt(mean(Z^2) + epsilon) * (Scale + scale_offset) + Bias"
 _SKIP_FORMULA = "Sum = alpha * Residual + X (+ XBias);  Z = Sum"
-_SANDWICH_FORMULA = ("Sum = Residual + Norm(X; InnerScale, InnerBias) (rounded to X's type);  "
-                     "Z = Sum")
-_INNER_SCALE = Param("InnerScale", "S", "Scale of the inner norm, applied to X before the "
-                     "residual add; same shape rule as Scale.", optional=True)
-_INNER_BIAS = Param("InnerBias", "S", "Bias of the inner norm; same shape rule as Scale.",
-                    optional=True)
-_SANDWICH_SUM = Param("Sum", "T", "Residual + Norm(X) in X's type: the new residual stream.",
-                      optional=True)
+_SANDWICH_FORMULA = (
+    "Sum = Residual + Norm(X; InnerScale, InnerBias) (rounded to X's type);  Z = Sum"
+)
+_INNER_SCALE = Param(
+    "InnerScale",
+    "S",
+    "Scale of the inner norm, applied to X before the residual add; same shape rule as Scale.",
+    optional=True,
+)
+_INNER_BIAS = Param(
+    "InnerBias", "S", "Bias of the inner norm; same shape rule as Scale.", optional=True
+)
+_SANDWICH_SUM = Param(
+    "Sum", "T", "Residual + Norm(X) in X's type: the new residual stream.", optional=True
+)
 
 
 _QUANT_FORMULA = {
     "static": "Y = saturate(round_half_even(float32(Y_float) / float32(Y_scale)) + "
-              "Y_zero_point)  (QuantizeLinear of Y_float rounded to X's type; NaN gives Q's "
-              "minimum; for float8e4m3fn: Y = float8e4m3fn(clamp(float32(Y_float) / "
-              "float32(Y_scale), -448, 448)) rounded half to even, NaN stays NaN, the zero "
-              "point's value unused)",
+    "Y_zero_point)  (QuantizeLinear of Y_float rounded to X's type; NaN gives Q's "
+    "minimum; for float8e4m3fn: Y = float8e4m3fn(clamp(float32(Y_float) / "
+    "float32(Y_scale), -448, 448)) rounded half to even, NaN stays NaN, the zero "
+    "point's value unused)",
     "dynamic": "Y, Y_scale, Y_zero_point = DynamicQuantizeLinear(float32(Y_float))  (Y_float "
-               "rounded to X's type; uint8; ONNX Runtime's rule: Y_scale = 1 where Y_float is "
-               "all 0; NaN is left out of the range, wherever it sits, and gives 0)",
+    "rounded to X's type; uint8; ONNX Runtime's rule: Y_scale = 1 where Y_float is "
+    "all 0; NaN is left out of the range, wherever it sits, and gives 0)",
 }
 _Y_SCALE_IN = Param(
-    "Y_scale", "T", "QuantizeLinear's scale, per tensor: a scalar or one-element tensor of X's "
-    "type.")
+    "Y_scale",
+    "T",
+    "QuantizeLinear's scale, per tensor: a scalar or one-element tensor of X's type.",
+)
 _Y_ZERO_POINT_IN = Param(
-    "Y_zero_point", "Q", "QuantizeLinear's zero point, per tensor: a scalar or one-element tensor "
+    "Y_zero_point",
+    "Q",
+    "QuantizeLinear's zero point, per tensor: a scalar or one-element tensor "
     "of uint8, int8 or float8e4m3fn, which is Y's type. Absent means uint8 0. A float8e4m3fn zero "
     "point gives Y's type only: its value is not used, as ONNX Runtime's QuantizeLinear and the "
-    "ONNX reference implementation do not use it.", optional=True)
-_YQ_STATIC = Param("Y", "Q", "The norm's output rounded to X's type, quantized as "
-                   "QuantizeLinear quantizes it; same shape as X.")
-_YQ_DYNAMIC = Param("Y", "Q", "The norm's output rounded to X's type, then to float32, quantized "
-                    "as DynamicQuantizeLinear quantizes it (uint8); same shape as X.")
-_Y_SCALE_OUT = Param("Y_scale", "F", "(max(0, max Y_float) - min(0, min Y_float)) / 255 in "
-                     "float32, a scalar; 1 where both are 0.")
-_Y_ZERO_POINT_OUT = Param("Y_zero_point", "Q", "round_half_even(clamp(-min(0, min Y_float) / "
-                          "Y_scale, 0, 255)), a scalar.")
-_Y_FLOAT = Param("Y_float", "T", "The norm's output before quantization, in X's type: for graphs "
-                 "where it has other consumers.", optional=True)
+    "ONNX reference implementation do not use it.",
+    optional=True,
+)
+_YQ_STATIC = Param(
+    "Y",
+    "Q",
+    "The norm's output rounded to X's type, quantized as "
+    "QuantizeLinear quantizes it; same shape as X.",
+)
+_YQ_DYNAMIC = Param(
+    "Y",
+    "Q",
+    "The norm's output rounded to X's type, then to float32, quantized "
+    "as DynamicQuantizeLinear quantizes it (uint8); same shape as X.",
+)
+_Y_SCALE_OUT = Param(
+    "Y_scale",
+    "F",
+    "(max(0, max Y_float) - min(0, min Y_float)) / 255 in float32, a scalar; 1 where both are 0.",
+)
+_Y_ZERO_POINT_OUT = Param(
+    "Y_zero_point", "Q", "round_half_even(clamp(-min(0, min Y_float) / Y_scale, 0, 255)), a scalar."
+)
+_Y_FLOAT = Param(
+    "Y_float",
+    "T",
+    "The norm's output before quantization, in X's type: for graphs where it has other consumers.",
+    optional=True,
+)
 
 
-def _spec(name: str, norm: str, residual: str, summary: str, quantize: str = "none",
-          base: str | None = None) -> OpSpec:
+def _spec(
+    name: str,
+    norm: str,
+    residual: str,
+    summary: str,
+    quantize: str = "none",
+    base: str | None = None,
+) -> OpSpec:
     inputs: tuple[Param, ...] = (_X,)
     outputs: tuple[Param, ...] = (_Y,)
     attributes = (AXIS, EPSILON, CAST_BEFORE_SCALE)
@@ -276,46 +337,86 @@ def _spec(name: str, norm: str, residual: str, summary: str, quantize: str = "no
         quant_types = ("tensor(uint8)",)
     if quantize != "none":
         formula = formula.replace("Y = ", "Y_float = ") + ";  " + _QUANT_FORMULA[quantize]
-    return OpSpec(name, norm, residual, summary, formula, inputs, outputs, attributes, quantize,
-                  quant_types, base)
+    return OpSpec(
+        name,
+        norm,
+        residual,
+        summary,
+        formula,
+        inputs,
+        outputs,
+        attributes,
+        quantize,
+        quant_types,
+        base,
+    )
 
 
 def _quantized(base: OpSpec, quantize: str) -> OpSpec:
     """``base`` followed by QuantizeLinear (static) or DynamicQuantizeLinear (dynamic)."""
     suffix = "QuantizeLinear" if quantize == "static" else "DynamicQuantizeLinear"
-    summary = (f"{base.name} with its output quantized as ONNX's {suffix} quantizes it, in one "
-               "pass over memory" if quantize == "static" else
-               f"{base.name} with its output quantized as ONNX's {suffix} quantizes it (uint8, "
-               "scale and zero point from the output's range)")
+    summary = (
+        f"{base.name} with its output quantized as ONNX's {suffix} quantizes it, in one "
+        "pass over memory"
+        if quantize == "static"
+        else f"{base.name} with its output quantized as ONNX's {suffix} quantizes it (uint8, "
+        "scale and zero point from the output's range)"
+    )
     return _spec(base.name + suffix, base.norm, base.residual, summary + ".", quantize, base.name)
 
 
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        _spec("LayerNorm", "layer", "none",
-              "Layer normalization over the trailing dimensions, statistics in float32."),
-        _spec("RMSNorm", "rms", "none",
-              "Root-mean-square normalization (T5, Llama, Gemma with scale_offset = 1)."),
-        _spec("SkipLayerNorm", "layer", "skip",
-              "Residual add (optionally scaled: DeepNorm) fused with LayerNorm."),
-        _spec("SkipRMSNorm", "rms", "skip",
-              "Residual add (optionally scaled: DeepNorm) fused with RMSNorm."),
-        _spec("SandwichLayerNorm", "layer", "sandwich",
-              "Sandwich-Norm: LayerNorm of the sublayer output, residual add, LayerNorm of the "
-              "sum (CogView's Sandwich-LN), in one pass over memory."),
-        _spec("SandwichRMSNorm", "rms", "sandwich",
-              "Sandwich-Norm with RMSNorm: Gemma 2/3's post-sublayer norm, residual add and "
-              "the next pre-sublayer norm, in one pass over memory."),
+        _spec(
+            "LayerNorm",
+            "layer",
+            "none",
+            "Layer normalization over the trailing dimensions, statistics in float32.",
+        ),
+        _spec(
+            "RMSNorm",
+            "rms",
+            "none",
+            "Root-mean-square normalization (T5, Llama, Gemma with scale_offset = 1).",
+        ),
+        _spec(
+            "SkipLayerNorm",
+            "layer",
+            "skip",
+            "Residual add (optionally scaled: DeepNorm) fused with LayerNorm.",
+        ),
+        _spec(
+            "SkipRMSNorm",
+            "rms",
+            "skip",
+            "Residual add (optionally scaled: DeepNorm) fused with RMSNorm.",
+        ),
+        _spec(
+            "SandwichLayerNorm",
+            "layer",
+            "sandwich",
+            "Sandwich-Norm: LayerNorm of the sublayer output, residual add, LayerNorm of the "
+            "sum (CogView's Sandwich-LN), in one pass over memory.",
+        ),
+        _spec(
+            "SandwichRMSNorm",
+            "rms",
+            "sandwich",
+            "Sandwich-Norm with RMSNorm: Gemma 2/3's post-sublayer norm, residual add and "
+            "the next pre-sublayer norm, in one pass over memory.",
+        ),
     )
 }
 # The quantized forms (ids after every float op: the native enums number ops in this order).
-OPS.update({
-    spec.name: spec
-    for quantize in ("static", "dynamic")
-    for base in ("LayerNorm", "RMSNorm", "SkipLayerNorm", "SkipRMSNorm")
-    for spec in (_quantized(OPS[base], quantize),)
-})
+OPS.update(
+    {
+        spec.name: spec
+        for quantize in ("static", "dynamic")
+        for base in ("LayerNorm", "RMSNorm", "SkipLayerNorm", "SkipRMSNorm")
+        for spec in (_quantized(OPS[base], quantize),)
+    }
+)
 #: The ops whose Y is in X's type (no quantization).
 FLOAT_OPS = {name: spec for name, spec in OPS.items() if spec.quantize == "none"}
 #: The ops whose Y is quantized.
@@ -328,9 +429,12 @@ QUANTIZED_OPS = {name: spec for name, spec in OPS.items() if spec.quantize != "n
 #: report) and what counts norm time (the generation benchmark's profile) reads this one table,
 #: so an op added to the catalogue counts everywhere.
 NORM_OPS: dict[tuple[str, str], tuple[int, int]] = {
-    **{(DOMAIN, name): (2 if spec.residual == "sandwich" else 1, int(spec.residual != "none"))
-       for name, spec in OPS.items()},
-    ("", "LayerNormalization"): (1, 0), ("", "RMSNormalization"): (1, 0),
+    **{
+        (DOMAIN, name): (2 if spec.residual == "sandwich" else 1, int(spec.residual != "none"))
+        for name, spec in OPS.items()
+    },
+    ("", "LayerNormalization"): (1, 0),
+    ("", "RMSNormalization"): (1, 0),
     ("", "SimplifiedLayerNormalization"): (1, 0),
     ("com.microsoft", "LayerNormalization"): (1, 0),
     ("com.microsoft", "SimplifiedLayerNormalization"): (1, 0),

@@ -15,7 +15,7 @@ _TYPES = {"T": "T", "S": "S (T or float32)", "F": "float32"}
 
 def _type(spec: catalogue.OpSpec, var: str) -> str:
     if var == "Q":
-        names = [t[len("tensor("):-1] for t in spec.quant_types]
+        names = [t[len("tensor(") : -1] for t in spec.quant_types]
         return "Q (" + " or ".join(filter(None, [", ".join(names[:-1]), names[-1]])) + ")"
     return _TYPES[var]
 
@@ -55,13 +55,27 @@ def render() -> str:
         "",
     ]
     for spec in catalogue.OPS.values():
-        lines += [f"## {spec.name}", "", spec.summary, "", "```", spec.formula, "```", "",
-                  "| input | type | optional | meaning |", "|---|---|---|---|"]
-        lines += [f"| {p.name} | {_type(spec, p.type_var)} | {'yes' if p.optional else 'no'} | "
-                  f"{p.doc} |" for p in spec.inputs]
+        lines += [
+            f"## {spec.name}",
+            "",
+            spec.summary,
+            "",
+            "```",
+            spec.formula,
+            "```",
+            "",
+            "| input | type | optional | meaning |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p.name} | {_type(spec, p.type_var)} | {'yes' if p.optional else 'no'} | {p.doc} |"
+            for p in spec.inputs
+        ]
         lines += ["", "| output | type | optional | meaning |", "|---|---|---|---|"]
-        lines += [f"| {p.name} | {_type(spec, p.type_var)} | {'yes' if p.optional else 'no'} | "
-                  f"{p.doc} |" for p in spec.outputs]
+        lines += [
+            f"| {p.name} | {_type(spec, p.type_var)} | {'yes' if p.optional else 'no'} | {p.doc} |"
+            for p in spec.outputs
+        ]
         lines += ["", "| attribute | type | default | meaning |", "|---|---|---|---|"]
         lines += [f"| {a.name} | {a.kind} | {a.default!r} | {a.doc} |" for a in spec.attributes]
         lines.append("")

@@ -78,7 +78,7 @@ _TYPE_NAMES = {TensorProto.FLOAT: "f32", TensorProto.FLOAT16: "f16", TensorProto
 #: the prefixes of the attribute values in an overload name below REF_OPSET
 _VALUE_NAMES = {"axis": "axis", "epsilon": "eps", "alpha": "alpha", "scale_offset": "offset"}
 _VALUE_PART = re.compile(r"(axis|eps|alpha|offset)([-+0-9.e]+)")
-_INT64_MAX = 2 ** 63 - 1
+_INT64_MAX = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +125,10 @@ class OpsetWriter:
         if self.opset >= REF_OPSET:
             return self("Constant", value_ints=values)
         if self.opset >= 9:
-            return self("Constant", value=helper.make_tensor("value", TensorProto.INT64,
-                                                             [len(values)], values))
+            return self(
+                "Constant",
+                value=helper.make_tensor("value", TensorProto.INT64, [len(values)], values),
+            )
         floats = self("Constant", value=helper.make_tensor("value", _FLOAT, [len(values)], values))
         return self("Cast", floats, to=TensorProto.INT64)
 
@@ -151,8 +153,9 @@ class OpsetWriter:
         which the caller must know there."""
         dims = self.shape(value, axis)
         if self.opset >= 9:
-            return self("ConstantOfShape", dims,
-                        value=helper.make_tensor("one", _FLOAT, [1], [1.0]))
+            return self(
+                "ConstantOfShape", dims, value=helper.make_tensor("one", _FLOAT, [1], [1.0])
+            )
         if count is None:
             raise ValueError(f"opset {self.opset} has no ConstantOfShape: ones need their rank")
         one = self("Constant", value=helper.make_tensor("one", _FLOAT, [1] * count, [1.0]))
@@ -170,19 +173,22 @@ class _Body(OpsetWriter):
     ``x_type``: X's element type (below MIN_OPSET); ``values``: the node's attribute values
     (below REF_OPSET, else None: the body refers to its attributes)."""
 
-    def __init__(self, opset: int, x_type: int | None = None,
-                 values: dict[str, Any] | None = None):
+    def __init__(self, opset: int, x_type: int | None = None, values: dict[str, Any] | None = None):
         self.opset, self.x_type, self.values = opset, x_type, values
         self.nodes: list[onnx.NodeProto] = []
 
     def __call__(self, op: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
         name = out or f"_t{len(self.nodes)}"
-        node = helper.make_node(op, list(inputs), [name],
-                                **{k: v for k, v in attrs.items() if not isinstance(v, Ref)})
+        node = helper.make_node(
+            op, list(inputs), [name], **{k: v for k, v in attrs.items() if not isinstance(v, Ref)}
+        )
         for key, value in attrs.items():
             if isinstance(value, Ref):
-                node.attribute.append(helper.make_attribute_ref(
-                    key, _ATTR_TYPES[_ATTRIBUTE_KINDS[value.name]], ref_attr_name=value.name))
+                node.attribute.append(
+                    helper.make_attribute_ref(
+                        key, _ATTR_TYPES[_ATTRIBUTE_KINDS[value.name]], ref_attr_name=value.name
+                    )
+                )
         self.nodes.append(node)
         return name
 
@@ -215,10 +221,17 @@ def _number(value: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-def overload(spec: catalogue.OpSpec, present: Iterable[str], cast_before_scale: int,
-             scale_offset: float = 0.0, with_sum: bool = True, with_float: bool = False,
-             opset: int = MIN_OPSET, x_type: int | None = None,
-             attrs: dict[str, Any] | None = None) -> str:
+def overload(
+    spec: catalogue.OpSpec,
+    present: Iterable[str],
+    cast_before_scale: int,
+    scale_offset: float = 0.0,
+    with_sum: bool = True,
+    with_float: bool = False,
+    opset: int = MIN_OPSET,
+    x_type: int | None = None,
+    attrs: dict[str, Any] | None = None,
+) -> str:
     """The function overload naming a node's variant: its optional inputs, whether it has a
     scale offset, its rounding order (``a`` for order A) and, for ops with a Residual, whether
     the node leaves out its Sum output (``nosum``: ORT cannot type a call to a function that
@@ -238,8 +251,10 @@ def overload(spec: catalogue.OpSpec, present: Iterable[str], cast_before_scale: 
         parts += ["nosum"] if spec.has_residual and not with_sum else []
     if opset < MIN_OPSET:
         if x_type not in _TYPE_NAMES:
-            raise ValueError(f"below opset {MIN_OPSET} an overload names X's element type (float, "
-                             f"float16 or bfloat16), got {_type_name(x_type)}")
+            raise ValueError(
+                f"below opset {MIN_OPSET} an overload names X's element type (float, "
+                f"float16 or bfloat16), got {_type_name(x_type)}"
+            )
         parts.append(_TYPE_NAMES[x_type])
     if opset < REF_OPSET:
         values = {**spec.defaults, **(attrs or {})}
@@ -248,8 +263,9 @@ def overload(spec: catalogue.OpSpec, present: Iterable[str], cast_before_scale: 
     return "_".join(parts)
 
 
-def _parse(spec: catalogue.OpSpec, variant: str, opset: int
-           ) -> tuple[set[str], int | None, dict[str, Any] | None]:
+def _parse(
+    spec: catalogue.OpSpec, variant: str, opset: int
+) -> tuple[set[str], int | None, dict[str, Any] | None]:
     """An overload's parts (the value parts as their bare names: ``offset``), X's element type
     it names (below MIN_OPSET) and the attribute values it holds (below REF_OPSET, else None)."""
     parts: set[str] = set()
@@ -267,16 +283,23 @@ def _parse(spec: catalogue.OpSpec, variant: str, opset: int
         else:
             parts.add(part)
     if opset < MIN_OPSET and x_type is None:
-        raise ValueError(f"overload {variant!r} names no element type of X (f32, f16 or bf16), "
-                         f"which a body below opset {MIN_OPSET} needs (it has no CastLike)")
+        raise ValueError(
+            f"overload {variant!r} names no element type of X (f32, f16 or bf16), "
+            f"which a body below opset {MIN_OPSET} needs (it has no CastLike)"
+        )
     if opset >= REF_OPSET:
         return parts, x_type, None
-    needed = [a.name for a in spec.attributes if a.name in _VALUE_NAMES
-              and (a.name != "scale_offset" or "offset" in parts)]
+    needed = [
+        a.name
+        for a in spec.attributes
+        if a.name in _VALUE_NAMES and (a.name != "scale_offset" or "offset" in parts)
+    ]
     missing = [_VALUE_NAMES[name] for name in needed if name not in values]
     if missing:
-        raise ValueError(f"overload {variant!r} names no {', '.join(missing)} value, which a body "
-                         f"below opset {REF_OPSET} holds (Constant has no value_float there)")
+        raise ValueError(
+            f"overload {variant!r} names no {', '.join(missing)} value, which a body "
+            f"below opset {REF_OPSET} holds (Constant has no value_float there)"
+        )
     return parts, x_type, {**spec.defaults, **values}
 
 
@@ -290,8 +313,9 @@ def _body_outputs(spec: catalogue.OpSpec, parts: set[str]) -> list[str]:
     return outputs
 
 
-def scale_and_shift(b, y: str, scale: str | None, bias: str | None, offset: float | Ref | None,
-                    order_a: bool) -> str:
+def scale_and_shift(
+    b, y: str, scale: str | None, bias: str | None, offset: float | Ref | None, order_a: bool
+) -> str:
     """The catalogue's arithmetic after the normalization, where the rounding order shows:
     ``y`` (the normalized value, float32) times Scale plus ``offset`` (scale_offset; None:
     none), plus Bias, in float32, the result in float32. Order A (``order_a``) rounds every
@@ -303,6 +327,7 @@ def scale_and_shift(b, y: str, scale: str | None, bias: str | None, offset: floa
     output, ``b.scalar(v)`` a float32 scalar, and ``b.float32(v)`` a cast to float32 and
     ``b.round(v)`` a float32 value rounded to X's type and back.
     """
+
     def rounded(value: str) -> str:
         return b.round(value) if order_a else value
 
@@ -372,14 +397,19 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
 
     def norm(z: str, scale: str, bias: str, out: str | None = None) -> str:
         """The norm of ``z`` with the inputs ``scale`` and ``bias`` when present, in X's type."""
-        y = scale_and_shift(b, _normalize(b, spec, z), scale if scale in present else None,
-                            bias if bias in present else None, offset, order_a)
+        y = scale_and_shift(
+            b,
+            _normalize(b, spec, z),
+            scale if scale in present else None,
+            bias if bias in present else None,
+            offset,
+            order_a,
+        )
         return b.to_x(y, out=out)
 
     z = "X"
     if spec.residual == "skip":
-        total = b("Add", b("Mul", b.float32("Residual"), b.scalar(b.attr("alpha"))),
-                  b.float32("X"))
+        total = b("Add", b("Mul", b.float32("Residual"), b.scalar(b.attr("alpha"))), b.float32("X"))
         if "XBias" in present:
             total = b("Add", total, b.float32("XBias"))
         z = b.to_x(total, out="Sum")
@@ -390,15 +420,27 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     if spec.quantize == "none":
         norm(z, "Scale", "Bias", out="Y")
     else:
-        _quantize(b, spec, norm(z, "Scale", "Bias", out="Y_float" if "Y_float" in outputs else None),
-                  "Y_zero_point" in present)
+        _quantize(
+            b,
+            spec,
+            norm(z, "Scale", "Bias", out="Y_float" if "Y_float" in outputs else None),
+            "Y_zero_point" in present,
+        )
 
-    defaults = [helper.make_attribute(a.name, float(a.default) if a.kind == "float" else a.default)
-                for a in spec.attributes]
+    defaults = [
+        helper.make_attribute(a.name, float(a.default) if a.kind == "float" else a.default)
+        for a in spec.attributes
+    ]
     return helper.make_function(
-        catalogue.DOMAIN, op, inputs, outputs, b.nodes,
-        [helper.make_opsetid("", opset)], attribute_protos=defaults,
-        doc_string=f"{spec.summary} {spec.formula}", overload=variant,
+        catalogue.DOMAIN,
+        op,
+        inputs,
+        outputs,
+        b.nodes,
+        [helper.make_opsetid("", opset)],
+        attribute_protos=defaults,
+        doc_string=f"{spec.summary} {spec.formula}",
+        overload=variant,
     )
 
 
@@ -415,8 +457,9 @@ def _quantize(b: _Body, spec: catalogue.OpSpec, y: str, with_zero_point: bool) -
     it is reshaped as it is."""
     yf = b.float32(y)
     if spec.quantize == "dynamic":
-        b.nodes.append(helper.make_node("DynamicQuantizeLinear", [yf],
-                                        ["Y", "Y_scale", "Y_zero_point"]))
+        b.nodes.append(
+            helper.make_node("DynamicQuantizeLinear", [yf], ["Y", "Y_scale", "Y_zero_point"])
+        )
         return
     scalar = b("Constant", value=helper.make_tensor("scalar_shape", TensorProto.INT64, [0], []))
     inputs = [yf, b("Reshape", b.float32("Y_scale"), scalar)]
@@ -468,9 +511,17 @@ def node_variant(node: onnx.NodeProto, opset: int = MIN_OPSET, x_type: int | Non
         index = spec.output_index(output)
         return index is not None and len(node.output) > index and bool(node.output[index])
 
-    return overload(spec, present, attrs.get("cast_before_scale", 0), attrs.get("scale_offset", 0.0),
-                    has("Sum"), has("Y_float"), opset, x_type,
-                    {k: v for k, v in attrs.items() if k in spec.defaults})
+    return overload(
+        spec,
+        present,
+        attrs.get("cast_before_scale", 0),
+        attrs.get("scale_offset", 0.0),
+        has("Sum"),
+        has("Y_float"),
+        opset,
+        x_type,
+        {k: v for k, v in attrs.items() if k in spec.defaults},
+    )
 
 
 def _set_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
@@ -493,8 +544,9 @@ def _declared(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list]]:
             if t.elem_type:
                 types[info.name] = t.elem_type
             if t.HasField("shape"):
-                dims[info.name] = [d.dim_value if d.HasField("dim_value") else None
-                                   for d in t.shape.dim]
+                dims[info.name] = [
+                    d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim
+                ]
         for init in graph.initializer:
             types[init.name] = init.data_type
             dims[init.name] = list(init.dims)
@@ -507,8 +559,9 @@ def _declared(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list]]:
     return types, dims
 
 
-def value_types(model: onnx.ModelProto, wanted: Iterable[str] = (),
-                known: Sequence[onnx.TensorProto] = ()) -> tuple[dict[str, int], dict[str, list]]:
+def value_types(
+    model: onnx.ModelProto, wanted: Iterable[str] = (), known: Sequence[onnx.TensorProto] = ()
+) -> tuple[dict[str, int], dict[str, list]]:
     """Element type and dims of the values of ``model`` (a dims entry: a list of ints, None where
     a dim is not a number): those it declares (``_declared``) and ``known`` (weights kept apart
     from it), and, where a name of ``wanted`` is neither, those onnx shape inference finds (the
@@ -550,53 +603,69 @@ def _static(node: onnx.NodeProto) -> bool:
 def _float8_reason(opset: int) -> str:
     """Why a node that quantizes to float8 has no body in a model of standard opset ``opset``
     (below FLOAT8_MIN_OPSET)."""
-    return (f"quantizes to float8e4m3fn (its Y_zero_point's type), which needs ONNX opset >= "
-            f"{FLOAT8_MIN_OPSET} (QuantizeLinear-19 added float8); the model imports opset "
-            f"{opset}: convert the model to opset {FLOAT8_MIN_OPSET} or newer "
-            "(onnxnorm fuse --upgrade-opset does, with onnx.version_converter)")
+    return (
+        f"quantizes to float8e4m3fn (its Y_zero_point's type), which needs ONNX opset >= "
+        f"{FLOAT8_MIN_OPSET} (QuantizeLinear-19 added float8); the model imports opset "
+        f"{opset}: convert the model to opset {FLOAT8_MIN_OPSET} or newer "
+        "(onnxnorm fuse --upgrade-opset does, with onnx.version_converter)"
+    )
 
 
 def _type_name(elem_type: int | None) -> str:
     return "unknown" if elem_type is None else TensorProto.DataType.Name(elem_type).lower()
 
 
-def body_problem(op: str, opset: int, x_type: int | None, q_type: int | None = None
-                 ) -> str | None:
+def body_problem(op: str, opset: int, x_type: int | None, q_type: int | None = None) -> str | None:
     """Why no function body of ``op`` can be written in standard opset ``opset`` for an X of
     element type ``x_type`` (None: not known) and, for a static quantized op, a Y of ``q_type``
     (None: not known), in words a user can act on; None where one can."""
     spec = catalogue.get(op)
 
     def convert(needed: int) -> str:
-        return (f"the model imports opset {opset}: convert the model to opset {needed} or newer "
-                "(onnxnorm fuse --upgrade-opset does, with onnx.version_converter)")
+        return (
+            f"the model imports opset {opset}: convert the model to opset {needed} or newer "
+            "(onnxnorm fuse --upgrade-opset does, with onnx.version_converter)"
+        )
 
     if opset < OLDEST_OPSET:
-        return (f"onnxnorm writes function bodies in ONNX opset {OLDEST_OPSET} or newer; "
-                + convert(OLDEST_OPSET))
+        return f"onnxnorm writes function bodies in ONNX opset {OLDEST_OPSET} or newer; " + convert(
+            OLDEST_OPSET
+        )
     needed = QUANTIZE_MIN_OPSET.get(spec.quantize, 0)
     if opset < needed:
         quantizer = "QuantizeLinear" if spec.quantize == "static" else "DynamicQuantizeLinear"
-        return (f"its body ends in {quantizer}, which ONNX has from opset {needed}; "
-                + convert(needed))
+        return f"its body ends in {quantizer}, which ONNX has from opset {needed}; " + convert(
+            needed
+        )
     if x_type == TensorProto.BFLOAT16 and opset < BFLOAT16_MIN_OPSET:
-        return (f"X is bfloat16, which ONNX casts to from opset {BFLOAT16_MIN_OPSET} on (Cast-13); "
-                + convert(BFLOAT16_MIN_OPSET))
+        return (
+            f"X is bfloat16, which ONNX casts to from opset {BFLOAT16_MIN_OPSET} on (Cast-13); "
+            + convert(BFLOAT16_MIN_OPSET)
+        )
     if opset < MIN_OPSET and x_type is None:
-        return (f"the element type of X is not declared and shape inference does not find it; a "
-                f"body below opset {MIN_OPSET} (no CastLike) must name it: declare X's type "
-                f"(value_info) or convert the model to opset {MIN_OPSET} or newer")
+        return (
+            f"the element type of X is not declared and shape inference does not find it; a "
+            f"body below opset {MIN_OPSET} (no CastLike) must name it: declare X's type "
+            f"(value_info) or convert the model to opset {MIN_OPSET} or newer"
+        )
     if opset < MIN_OPSET and x_type not in _TYPE_NAMES:
         return f"X is {_type_name(x_type)}, not float, float16 or bfloat16"
-    if (spec.quantize == "static" and q_type == TensorProto.FLOAT8E4M3FN
-            and opset < FLOAT8_MIN_OPSET):
+    if (
+        spec.quantize == "static"
+        and q_type == TensorProto.FLOAT8E4M3FN
+        and opset < FLOAT8_MIN_OPSET
+    ):
         return _float8_reason(opset)
     return None
 
 
-def node_types(model: onnx.ModelProto, nodes: list[onnx.NodeProto], opset: int,
-               known: Sequence[onnx.TensorProto] = (), all_x: bool = False
-               ) -> tuple[dict[str, int], dict[str, list]]:
+def node_types(
+    model: onnx.ModelProto,
+    nodes: list[onnx.NodeProto],
+    opset: int,
+    known: Sequence[onnx.TensorProto] = (),
+    all_x: bool = False,
+) -> tuple[dict[str, int], dict[str, list]]:
     """``value_types`` of ``model``, inferring what the onnxnorm ``nodes`` need in opset
     ``opset`` where the model does not declare it: X's type below MIN_OPSET (or ``all_x``), a
     static quantized node's zero point below FLOAT8_MIN_OPSET."""
@@ -609,8 +678,9 @@ def node_types(model: onnx.ModelProto, nodes: list[onnx.NodeProto], opset: int,
 def node_problem(node: onnx.NodeProto, opset: int, types: dict[str, int]) -> str | None:
     """``body_problem`` for ``node`` with the element types ``types`` (``value_types``)."""
     q_type = _quantized_type(node, types) if _static(node) else None
-    return body_problem(node.op_type, opset, types.get(node.input[0]) if node.input else None,
-                        q_type)
+    return body_problem(
+        node.op_type, opset, types.get(node.input[0]) if node.input else None, q_type
+    )
 
 
 def attach_functions(model: onnx.ModelProto, notes: list[Note] | None = None) -> onnx.ModelProto:

@@ -21,8 +21,10 @@ def check_attributes(spec: catalogue.OpSpec, attrs: dict[str, Any]) -> dict[str,
     """Merges ``attrs`` over the op's defaults, rejecting unknown names and bad values."""
     unknown = set(attrs) - {a.name for a in spec.attributes}
     if unknown:
-        raise ValueError(f"{spec.name}: unknown attribute(s) {sorted(unknown)}; "
-                         f"expected {[a.name for a in spec.attributes]}")
+        raise ValueError(
+            f"{spec.name}: unknown attribute(s) {sorted(unknown)}; "
+            f"expected {[a.name for a in spec.attributes]}"
+        )
     merged = {**spec.defaults, **attrs}
     for a in spec.attributes:
         problem = a.validate(merged[a.name])
@@ -39,17 +41,20 @@ def normalized_axis(axis: int, rank: int, op: str = "") -> int:
     return axis % rank
 
 
-def check_suffix(name: str, shape: tuple[int, ...], x_shape: tuple[int, ...], axis: int,
-                 op: str = "") -> None:
+def check_suffix(
+    name: str, shape: tuple[int, ...], x_shape: tuple[int, ...], axis: int, op: str = ""
+) -> None:
     """Scale, Bias and XBias must be a suffix of X's shape covering the normalized dims
     (leading 1s ignored)."""
     dims = list(shape)
     while len(dims) > len(x_shape) - axis and dims and dims[0] == 1:
         dims.pop(0)
-    if len(dims) < len(x_shape) - axis or tuple(dims) != tuple(x_shape[len(x_shape) - len(dims):]):
-        raise ValueError(f"{op}: {name} of shape {tuple(shape)} does not fit X of shape "
-                         f"{tuple(x_shape)} normalized from axis {axis}: it must equal a suffix "
-                         f"of X's shape that covers X.shape[{axis}:]")
+    if len(dims) < len(x_shape) - axis or tuple(dims) != tuple(x_shape[len(x_shape) - len(dims) :]):
+        raise ValueError(
+            f"{op}: {name} of shape {tuple(shape)} does not fit X of shape "
+            f"{tuple(x_shape)} normalized from axis {axis}: it must equal a suffix "
+            f"of X's shape that covers X.shape[{axis}:]"
+        )
 
 
 def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
@@ -76,19 +81,25 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
         value = given[p.name]
         if p.type_var == "S" and value is not None:
             if value.dtype not in (t, np.dtype(np.float32)):
-                raise TypeError(f"{op}: {p.name} must be of X's type {t} or float32, "
-                                f"got {value.dtype}")
+                raise TypeError(
+                    f"{op}: {p.name} must be of X's type {t} or float32, got {value.dtype}"
+                )
             check_suffix(p.name, value.shape, x.shape, axis, op)
             # leading 1s beyond X's rank broadcast to nothing: Y keeps X's shape
-            given[p.name] = value.reshape(value.shape[max(0, value.ndim - x.ndim):])
+            given[p.name] = value.reshape(value.shape[max(0, value.ndim - x.ndim) :])
 
     axes = tuple(range(axis, x.ndim))
     outputs = _float_outputs(spec, x, axes, a, given)
     return outputs if spec.quantize == "none" else _quantized_outputs(spec, outputs, given)
 
 
-def _float_outputs(spec: catalogue.OpSpec, x: np.ndarray, axes: tuple[int, ...], a: dict[str, Any],
-                   given: dict[str, np.ndarray | None]) -> list[np.ndarray]:
+def _float_outputs(
+    spec: catalogue.OpSpec,
+    x: np.ndarray,
+    axes: tuple[int, ...],
+    a: dict[str, Any],
+    given: dict[str, np.ndarray | None],
+) -> list[np.ndarray]:
     """Y (and Sum) of the op's norm, in X's type."""
     op, t = spec.name, x.dtype
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
@@ -96,8 +107,10 @@ def _float_outputs(spec: catalogue.OpSpec, x: np.ndarray, axes: tuple[int, ...],
             return [_norm(spec, x, axes, a, given["Scale"], given["Bias"])]
         residual = given["Residual"]
         if residual.dtype != t or residual.shape != x.shape:
-            raise ValueError(f"{op}: Residual must have X's type and shape, got "
-                             f"{residual.dtype}{residual.shape} for X {t}{x.shape}")
+            raise ValueError(
+                f"{op}: Residual must have X's type and shape, got "
+                f"{residual.dtype}{residual.shape} for X {t}{x.shape}"
+            )
         if spec.residual == "skip":
             total = a["alpha"] * residual.astype(np.float64) + x.astype(np.float64)
             if given["XBias"] is not None:
@@ -109,8 +122,11 @@ def _float_outputs(spec: catalogue.OpSpec, x: np.ndarray, axes: tuple[int, ...],
         return [_norm(spec, z, axes, a, given["Scale"], given["Bias"]), z]
 
 
-_QUANT_DTYPES = {"tensor(uint8)": np.dtype(np.uint8), "tensor(int8)": np.dtype(np.int8),
-                 "tensor(float8e4m3fn)": np.dtype(ml_dtypes.float8_e4m3fn)}
+_QUANT_DTYPES = {
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(float8e4m3fn)": np.dtype(ml_dtypes.float8_e4m3fn),
+}
 #: numpy's float8 e4m3fn type (ml_dtypes), Q's float type
 FLOAT8_E4M3FN = _QUANT_DTYPES["tensor(float8e4m3fn)"]
 
@@ -118,26 +134,33 @@ FLOAT8_E4M3FN = _QUANT_DTYPES["tensor(float8e4m3fn)"]
 def _per_tensor(op: str, name: str, value: np.ndarray) -> np.ndarray:
     value = np.asarray(value)
     if value.size != 1 or value.ndim > 1:
-        raise ValueError(f"{op}: {name} must be a scalar or a one-element 1-D tensor (per-tensor "
-                         f"quantization), got shape {value.shape}")
+        raise ValueError(
+            f"{op}: {name} must be a scalar or a one-element 1-D tensor (per-tensor "
+            f"quantization), got shape {value.shape}"
+        )
     return value.reshape(())
 
 
-def _quantized_outputs(spec: catalogue.OpSpec, outputs: list[np.ndarray],
-                       given: dict[str, np.ndarray | None]) -> list[np.ndarray]:
+def _quantized_outputs(
+    spec: catalogue.OpSpec, outputs: list[np.ndarray], given: dict[str, np.ndarray | None]
+) -> list[np.ndarray]:
     """The quantized op's outputs from its norm's (Y in X's type, and Sum)."""
     y = outputs[0]
     if spec.quantize == "static":
         scale = _per_tensor(spec.name, "Y_scale", given["Y_scale"])
         if scale.dtype != y.dtype:
-            raise TypeError(f"{spec.name}: Y_scale must be of X's type {y.dtype}, got {scale.dtype}")
+            raise TypeError(
+                f"{spec.name}: Y_scale must be of X's type {y.dtype}, got {scale.dtype}"
+            )
         zero_point = given["Y_zero_point"]
         if zero_point is None:
             zero_point = np.zeros((), np.uint8)
         zero_point = _per_tensor(spec.name, "Y_zero_point", zero_point)
         if zero_point.dtype not in [_QUANT_DTYPES[q] for q in spec.quant_types]:
-            raise TypeError(f"{spec.name}: Y_zero_point must be uint8, int8 or float8e4m3fn, got "
-                            f"{zero_point.dtype}")
+            raise TypeError(
+                f"{spec.name}: Y_zero_point must be uint8, int8 or float8e4m3fn, got "
+                f"{zero_point.dtype}"
+            )
         quantized = [quantize_linear(y, scale, zero_point)]
     else:
         quantized = list(dynamic_quantize_linear(y))
@@ -183,18 +206,29 @@ def dynamic_quantize_linear(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
         initial = np.float32(0) - lo / scale
     zero_point = np.uint8(255 if np.isnan(initial) else np.rint(np.clip(initial, 0, 255)))
     zero_point = np.asarray(zero_point, np.uint8).reshape(())
-    return quantize_linear(f, scale, zero_point), np.asarray(scale, np.float32).reshape(()), zero_point
+    return (
+        quantize_linear(f, scale, zero_point),
+        np.asarray(scale, np.float32).reshape(()),
+        zero_point,
+    )
 
 
-def _norm(spec: catalogue.OpSpec, z: np.ndarray, axes: tuple[int, ...], a: dict[str, Any],
-          scale: np.ndarray | None, bias: np.ndarray | None) -> np.ndarray:
+def _norm(
+    spec: catalogue.OpSpec,
+    z: np.ndarray,
+    axes: tuple[int, ...],
+    a: dict[str, Any],
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+) -> np.ndarray:
     """The norm of ``z`` (statistics over ``axes``) with its scale and bias, in z's type."""
     t = z.dtype
     z64 = z.astype(np.float64)
     if spec.norm == "layer":
         centred = z64 - z64.mean(axis=axes, keepdims=True)
-        normalized = centred / np.sqrt((centred * centred).mean(axis=axes, keepdims=True)
-                                       + a["epsilon"])
+        normalized = centred / np.sqrt(
+            (centred * centred).mean(axis=axes, keepdims=True) + a["epsilon"]
+        )
     else:
         normalized = z64 / np.sqrt((z64 * z64).mean(axis=axes, keepdims=True) + a["epsilon"])
 

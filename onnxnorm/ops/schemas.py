@@ -22,16 +22,20 @@ def _type_constraints(spec: catalogue.OpSpec) -> list[tuple[str, list[str], str]
 
 def _parameter(p: catalogue.Param) -> defs.OpSchema.FormalParameter:
     return defs.OpSchema.FormalParameter(
-        p.name, p.type_var, p.doc, param_option=_OPTION.Optional if p.optional else _OPTION.Single)
+        p.name, p.type_var, p.doc, param_option=_OPTION.Optional if p.optional else _OPTION.Single
+    )
 
 
 _FLOAT = onnx.TensorProto.FLOAT
 
 
 def _elem(onnx_type: str) -> int:
-    """"tensor(uint8)" -> TensorProto.UINT8."""
-    return onnx.helper.np_dtype_to_tensor_dtype(onnx.helper.tensor_dtype_to_np_dtype(
-        getattr(onnx.TensorProto, onnx_type[len("tensor("):-1].upper())))
+    """ "tensor(uint8)" -> TensorProto.UINT8."""
+    return onnx.helper.np_dtype_to_tensor_dtype(
+        onnx.helper.tensor_dtype_to_np_dtype(
+            getattr(onnx.TensorProto, onnx_type[len("tensor(") : -1].upper())
+        )
+    )
 
 
 def _inference(spec: catalogue.OpSpec):
@@ -57,13 +61,17 @@ def _inference(spec: catalogue.OpSpec):
             if given is None or not given.HasField("tensor_type"):
                 continue
             elem = given.tensor_type.elem_type
-            allowed = {"T": {x_type}, "S": {x_type, _FLOAT}, "Q": set(quant_types),
-                       "F": {_FLOAT}}[param.type_var]
+            allowed = {"T": {x_type}, "S": {x_type, _FLOAT}, "Q": set(quant_types), "F": {_FLOAT}}[
+                param.type_var
+            ]
             if elem not in allowed:
                 names = " or ".join(onnx.TensorProto.DataType.Name(t) for t in sorted(allowed))
-                fail(ctx, f"{param.name} must be {names} (X is "
-                          f"{onnx.TensorProto.DataType.Name(x_type)}), got "
-                          f"{onnx.TensorProto.DataType.Name(elem)}")
+                fail(
+                    ctx,
+                    f"{param.name} must be {names} (X is "
+                    f"{onnx.TensorProto.DataType.Name(x_type)}), got "
+                    f"{onnx.TensorProto.DataType.Name(elem)}",
+                )
         if x.tensor_type.HasField("shape"):
             rank = len(x.tensor_type.shape.dim)
             axis = ctx.get_attribute("axis")
@@ -97,9 +105,13 @@ def op_schema(spec: catalogue.OpSpec) -> defs.OpSchema:
     attributes = []
     for a in spec.attributes:
         default = float(a.default) if a.kind == "float" else a.default
-        attributes.append(defs.OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, default), a.doc))
+        attributes.append(
+            defs.OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, default), a.doc)
+        )
     schema = defs.OpSchema(
-        spec.name, catalogue.DOMAIN, catalogue.VERSION,
+        spec.name,
+        catalogue.DOMAIN,
+        catalogue.VERSION,
         doc=f"{spec.summary}\n\n{spec.formula}",
         inputs=[_parameter(p) for p in spec.inputs],
         outputs=[_parameter(p) for p in spec.outputs],

@@ -1,9 +1,10 @@
 // Host stand-in for the CUDA runtime pieces the onnxnorm kernels use (host emulation only).
 #pragma once
+#include <math.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <math.h>
 #define __global__
 #define __device__
 #define __host__
@@ -16,11 +17,17 @@ typedef void* cudaStream_t;
 inline const char* cudaGetErrorString(cudaError_t) { return "emulated error"; }
 inline const char* cudaGetErrorName(cudaError_t) { return "cudaErrorEmulated"; }
 inline cudaError_t cudaGetLastError() { return 0; }
-struct uint4 { unsigned x, y, z, w; };
-struct uint2 { unsigned x, y; };
+struct uint4 {
+  unsigned x, y, z, w;
+};
+struct uint2 {
+  unsigned x, y;
+};
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
-struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
 extern thread_local dim3 threadIdx;
 extern thread_local dim3 blockIdx;
 extern thread_local dim3 blockDim, gridDim;

@@ -161,8 +161,10 @@ void Schedule(Block& b) {
       if (f.done) ++finished;
     }
     if (!progress) {
-      std::fprintf(stderr, "host emulation: every thread of block %u waits on a barrier that cannot "
-                           "complete (a thread skipped a __syncthreads or a warp shuffle)\n", blockIdx.x);
+      std::fprintf(stderr,
+                   "host emulation: every thread of block %u waits on a barrier that cannot "
+                   "complete (a thread skipped a __syncthreads or a warp shuffle)\n",
+                   blockIdx.x);
       std::abort();
     }
   }

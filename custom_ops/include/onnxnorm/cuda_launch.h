@@ -62,16 +62,14 @@ extern "C" {
 // (nothing launched) or ONNXNORM_CUDA_LAUNCH_FAILED (the CUDA error of the launch), with a
 // message naming the op (and the kernel) written into err (err_len bytes, NUL-terminated; err may
 // be nullptr).
-ONNXNORM_EXPORT int onnxnorm_cuda_launch(const onnxnorm::NormArgs* args, void* stream, char* err,
-                                         size_t err_len);
+ONNXNORM_EXPORT int onnxnorm_cuda_launch(const onnxnorm::NormArgs* args, void* stream, char* err, size_t err_len);
 
 // The same for a quantized op: the static op in one launch (the norm's kernel quantizing its Y as
 // it stores it); the dynamic op in three on stream (each row's Y range into scratch; the scale and
 // zero point from the rows' ranges, written to y_scale and y_zero_point; the norm again, quantized
 // with them). Returns as onnxnorm_cuda_launch; a float op is refused here, a quantized op there.
-ONNXNORM_EXPORT int onnxnorm_cuda_launch_quantized(const onnxnorm::NormArgs* args,
-                                                   const onnxnorm::CudaQuantArgs* quant, void* stream, char* err,
-                                                   size_t err_len);
+ONNXNORM_EXPORT int onnxnorm_cuda_launch_quantized(const onnxnorm::NormArgs* args, const onnxnorm::CudaQuantArgs* quant,
+                                                   void* stream, char* err, size_t err_len);
 
 // The bytes of device scratch a dynamic quantized op's call needs (CudaQuantArgs::scratch): two
 // floats per row; 0 for other ops and for a NULL args.

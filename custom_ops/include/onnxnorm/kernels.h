@@ -104,8 +104,8 @@ using QuantRowsFn = void (*)(const NormArgs& args, const QuantArgs& quant, int64
 // The row kernel of a quantized op's pass, as GetNormRows chooses the instruction set; nullptr
 // when the combination is not implemented (a Sandwich norm; kRange / kQuantize with q other than
 // kUInt8).
-QuantRowsFn GetQuantRows(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x_type,
-                         ElemType weight_type, ElemType q_type);
+QuantRowsFn GetQuantRows(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x_type, ElemType weight_type,
+                         ElemType q_type);
 QuantRowsFn GetQuantRowsFor(Isa isa, NormKind norm, ResidualKind residual, QuantPass pass, ElemType x_type,
                             ElemType weight_type, ElemType q_type);
 

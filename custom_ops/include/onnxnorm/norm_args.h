@@ -76,14 +76,29 @@ struct NormArgsField {
 #define ONNXNORM_ARGS_FIELD(f) \
   NormArgsField { #f, offsetof(NormArgs, f), sizeof(NormArgs::f) }
 inline constexpr NormArgsField kNormArgsFields[] = {
-    ONNXNORM_ARGS_FIELD(op),          ONNXNORM_ARGS_FIELD(x_type),           ONNXNORM_ARGS_FIELD(weight_type),
-    ONNXNORM_ARGS_FIELD(cast_before_scale), ONNXNORM_ARGS_FIELD(rows),     ONNXNORM_ARGS_FIELD(cols),
-    ONNXNORM_ARGS_FIELD(x),           ONNXNORM_ARGS_FIELD(residual),         ONNXNORM_ARGS_FIELD(scale),
-    ONNXNORM_ARGS_FIELD(bias),        ONNXNORM_ARGS_FIELD(xbias),            ONNXNORM_ARGS_FIELD(inner_scale),
-    ONNXNORM_ARGS_FIELD(inner_bias),  ONNXNORM_ARGS_FIELD(y),                ONNXNORM_ARGS_FIELD(sum),
-    ONNXNORM_ARGS_FIELD(scale_rows),  ONNXNORM_ARGS_FIELD(bias_rows),        ONNXNORM_ARGS_FIELD(xbias_rows),
-    ONNXNORM_ARGS_FIELD(inner_scale_rows), ONNXNORM_ARGS_FIELD(inner_bias_rows), ONNXNORM_ARGS_FIELD(epsilon),
-    ONNXNORM_ARGS_FIELD(scale_offset), ONNXNORM_ARGS_FIELD(alpha),
+    ONNXNORM_ARGS_FIELD(op),
+    ONNXNORM_ARGS_FIELD(x_type),
+    ONNXNORM_ARGS_FIELD(weight_type),
+    ONNXNORM_ARGS_FIELD(cast_before_scale),
+    ONNXNORM_ARGS_FIELD(rows),
+    ONNXNORM_ARGS_FIELD(cols),
+    ONNXNORM_ARGS_FIELD(x),
+    ONNXNORM_ARGS_FIELD(residual),
+    ONNXNORM_ARGS_FIELD(scale),
+    ONNXNORM_ARGS_FIELD(bias),
+    ONNXNORM_ARGS_FIELD(xbias),
+    ONNXNORM_ARGS_FIELD(inner_scale),
+    ONNXNORM_ARGS_FIELD(inner_bias),
+    ONNXNORM_ARGS_FIELD(y),
+    ONNXNORM_ARGS_FIELD(sum),
+    ONNXNORM_ARGS_FIELD(scale_rows),
+    ONNXNORM_ARGS_FIELD(bias_rows),
+    ONNXNORM_ARGS_FIELD(xbias_rows),
+    ONNXNORM_ARGS_FIELD(inner_scale_rows),
+    ONNXNORM_ARGS_FIELD(inner_bias_rows),
+    ONNXNORM_ARGS_FIELD(epsilon),
+    ONNXNORM_ARGS_FIELD(scale_offset),
+    ONNXNORM_ARGS_FIELD(alpha),
 };
 #undef ONNXNORM_ARGS_FIELD
 
