@@ -63,6 +63,7 @@ class NormArgs(ctypes.Structure):
         ("op", ctypes.c_int32),
         ("x_type", ctypes.c_int32),
         ("weight_type", ctypes.c_int32),
+        ("y_type", ctypes.c_int32),
         ("cast_before_scale", ctypes.c_int32),
         ("rows", ctypes.c_int64),
         ("cols", ctypes.c_int64),
@@ -271,6 +272,7 @@ class Kernels:
         args.op = OP_IDS[op]
         args.x_type = _type_code(x.dtype)
         args.weight_type = args.x_type
+        args.y_type = _type_code(y.dtype)
         args.cast_before_scale = int(a["cast_before_scale"])
         args.rows, args.cols = rows, cols
         args.x = x.data_ptr()

@@ -1,15 +1,17 @@
 """The correctness matrix of the onnxnorm CUDA kernels, through their C launcher.
 
-Every catalogue op x dtype (float32, float16, bfloat16) x weight dtype (X's or float32) x
-rounding order x sets of optional inputs x row widths (Q/K rows 64-256, hidden sizes up to beyond
-what the register path holds, widths that are not a multiple of the vector width, unaligned
-views, per-head weights, axis -2), against ``onnxnorm.ops.reference`` within its per-dtype
-tolerances; plus rows of mean 1e4 and std 1e-2, NaN propagation, and bad arguments refused
-before any launch. The quantized ops: every op x dtype x weight dtype x quantized type (uint8,
-int8, float8e4m3fn) x zero point (given or not, static) x optional outputs (Sum, Y_float) x row
-widths, their Y_float and Sum bit for bit the float op's Y and Sum from the same library, their
-quantized Y (and the dynamic scale and zero point) exactly the reference quantizer's of that
-Y_float (float8: the same bits; a NaN's sign may differ only where the reference gives NaN).
+Every catalogue op x dtype (float32, float16, bfloat16) x weight dtype (X's or float32) x Y
+dtype (X's; or float32, the mixed form of the ops whose Y is of type U, for a 16-bit X with
+float32 weights) x rounding order x sets of optional inputs x row widths (Q/K rows 64-256,
+hidden sizes up to beyond what the register path holds, widths that are not a multiple of the
+vector width, unaligned views, per-head weights, axis -2), against ``onnxnorm.ops.reference``
+within its per-dtype tolerances; plus rows of mean 1e4 and std 1e-2, NaN propagation, and bad
+arguments refused before any launch. The quantized ops: every op x dtype x weight dtype x
+quantized type (uint8, int8, float8e4m3fn) x zero point (given or not, static) x optional
+outputs (Sum, Y_float) x row widths, their Y_float and Sum bit for bit the float op's Y and Sum
+from the same library, their quantized Y (and the dynamic scale and zero point) exactly the
+reference quantizer's of that Y_float (float8: the same bits; a NaN's sign may differ only where
+the reference gives NaN).
 Arguments are ``onnxnorm._native.NormArgs`` (and ``CudaQuantArgs``) on torch tensors.
 
 On a GPU (tests/test_cuda.py, tools/gpu_check.sh) it drives the built CUDA library. Without one,
@@ -33,8 +35,9 @@ import shutil
 import subprocess
 import sys
 import types
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -65,6 +68,15 @@ class Case:
     unaligned: bool = False
     kind: str = "random"  # "random" | "large-mean" | "nan"
     with_sum: bool = True
+    y_dtype: str = ""  # Y's type: X's (""), or float32 for the mixed form of the ops with U
+
+    def __post_init__(self) -> None:
+        self.y_dtype = self.y_dtype or self.dtype
+
+    @property
+    def mixed(self) -> bool:
+        """Y float32 for a 16-bit X (type variable U: Y before its last rounding to X's type)."""
+        return self.y_dtype != self.dtype
 
     def label(self) -> str:
         extra = "".join(
@@ -76,8 +88,9 @@ class Case:
                 "" if self.with_sum else " no-Sum",
             ]
         )
+        y = f"->{self.y_dtype}" if self.mixed else ""
         return (
-            f"{self.op} {self.dtype}/{self.weight_dtype} {list(self.shape)} "
+            f"{self.op} {self.dtype}/{self.weight_dtype}{y} {list(self.shape)} "
             f"[{','.join(self.present) or '-'}] {self.attrs}{extra}"
         )
 
@@ -114,11 +127,13 @@ def cases(quick: bool = False) -> list[Case]:
     if not quick:
         widths += [(9, 32), (3, 2048), (1, 24576), (1, 40000), (2, 1, 4, 8)]
     type_name = _native.elem_type_name
-    type_pairs = [(type_name(t), type_name(s)) for t, s in catalogue.TYPE_PAIRS]
     for op, spec in catalogue.FLOAT_OPS.items():
         rms = spec.norm == "rms"
         skip = spec.residual == "skip"
-        for (dt, wt), order in itertools.product(type_pairs, (0, 1)):
+        # every (T, S, U) the op takes: U (Y's type) float32 for a 16-bit X with float32 weights
+        # in the ops whose Y is of type U (the mixed form), else X's type
+        type_sets = [tuple(type_name(v) for v in ts) for ts in spec.type_sets]
+        for (dt, wt, yt), order in itertools.product(type_sets, (0, 1)):
             if dt == "float32" and order:
                 continue
             attrs = {"cast_before_scale": order, "epsilon": 1e-5}
@@ -131,16 +146,41 @@ def cases(quick: bool = False) -> list[Case]:
                     _optional_sets(spec, quick) if shape[-1] <= 1000 else [spec.optional_inputs]
                 )
                 for present in present_sets:
-                    out.append(Case(op, dt, wt, shape, present, dict(attrs)))
+                    out.append(Case(op, dt, wt, shape, present, dict(attrs), y_dtype=yt))
             all_in = spec.optional_inputs
             # per-head weights (Cohere Q/K norm), axis -2, unaligned views, no Sum output
-            out.append(Case(op, dt, wt, (2, 3, 4, 128), all_in, dict(attrs), weight_shape=(4, 128)))
-            out.append(Case(op, dt, wt, (3, 4, 64), all_in, dict(attrs), axis=-2))
-            out.append(Case(op, dt, wt, (3, 512), all_in, dict(attrs), unaligned=True))
+            out.append(
+                Case(
+                    op,
+                    dt,
+                    wt,
+                    (2, 3, 4, 128),
+                    all_in,
+                    dict(attrs),
+                    weight_shape=(4, 128),
+                    y_dtype=yt,
+                )
+            )
+            out.append(Case(op, dt, wt, (3, 4, 64), all_in, dict(attrs), axis=-2, y_dtype=yt))
+            out.append(Case(op, dt, wt, (3, 512), all_in, dict(attrs), unaligned=True, y_dtype=yt))
             if spec.has_residual:
                 out.append(Case(op, dt, wt, (4, 256), all_in, dict(attrs), with_sum=False))
         for dt in ("float32", "float16", "bfloat16"):
             out.append(Case(op, dt, dt, (2, 31), spec.optional_inputs, {}, kind="nan"))
+        for (dt, wt, yt), order in itertools.product(type_sets, (0, 1)):
+            if yt != dt:  # NaN and infinities through a float32 Y, in both orders
+                out.append(
+                    Case(
+                        op,
+                        dt,
+                        wt,
+                        (2, 31),
+                        spec.optional_inputs,
+                        {"cast_before_scale": order},
+                        kind="nan",
+                        y_dtype=yt,
+                    )
+                )
         if spec.norm == "layer":
             for width in (128, 4096, 3000):
                 out.append(Case(op, "float32", "float32", (3, width), (), {}, kind="large-mean"))
@@ -174,7 +214,8 @@ class QuantCase:
         return (
             f"{self.op} {self.dtype}/{self.weight_dtype}->{self.q_dtype} {list(self.shape)}"
             f"{' zp' if self.zero_point else ''} out[{','.join(outputs) or '-'}]"
-            f"{' unaligned' if self.unaligned else ''}{'' if self.kind == 'random' else ' ' + self.kind}"
+            f"{' unaligned' if self.unaligned else ''}"
+            f"{'' if self.kind == 'random' else ' ' + self.kind}"
         )
 
 
@@ -208,6 +249,13 @@ def quant_cases(quick: bool = False) -> list[QuantCase]:
 
 _NP_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 F8 = reference.FLOAT8_E4M3FN
+
+
+def _torch_type(name: str):
+    """torch's type of a float type of _NP_TYPES."""
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 def _directed_values(
@@ -327,14 +375,19 @@ def run_case(kernels: _native.Kernels, case: Case, seed: int = 0) -> tuple[bool,
     arrays = _make_inputs(case, rng)
     attrs = dict(case.attrs)
     want = reference.run(
-        case.op, *[arrays.get(p.name) for p in spec.inputs], axis=case.axis, **attrs
+        case.op,
+        *[arrays.get(p.name) for p in spec.inputs],
+        axis=case.axis,
+        **attrs,
+        **({"y_float32": 1} if case.mixed else {}),
     )
     dev = {k: _to_device(v, case.unaligned and k in ("X", "Residual")) for k, v in arrays.items()}
     x = dev["X"]
-    y = torch.empty_like(x)
+    y_type = _torch_type(case.y_dtype)
+    y = torch.empty(x.shape, dtype=y_type, device="cuda")
     s = torch.empty_like(x) if spec.has_residual and case.with_sum else None
     if case.unaligned:
-        ybuf = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")
+        ybuf = torch.empty(x.numel() + 1, dtype=y_type, device="cuda")
         y = ybuf[1:].view(x.shape)
     args = kernels.args(case.op, dev, y, s, case.axis, **attrs)
     name = kernels.kernel_name(args)
@@ -342,7 +395,13 @@ def run_case(kernels: _native.Kernels, case: Case, seed: int = 0) -> tuple[bool,
     torch.cuda.synchronize()
     got = [y] + ([s] if s is not None else [])
     rtol, atol = reference.tolerance(arrays["X"].dtype)
+    if case.mixed and not attrs.get("cast_before_scale", 0):
+        # order B into a float32 Y: one rounding, to float32 (order A rounds to X's type before
+        # its bias's add: X's tolerance)
+        rtol, atol = reference.tolerance(np.float32)
     for label, g, w in zip(("Y", "Sum"), got, want):
+        if g.dtype != _torch_type(w.dtype.name):  # (the reference's Y of type U: y_dtype's)
+            return False, f"FAIL {case.label()} [{name}] {label}: of type {g.dtype}, not {w.dtype}"
         g32 = _native.to_numpy(g).astype(np.float32)
         w32 = w.astype(np.float32)
         if case.kind == "large-mean":
@@ -479,7 +538,10 @@ def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> 
         want_q = reference.quantize_linear(want_y, scale, zp)
     if npq == F8:  # the bits; any NaN where the reference's is NaN (a GPU's NaN has its own sign)
         got_bits, want_bits = got_q.view(np.uint8), want_q.view(np.uint8)
-        nan = lambda b: (b & 0x7F) == 0x7F  # noqa: E731
+
+        def nan(bits):
+            return (bits & 0x7F) == 0x7F
+
         differs = (got_bits != want_bits) & ~(nan(got_bits) & nan(want_bits))
     else:
         differs = got_q != want_q
@@ -506,7 +568,7 @@ def check(
         try:
             run = run_quant_case if isinstance(case, QuantCase) else run_case
             ok, message = run(kernels, case, seed=i)
-        except Exception as e:  # a launcher error is a failure of that case
+        except Exception as e:  # noqa: BLE001 - a launcher error is a failure of that case
             ok, message = False, f"FAIL {case.label()}: {type(e).__name__}: {e}"
         if verbose or not ok:
             print(message, flush=True)
@@ -522,6 +584,7 @@ def check_bad_arguments(kernels: _native.Kernels) -> list[str]:
 
     x = torch.zeros(4, 64, device="cuda")
     y = torch.empty_like(x)
+    f32, f16, bf16 = (_native.ELEM_TYPES[t] for t in ("float32", "float16", "bfloat16"))
     problems = []
     bad = [
         ("RMSNorm", dict(epsilon=-1.0), "epsilon"),
@@ -537,6 +600,25 @@ def check_bad_arguments(kernels: _native.Kernels) -> list[str]:
             "X's type float16 or float32",
         ),
         ("RMSNorm", dict(scale=x.data_ptr(), scale_rows=0), "Scale rows"),
+        # Y's type (y_type): X's, or float32 only for a 16-bit X with float32 weights (or none)
+        # in the ops whose Y is of type U (not those with a Residual, nor the quantized ones)
+        ("SkipRMSNorm", dict(x_type=f16, y_type=f32), "Y must be of X's type float16"),
+        (
+            "LayerNorm",
+            dict(x_type=f16, weight_type=f16, scale=x.data_ptr(), y_type=f32),
+            "Y must be of X's type float16",
+        ),
+        (
+            "RMSNorm",
+            dict(x_type=bf16, weight_type=bf16, bias=x.data_ptr(), y_type=f32),
+            "Y must be of X's type bfloat16",
+        ),
+        ("LayerNorm", dict(y_type=f16), "Y must be of X's type float32"),
+        (
+            "RMSNorm",
+            dict(x_type=bf16, weight_type=f32, scale=x.data_ptr(), y_type=f16),
+            "Y must be of X's type bfloat16",
+        ),
     ]
     for op, change, expect in bad:
         inputs = {"X": x}
@@ -632,6 +714,70 @@ def check_quantized_edges(kernels: _native.Kernels) -> list[str]:
     if kernels.quant_scratch_bytes(args) != 4 * 2 * 4:
         problems.append(f"scratch for 4 rows: {kernels.quant_scratch_bytes(args)} bytes")
     return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# One-node models of the float ops (the ORT glue tests of tests/test_cuda.py)
+# ---------------------------------------------------------------------------------------------
+def norm_model(
+    op: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any] | None = None, y_dtype: Any = None
+):
+    """An ONNX model of one node of float op ``op`` on ``arrays`` (each a graph input named after
+    its parameter, lower case), its outputs Y (of ``y_dtype``, default X's type: float32 is the
+    mixed form of the ops whose Y is of type U) and, for the ops with a Residual, Sum. bfloat16
+    outputs are cast to float32 (exactly): ORT's Python API gives no bfloat16 arrays; the node's
+    bfloat16 outputs are then declared in value_info. A float32 Y of a 16-bit X is the mixed form:
+    the node gets ``y_float32 = 1``."""
+    import onnx
+    from onnx import helper
+
+    spec = catalogue.FLOAT_OPS[op]
+    tp = onnx.TensorProto
+    elem = {
+        np.dtype(np.float32): tp.FLOAT,
+        np.dtype(np.float16): tp.FLOAT16,
+        np.dtype(ml_dtypes.bfloat16): tp.BFLOAT16,
+    }
+    x = arrays["X"]
+    inputs = [p.name.lower() if p.name in arrays else "" for p in spec.inputs]
+    while not inputs[-1]:
+        inputs.pop()
+    names, nodes, infos, declared = [], [], [], []
+    for p in spec.outputs:
+        dtype = np.dtype(y_dtype) if p.name == "Y" and y_dtype is not None else x.dtype
+        name = p.name.lower()
+        if dtype == ml_dtypes.bfloat16:
+            names.append(name + "_raw")
+            nodes.append(helper.make_node("Cast", [name + "_raw"], [name], to=tp.FLOAT))
+            declared.append(helper.make_tensor_value_info(name + "_raw", tp.BFLOAT16, x.shape))
+            dtype = np.dtype(np.float32)
+        else:
+            names.append(name)
+        infos.append(helper.make_tensor_value_info(name, elem[dtype], x.shape))
+    attrs = dict(attrs or {})
+    if y_dtype is not None and np.dtype(y_dtype) == np.float32 and x.dtype != np.float32:
+        attrs["y_float32"] = 1  # the mixed form
+    nodes.insert(0, helper.make_node(op, inputs, names, domain=catalogue.DOMAIN, **attrs))
+    graph = helper.make_graph(
+        nodes,
+        op,
+        [
+            helper.make_tensor_value_info(
+                p.name.lower(), elem[arrays[p.name].dtype], arrays[p.name].shape
+            )
+            for p in spec.inputs
+            if p.name in arrays
+        ],
+        infos,
+        value_info=declared,
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", 18),
+            helper.make_opsetid(catalogue.DOMAIN, catalogue.VERSION),
+        ],
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ NP_TO_ONNX = {
     np.dtype(np.uint8): onnx.TensorProto.UINT8,
     np.dtype(np.int8): onnx.TensorProto.INT8,
     F8: onnx.TensorProto.FLOAT8E4M3FN,
-}
+    np.dtype(np.float64): onnx.TensorProto.DOUBLE,
+}  # a type no op takes
 #: the types ORT's Python API takes and gives only as their bits, with those bits' numpy type
 _AS_BITS = {BF16: np.uint16, F8: np.uint8}
 
@@ -67,9 +68,10 @@ def single_node_model(
             names.append("")
             continue
         name = p.name.lower() + ("_out" if quantized else "")
-        elem = {"T": x_type, "Q": q_type, "F": onnx.TensorProto.FLOAT}[p.type_var]
-        dims = shape if p.type_var == "T" or p.name == "Y" else []
-        if cast and p.type_var == "T":
+        # (a Y of type U has X's type here)
+        elem = {"T": x_type, "U": x_type, "Q": q_type, "F": onnx.TensorProto.FLOAT}[p.type_var]
+        dims = shape if p.type_var in ("T", "U") or p.name == "Y" else []
+        if cast and p.type_var in ("T", "U"):
             names.append(name + "_raw")
             nodes.append(
                 helper.make_node("Cast", [name + "_raw"], [name], to=onnx.TensorProto.FLOAT)

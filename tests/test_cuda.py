@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import cuda_harness
-from onnxnorm import OnnxNormError, ops, runtime
+from onnxnorm import OnnxNormError, _native, ops, runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_DIR = ROOT / "custom_ops" / "cuda"
@@ -135,9 +135,11 @@ from onnx import helper, TensorProto
 import onnxnorm
 from onnxnorm import runtime
 node = helper.make_node("RMSNorm", ["x"], ["y"], domain="onnxnorm")
-graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+graph = helper.make_graph([node], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])])
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnxnorm", 1)])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                helper.make_opsetid("onnxnorm", 1)])
 providers = runtime.CUDA_PROVIDERS if sys.argv[1] == "cuda-providers" else None
 sess = runtime.session(model, providers=providers)
 y = sess.run(None, {"x": np.ones((2, 8), np.float32)})[0]
@@ -262,6 +264,7 @@ import sys
 import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, "tests")
+from cuda_harness import norm_model
 from helpers import BF16, run, single_node_model
 from test_quantized import F8, F8_ZERO_POINT, assert_float8_equal
 from onnxnorm import _native, ops, runtime
@@ -270,7 +273,7 @@ mode = sys.argv[1]
 arrays = {"X": np.ones((2, 16), np.float32)}
 if mode != "runs":
     try:
-        run(single_node_model("RMSNorm", arrays, functions=False), arrays, with_library=True)
+        run(norm_model("RMSNorm", arrays), arrays, with_library=True)
         print("RESULT: ran")
     except Exception as e:
         print("RESULT:", e)
@@ -278,35 +281,48 @@ if mode != "runs":
 
 rng = np.random.default_rng(0)
 types = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
-checked = 0
+checked = mixed = 0
 for op, spec in ops.catalogue.FLOAT_OPS.items():
-    for t, s in ops.catalogue.TYPE_PAIRS:
-        t, s = types[_native.elem_type_name(t)], types[_native.elem_type_name(s)]
-        # per-head weights [4, 64] for X [2, 3, 4, 64]: the register kernels; width 40: the general one
-        for shape, wshape in (((2, 3, 4, 64), (4, 64)), ((3, 40), (40,))):
+    # every (T, S, U) row: U (Y's type) float32 for a 16-bit X with float32 weights is the mixed
+    # form of the ops whose Y is of type U
+    for type_set in spec.type_sets:
+        t, s, u = (types[_native.elem_type_name(v)] for v in type_set)
+        # a 16-bit X in order A; the mixed form in both orders (B: Y rounded once, to float32)
+        orders = (1, 0) if u != t else (int(t != np.float32),)
+        # per-head weights [4, 64] for X [2, 3, 4, 64]: the register kernels; width 40: the
+        # general one
+        for order, (shape, wshape) in itertools.product(
+                orders, (((2, 3, 4, 64), (4, 64)), ((3, 40), (40,)))):
             arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
             if spec.has_residual:
                 arrays["Residual"] = rng.standard_normal(shape).astype(t)
             for name in spec.optional_inputs:
                 arrays[name] = (1 + 0.3 * rng.standard_normal(wshape)).astype(s)
-            attrs = {"cast_before_scale": int(t != np.float32)}
+            attrs = {"cast_before_scale": order}
             attrs.update({k: v for k, v in (("scale_offset", 0.5), ("alpha", 0.75))
                           if k in spec.defaults})
-            got = run(single_node_model(op, arrays, attrs, functions=False), arrays, with_library=True)
-            want = ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs)
-            rtol, atol = ops.reference.tolerance(arrays["X"].dtype)
+            got = run(norm_model(op, arrays, attrs, y_dtype=u), arrays, with_library=True)
+            want = ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs,
+                                     **({"y_float32": 1} if u != t else {}))
+            rtol, atol = ops.reference.tolerance(np.float32 if u != t and not order else t)
+            if u != t:
+                assert got[0].dtype == np.float32, (op, type_set, got[0].dtype)
+                mixed += 1
             for g, w in zip(got, want, strict=True):
-                np.testing.assert_allclose(np.asarray(g, np.float32), w.astype(np.float32), rtol, atol)
+                np.testing.assert_allclose(np.asarray(g, np.float32), w.astype(np.float32),
+                                           rtol, atol, err_msg=f"{op} {type_set} {attrs}")
             checked += 1
 # the quantized ops: Y_float and Sum bit for bit their float op's (through the same CUDA library),
 # Y (and the dynamic Y_scale, Y_zero_point) exactly the reference quantizer's of that Y_float
 quantized = 0
-same = lambda a, b: np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), equal_nan=True)
+def same(a, b):
+    return np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), equal_nan=True)
+
 for op, spec in ops.catalogue.QUANTIZED_OPS.items():
     base = ops.catalogue.get(spec.base)
     zero_points = [None] if spec.quantize == "dynamic" else [
         None, np.uint8(131), np.int8(-7), F8_ZERO_POINT]
-    for (t, s), zp in itertools.product(ops.catalogue.TYPE_PAIRS, zero_points):
+    for (t, s, _), zp in itertools.product(spec.type_sets, zero_points):
         t, s = types[_native.elem_type_name(t)], types[_native.elem_type_name(s)]
         for shape, wshape in (((2, 3, 4, 64), (4, 64)), ((3, 40), (40,))):
             arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
@@ -315,8 +331,9 @@ for op, spec in ops.catalogue.QUANTIZED_OPS.items():
             for name in base.optional_inputs:
                 arrays[name] = (1 + 0.3 * rng.standard_normal(wshape)).astype(s)
             attrs = {"cast_before_scale": int(t != np.float32)}
-            attrs.update({k: v for k, v in (("scale_offset", 0.5), ("alpha", 0.75)) if k in spec.defaults})
-            want = run(single_node_model(spec.base, arrays, attrs, functions=False), arrays, with_library=True)
+            attrs.update({k: v for k, v in (("scale_offset", 0.5), ("alpha", 0.75))
+                          if k in spec.defaults})
+            want = run(norm_model(spec.base, arrays, attrs), arrays, with_library=True)
             quant = {}
             if spec.quantize == "static":
                 quant["Y_scale"] = np.asarray(0.03, t)
@@ -324,34 +341,38 @@ for op, spec in ops.catalogue.QUANTIZED_OPS.items():
                     quant["Y_zero_point"] = np.asarray(zp)
             given = {**arrays, **quant}
             got = dict(zip([p.name for p in spec.outputs],
-                           run(single_node_model(op, given, attrs, functions=False), given, with_library=True)))
+                           run(single_node_model(op, given, attrs, functions=False), given,
+                               with_library=True)))
             assert same(got["Y_float"], want[0]), op
             if base.has_residual:
                 assert same(got["Sum"], want[1]), op
             y_float = np.asarray(got["Y_float"]).astype(t)
             if spec.quantize == "static":
-                want_q = ops.reference.quantize_linear(y_float, quant["Y_scale"], quant.get("Y_zero_point", np.uint8(0)))
+                want_q = ops.reference.quantize_linear(y_float, quant["Y_scale"],
+                                                       quant.get("Y_zero_point", np.uint8(0)))
             else:
                 want_q, scale, zero_point = ops.reference.dynamic_quantize_linear(y_float)
                 assert got["Y_scale"].tobytes() == scale.tobytes(), (op, got["Y_scale"], scale)
-                assert got["Y_zero_point"].tobytes() == zero_point.tobytes(), (op, got["Y_zero_point"], zero_point)
+                assert got["Y_zero_point"].tobytes() == zero_point.tobytes(), (
+                    op, got["Y_zero_point"], zero_point)
             assert got["Y"].dtype == want_q.dtype, op
             if want_q.dtype == F8:
                 assert_float8_equal(got["Y"], want_q)
             else:
                 assert np.array_equal(got["Y"], want_q), op
-            alone = run(single_node_model(op, given, attrs, functions=False, optional_outputs=False), given,
-                              with_library=True)
+            alone = run(single_node_model(op, given, attrs, functions=False,
+                                          optional_outputs=False), given, with_library=True)
             assert alone[0].dtype == got["Y"].dtype and alone[0].tobytes() == got["Y"].tobytes(), op
             quantized += 1
 try:
     bad = {"X": np.ones((2, 8), np.float32), "Scale": np.ones(7, np.float32)}
-    run(single_node_model("RMSNorm", bad, functions=False), bad, with_library=True)
+    run(norm_model("RMSNorm", bad), bad, with_library=True)
     print("bad Scale accepted")
 except Exception as e:
     print("ERROR:", e)
 loaded = sys.argv[2] in open("/proc/self/maps").read()
-print(f"RESULT: {checked} checked, {quantized} quantized checked, CUDA library loaded: {loaded}")
+print(f"RESULT: {checked} checked ({mixed} mixed), {quantized} quantized checked, "
+      f"CUDA library loaded: {loaded}")
 """
 
 
@@ -390,14 +411,21 @@ def test_cuda_glue_in_host_emulation(tmp_path):
         return result.stdout
 
     out = glue(with_cuda, "runs")
-    pairs = len(ops.catalogue.TYPE_PAIRS)
-    # (static ops: without a zero point, with a uint8, an int8 and a float8 one)
+    # two shapes for each row (T, S, U) of the registration table, the mixed ones (U float32
+    # for a 16-bit T) in both orders; the static quantized ops without a zero point, with a
+    # uint8, an int8 and a float8 one
+    floats = mixed = 0
+    for spec in ops.catalogue.FLOAT_OPS.values():
+        for t, _, u in spec.type_sets:
+            floats += 2 * (2 if u != t else 1)
+            mixed += 4 if u != t else 0
+    assert mixed > 0  # (LayerNorm and RMSNorm, a float16 or bfloat16 X)
     quantized = sum(
-        (1 if spec.quantize == "dynamic" else 4) * pairs * 2
+        (1 if spec.quantize == "dynamic" else 4) * len(spec.type_sets) * 2
         for spec in ops.catalogue.QUANTIZED_OPS.values()
     )
     assert (
-        f"RESULT: {len(ops.catalogue.FLOAT_OPS) * pairs * 2} checked, {quantized} quantized checked, "
+        f"RESULT: {floats} checked ({mixed} mixed), {quantized} quantized checked, "
         "CUDA library loaded: True"
     ) in out, out
     assert (
@@ -406,10 +434,8 @@ def test_cuda_glue_in_host_emulation(tmp_path):
     # no CUDA library: no CUDA rows, and this build has no CPU rows: the domain holds no op
     assert "onnxnorm:RMSNorm(-1) is not a registered function/op" in glue(without, "error")
     out = glue(broken, "error")
-    assert (
-        f"onnxnorm::RMSNorm: cannot load the onnxnorm CUDA library {broken / 'libonnxnorm_cuda_ops.so'}"
-        in out
-    ), out
+    library = broken / "libonnxnorm_cuda_ops.so"
+    assert f"onnxnorm::RMSNorm: cannot load the onnxnorm CUDA library {library}" in out, out
     out = glue(foreign, "error")
     assert (
         f"onnxnorm::RMSNorm: {foreign / 'libonnxnorm_cuda_ops.so'} is not the onnxnorm CUDA library"
@@ -518,35 +544,37 @@ needs_ort_cuda = pytest.mark.skipif(
 )
 
 
-def _cuda_provider_inputs(spec, t):
-    """Random X (and Residual) of shape (3, 5, 256) and weights near 1 of X's type for spec."""
+def _cuda_provider_inputs(spec, t, s=None):
+    """Random X (and Residual) of shape (3, 5, 256) and weights near 1 of type s (default X's
+    type) for spec."""
     rng = np.random.default_rng(0)
     arrays = {"X": rng.standard_normal((3, 5, 256)).astype(t)}
     if spec.has_residual:
         arrays["Residual"] = rng.standard_normal((3, 5, 256)).astype(t)
     for name in spec.optional_inputs:
-        arrays[name] = (1 + 0.1 * rng.standard_normal(256)).astype(t)
+        arrays[name] = (1 + 0.1 * rng.standard_normal(256)).astype(t if s is None else s)
     return arrays
 
 
-def _run_on_cuda_provider(op, arrays, attrs=None):
-    """A one-node model of op run on ORT's CUDA provider with the onnxnorm library; its outputs,
-    after checking from ORT's profile that the node ran on the CUDA provider."""
+def _run_on_cuda_provider(op, arrays, attrs=None, y_dtype=None):
+    """A one-node model of op (Y of y_dtype, default X's type, for a float op) run on ORT's CUDA
+    provider with the onnxnorm library; its outputs, after checking from ORT's profile that the
+    node ran on the CUDA provider."""
     import onnx
     import onnxruntime as ort
 
     from helpers import BF16, single_node_model
     from test_quantized import F8
 
+    if op in ops.catalogue.FLOAT_OPS:
+        model = cuda_harness.norm_model(op, arrays, attrs, y_dtype)
+    else:
+        model = single_node_model(op, arrays, attrs or {}, functions=False)
     options = ort.SessionOptions()
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as folder:
         options.profile_file_prefix = os.path.join(folder, "p")
-        sess = runtime.session(
-            single_node_model(op, arrays, attrs or {}, functions=False),
-            options,
-            providers=runtime.CUDA_PROVIDERS,
-        )
+        sess = runtime.session(model, options, providers=runtime.CUDA_PROVIDERS)
         feeds = {}
         for name, value in arrays.items():
             if value.dtype in (BF16, F8):
@@ -582,31 +610,45 @@ def _dtype(name):
     return {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[name]
 
 
+def _float_on_cuda_cases():
+    """Every float op x (T, S, U) of its registration rows: a 16-bit X in order A, the mixed
+    form (Y float32: U of LayerNorm and RMSNorm) in both orders."""
+    for op, spec in ops.catalogue.FLOAT_OPS.items():
+        for type_set in spec.type_sets:
+            t, s, u = (_native.elem_type_name(v) for v in type_set)
+            orders = [1, 0] if u != t else [None if t == "float32" else 1]
+            for order in orders:
+                y = f"->{u}" if u != t else ""
+                order_id = "" if order is None else "-" + "BA"[order]
+                yield pytest.param(op, t, s, u, order, id=f"{op}-{t}/{s}{y}{order_id}")
+
+
 @needs_ort_cuda
-@pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
-@pytest.mark.parametrize("dtype", _DTYPES)
-def test_ort_custom_ops_on_cuda_provider(op, dtype):
+@pytest.mark.parametrize("op, dtype, weight_dtype, y_dtype, order", _float_on_cuda_cases())
+def test_ort_custom_ops_on_cuda_provider(op, dtype, weight_dtype, y_dtype, order):
     spec = ops.OPS[op]
-    t = _dtype(dtype)
-    arrays = _cuda_provider_inputs(spec, t)
-    attrs = {"cast_before_scale": 1} if dtype != "float32" else {}
-    got = _run_on_cuda_provider(op, arrays, attrs)
-    want = ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs)
-    rtol, atol = ops.reference.tolerance(t)
-    for g, w in zip(got, want):
+    t, y = _dtype(dtype), _dtype(y_dtype)
+    arrays = _cuda_provider_inputs(spec, t, _dtype(weight_dtype))
+    attrs = {} if order is None else {"cast_before_scale": order}
+    got = _run_on_cuda_provider(op, arrays, attrs, y_dtype=y)
+    want = ops.reference.run(
+        op,
+        *[arrays.get(p.name) for p in spec.inputs],
+        **attrs,
+        **({"y_float32": 1} if y_dtype != dtype else {}),
+    )
+    # the mixed form in order B: one rounding, to float32; else X's type's tolerance
+    rtol, atol = ops.reference.tolerance(np.float32 if y_dtype != dtype and not order else t)
+    if y_dtype != dtype:
+        assert got[0].dtype == np.float32, got[0].dtype
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g, np.float32), w.astype(np.float32), rtol, atol)
 
 
 @needs_ort_cuda
 def test_ort_cuda_bad_input_is_an_ort_error():
-    import onnxruntime as ort
-
-    from helpers import single_node_model
-
     arrays = {"X": np.ones((2, 8), np.float32), "Scale": np.ones(7, np.float32)}
-    model = single_node_model(
-        "RMSNorm", {"X": arrays["X"], "Scale": np.ones(8, np.float32)}, functions=False
-    )
+    model = cuda_harness.norm_model("RMSNorm", {"X": arrays["X"], "Scale": np.ones(8, np.float32)})
     model.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 7
     sess = runtime.session(model, providers=runtime.CUDA_PROVIDERS)
     with pytest.raises(Exception, match="Scale of shape \\[7\\] does not fit"):

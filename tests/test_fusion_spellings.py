@@ -15,8 +15,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto as T
-from onnx import helper, numpy_helper
+from onnx import TensorProto as T, helper, numpy_helper
 from onnx.backend.test.case.node import function_testcase_helper
 from onnx.reference import ReferenceEvaluator
 from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
@@ -25,7 +24,7 @@ import helpers
 from onnxnorm import runtime
 from onnxnorm.fusion import fuse
 from onnxnorm.fusion.standard import FOLDED, ONE_PASS
-from onnxnorm.ops import catalogue, reference
+from onnxnorm.ops import catalogue, functions, reference
 
 EXPANDED = "LayerNorm (ONNX LayerNormalization function body)"
 KERAS = "LayerNorm (TensorFlow/Keras: scale folded into the reciprocal)"
@@ -734,22 +733,94 @@ def test_expansion_with_castlike_fuses():
     _check_parity(original, fused, {"X": _x([2, 5, H], T.FLOAT16)}, np.float16)
 
 
-def test_ort_layer_normalization_with_float32_output_for_half_x_says_why():
-    """Below opset 17 ONNX Runtime's LayerNormalization may give a float32 Y (Scale's type,
-    unrounded) for a float16 X; onnxnorm's LayerNorm gives Y in X's type: left alone."""
+def _mixed_model(op: str, x_type: int, bias: bool = True, opset: int = 16) -> onnx.ModelProto:
+    """One ONNX Runtime LayerNormalization / SimplifiedLayerNormalization (ONNX domain, below
+    opset 17) of a 16-bit X with float32 weights and a float32 Y: its mixed-precision form."""
     w, b = _weights((H,), T.FLOAT)
+    inputs = ["x", "w"] + (["b"] if bias and op == "LayerNormalization" else [])
     graph = helper.make_graph(
-        [helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], name="ln", epsilon=EPS)],
+        [helper.make_node(op, inputs, ["y"], name="norm", epsilon=EPS)],
         "mixed",
-        [helper.make_tensor_value_info("x", T.FLOAT16, [2, 5, H])],
+        [helper.make_tensor_value_info("x", x_type, [2, 5, H])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [2, 5, H])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")][: len(inputs) - 1],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "SimplifiedLayerNormalization"])
+@pytest.mark.parametrize("target", ["function", "fused", "ort", "onnx"])
+def test_ort_norm_with_float32_output_for_half_x_is_one_op_of_those_types(op, target):
+    """ONNX Runtime's LayerNormalization / SimplifiedLayerNormalization of a float16 X with
+    float32 Scale (and Bias) give a float32 Y, computed in float32 and not rounded to float16:
+    one onnxnorm LayerNorm / RMSNorm taking and returning exactly those types, equal to ORT's
+    own op within float32's tolerance, on every target (the function body and the lowerings
+    write the float32 Y without the rounding to X's type)."""
+    original = _mixed_model(op, T.FLOAT16)
+    feeds = {"x": _x([2, 5, H], T.FLOAT16)}
+    want = _run(original, feeds, with_library=False)[0]  # ORT runs it
+    assert want.dtype == np.float32
+    fused, report, nodes = _fused(original, target=target)
+    name = "LayerNorm" if op == "LayerNormalization" else "RMSNorm"
+    if target in ("function", "fused"):
+        assert _ops(fused) == [name], str(report)
+        assert (_attrs(nodes[0])["cast_before_scale"], _attrs(nodes[0])["y_float32"]) == (0, 1)
+        assert [f.overload for f in fused.functions] == (
+            ["scale_bias_yfloat32" if name == "LayerNorm" else "scale_yfloat32"]
+            if target == "function"
+            else []
+        )
+    declared = {v.name: v.type.tensor_type.elem_type for v in fused.graph.output}
+    assert declared["y"] == T.FLOAT
+    rtol, atol = reference.tolerance(np.float32)
+    for with_library in (True, False):
+        if target == "fused" and not with_library:
+            continue
+        got = _run(fused, feeds, with_library=with_library)[0]
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol, atol)
+    # the reference of the op gives the same values, which a float16 Y could not hold
+    w, b = _weights((H,), T.FLOAT)
+    ref = reference.run(
+        name, feeds["x"], w, b if name == "LayerNorm" else None, y_float32=1, epsilon=EPS
+    )[0]
+    np.testing.assert_allclose(want, ref, rtol, atol)
+    assert np.abs(ref - ref.astype(np.float16).astype(np.float32)).max() > 0
+
+
+@pytest.mark.parametrize("order_a", [0, 1])
+@pytest.mark.parametrize("x_type", [T.FLOAT16, T.BFLOAT16])
+def test_mixed_form_kernel_and_body_agree_with_the_reference(x_type, order_a):
+    """The onnxnorm LayerNorm of a 16-bit X with a float32 Y, both rounding orders: the kernel
+    (library registered) and the function body (not registered) give the reference's values."""
+    w, b = _weights((H,), T.FLOAT)
+    node = helper.make_node(
+        "LayerNorm",
+        ["x", "w", "b"],
+        ["y"],
+        domain=catalogue.DOMAIN,
+        epsilon=EPS,
+        cast_before_scale=order_a,
+        y_float32=1,
+    )
+    graph = helper.make_graph(
+        [node],
+        "mixed",
+        [helper.make_tensor_value_info("x", x_type, [2, 5, H])],
         [helper.make_tensor_value_info("y", T.FLOAT, [2, 5, H])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
     )
-    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)], ir_version=10)
-    _run(original, {"x": _x([2, 5, H], T.FLOAT16)}, with_library=False)  # ORT runs it
-    fused, report, nodes = _fused(original)
-    assert not nodes and _ops(fused) == ["LayerNormalization"]
-    assert (
-        "Y is FLOAT, X is FLOAT16: ONNX Runtime's LayerNormalization (below opset 17) gives "
-        "Y in Scale's type" in report["LayerNorm (ONNX LayerNormalization)"].skips[0].reason
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(catalogue.DOMAIN, 1)]
     )
+    functions.attach_functions(model)
+    assert model.graph.node[0].overload == "scale_bias_" + ("a_" if order_a else "") + "yfloat32"
+    x = _x([2, 5, H], x_type)
+    want = reference.run("LayerNorm", x, w, b, y_float32=1, epsilon=EPS, cast_before_scale=order_a)[
+        0
+    ]
+    assert want.dtype == np.float32
+    rtol, atol = reference.tolerance(NP[x_type] if order_a else np.float32)
+    for with_library in (True, False):
+        got = _run(model, {"x": x}, with_library=with_library)[0]
+        np.testing.assert_allclose(got, want, rtol, atol)

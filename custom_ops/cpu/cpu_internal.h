@@ -30,13 +30,14 @@ namespace onnxnorm {
 namespace cpu {
 
 // Entry points of the instruction-set units; nullptr when the combination is not implemented.
-NormRowsFn GetNormRowsPortable(NormKind norm, ResidualKind residual, ElemType x, ElemType w);
+NormRowsFn GetNormRowsPortable(NormKind norm, ResidualKind residual, ElemType x, ElemType w, ElemType y);
 QuantRowsFn GetQuantRowsPortable(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w,
                                  ElemType q);
 #if defined(ONNXNORM_X86_KERNELS)
-NormRowsFn GetNormRowsAvx2(NormKind norm, ResidualKind residual, ElemType x, ElemType w);
-NormRowsFn GetNormRowsAvx512(NormKind norm, ResidualKind residual, ElemType x, ElemType w);
-NormRowsFn GetNormRowsAvx512Bf16(NormKind norm, ResidualKind residual, ElemType x, ElemType w);  // bfloat16 X only
+NormRowsFn GetNormRowsAvx2(NormKind norm, ResidualKind residual, ElemType x, ElemType w, ElemType y);
+NormRowsFn GetNormRowsAvx512(NormKind norm, ResidualKind residual, ElemType x, ElemType w, ElemType y);
+NormRowsFn GetNormRowsAvx512Bf16(NormKind norm, ResidualKind residual, ElemType x, ElemType w,
+                                 ElemType y);  // bfloat16 X only
 QuantRowsFn GetQuantRowsAvx2(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w, ElemType q);
 QuantRowsFn GetQuantRowsAvx512(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w,
                                ElemType q);

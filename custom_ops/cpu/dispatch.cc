@@ -83,31 +83,33 @@ const char* IsaName(Isa isa) {
   return "portable";
 }
 
-NormRowsFn GetNormRowsFor(Isa isa, NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type) {
+NormRowsFn GetNormRowsFor(Isa isa, NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type,
+                          ElemType y_type) {
   if (weight_type != x_type && weight_type != ElemType::kFloat32) return nullptr;
   if (static_cast<int>(isa) > static_cast<int>(SupportedIsa())) return nullptr;
   switch (isa) {
 #if defined(ONNXNORM_X86_KERNELS)
     case Isa::kAvx512Bf16:
-      if (x_type == ElemType::kBFloat16) return GetNormRowsAvx512Bf16(norm, residual, x_type, weight_type);
-      return GetNormRowsAvx512(norm, residual, x_type, weight_type);
-    case Isa::kAvx512: return GetNormRowsAvx512(norm, residual, x_type, weight_type);
-    case Isa::kAvx2: return GetNormRowsAvx2(norm, residual, x_type, weight_type);
+      if (x_type == ElemType::kBFloat16) return GetNormRowsAvx512Bf16(norm, residual, x_type, weight_type, y_type);
+      return GetNormRowsAvx512(norm, residual, x_type, weight_type, y_type);
+    case Isa::kAvx512: return GetNormRowsAvx512(norm, residual, x_type, weight_type, y_type);
+    case Isa::kAvx2: return GetNormRowsAvx2(norm, residual, x_type, weight_type, y_type);
 #endif
-    default: return GetNormRowsPortable(norm, residual, x_type, weight_type);
+    default: return GetNormRowsPortable(norm, residual, x_type, weight_type, y_type);
   }
 }
 
-NormRowsFn GetNormRows(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type) {
-  return GetNormRowsFor(Chosen(), norm, residual, x_type, weight_type);
+NormRowsFn GetNormRows(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type, ElemType y_type) {
+  return GetNormRowsFor(Chosen(), norm, residual, x_type, weight_type, y_type);
 }
 
-NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type) {
+NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type,
+                                    ElemType y_type) {
   // bfloat16 stays on AVX-512: without a conversion instruction in AVX2, its 8-lane kernels take
   // 0.4-1.7 us longer per 4096-wide row than the 16-lane ones, more than the 512-bit warm-up costs
   const bool wide = x_type == ElemType::kBFloat16;
   const Isa isa = Chosen() >= Isa::kAvx512 && !wide ? Isa::kAvx2 : Chosen();
-  return GetNormRowsFor(isa, norm, residual, x_type, weight_type);
+  return GetNormRowsFor(isa, norm, residual, x_type, weight_type, y_type);
 }
 
 const char* ActiveIsa() { return IsaName(Chosen()); }

@@ -8,8 +8,8 @@
 namespace onnxnorm {
 namespace cpu {
 
-NormRowsFn GetNormRowsAvx2(NormKind norm, ResidualKind residual, ElemType x, ElemType w) {
-  return PickKernel(norm, residual, x, w);
+NormRowsFn GetNormRowsAvx2(NormKind norm, ResidualKind residual, ElemType x, ElemType w, ElemType y) {
+  return PickKernel(norm, residual, x, w, y);
 }
 
 }  // namespace cpu

@@ -10,8 +10,8 @@
 namespace onnxnorm {
 namespace cpu {
 
-NormRowsFn GetNormRowsPortable(NormKind norm, ResidualKind residual, ElemType x, ElemType w) {
-  return PickKernel(norm, residual, x, w);
+NormRowsFn GetNormRowsPortable(NormKind norm, ResidualKind residual, ElemType x, ElemType w, ElemType y) {
+  return PickKernel(norm, residual, x, w, y);
 }
 
 }  // namespace cpu

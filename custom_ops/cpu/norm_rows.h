@@ -431,9 +431,10 @@ inline int64_t ElementsToLine(const T* p) {
 // Each element's result does not depend on how the row is cut into vectors.
 constexpr int64_t kAlignRowVectors = 4;
 
-// The pass over a row that writes Y (and Z to sum, when not null) from the statistics.
-template <bool kScale, bool kBias, class E, class Nz, class Wt, class Src>
-void FinishRow(const Src& source, const Nz& normalizer, const Wt& weights, typename E::St* y, typename E::St* sum,
+// The pass over a row that writes Y (in YE's type: X's, or float32 for the mixed form, which then
+// leaves out the last rounding to X's type) and Z to sum (when not null) from the statistics.
+template <bool kScale, bool kBias, class E, class YE, class Nz, class Wt, class Src>
+void FinishRow(const Src& source, const Nz& normalizer, const Wt& weights, typename YE::St* y, typename E::St* sum,
                int64_t n, const OutputPlan& plan) {
   const Src src = source;
   const Nz nz = normalizer;
@@ -444,7 +445,7 @@ void FinishRow(const Src& source, const Nz& normalizer, const Wt& weights, typen
     if (sum != nullptr) Isa::StoreN(E{}, sum + i, zv, rem);
     const V sv = kScale ? wt.ScaleN(i, rem) : zero;
     const V bv = kBias ? wt.BiasN(i, rem) : zero;
-    Isa::StoreN(E{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv), rem);
+    Isa::StoreN(YE{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv), rem);
   };
   int64_t i = 0;
   if (n >= kAlignRowVectors * W || plan.stream_y) {
@@ -471,7 +472,7 @@ void FinishRow(const Src& source, const Nz& normalizer, const Wt& weights, typen
         }
         const V sv = kScale ? wt.Scale(i) : zero;
         const V bv = kBias ? wt.Bias(i) : zero;
-        Isa::Stream(E{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv));
+        Isa::Stream(YE{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv));
       }
       if (i < n) partial(i, static_cast<int>(n - i));
       return;
@@ -483,28 +484,28 @@ void FinishRow(const Src& source, const Nz& normalizer, const Wt& weights, typen
     if (sum != nullptr) Isa::Store(E{}, sum + i, zv);
     const V sv = kScale ? wt.Scale(i) : zero;
     const V bv = kBias ? wt.Bias(i) : zero;
-    Isa::Store(E{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv));
+    Isa::Store(YE{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv));
   }
   if (i < n) partial(i, static_cast<int>(n - i));
 }
 
 // One normalized row: the statistics from stats_src, then Y = Norm(Z) * (Scale + offset) + Bias
 // (and Sum = Z when sum is not null) from finish_src.
-template <NormKind NK, class E, bool kOrderA, class Wt, class Src, class FinishSrc>
+template <NormKind NK, class E, class YE, bool kOrderA, class Wt, class Src, class FinishSrc>
 inline void NormRowFrom(const Src& stats_src, const FinishSrc& finish_src, const Wt& weights, bool has_scale,
-                        bool has_bias, typename E::St* y, typename E::St* sum, const RowParams& p,
+                        bool has_bias, typename YE::St* y, typename E::St* sum, const RowParams& p,
                         const OutputPlan& plan) {
   const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(stats_src, p), p.offset);
   if (has_scale) {
     if (has_bias) {
-      FinishRow<true, true, E>(finish_src, nz, weights, y, sum, p.n, plan);
+      FinishRow<true, true, E, YE>(finish_src, nz, weights, y, sum, p.n, plan);
     } else {
-      FinishRow<true, false, E>(finish_src, nz, weights, y, sum, p.n, plan);
+      FinishRow<true, false, E, YE>(finish_src, nz, weights, y, sum, p.n, plan);
     }
   } else if (has_bias) {
-    FinishRow<false, true, E>(finish_src, nz, weights, y, sum, p.n, plan);
+    FinishRow<false, true, E, YE>(finish_src, nz, weights, y, sum, p.n, plan);
   } else {
-    FinishRow<false, false, E>(finish_src, nz, weights, y, sum, p.n, plan);
+    FinishRow<false, false, E, YE>(finish_src, nz, weights, y, sum, p.n, plan);
   }
 }
 
@@ -517,12 +518,12 @@ template <NormKind NK, class E, bool kOrderA, class Wt, class Src>
 inline void ResidualRow(const Src& src, float* z_buffer, const Wt& weights, bool has_scale, bool has_bias,
                         typename E::St* y, typename E::St* sum, const RowParams& p, const OutputPlan& plan) {
   if (z_buffer != nullptr) {
-    NormRowFrom<NK, E, kOrderA>(StoringSource<F32, Src>{src, z_buffer}, PlainSource<F32>{z_buffer}, weights, has_scale,
-                                has_bias, y, sum, p, plan);
+    NormRowFrom<NK, E, E, kOrderA>(StoringSource<F32, Src>{src, z_buffer}, PlainSource<F32>{z_buffer}, weights,
+                                   has_scale, has_bias, y, sum, p, plan);
   } else {
     typename E::St* z = sum != nullptr ? sum : y;
-    NormRowFrom<NK, E, kOrderA>(StoringSource<E, Src>{src, z}, PlainSource<E>{z}, weights, has_scale, has_bias, y,
-                                static_cast<typename E::St*>(nullptr), p, plan);
+    NormRowFrom<NK, E, E, kOrderA>(StoringSource<E, Src>{src, z}, PlainSource<E>{z}, weights, has_scale, has_bias, y,
+                                   static_cast<typename E::St*>(nullptr), p, plan);
   }
 }
 
@@ -556,14 +557,16 @@ class WeightRows {
 // Rows [row_begin, row_end) of a call. prepared_scale / prepared_bias: the weights prepared for
 // every row (nullptr: as stored); z_buffer: a float32 row buffer for a residual op's Z (nullptr:
 // none).
-template <NormKind NK, ResidualKind RK, class E, class S, bool kOrderA>
+template <NormKind NK, ResidualKind RK, class E, class S, class YE, bool kOrderA>
 void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowParams& p, const OutputPlan& plan,
               const float* prepared_scale, const float* prepared_bias, float* z_buffer) {
   using T = typename E::St;
   using WT = typename S::St;
+  using YT = typename YE::St;
+  static_assert(std::is_same<E, YE>::value || RK == ResidualKind::kNone, "a residual op's Y is of X's type");
   const int64_t n = p.n;
   const T* x = static_cast<const T*>(a.x);
-  T* y = static_cast<T*>(a.y);
+  YT* y = static_cast<YT*>(a.y);
   const T* residual = static_cast<const T*>(a.residual);
   T* sum = static_cast<T*>(a.sum);
   WeightRows<WT> scale(a.scale, a.scale_rows, n, row_begin), bias(a.bias, a.bias_rows, n, row_begin);
@@ -576,12 +579,12 @@ void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowPa
 
   OutputPlan row_plan = plan;  // with the next row's inputs
   // One row of X (or Z), with its weights prepared or as stored.
-  auto row = [&](const auto& src, T* yr, T* sr) {
+  auto row = [&](const auto& src, YT* yr, T* sr) {
     auto with = [&](const auto& weights) {
       if constexpr (RK != ResidualKind::kNone) {
         ResidualRow<NK, E, kOrderA>(src, z_buffer, weights, has_scale, has_bias, yr, sr, p, row_plan);
       } else {
-        NormRowFrom<NK, E, kOrderA>(src, src, weights, has_scale, has_bias, yr, sr, p, row_plan);
+        NormRowFrom<NK, E, YE, kOrderA>(src, src, weights, has_scale, has_bias, yr, sr, p, row_plan);
       }
     };
     if (prepared_scale != nullptr) {
@@ -593,7 +596,7 @@ void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowPa
 
   for (int64_t r = row_begin; r < row_end; ++r) {
     const T* xr = x + r * n;
-    T* yr = y + r * n;
+    YT* yr = y + r * n;
     T* sr = sum != nullptr ? sum + r * n : nullptr;
     if (plan.prefetch && r + 1 < row_end) {
       row_plan.next[0] = reinterpret_cast<const char*>(xr + n);
@@ -622,7 +625,7 @@ void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowPa
 
 // RowsLoop with the row buffers on the stack (a function of its own, so that calls without them
 // do not reserve them).
-template <NormKind NK, ResidualKind RK, class E, class S, bool kOrderA>
+template <NormKind NK, ResidualKind RK, class E, class S, class YE, bool kOrderA>
 ONNXNORM_NOINLINE void RowsBuffered(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowParams& p,
                                     const OutputPlan& plan, bool prepare, bool buffer_z) {
   constexpr bool kResidual = RK != ResidualKind::kNone;
@@ -632,13 +635,13 @@ ONNXNORM_NOINLINE void RowsBuffered(const NormArgs& a, int64_t row_begin, int64_
     PrepareWeights<E, S, kOrderA>(static_cast<const typename S::St*>(a.scale),
                                   static_cast<const typename S::St*>(a.bias), p.n, p.offset, prepared[0], prepared[1]);
   }
-  RowsLoop<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare ? prepared[0] : nullptr,
-                                  prepare ? prepared[1] : nullptr, kResidual && buffer_z ? z_row : nullptr);
+  RowsLoop<NK, RK, E, S, YE, kOrderA>(a, row_begin, row_end, p, plan, prepare ? prepared[0] : nullptr,
+                                      prepare ? prepared[1] : nullptr, kResidual && buffer_z ? z_row : nullptr);
 }
 
-template <NormKind NK, ResidualKind RK, class E, class S, bool kOrderA>
+template <NormKind NK, ResidualKind RK, class E, class S, class YE, bool kOrderA>
 void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
-  using T = typename E::St;
+  using T = typename YE::St;  // Y's: the plan below is Y's
   const int64_t n = a.cols;
   RowParams p;
   p.n = n;
@@ -664,24 +667,26 @@ void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
       n <= kBufferCols && row_end - row_begin >= kPrepareRows && shared && (a.scale != nullptr || a.bias != nullptr);
   const bool buffer_z = RK != ResidualKind::kNone && n <= kZBufferCols && (a.sum == nullptr || plan.stream_y);
   if (prepare || buffer_z) {
-    RowsBuffered<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, prepare, buffer_z);
+    RowsBuffered<NK, RK, E, S, YE, kOrderA>(a, row_begin, row_end, p, plan, prepare, buffer_z);
     if (plan.stream_y) Isa::Fence();  // the streamed stores are visible before the pool reports done
     return;
   }
-  RowsLoop<NK, RK, E, S, kOrderA>(a, row_begin, row_end, p, plan, nullptr, nullptr, nullptr);
+  RowsLoop<NK, RK, E, S, YE, kOrderA>(a, row_begin, row_end, p, plan, nullptr, nullptr, nullptr);
   if (plan.stream_y) Isa::Fence();
 }
 
-template <NormKind NK, ResidualKind RK, class E, class S>
+// The kernel of op kind (NK, RK) for X of E, weights of S and Y of YE (E, or F32 for the mixed
+// form of the ops without a residual).
+template <NormKind NK, ResidualKind RK, class E, class S, class YE = E>
 void Rows(const NormArgs& a, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || a.cols <= 0) return;
   if constexpr (!std::is_same<E, F32>::value) {
     if (a.cast_before_scale) {
-      RowsInOrder<NK, RK, E, S, true>(a, row_begin, row_end);
+      RowsInOrder<NK, RK, E, S, YE, true>(a, row_begin, row_end);
       return;
     }
   }
-  RowsInOrder<NK, RK, E, S, false>(a, row_begin, row_end);
+  RowsInOrder<NK, RK, E, S, YE, false>(a, row_begin, row_end);
 }
 
 }  // namespace

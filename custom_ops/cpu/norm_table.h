@@ -12,38 +12,48 @@ namespace onnxnorm {
 namespace cpu {
 namespace {
 
+// X of a 16-bit type E with weights of S: Y of X's type, or (the ops without a residual, float32
+// weights) float32.
+template <NormKind NK, ResidualKind RK, class E, class S>
+NormRowsFn PickY(ElemType y) {
+  if (y != ElemType::kFloat32) return &Rows<NK, RK, E, S>;
+  if constexpr (RK == ResidualKind::kNone && std::is_same<S, F32>::value) return &Rows<NK, RK, E, S, F32>;
+  return nullptr;
+}
+
 template <NormKind NK, ResidualKind RK>
-NormRowsFn PickTypes(ElemType x, ElemType w) {
+NormRowsFn PickTypes(ElemType x, ElemType w, ElemType y) {
+  if (y != x && y != ElemType::kFloat32) return nullptr;
   switch (x) {
 #if !defined(ONNXNORM_ONLY_BFLOAT16)
     case ElemType::kFloat32: return w == ElemType::kFloat32 ? &Rows<NK, RK, F32, F32> : nullptr;
     case ElemType::kFloat16:
-      return w == ElemType::kFloat16   ? &Rows<NK, RK, F16, F16>
-             : w == ElemType::kFloat32 ? &Rows<NK, RK, F16, F32>
+      return w == ElemType::kFloat16   ? PickY<NK, RK, F16, F16>(y)
+             : w == ElemType::kFloat32 ? PickY<NK, RK, F16, F32>(y)
                                        : nullptr;
 #endif
     case ElemType::kBFloat16:
-      return w == ElemType::kBFloat16  ? &Rows<NK, RK, BF16, BF16>
-             : w == ElemType::kFloat32 ? &Rows<NK, RK, BF16, F32>
+      return w == ElemType::kBFloat16  ? PickY<NK, RK, BF16, BF16>(y)
+             : w == ElemType::kFloat32 ? PickY<NK, RK, BF16, F32>(y)
                                        : nullptr;
   }
   return nullptr;
 }
 
 template <NormKind NK>
-NormRowsFn PickResidual(ResidualKind residual, ElemType x, ElemType w) {
+NormRowsFn PickResidual(ResidualKind residual, ElemType x, ElemType w, ElemType y) {
   switch (residual) {
-    case ResidualKind::kNone: return PickTypes<NK, ResidualKind::kNone>(x, w);
-    case ResidualKind::kSkip: return PickTypes<NK, ResidualKind::kSkip>(x, w);
-    case ResidualKind::kSandwich: return PickTypes<NK, ResidualKind::kSandwich>(x, w);
+    case ResidualKind::kNone: return PickTypes<NK, ResidualKind::kNone>(x, w, y);
+    case ResidualKind::kSkip: return PickTypes<NK, ResidualKind::kSkip>(x, w, y);
+    case ResidualKind::kSandwich: return PickTypes<NK, ResidualKind::kSandwich>(x, w, y);
   }
   return nullptr;
 }
 
-inline NormRowsFn PickKernel(NormKind norm, ResidualKind residual, ElemType x, ElemType w) {
+inline NormRowsFn PickKernel(NormKind norm, ResidualKind residual, ElemType x, ElemType w, ElemType y) {
   switch (norm) {
-    case NormKind::kRms: return PickResidual<NormKind::kRms>(residual, x, w);
-    case NormKind::kLayer: return PickResidual<NormKind::kLayer>(residual, x, w);
+    case NormKind::kRms: return PickResidual<NormKind::kRms>(residual, x, w, y);
+    case NormKind::kLayer: return PickResidual<NormKind::kLayer>(residual, x, w, y);
   }
   return nullptr;
 }

@@ -59,8 +59,8 @@ void KernelName(const NormArgs& a, int config, char* out, size_t len) {
       std::snprintf(plan, sizeof(plan), "regs:%s%dx%d", c.tpr == 32 ? "warp" : "subwarp", c.tpr, c.vecs);
     }
   }
-  Write(out, len, "%s<%s,%s>/%s", kOps[static_cast<int>(a.op)].name, TypeName(a.x_type),
-        TypeName(AnyWeight(a) ? a.weight_type : a.x_type), plan);
+  Write(out, len, "%s<%s,%s%s>/%s", kOps[static_cast<int>(a.op)].name, TypeName(a.x_type),
+        TypeName(AnyWeight(a) ? a.weight_type : a.x_type), a.y_type != a.x_type ? ",float32" : "", plan);
 }
 
 // True when args are fine, else false with the problem written into err. The ORT glue has
@@ -87,6 +87,16 @@ bool Check(const NormArgs* args, char* err, size_t len) {
     return Write(err, len, "onnxnorm::%s: the weights must be of X's type %s or float32, got %s", n, TypeName(a.x_type),
                  TypeName(a.weight_type)),
            false;
+  }
+  if (a.y_type != a.x_type) {
+    // the mixed form: a float32 Y of a 16-bit X with float32 weights, in the ops whose Y is of type U
+    const bool has_u = op.outputs.size() > 0 && op.outputs[0].type == TypeVar::kU;
+    const bool w32 = !AnyWeight(a) || a.weight_type == ElemType::kFloat32;
+    if (a.y_type != ElemType::kFloat32 || !has_u || !w32) {
+      return Write(err, len, "onnxnorm::%s: Y must be of X's type %s%s (got type code %d)", n, TypeName(a.x_type),
+                   has_u ? ", or float32 with float32 weights" : "", static_cast<int>(a.y_type)),
+             false;
+    }
   }
   if (a.rows < 0) return Write(err, len, "onnxnorm::%s: rows must be >= 0, got %lld", n, (long long)a.rows), false;
   if (a.rows > 0 && a.cols <= 0) {

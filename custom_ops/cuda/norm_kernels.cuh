@@ -78,9 +78,10 @@ __device__ __forceinline__ float RoundTo(float v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The output step shared by both kernels: normalized value n (float32) -> Y in T
+// The output step shared by both kernels: normalized value n (float32) -> Y in Y (T, or float32
+// for the mixed form of a 16-bit T, which leaves out the last rounding to T)
 // ---------------------------------------------------------------------------------------------
-template <typename T>
+template <typename T, typename Y = T>
 __device__ __forceinline__ float ScaleShift(float n, bool has_scale, float s, bool has_bias, float b, float offset,
                                             bool order_a) {
   if (sizeof(T) == 2 && order_a) {
@@ -88,7 +89,10 @@ __device__ __forceinline__ float ScaleShift(float n, bool has_scale, float s, bo
     float st = has_scale ? RoundTo<T>(s) : 1.f;
     if (offset != 0.f) st = RoundTo<T>(st + RoundTo<T>(offset));
     float y = RoundTo<T>(RoundTo<T>(n) * st);
-    if (has_bias) y = RoundTo<T>(y + RoundTo<T>(b));
+    if (has_bias) {
+      y += RoundTo<T>(b);
+      if (sizeof(Y) == 2) y = RoundTo<T>(y);
+    }
     return y;
   }
   // order B: float32 throughout, one rounding at the store
@@ -315,9 +319,10 @@ __device__ __forceinline__ RowStats ComputeRowStats(First first, ForEach for_eac
 // ---------------------------------------------------------------------------------------------
 // kBlockMode: a block (blockDim.x <= kMaxBlock threads) per row; else groups of tpr lanes
 // (4, 8, 16 or 32) per row, blockDim.x / tpr rows per block.
-// kQ: the epilogue (QuantMode; kNone for the float ops).
+// kQ: the epilogue (QuantMode; kNone for the float ops). Y: Y's type (T, or float32 for the mixed
+// form of the ops without a residual).
 template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, int kVecs, bool kBlockMode, int kMaxBlock,
-          QuantMode kQ>
+          QuantMode kQ, typename Y = T>
 __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const int tpr, const QuantKernelArgs qa) {
   constexpr int kVE = 16 / sizeof(T);  // elements of T per 128-bit vector
   const int rows_per_block = kBlockMode ? 1 : blockDim.x / tpr;
@@ -414,7 +419,7 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
     const RowStats stats = ComputeRowStats<kNorm, kBlockMode, true>(first, held, tpr, inv_cols, p.epsilon, red, parity);
     const W* sc = WeightRow<W>(p.scale, p.scale_rows, row, cols);
     const W* bi = WeightRow<W>(p.bias, p.bias_rows, row, cols);
-    T* y = p.y != nullptr ? static_cast<T*>(p.y) + base : nullptr;
+    Y* y = p.y != nullptr ? static_cast<Y*>(p.y) + base : nullptr;
     float lo = INFINITY, hi = -INFINITY;  // kRange: the range of this thread's share of Y
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
@@ -425,11 +430,11 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
       if (bi != nullptr) LoadVec<W, kVE>(bi + col, bv, false);
 #pragma unroll
       for (int j = 0; j < kVE; ++j) {
-        out[j] = ScaleShift<T>(stats.Normalize(z[i][j]), sc != nullptr, sc != nullptr ? sv[j] : 0.f, bi != nullptr,
-                               bi != nullptr ? bv[j] : 0.f, p.scale_offset, order_a);
+        out[j] = ScaleShift<T, Y>(stats.Normalize(z[i][j]), sc != nullptr, sc != nullptr ? sv[j] : 0.f, bi != nullptr,
+                                  bi != nullptr ? bv[j] : 0.f, p.scale_offset, order_a);
       }
       if constexpr (kQ == QuantMode::kNone) {
-        StoreVec<T, kVE>(y + col, out);
+        StoreVec<Y, kVE>(y + col, out);
       } else {
 #pragma unroll
         for (int j = 0; j < kVE; ++j) out[j] = RoundTo<T>(out[j]);  // the float op's Y
@@ -440,7 +445,7 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
             hi = fmaxf(hi, out[j]);
           }
         } else {
-          if (y != nullptr) StoreVec<T, kVE>(y + col, out);
+          if (y != nullptr) StoreVec<Y, kVE>(y + col, out);
           uint8_t b[kVE];
 #pragma unroll
           for (int j = 0; j < kVE; ++j) b[j] = quantizer(out[j]);
@@ -499,7 +504,7 @@ struct StreamRow {
   }
 };
 
-template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, QuantMode kQ>
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Y = T>
 __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p, const QuantKernelArgs qa) {
   __shared__ float red[2][32];
   int parity = 0;
@@ -530,24 +535,24 @@ __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p, c
                                                                p.epsilon, red, parity);
 
     const bool hs = p.scale != nullptr, hb = p.bias != nullptr;
-    T* y = p.y != nullptr ? static_cast<T*>(p.y) + r.base : nullptr;
+    Y* y = p.y != nullptr ? static_cast<Y*>(p.y) + r.base : nullptr;
     T* sum = kResidual != kNone && p.sum != nullptr ? static_cast<T*>(p.sum) + r.base : nullptr;
     float lo = INFINITY, hi = -INFINITY;  // kRange
     for (int64_t col = threadIdx.x; col < cols; col += kStreamBlock) {
       const float z = r.Z(col);
       if (sum != nullptr) sum[col] = FromFloat<T>(z);
       const float out =
-          ScaleShift<T>(stats.Normalize(z), hs, hs ? r.Weight(p.scale, p.scale_rows, col) : 0.f, hb,
-                        hb ? r.Weight(p.bias, p.bias_rows, col) : 0.f, p.scale_offset, p.cast_before_scale != 0);
+          ScaleShift<T, Y>(stats.Normalize(z), hs, hs ? r.Weight(p.scale, p.scale_rows, col) : 0.f, hb,
+                           hb ? r.Weight(p.bias, p.bias_rows, col) : 0.f, p.scale_offset, p.cast_before_scale != 0);
       if constexpr (kQ == QuantMode::kNone) {
-        y[col] = FromFloat<T>(out);
+        y[col] = FromFloat<Y>(out);
       } else if constexpr (kQ == QuantMode::kRange) {
         const float v = RoundTo<T>(out);
         lo = fminf(lo, v);
         hi = fmaxf(hi, v);
       } else {
         const float v = RoundTo<T>(out);
-        if (y != nullptr) y[col] = FromFloat<T>(v);
+        if (y != nullptr) y[col] = FromFloat<Y>(v);
         qa.q[r.base + col] = quantizer(v);
       }
     }
@@ -626,21 +631,37 @@ inline unsigned GridFor(int64_t units) {
 // index into kRegsConfigs, or -1 for StreamKernel) through launch(kernel, grid, block, args...),
 // which returns the launch's error: a launch on a stream (DeviceLauncher below), or the host
 // emulation's (custom_ops/cuda/emulation), so that both run this one table.
-// kQ: the epilogue, with qa its arguments (QuantMode::kNone: the float ops, qa unused).
-template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Launcher>
+// kQ: the epilogue, with qa its arguments (QuantMode::kNone: the float ops, qa unused). Y: Y's type.
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Y = T,
+          typename Launcher>
 cudaError_t LaunchTyped(const NormArgs& p, const QuantKernelArgs& qa, int config, const Launcher& launch) {
   if (config < 0 || config >= kNumRegsConfigs) {
-    return launch(&StreamKernel<T, W, kNorm, kResidual, kQ>, GridFor(p.rows), kStreamBlock, p, qa);
+    return launch(&StreamKernel<T, W, kNorm, kResidual, kQ, Y>, GridFor(p.rows), kStreamBlock, p, qa);
   }
   const RegsConfig c = kRegsConfigs[config];
   const int64_t rows_per_block = c.block / c.tpr;
   const unsigned grid = GridFor((p.rows + rows_per_block - 1) / rows_per_block);
   if (c.tpr == c.block) {
-    if (c.vecs == 8) return launch(&RegsKernel<T, W, kNorm, kResidual, 8, true, 512, kQ>, grid, c.block, p, c.tpr, qa);
-    return launch(&RegsKernel<T, W, kNorm, kResidual, 4, true, 512, kQ>, grid, c.block, p, c.tpr, qa);
+    if (c.vecs == 8) {
+      return launch(&RegsKernel<T, W, kNorm, kResidual, 8, true, 512, kQ, Y>, grid, c.block, p, c.tpr, qa);
+    }
+    return launch(&RegsKernel<T, W, kNorm, kResidual, 4, true, 512, kQ, Y>, grid, c.block, p, c.tpr, qa);
   }
-  if (c.vecs == 2) return launch(&RegsKernel<T, W, kNorm, kResidual, 2, false, 128, kQ>, grid, c.block, p, c.tpr, qa);
-  return launch(&RegsKernel<T, W, kNorm, kResidual, 4, false, 128, kQ>, grid, c.block, p, c.tpr, qa);
+  if (c.vecs == 2) {
+    return launch(&RegsKernel<T, W, kNorm, kResidual, 2, false, 128, kQ, Y>, grid, c.block, p, c.tpr, qa);
+  }
+  return launch(&RegsKernel<T, W, kNorm, kResidual, 4, false, 128, kQ, Y>, grid, c.block, p, c.tpr, qa);
+}
+
+// X of a 16-bit T with float32 weights (or none): Y of T, or, in the mixed form of the float ops
+// without a residual, float32.
+template <typename T, NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Launcher>
+cudaError_t LaunchHalfW32(const NormArgs& p, const QuantKernelArgs& qa, int config, const Launcher& launch) {
+  if (p.y_type != ElemType::kFloat32) return LaunchTyped<T, float, kNorm, kResidual, kQ>(p, qa, config, launch);
+  if constexpr (kResidual == kNone && kQ == QuantMode::kNone) {
+    return LaunchTyped<T, float, kNorm, kResidual, kQ, float>(p, qa, config, launch);
+  }
+  return cudaErrorInvalidValue;
 }
 
 // The same for p's element types (the weights' type counts only when there are weights).
@@ -651,10 +672,10 @@ cudaError_t LaunchTypes(const NormArgs& p, const QuantKernelArgs& qa, int config
   switch (p.x_type) {
     case ElemType::kFloat32: return LaunchTyped<float, float, kNorm, kResidual, kQ>(p, qa, config, launch);
     case ElemType::kFloat16:
-      return w32 ? LaunchTyped<__half, float, kNorm, kResidual, kQ>(p, qa, config, launch)
+      return w32 ? LaunchHalfW32<__half, kNorm, kResidual, kQ>(p, qa, config, launch)
                  : LaunchTyped<__half, __half, kNorm, kResidual, kQ>(p, qa, config, launch);
     case ElemType::kBFloat16:
-      return w32 ? LaunchTyped<__nv_bfloat16, float, kNorm, kResidual, kQ>(p, qa, config, launch)
+      return w32 ? LaunchHalfW32<__nv_bfloat16, kNorm, kResidual, kQ>(p, qa, config, launch)
                  : LaunchTyped<__nv_bfloat16, __nv_bfloat16, kNorm, kResidual, kQ>(p, qa, config, launch);
     default: break;
   }

@@ -34,14 +34,22 @@ std::atomic<const OrtApi*> g_api{nullptr};
 struct TableOp : OrtCustomOp {
   TableOp(const KernelEntry& e, bool shape_inference);
   const KernelEntry* entry;
+  // Y of any type (the row's kernels take their node's: KernelEntry::y_from_node), which the
+  // output shape inference then types from the attribute y_float32. Without that inference
+  // (ONNX Runtime before 1.24) ORT would type such a Y from nothing, so the row keeps Y = T there
+  // and a float32 Y (the mixed form) runs as the function body only.
+  bool y_open;
 };
 
 const KernelEntry& EntryOf(const OrtCustomOp* op) { return *static_cast<const TableOp*>(op)->entry; }
 
-ONNXTensorElementDataType TypeOf(const KernelEntry& e, const ParamSpec& p) {
+ONNXTensorElementDataType TypeOf(const OrtCustomOp* op, const ParamSpec& p) {
+  const KernelEntry& e = EntryOf(op);
   switch (p.type) {
     case TypeVar::kT: return OnnxType(e.t);
     case TypeVar::kS: return OnnxType(e.s);
+    case TypeVar::kU:
+      return static_cast<const TableOp*>(op)->y_open ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : OnnxType(e.u);
     case TypeVar::kQ: return OnnxType(e.q);
     case TypeVar::kF: return OnnxType(ElemType::kFloat32);
   }
@@ -87,12 +95,12 @@ size_t ORT_API_CALL GetOutputTypeCount(const OrtCustomOp* op) { return EntryOf(o
 
 ONNXTensorElementDataType ORT_API_CALL GetInputType(const OrtCustomOp* op, size_t i) {
   const KernelEntry& e = EntryOf(op);
-  return i < e.spec->inputs.size() ? TypeOf(e, e.spec->inputs[i]) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  return i < e.spec->inputs.size() ? TypeOf(op, e.spec->inputs[i]) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }
 
 ONNXTensorElementDataType ORT_API_CALL GetOutputType(const OrtCustomOp* op, size_t i) {
   const KernelEntry& e = EntryOf(op);
-  return i < e.spec->outputs.size() ? TypeOf(e, e.spec->outputs[i]) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  return i < e.spec->outputs.size() ? TypeOf(op, e.spec->outputs[i]) : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }
 
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL GetInputCharacteristic(const OrtCustomOp* op, size_t i) {
@@ -112,6 +120,44 @@ int ORT_API_CALL GetVariadicMinArity(const OrtCustomOp*) { return 1; }
 int ORT_API_CALL GetVariadicHomogeneity(const OrtCustomOp*) { return 1; }
 
 int ORT_API_CALL GetStartVersion(const OrtCustomOp* op) { return EntryOf(op).spec->since_version; }
+
+// The node's attribute y_float32 (0 where absent or unreadable).
+int64_t YFloat32(const OrtApi& api, OrtShapeInferContext* context) {
+  const OrtOpAttr* attr = nullptr;
+  if (OrtStatus* s = api.ShapeInferContext_GetAttribute(context, "y_float32", &attr)) {
+    api.ReleaseStatus(s);
+    return 0;
+  }
+  int64_t value = 0;
+  size_t size = 0;
+  if (attr == nullptr) return 0;
+  if (OrtStatus* s = api.ReadOpAttr(attr, ORT_OP_ATTR_INT, &value, sizeof(value), &size)) {
+    api.ReleaseStatus(s);
+    return 0;
+  }
+  return value;
+}
+
+// Y of X's shape in float32 (the mixed form), set as output 0.
+void SetFloat32Y(const OrtApi& api, OrtShapeInferContext* context, const OrtTensorTypeAndShapeInfo* x_info,
+                 size_t rank) {
+  OrtTensorTypeAndShapeInfo* y = nullptr;
+  if (OrtStatus* s = api.CreateTensorTypeAndShapeInfo(&y)) {
+    api.ReleaseStatus(s);
+    return;
+  }
+  int64_t dims[16];
+  const char* names[16];
+  OrtStatus* s = rank <= 16 ? nullptr : api.CreateStatus(ORT_FAIL, "rank");
+  if (s == nullptr) s = api.GetDimensions(x_info, dims, rank);
+  if (s == nullptr) s = api.GetSymbolicDimensions(x_info, names, rank);
+  if (s == nullptr) s = api.SetTensorElementType(y, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+  if (s == nullptr) s = api.SetDimensions(y, dims, rank);
+  if (s == nullptr) s = api.SetSymbolicDimensions(y, names, rank);
+  if (s == nullptr) s = api.ShapeInferContext_SetOutputTypeShape(context, 0, y);
+  if (s != nullptr) api.ReleaseStatus(s);
+  api.ReleaseTensorTypeAndShapeInfo(y);
+}
 
 // Shape inference at model load. Any failure here only means less shape information, never an
 // error.
@@ -137,6 +183,12 @@ OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferCon
     return nullptr;
   }
   if (rank == 0) return nullptr;  // unknown rank (or a scalar X, which Compute rejects)
+  // The ops whose Y is of type U: float32 where the node says so (attribute y_float32)
+  const KernelEntry& entry = EntryOf(op);
+  if (entry.spec->outputs.size() > 0 && entry.spec->outputs[0].type == TypeVar::kU && YFloat32(*api, context) == 1) {
+    SetFloat32Y(*api, context, x_info, rank);
+    return nullptr;
+  }
   // Y (output 0) has X's type and shape. The optional Sum is left alone: the context cannot tell
   // whether the node has it, and ONNX Runtime 1.24 to 1.27 do not check the index (setting output
   // 1 of a node without Sum aborts the process there).
@@ -144,7 +196,8 @@ OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferCon
   return nullptr;
 }
 
-TableOp::TableOp(const KernelEntry& e, bool shape_inference) : OrtCustomOp{}, entry(&e) {
+TableOp::TableOp(const KernelEntry& e, bool shape_inference)
+    : OrtCustomOp{}, entry(&e), y_open(e.y_from_node && shape_inference) {
   version = ORT_API_VERSION;
   CreateKernel = nullptr;  // CreateKernelV2 / KernelComputeV2 report errors as statuses instead
   GetName = &ort::GetName;

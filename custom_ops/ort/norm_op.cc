@@ -51,6 +51,10 @@ class NormKernel final : public Kernel {
     base_.op = spec.id;
     base_.x_type = entry_.t;
     base_.weight_type = entry_.s;
+    base_.y_type = entry_.u;
+    if (entry_.y_from_node) {
+      if (OrtStatus* s = ReadYType(info)) return s;
+    }
     for (const AttrSpec& attr : spec.attributes) {
       OrtStatus* s = nullptr;
       if (std::strcmp(attr.name, "axis") == 0) {
@@ -61,6 +65,8 @@ class NormKernel final : public Kernel {
         s = GetAttribute(api_, info, op, attr, &base_.scale_offset);
       } else if (std::strcmp(attr.name, "alpha") == 0) {
         s = GetAttribute(api_, info, op, attr, &base_.alpha);
+      } else if (std::strcmp(attr.name, "y_float32") == 0) {
+        s = GetAttribute(api_, info, op, attr, &y_float32_);
       } else if (std::strcmp(attr.name, "cast_before_scale") == 0) {
         int64_t value = 0;
         s = GetAttribute(api_, info, op, attr, &value);
@@ -69,6 +75,15 @@ class NormKernel final : public Kernel {
         return MakeError(api_, ORT_FAIL, op, std::string("the kernel does not know attribute ") + attr.name);
       }
       if (s != nullptr) return s;
+    }
+    // the attribute y_float32 says what the node's Y is: float32 for a 16-bit X (the mixed form)
+    const bool float32_y = base_.y_type == ElemType::kFloat32 && entry_.t != ElemType::kFloat32;
+    if ((y_float32_ == 1) != float32_y) {
+      return MakeError(api_, ORT_INVALID_ARGUMENT, op,
+                       std::string("attribute y_float32 is ") + std::to_string(y_float32_) + " but Y is " +
+                           kElemTypeNames[static_cast<int>(base_.y_type)] + " and X " +
+                           kElemTypeNames[static_cast<int>(entry_.t)] +
+                           " (y_float32 = 1: a float32 Y of a float16 or bfloat16 X with float32 weights)");
     }
     if (spec.inputs.size() > kMaxInputs) return MakeError(api_, ORT_FAIL, op, "too many inputs");
     for (size_t i = 1; i < spec.inputs.size(); ++i) {
@@ -95,12 +110,38 @@ class NormKernel final : public Kernel {
     return nullptr;
   }
 
+  // Y's type: the row's, or the node's where the row takes either (KernelEntry::y_from_node).
+  ElemType YType() const { return base_.y_type; }
+
   void UseCpu(NormRowsFn rows, NormRowsFn small_call_rows) {
     cpu_rows_ = rows;
     cpu_small_call_rows_ = small_call_rows;
   }
   // The CUDA launchers; allocator: the provider's, for a dynamic quantized op's scratch (owned
   // by the kernel from here; nullptr for the other ops).
+  // The element type of the node's Y, which must be X's or, for float32 weights, float32.
+  OrtStatus* ReadYType(const OrtKernelInfo* info) {
+    const char* op = entry_.spec->name;
+    OrtTypeInfo* type_info = nullptr;
+    if (OrtStatus* s = api_.KernelInfo_GetOutputTypeInfo(info, 0, &type_info)) return s;
+    const OrtTensorTypeAndShapeInfo* tensor = nullptr;  // owned by type_info
+    ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    OrtStatus* s = api_.CastTypeInfoToTensorInfo(type_info, &tensor);
+    if (s == nullptr && tensor != nullptr) s = api_.GetTensorElementType(tensor, &type);
+    api_.ReleaseTypeInfo(type_info);
+    if (s != nullptr) return s;
+    if (type == OnnxType(entry_.t)) {
+      base_.y_type = entry_.t;
+    } else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && entry_.s == ElemType::kFloat32) {
+      base_.y_type = ElemType::kFloat32;
+    } else {
+      return MakeError(api_, ORT_INVALID_ARGUMENT, op,
+                       std::string("Y must be of X's type ") + kElemTypeNames[static_cast<int>(entry_.t)] +
+                           " or float32, got " + TypeName(type));
+    }
+    return nullptr;
+  }
+
   void UseCuda(CudaLaunchFn launch, CudaLaunchQuantizedFn quantized, OrtAllocator* allocator) {
     cuda_launch_ = launch;
     cuda_launch_quantized_ = quantized;
@@ -340,6 +381,7 @@ class NormKernel final : public Kernel {
   const KernelEntry& entry_;
   NormArgs base_;  // op, types and attributes; the rest is filled per call
   int64_t axis_ = attr_default::kAxis;
+  int64_t y_float32_ = attr_default::kYFloat32;
   int residual_slot_ = -1;
   int y_scale_slot_ = -1;       // the quantized ops' QuantizeLinear inputs
   int y_zero_point_slot_ = -1;
@@ -394,13 +436,15 @@ OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const K
     *out = kernel;
     return nullptr;
   }
-  NormRowsFn rows = cpu::GetNormRows(entry.spec->norm, entry.spec->residual, entry.t, entry.s);
-  NormRowsFn small_call_rows = cpu::GetNormRowsForSmallCalls(entry.spec->norm, entry.spec->residual, entry.t, entry.s);
+  NormRowsFn rows = cpu::GetNormRows(entry.spec->norm, entry.spec->residual, entry.t, entry.s, kernel->YType());
+  NormRowsFn small_call_rows =
+      cpu::GetNormRowsForSmallCalls(entry.spec->norm, entry.spec->residual, entry.t, entry.s, kernel->YType());
   if (rows == nullptr || small_call_rows == nullptr) {
     delete kernel;
     return MakeError(api, ORT_FAIL, entry.spec->name,
                      std::string("no CPU kernel for X of type ") + kElemTypeNames[static_cast<int>(entry.t)] +
-                         " with weights of type " + kElemTypeNames[static_cast<int>(entry.s)]);
+                         " with weights of type " + kElemTypeNames[static_cast<int>(entry.s)] + " and Y of type " +
+                         kElemTypeNames[static_cast<int>(kernel->YType())]);
   }
   kernel->UseCpu(rows, small_call_rows);
   *out = kernel;

@@ -13,16 +13,47 @@ constexpr Provider kProviders[] = {Provider::kCpu, Provider::kCuda};
 // The quantized types an op's rows span: its TypeVar::kQ types, or one placeholder.
 constexpr size_t QuantRows(const OpSpec& spec) { return spec.quant_types.size() > 0 ? spec.quant_types.size() : 1; }
 
+// Whether the (T, S) of the op's type set i comes earlier in its list: all the U of one (T, S) are
+// one row of the table.
+constexpr bool Repeats(const OpSpec& spec, size_t i) {
+  for (size_t j = 0; j < i; ++j) {
+    if (spec.types[j].t == spec.types[i].t && spec.types[j].s == spec.types[i].s) return true;
+  }
+  return false;
+}
+
+// Whether the (T, S) of the op's type set i has more than one U: its row takes Y's type from the
+// node (ONNX Runtime infers a custom op's output type from the first row whose inputs match, so
+// two rows differing in Y's type alone would give every such node the first row's type).
+constexpr bool YFromNode(const OpSpec& spec, size_t i) {
+  for (size_t j = 0; j < spec.types.size(); ++j) {
+    const TypeSet& a = spec.types[i];
+    const TypeSet& b = spec.types[j];
+    if (a.t == b.t && a.s == b.s && a.u != b.u) return true;
+  }
+  return false;
+}
+
 constexpr size_t CountKernels() {
   size_t count = 0;
   for (const OpSpec& spec : kOps) {
-    count += (sizeof(kProviders) / sizeof(kProviders[0])) * kTypePairCount * QuantRows(spec);
+    for (size_t i = 0; i < spec.types.size(); ++i) {
+      if (!Repeats(spec, i)) count += (sizeof(kProviders) / sizeof(kProviders[0])) * QuantRows(spec);
+    }
   }
   return count;
 }
 constexpr size_t kKernelCount = CountKernels();
 
-// Each op for every (T, S) (and Q) its schema allows on both providers. Once the
+bool HasTypeVar(const OpSpec& spec, TypeVar var) {
+  for (const ParamSpec& p : spec.outputs) {
+    if (p.type == var) return true;
+  }
+  return false;
+}
+
+// Each op for every (T, S) (and Q) its schema allows on both providers, with its U or, where a
+// (T, S) has several, Y's type read from the node. Once the
 // library is registered ORT never falls back to the function body, so no combination may be
 // missing.
 constexpr std::array<KernelEntry, kKernelCount> BuildTable() {
@@ -30,11 +61,15 @@ constexpr std::array<KernelEntry, kKernelCount> BuildTable() {
   size_t i = 0;
   for (const OpSpec& spec : kOps) {
     for (Provider provider : kProviders) {
-      for (const TypePair& pair : kTypePairs) {
+      for (size_t k = 0; k < spec.types.size(); ++k) {
+        if (Repeats(spec, k)) continue;
+        const TypeSet& types = spec.types[k];
         for (size_t q = 0; q < QuantRows(spec); ++q) {
           const ElemType q_type = spec.quant_types.size() > 0 ? spec.quant_types[q] : ElemType::kUInt8;
-          table[i++] = KernelEntry{&spec,  pair.t,   pair.s,
-                                   q_type, provider, provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel};
+          table[i++] = KernelEntry{&spec,    types.t,
+                                   types.s,  types.u,
+                                   q_type,   YFromNode(spec, k),
+                                   provider, provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel};
         }
       }
     }
@@ -135,23 +170,31 @@ std::string BuildManifest() {
     o += ",\"quant_types\":";
     AppendJsonList(o, spec.quant_types,
                    [](std::string& o2, ElemType q) { AppendJsonString(o2, kElemTypeNames[static_cast<int>(q)]); });
-    // [provider, T, S] (and Q for the quantized ops) of every row of the table for this op
+    // [provider, T, S] (and U for the ops with a Y of type U, Q for the quantized ops) of every
+    // kernel for this op: each row of the table, once per U it takes
     o += ",\"kernels\":[";
     bool first = true;
     for (const KernelEntry& e : kKernels) {
       if (e.spec != &spec) continue;
-      o += first ? "[" : ",[";
-      first = false;
-      AppendJsonString(o, ProviderName(e.provider));
-      o += ',';
-      AppendJsonString(o, kElemTypeNames[static_cast<int>(e.t)]);
-      o += ',';
-      AppendJsonString(o, kElemTypeNames[static_cast<int>(e.s)]);
-      if (spec.quantize != QuantizeKind::kNone) {
+      for (const TypeSet& types : spec.types) {
+        if (types.t != e.t || types.s != e.s || (!e.y_from_node && types.u != e.u)) continue;
+        o += first ? "[" : ",[";
+        first = false;
+        AppendJsonString(o, ProviderName(e.provider));
         o += ',';
-        AppendJsonString(o, kElemTypeNames[static_cast<int>(e.q)]);
+        AppendJsonString(o, kElemTypeNames[static_cast<int>(e.t)]);
+        o += ',';
+        AppendJsonString(o, kElemTypeNames[static_cast<int>(e.s)]);
+        if (HasTypeVar(spec, TypeVar::kU)) {
+          o += ',';
+          AppendJsonString(o, kElemTypeNames[static_cast<int>(types.u)]);
+        }
+        if (spec.quantize != QuantizeKind::kNone) {
+          o += ',';
+          AppendJsonString(o, kElemTypeNames[static_cast<int>(e.q)]);
+        }
+        o += ']';
       }
-      o += ']';
     }
     o += "]}";
   });

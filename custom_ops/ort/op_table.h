@@ -36,7 +36,12 @@ struct KernelEntry {
   const OpSpec* spec;
   ElemType t;  // type of the TypeVar::kT inputs and outputs
   ElemType s;  // type of the TypeVar::kS inputs
+  ElemType u;  // type of the TypeVar::kU output (Y of LayerNorm, RMSNorm; else t), unless y_from_node
   ElemType q;  // type of the TypeVar::kQ inputs and outputs (quantized ops; else kUInt8, unused)
+  // Y (TypeVar::kU) may be of more than one type for this (T, S) (t, or float32 for a 16-bit t
+  // with float32 weights): the row declares it of any type and each kernel takes the type of its
+  // node's Y (checked at kernel creation).
+  bool y_from_node;
   Provider provider;
   KernelFactory create;
 };

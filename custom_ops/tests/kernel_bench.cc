@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
     if (isa_name == cpu::IsaName(static_cast<cpu::Isa>(level))) isa = static_cast<cpu::Isa>(level);
   }
   if (stream_min >= 0) cpu::SetStreamMinBytes(stream_min);
-  const NormRowsFn fn = cpu::GetNormRowsFor(isa, op->norm, op->residual, t, t);
+  const NormRowsFn fn = cpu::GetNormRowsFor(isa, op->norm, op->residual, t, t, t);
   if (fn == nullptr) {
     std::fprintf(stderr, "no %s kernel for %s on this CPU\n", cpu::IsaName(isa), op_name.c_str());
     return 2;
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
 
   NormArgs a;
   a.op = op->id;
-  a.x_type = a.weight_type = t;
+  a.x_type = a.weight_type = a.y_type = t;
   a.rows = rows;
   a.cols = cols;
   a.x = x.data;

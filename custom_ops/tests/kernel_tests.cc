@@ -40,6 +40,7 @@ using onnxnorm::NormKind;
 using onnxnorm::NormRowsFn;
 using onnxnorm::OpSpec;
 using onnxnorm::ResidualKind;
+using onnxnorm::TypeSet;
 namespace cpu = onnxnorm::cpu;
 
 int g_failures = 0;
@@ -246,6 +247,7 @@ struct Case {
   std::string label;
   const OpSpec* op = nullptr;
   ElemType t = ElemType::kFloat32, s = ElemType::kFloat32;
+  bool mixed = false;  // Y float32 for a 16-bit X (the op's TypeSet with u != t)
   int64_t rows = 1, cols = 1;
   bool present[kSlots] = {};
   int64_t weight_rows = 1;  // rows of every present weight (row r uses row r % weight_rows)
@@ -259,6 +261,8 @@ struct Case {
   bool specials = false;      // NaN and Inf among the inputs
   bool wide_weights = false;  // weights whose products overflow or underflow the 16-bit types
 };
+
+ElemType YType(const Case& c) { return c.mixed ? ElemType::kFloat32 : c.t; }
 
 struct Inputs {
   Tensor x, residual;
@@ -313,9 +317,10 @@ double WeightAt(const Inputs& in, const Case& c, int slot, int64_t r, int64_t j,
   return in.weights[slot].Get(static_cast<size_t>((r % c.weight_rows) * c.cols + j));
 }
 
-// Norm(z) * (scale + offset) + bias of one row, rounded to X's type.
+// Norm(z) * (scale + offset) + bias of one row, rounded to X's type, or (yt float32, the mixed
+// form) with its last rounding to float32 instead.
 void NormRowReference(const Case& c, const Inputs& in, int scale_slot, int bias_slot, int64_t r,
-                      const std::vector<double>& z, double* out) {
+                      const std::vector<double>& z, double* out, ElemType yt) {
   const int64_t n = c.cols;
   double mean = 0.0;
   if (c.op->norm == NormKind::kLayer) {
@@ -337,11 +342,11 @@ void NormRowReference(const Case& c, const Inputs& in, int scale_slot, int bias_
       double s = has_scale ? RoundTo(c.t, scale) : 1.0;
       if (c.offset != 0.f) s = RoundTo(c.t, s + RoundTo(c.t, c.offset));
       y = RoundTo(c.t, RoundTo(c.t, normalized) * s);
-      if (has_bias) y = RoundTo(c.t, y + RoundTo(c.t, bias));
+      if (has_bias) y = RoundTo(yt, y + RoundTo(c.t, bias));
     } else {
       y = normalized * ((has_scale ? scale : 1.0) + static_cast<double>(c.offset));
       if (has_bias) y += bias;
-      y = RoundTo(c.t, y);
+      y = RoundTo(yt, y);
     }
     out[j] = y;
   }
@@ -365,14 +370,14 @@ Expected Reference(const Case& c, const Inputs& in) {
         z[static_cast<size_t>(j)] = RoundTo(c.t, total);
       }
     } else if (c.op->residual == ResidualKind::kSandwich) {
-      NormRowReference(c, in, kInnerScale, kInnerBias, r, z, inner.data());
+      NormRowReference(c, in, kInnerScale, kInnerBias, r, z, inner.data(), c.t);
       for (int64_t j = 0; j < n; ++j) {
         z[static_cast<size_t>(j)] =
             RoundTo(c.t, in.residual.Get(base + static_cast<size_t>(j)) + inner[static_cast<size_t>(j)]);
       }
     }
     if (!e.sum.empty()) std::copy(z.begin(), z.end(), e.sum.begin() + static_cast<std::ptrdiff_t>(base));
-    NormRowReference(c, in, kScale, kBias, r, z, e.y.data() + base);
+    NormRowReference(c, in, kScale, kBias, r, z, e.y.data() + base, YType(c));
   }
   return e;
 }
@@ -399,6 +404,7 @@ NormArgs ArgsFor(const OpSpec& op, const Case& c, const Inputs& in, void* y, Ten
   a.op = op.id;
   a.x_type = c.t;
   a.weight_type = c.s;
+  a.y_type = YType(c);
   a.cast_before_scale = c.order_a;
   a.rows = c.rows;
   a.cols = c.cols;
@@ -430,7 +436,7 @@ NormArgs ArgsFor(const OpSpec& op, const Case& c, const Inputs& in, void* y, Ten
 Outputs Run(NormRowsFn fn, const Case& c, const Inputs& in, int splits) {
   const size_t count = static_cast<size_t>(c.rows * c.cols);
   Outputs out;
-  out.y = Tensor(c.t, count, c.misalign);
+  out.y = Tensor(YType(c), count, c.misalign);
   out.y.Fill(0xCD);
   NormArgs a = ArgsFor(*c.op, c, in, out.y.data(), &out.sum);
   // the rows in `splits` ranges of different sizes, as a thread pool may hand them out
@@ -444,8 +450,8 @@ Outputs Run(NormRowsFn fn, const Case& c, const Inputs& in, int splits) {
 }
 
 std::string Describe(const Case& c, const char* isa) {
-  std::string s = std::string(c.op->name) + " " + NameOf(c.t) + "/" + NameOf(c.s) + " " + std::to_string(c.rows) + "x" +
-                  std::to_string(c.cols) + " [" + c.label + "] inputs:";
+  std::string s = std::string(c.op->name) + " " + NameOf(c.t) + "/" + NameOf(c.s) + (c.mixed ? "->float32 " : " ") +
+                  std::to_string(c.rows) + "x" + std::to_string(c.cols) + " [" + c.label + "] inputs:";
   for (int w = 0; w < kSlots; ++w) {
     if (c.present[w]) s += std::string(" ") + kSlotNames[w];
   }
@@ -457,7 +463,8 @@ std::string Describe(const Case& c, const char* isa) {
 void CheckOutput(const char* name, const Tensor& got, const std::vector<double>& want, const Case& c, const char* isa) {
   ++g_checks;
   double rtol, atol;
-  Tolerance(c.t, &rtol, &atol);
+  // a float32 Y of a 16-bit X in order B is rounded to float32 only
+  Tolerance(c.mixed && !c.order_a && std::string(name) == "Y" ? ElemType::kFloat32 : c.t, &rtol, &atol);
   for (size_t i = 0; i < want.size(); ++i) {
     const double g = got.Get(i);
     if (!Close(g, want[i], rtol, atol)) {
@@ -480,7 +487,7 @@ void CheckCase(const Case& c, std::mt19937_64& rng) {
   for (int level = 0; level <= static_cast<int>(cpu::SupportedIsa()); ++level) {
     const auto isa = static_cast<cpu::Isa>(level);
     const char* isa_name = cpu::IsaName(isa);
-    NormRowsFn fn = cpu::GetNormRowsFor(isa, c.op->norm, c.op->residual, c.t, c.s);
+    NormRowsFn fn = cpu::GetNormRowsFor(isa, c.op->norm, c.op->residual, c.t, c.s, YType(c));
     if (fn == nullptr) {
       Fail(Describe(c, isa_name) + ": no kernel");
       continue;
@@ -534,7 +541,7 @@ int TestOp(const OpSpec& op) {
   const bool residual = op.residual != ResidualKind::kNone;
   const int64_t widths[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 37, 63, 64, 65, 100, 127, 128, 130, 257, 1000, 4096};
   int cases = 0;
-  for (const auto& pair : onnxnorm::kTypePairs) {
+  for (const TypeSet& pair : op.types) {
     // every width, all weights present, both rounding orders, a different misalignment each
     int k = 0;
     for (int64_t cols : widths) {
@@ -543,6 +550,7 @@ int TestOp(const OpSpec& op) {
       c.op = &op;
       c.t = pair.t;
       c.s = pair.s;
+      c.mixed = pair.u != pair.t;
       c.rows = cols >= 1000 ? 3 : 5;
       c.cols = cols;
       PresentAll(op, c.present, true);
@@ -566,6 +574,7 @@ int TestOp(const OpSpec& op) {
       c.op = &op;
       c.t = pair.t;
       c.s = pair.s;
+      c.mixed = pair.u != pair.t;
       c.rows = 2;
       c.cols = cols;
       PresentAll(op, c.present, true);
@@ -582,6 +591,7 @@ int TestOp(const OpSpec& op) {
       c.op = &op;
       c.t = pair.t;
       c.s = pair.s;
+      c.mixed = pair.u != pair.t;
       c.rows = 6;
       c.cols = 96 + subset;
       bool valid = true;
@@ -609,6 +619,7 @@ int TestOp(const OpSpec& op) {
       c.op = &op;
       c.t = pair.t;
       c.s = pair.s;
+      c.mixed = pair.u != pair.t;
       c.rows = 4;
       c.cols = 300;
       PresentAll(op, c.present, true);
@@ -627,6 +638,7 @@ int TestOp(const OpSpec& op) {
       c.op = &op;
       c.t = pair.t;
       c.s = pair.s;
+      c.mixed = pair.u != pair.t;
       c.rows = 4;
       c.cols = 40;
       PresentAll(op, c.present, true);
@@ -641,6 +653,7 @@ int TestOp(const OpSpec& op) {
       c.op = &op;
       c.t = pair.t;
       c.s = pair.s;
+      c.mixed = pair.u != pair.t;
       c.rows = 8;
       c.cols = 4096;
       c.mean = pair.t == ElemType::kFloat32 ? 1e4 : 100.0;
@@ -829,7 +842,7 @@ void CheckQuantCase(const OpSpec& op, const OpSpec& float_op, const Case& c, Ele
     // the float op's Y on this instruction set
     Case fc = c;
     fc.op = &float_op;
-    const Outputs want = Run(cpu::GetNormRowsFor(isa, float_op.norm, float_op.residual, c.t, c.s), fc, in, 1);
+    const Outputs want = Run(cpu::GetNormRowsFor(isa, float_op.norm, float_op.residual, c.t, c.s, c.t), fc, in, 1);
     std::vector<float> y_values(count);
     for (size_t i = 0; i < count; ++i) y_values[i] = static_cast<float>(want.y.Get(i));
     float want_scale = scale;
@@ -1114,8 +1127,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   // a weight type that is neither X's nor float32 has no kernel
-  if (cpu::GetNormRows(NormKind::kRms, ResidualKind::kNone, ElemType::kFloat16, ElemType::kBFloat16) != nullptr) {
+  if (cpu::GetNormRows(NormKind::kRms, ResidualKind::kNone, ElemType::kFloat16, ElemType::kBFloat16,
+                       ElemType::kFloat16) != nullptr) {
     Fail("a kernel for float16 X with bfloat16 weights");
+    status = 1;
+  }
+  // a float32 Y of a 16-bit X: only with float32 weights, and only where Y is not the residual's type
+  if (cpu::GetNormRows(NormKind::kRms, ResidualKind::kSkip, ElemType::kFloat16, ElemType::kFloat32,
+                       ElemType::kFloat32) != nullptr ||
+      cpu::GetNormRows(NormKind::kLayer, ResidualKind::kNone, ElemType::kBFloat16, ElemType::kBFloat16,
+                       ElemType::kFloat32) != nullptr ||
+      cpu::GetNormRows(NormKind::kLayer, ResidualKind::kNone, ElemType::kBFloat16, ElemType::kFloat32,
+                       ElemType::kFloat16) != nullptr) {
+    Fail("a kernel for a float32 Y outside the ops' type sets");
     status = 1;
   }
   std::printf("%s\n", status == 0 ? "all passed" : "FAILED");

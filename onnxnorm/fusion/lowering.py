@@ -43,14 +43,14 @@ why.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import onnx
 from onnx import TensorProto, helper
 
+from onnxnorm import targets
 from onnxnorm.ops import catalogue, functions
 from onnxnorm.ops.functions import Note
-from onnxnorm import targets
 
 __all__ = ["Note", "lower", "lower_with_notes", "op_types"]
 
@@ -109,6 +109,8 @@ class _Lowerer(functions.OpsetWriter):
         self.count = 0
         #: the element type of the X of the node being lowered
         self.t: int | None = None
+        #: whether that node is the mixed form (a float32 Y of a 16-bit X)
+        self.mixed = False
         # X's type and dims, inferred where undeclared (without them a node takes the safe path)
         self.types, self.dims = functions.node_types(
             model, list(functions.onnxnorm_nodes(model)), opset, weights, all_x=True
@@ -174,17 +176,20 @@ class _Lowerer(functions.OpsetWriter):
             for i, p in enumerate(spec.outputs)
         }
         self.t = t = self.types.get(args["X"])
+        #: the mixed form: a float32 Y of a 16-bit X
+        self.mixed = bool(attrs.get("y_float32", 0))
         problem = functions.node_problem(node, self.opset, self.types)
         if problem:
             return self._keep(node, problem)
         if t is None:
             return self._inline(node, "the element type of X is unknown")
         if self._core_op(spec) is None:
-            return self._inline(
-                node,
-                f"opset {self.opset} has no standard "
-                f"{'RMSNormalization (needs 23)' if spec.norm == 'rms' else 'LayerNormalization (needs 17)'}",
+            core = (
+                "RMSNormalization (needs 23)"
+                if spec.norm == "rms"
+                else "LayerNormalization (needs 17)"
             )
+            return self._inline(node, f"opset {self.opset} has no standard {core}")
         if self.opset < 9 and self._normalized_count(args["X"], attrs["axis"]) is None:
             return self._inline(
                 node,
@@ -216,7 +221,10 @@ class _Lowerer(functions.OpsetWriter):
         norm_args = {p.name: args[p.name] for p in base.inputs}
         norm_outs = {"Y": y_float, "Sum": outs.get("Sum")}
         emitted, reason = self._float(
-            base, {a.name: attrs[a.name] for a in base.attributes}, norm_args, norm_outs
+            base,
+            {a.name: attrs.get(a.name, a.default) for a in base.attributes},
+            norm_args,
+            norm_outs,
         )
         value = self.float32(y_float)
         if spec.quantize == "dynamic":
@@ -279,6 +287,7 @@ class _Lowerer(functions.OpsetWriter):
         # the norm with a unit Scale on X in float32, then the catalogue's own arithmetic
         xf = x if t == _FLOAT else self("Cast", x, to=_FLOAT)
         ones = self.ones(xf, axis, self._normalized_count(x, axis))
+        mixed = self.mixed and spec.residual == "none"
         value = functions.scale_and_shift(
             self,
             self(op, xf, ones, axis=axis, epsilon=eps),
@@ -286,8 +295,9 @@ class _Lowerer(functions.OpsetWriter):
             bias,
             float(attrs.get("scale_offset", 0.0)) or None,
             bool(attrs["cast_before_scale"]) and t != _FLOAT,
+            round_last=not mixed,
         )
-        if t == _FLOAT:
+        if t == _FLOAT or mixed:
             self("Identity", value, out=y)
         else:
             self("Cast", value, to=t, out=y)
@@ -368,7 +378,7 @@ class _Lowerer(functions.OpsetWriter):
             **spec.defaults,
             **{a.name: helper.get_attribute_value(a) for a in node.attribute},
         }
-        rename = {formal: actual for formal, actual in zip(body.input, node.input)}
+        rename = dict(zip(body.input, node.input))
         for i, formal in enumerate(body.output):
             actual = node.output[i] if i < len(node.output) and node.output[i] else None
             rename[formal] = actual or self._name(formal)

@@ -51,6 +51,24 @@ def check_type(x_type: ir.DataType, **values: ir.Value) -> None:
             raise Rejected(f"{what} is {dtype(value, what).name}, X is {x_type.name}")
 
 
+def check_mixed(x_type: ir.DataType, y: ir.Value, **weights: ir.Value | None) -> bool:
+    """Whether a single norm op is the mixed form (X float16 or bfloat16, Y and its weights
+    float32: ONNX Runtime's LayerNormalization and SimplifiedLayerNormalization, which compute
+    in float32 and give Y in Scale's type, unrounded), which onnxnorm's LayerNorm and RMSNorm
+    take as they are; else checks that Y and the weights have X's type."""
+    present = {what: value for what, value in weights.items() if value is not None}
+    if x_type in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) and dtype(y, "Y") == FLOAT:
+        for what, value in present.items():
+            if dtype(value, what) != FLOAT:
+                raise Rejected(
+                    f"Y is FLOAT, X is {x_type.name} and {what} is "
+                    f"{dtype(value, what).name}: a float32 Y takes float32 weights"
+                )
+        return True
+    check_type(x_type, Y=y, **present)
+    return False
+
+
 def mean_axis(node: ir.Node, x: ir.Value, rank: int | None = None) -> int:
     """The first normalized axis, negative, of a ReduceMean over the trailing axes [axis, rank)
     of X that keeps its dims (``rank``: X's where the caller knows it better than X's shape,
@@ -317,17 +335,10 @@ class StandardLayerNorm(FusionRule):
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         note = _stash(node, self.strict_precision)
         x_type = dtype(x, "X")
-        if x_type != FLOAT and dtype(y, "Y") == FLOAT == dtype(scale, "Scale"):
-            raise Rejected(
-                f"Y is FLOAT, X is {x_type.name}: ONNX Runtime's LayerNormalization "
-                "(below opset 17) gives Y in Scale's type, unrounded, where "
-                "onnxnorm's LayerNorm gives it in X's type"
-            )
-        check_type(x_type, Y=y)
+        mixed = check_mixed(x_type, y, Scale=scale, Bias=bias)
         axis = _axis(node, x)
-        for what, value in (("Scale", scale), ("Bias", bias)):
+        for value in (scale, bias):
             if value is not None:
-                check_type(x_type, **{what: value})
                 check_scale(value, x, axis)
         inputs = {
             "X": x,
@@ -341,6 +352,7 @@ class StandardLayerNorm(FusionRule):
                 "axis": axis,
                 "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
                 "cast_before_scale": 0,
+                **({"y_float32": 1} if mixed else {}),
             },
             note,
         )
@@ -366,7 +378,13 @@ class StandardRMSNorm(FusionRule):
         _extra_outputs_unused(node)
         note = _stash(node, self.strict_precision)
         x_type = dtype(x, "X")
-        check_type(x_type, Scale=scale, Y=y)
+        mixed = False
+        if self.order_a:
+            # (RMSNormalization-23's own body rounds the normalized value to X's type and
+            # multiplies it by a Scale of another type: no arithmetic to match for mixed types)
+            check_type(x_type, Scale=scale, Y=y)
+        else:
+            mixed = check_mixed(x_type, y, Scale=scale)
         axis = _axis(node, x)
         check_scale(scale, x, axis)
         return Replacement(
@@ -376,6 +394,7 @@ class StandardRMSNorm(FusionRule):
                 "axis": axis,
                 "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
                 "cast_before_scale": int(self.order_a and x_type != FLOAT),
+                **({"y_float32": 1} if mixed else {}),
             },
             note,
         )

@@ -22,6 +22,10 @@ VERSION = 1
 DATA_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
 #: Every (T, S) an op accepts: X's type, and the type of its weights (S: X's type or float32).
 TYPE_PAIRS = tuple((t, s) for t in DATA_TYPES for s in dict.fromkeys((t, "tensor(float)")))
+#: The (T, S) pairs whose Y may also be float32 (type variable U) in the ops that have U: a
+#: float16 or bfloat16 X with float32 weights, the form of ONNX Runtime's mixed-precision
+#: LayerNormalization and SimplifiedLayerNormalization (X in T; Scale, Bias and Y in float32).
+MIXED_PAIRS = (("tensor(float16)", "tensor(float)"), ("tensor(bfloat16)", "tensor(float)"))
 #: Element types of a quantized output and its zero point (type variable Q): the 8-bit integers
 #: of ONNX's QuantizeLinear and its float8 e4m3fn (the float8 type that quantization tools write
 #: for activations), in the order the native element enum numbers them after DATA_TYPES.
@@ -40,6 +44,8 @@ QUANTIZE_KINDS = ("none", "static", "dynamic")
 TYPE_VARS = {
     "T": "X's type: float32, float16 or bfloat16, one per node",
     "S": "T or float32 (weights)",
+    "U": "Y's type: T, or float32 where T is float16 or bfloat16 and S is float32 (the "
+    "mixed-precision form, attribute y_float32 = 1: Y before its last rounding to T)",
     "Q": "the quantized type: uint8, int8 or float8e4m3fn (the op's quant_types)",
     "F": "float32",
 }
@@ -128,9 +134,24 @@ class OpSpec:
     @property
     def type_constraints(self) -> dict[str, tuple[str, ...]]:
         """The types each type variable the op uses may take, in TYPE_VARS order."""
-        allowed = {"T": DATA_TYPES, "S": DATA_TYPES, "Q": self.quant_types, "F": ("tensor(float)",)}
+        allowed = {
+            "T": DATA_TYPES,
+            "S": DATA_TYPES,
+            "U": DATA_TYPES,
+            "Q": self.quant_types,
+            "F": ("tensor(float)",),
+        }
         used = {p.type_var for p in self.inputs + self.outputs}
         return {var: allowed[var] for var in TYPE_VARS if var in used}
+
+    @property
+    def type_sets(self) -> tuple[tuple[str, str, str], ...]:
+        """Every (T, S, U) the op accepts: U is T, and for an op whose Y is of type U, also
+        float32 for each of MIXED_PAIRS (U stands for T where the op has no U)."""
+        plain = tuple((t, s, t) for t, s in TYPE_PAIRS)
+        if not any(p.type_var == "U" for p in self.outputs):
+            return plain
+        return plain + tuple((t, s, "tensor(float)") for t, s in MIXED_PAIRS)
 
     def output_index(self, name: str) -> int | None:
         """The position of output ``name``, or None when the op has no such output."""
@@ -195,6 +216,16 @@ SCALE_OFFSET = Attribute(
     "taken in float32 in order B and in X's type in order A.",
     "finite",
 )
+Y_FLOAT32 = Attribute(
+    "y_float32",
+    "int",
+    0,
+    "Y's type: 0, X's; 1, float32 (X float16 or bfloat16, the weights float32 or absent): the "
+    "mixed-precision form of ONNX Runtime's LayerNormalization and SimplifiedLayerNormalization, "
+    "Y before its last rounding to X's type (order B: the float32 result; order A: the product "
+    "rounded to X's type, plus Bias in float32). The node's declared Y type must agree.",
+    "zero_or_one",
+)
 ALPHA = Attribute(
     "alpha",
     "float",
@@ -222,6 +253,12 @@ _XBIAS = Param(
     optional=True,
 )
 _Y = Param("Y", "T", "The normalized output, same shape and type as X.")
+_Y_MIXED = Param(
+    "Y",
+    "U",
+    "The normalized output, same shape as X; of X's type, or float32 "
+    "(y_float32 = 1) for a float16 or bfloat16 X with float32 weights.",
+)
 _SUM = Param(
     "Sum",
     "T",
@@ -325,6 +362,9 @@ def _spec(
         prefix = _SANDWICH_FORMULA
     else:
         inputs += (_SCALE, _BIAS)
+        if quantize == "none":
+            outputs = (_Y_MIXED,)
+            attributes += (Y_FLOAT32,)
         prefix = "Z = X"
     formula = prefix + ";  " + (_LAYER_FORMULA if norm == "layer" else _RMS_FORMULA)
     quant_types: tuple[str, ...] = ()

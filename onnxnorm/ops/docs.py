@@ -10,7 +10,7 @@ from pathlib import Path
 
 from onnxnorm.ops import catalogue, functions
 
-_TYPES = {"T": "T", "S": "S (T or float32)", "F": "float32"}
+_TYPES = {"T": "T", "S": "S (T or float32)", "U": "U (T, or float32)", "F": "float32"}
 
 
 def _type(spec: catalogue.OpSpec, var: str) -> str:
@@ -32,6 +32,15 @@ def render() -> str:
         "(float64 in the numpy reference). Scale, Bias and XBias have T or float32 and the "
         "shape of a suffix of X's shape that covers the normalized dimensions (it may span "
         "more: per-head Q/K norms); leading 1s are ignored.",
+        "",
+        "The Y of LayerNorm and RMSNorm has type U: T, or, with `y_float32 = 1`, float32 for a "
+        "float16 or bfloat16 X whose weights are float32 (the mixed-precision form of ONNX "
+        "Runtime's LayerNormalization and SimplifiedLayerNormalization). A float32 Y is the "
+        "value before its last rounding to T: in order B (`cast_before_scale = 0`) the float32 "
+        "result, in order A the product rounded to T plus Bias in float32; its function "
+        "overload ends in `yfloat32`. The library runs it with ONNX Runtime 1.24 or newer (the "
+        "output type inference it needs); with older runtimes such a model runs as its function "
+        "body, without the library.",
         "",
         "Every node carries a function *overload* naming its variant (optional inputs present, "
         "rounding order), and models hold the matching function bodies in standard ops of "

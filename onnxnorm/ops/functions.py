@@ -231,12 +231,15 @@ def overload(
     opset: int = MIN_OPSET,
     x_type: int | None = None,
     attrs: dict[str, Any] | None = None,
+    y_float32: bool = False,
 ) -> str:
     """The function overload naming a node's variant: its optional inputs, whether it has a
     scale offset, its rounding order (``a`` for order A) and, for ops with a Residual, whether
     the node leaves out its Sum output (``nosum``: ORT cannot type a call to a function that
     has more outputs than the call). A quantized op's body has its optional Y_float output
-    (and every output before it) when the node has it (``float``), else ends before it.
+    (and every output before it) when the node has it (``float``), else ends before it. A
+    float32 Y (attribute ``y_float32``, the mixed form of LayerNorm and RMSNorm) is
+    ``yfloat32``.
 
     Below MIN_OPSET the name ends in X's element type ``x_type``, below REF_OPSET also in the
     node's attribute values (``attrs``, defaults for those absent): see the module docstring."""
@@ -245,6 +248,7 @@ def overload(
     if scale_offset:
         parts += ["offset" if opset >= REF_OPSET else f"offset{_number(scale_offset)}"]
     parts += ["a"] if cast_before_scale else []
+    parts += ["yfloat32"] if y_float32 else []
     if spec.quantize != "none" and with_float:
         parts += ["float"]
     else:
@@ -314,12 +318,19 @@ def _body_outputs(spec: catalogue.OpSpec, parts: set[str]) -> list[str]:
 
 
 def scale_and_shift(
-    b, y: str, scale: str | None, bias: str | None, offset: float | Ref | None, order_a: bool
+    b,
+    y: str,
+    scale: str | None,
+    bias: str | None,
+    offset: float | Ref | None,
+    order_a: bool,
+    round_last: bool = True,
 ) -> str:
     """The catalogue's arithmetic after the normalization, where the rounding order shows:
     ``y`` (the normalized value, float32) times Scale plus ``offset`` (scale_offset; None:
     none), plus Bias, in float32, the result in float32. Order A (``order_a``) rounds every
-    value to X's type after each step, operands included; order B leaves the one rounding at
+    value to X's type after each step, operands included, but the sum with Bias where
+    ``round_last`` is false (the mixed form's float32 Y); order B leaves the one rounding at
     the end to the caller.
 
     ``b`` writes the nodes (here into a function body, in ``onnxnorm.fusion.lowering`` into a
@@ -339,7 +350,8 @@ def scale_and_shift(
     if factor:
         y = rounded(b("Mul", y, factor))
     if bias:
-        y = rounded(b("Add", y, rounded(b.float32(bias))))
+        y = b("Add", y, rounded(b.float32(bias)))
+        y = rounded(y) if round_last else y
     return y
 
 
@@ -395,8 +407,9 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     inputs = [p.name for p in spec.inputs]
     offset = b.attr("scale_offset") if "offset" in parts else None
 
-    def norm(z: str, scale: str, bias: str, out: str | None = None) -> str:
-        """The norm of ``z`` with the inputs ``scale`` and ``bias`` when present, in X's type."""
+    def norm(z: str, scale: str, bias: str, out: str | None = None, mixed: bool = False) -> str:
+        """The norm of ``z`` with the inputs ``scale`` and ``bias`` when present, in X's type
+        (``mixed``: in float32, without the last rounding to X's type)."""
         y = scale_and_shift(
             b,
             _normalize(b, spec, z),
@@ -404,8 +417,9 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
             bias if bias in present else None,
             offset,
             order_a,
+            round_last=not mixed,
         )
-        return b.to_x(y, out=out)
+        return b("Identity", y, out=out) if mixed else b.to_x(y, out=out)
 
     z = "X"
     if spec.residual == "skip":
@@ -418,7 +432,7 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
         z = b.to_x(b("Add", b.float32("Residual"), inner), out="Sum")
     outputs = _body_outputs(spec, parts)
     if spec.quantize == "none":
-        norm(z, "Scale", "Bias", out="Y")
+        norm(z, "Scale", "Bias", out="Y", mixed="yfloat32" in parts)
     else:
         _quantize(
             b,
@@ -521,6 +535,7 @@ def node_variant(node: onnx.NodeProto, opset: int = MIN_OPSET, x_type: int | Non
         opset,
         x_type,
         {k: v for k, v in attrs.items() if k in spec.defaults},
+        bool(attrs.get("y_float32", 0)),
     )
 
 

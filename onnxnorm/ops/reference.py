@@ -61,7 +61,8 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
     """Evaluates catalogue op ``op`` on positional ``inputs`` (None for an absent optional
     input, trailing ones may be left out). Returns every output, in the op's order (Y, and Sum
     for ops with a Residual; the quantized ops' Y_scale and Y_zero_point (dynamic), Sum and
-    Y_float)."""
+    Y_float). ``y_float32 = 1`` gives LayerNorm's and RMSNorm's Y in float32 (the mixed form:
+    X float16 or bfloat16, weights float32; Y before its last rounding to X's type)."""
     spec = catalogue.get(op)
     names = [p.name for p in spec.inputs]
     if len(inputs) > len(names):
@@ -88,9 +89,27 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
             # leading 1s beyond X's rank broadcast to nothing: Y keeps X's shape
             given[p.name] = value.reshape(value.shape[max(0, value.ndim - x.ndim) :])
 
+    yt = _y_dtype(spec, t, a.get("y_float32", 0), given)
     axes = tuple(range(axis, x.ndim))
-    outputs = _float_outputs(spec, x, axes, a, given)
+    outputs = _float_outputs(spec, x, axes, a, given, yt)
     return outputs if spec.quantize == "none" else _quantized_outputs(spec, outputs, given)
+
+
+def _y_dtype(
+    spec: catalogue.OpSpec, t: np.dtype, y_float32: int, given: dict[str, np.ndarray | None]
+) -> np.dtype:
+    """Y's type: X's, or (``y_float32``) float32, where X is 16-bit and the weights float32."""
+    if not y_float32:
+        return t
+    weights = [
+        given[p.name] for p in spec.inputs if p.type_var == "S" and given[p.name] is not None
+    ]
+    if t == np.float32 or any(w.dtype != np.float32 for w in weights):
+        raise TypeError(
+            f"{spec.name}: y_float32 = 1 needs a float16 or bfloat16 X and float32 "
+            f"weights; X is {t}, the weights {[str(w.dtype) for w in weights]}"
+        )
+    return np.dtype(np.float32)
 
 
 def _float_outputs(
@@ -99,12 +118,13 @@ def _float_outputs(
     axes: tuple[int, ...],
     a: dict[str, Any],
     given: dict[str, np.ndarray | None],
+    yt: np.dtype | None = None,
 ) -> list[np.ndarray]:
-    """Y (and Sum) of the op's norm, in X's type."""
+    """Y (and Sum) of the op's norm, in X's type (Y in ``yt``, for the ops whose Y is of type U)."""
     op, t = spec.name, x.dtype
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
         if not spec.has_residual:
-            return [_norm(spec, x, axes, a, given["Scale"], given["Bias"])]
+            return [_norm(spec, x, axes, a, given["Scale"], given["Bias"], yt)]
         residual = given["Residual"]
         if residual.dtype != t or residual.shape != x.shape:
             raise ValueError(
@@ -193,10 +213,10 @@ def quantize_linear(y: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) ->
 def dynamic_quantize_linear(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ONNX DynamicQuantizeLinear (uint8) of float32(y), as ONNX Runtime computes it:
     range [min(0, min y), max(0, max y)] with NaN left out (wherever it sits: ORT's own min/max
-    does so but for a NaN that ends a vectorized stretch, which makes its scale NaN), scale (max - min) / 255 in float32,
-    or 1 where the range is [0, 0] (the ONNX operator text would give 0 and a NaN zero point),
-    zero point round_half_even(clamp(0 - min / scale, 0, 255)) (255 where that is NaN:
-    an infinite range), then QuantizeLinear with them."""
+    does so but for a NaN that ends a vectorized stretch, which makes its scale NaN), scale
+    (max - min) / 255 in float32, or 1 where the range is [0, 0] (the ONNX operator text would
+    give 0 and a NaN zero point), zero point round_half_even(clamp(0 - min / scale, 0, 255))
+    (255 where that is NaN: an infinite range), then QuantizeLinear with them."""
     f = y.astype(np.float32)
     numbers = f[~np.isnan(f)]
     lo = np.float32(min(0.0, numbers.min())) if numbers.size else np.float32(0)
@@ -220,9 +240,13 @@ def _norm(
     a: dict[str, Any],
     scale: np.ndarray | None,
     bias: np.ndarray | None,
+    yt: np.dtype | None = None,
 ) -> np.ndarray:
-    """The norm of ``z`` (statistics over ``axes``) with its scale and bias, in z's type."""
+    """The norm of ``z`` (statistics over ``axes``) with its scale and bias, in z's type, or in
+    ``yt`` (float32): then without the last rounding to z's type (the bias's add in order A, the
+    whole result in order B)."""
     t = z.dtype
+    yt = t if yt is None else yt
     z64 = z.astype(np.float64)
     if spec.norm == "layer":
         centred = z64 - z64.mean(axis=axes, keepdims=True)
@@ -241,13 +265,13 @@ def _norm(
             s = (s.astype(np.float64) + np.float64(t.type(offset))).astype(t)
         y = (y.astype(np.float64) * s.astype(np.float64)).astype(t)
         if bias is not None:
-            y = (y.astype(np.float64) + bias.astype(t).astype(np.float64)).astype(t)
-        return y
+            y = (y.astype(np.float64) + bias.astype(t).astype(np.float64)).astype(yt)
+        return y.astype(yt)
     # order B (and float32): one rounding at the end
     y = normalized * ((scale.astype(np.float64) if scale is not None else 1.0) + offset)
     if bias is not None:
         y = y + bias.astype(np.float64)
-    return y.astype(t)
+    return y.astype(yt)
 
 
 def tolerance(dtype: Any) -> tuple[float, float]:

@@ -38,8 +38,19 @@ def _elem(onnx_type: str) -> int:
     )
 
 
+def _y_type(ctx, x: onnx.TypeProto) -> onnx.TypeProto:
+    """Y of type U: X's type and shape, or float32 where the node's y_float32 is 1."""
+    out = onnx.TypeProto()
+    out.CopyFrom(x)
+    flag = ctx.get_attribute("y_float32")
+    if flag is not None and flag.i == 1:
+        out.tensor_type.elem_type = _FLOAT
+    return out
+
+
 def _inference(spec: catalogue.OpSpec):
-    """Type and shape inference: every output of type T has X's type and shape; a quantized Y
+    """Type and shape inference: every output of type T has X's type and shape (of type U: X's
+    type, or float32 where y_float32 = 1); a quantized Y
     has Y_zero_point's type (else the op's first quantized type) and X's shape; DynamicQuantize's
     Y_scale (float32) and Y_zero_point are scalars. Residual and Y_scale must have X's type,
     Scale/Bias/XBias X's type or float32, Y_zero_point one of the quantized types, and axis must
@@ -89,6 +100,8 @@ def _inference(spec: catalogue.OpSpec):
                 continue
             if param.type_var == "T":
                 ctx.set_output_type(index, x)
+            elif param.type_var == "U":
+                ctx.set_output_type(index, _y_type(ctx, x))
             elif param.name == "Y":
                 out = onnx.TypeProto()
                 out.CopyFrom(x)

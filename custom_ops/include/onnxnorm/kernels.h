@@ -25,13 +25,14 @@ enum class Isa : int32_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 
 // The row kernel of one op for these element types on this CPU (the best instruction set it has,
 // unless the environment variable ONNXNORM_CPU_ISA = portable | avx2 | avx512 asks for a lesser one), or
 // nullptr when the combination is not implemented. Every weight present in NormArgs must be of
-// weight_type, which is x_type or kFloat32 (args.x_type and args.weight_type are not read: the
-// kernel is typed). The kernel reads X, Residual and the weights, writes Y and (when not null)
-// Sum. Statistics are float32 (per-row scalars in float64); LayerNorm sums D and D^2 with
-// D = X - shift, the shift being near the row's mean (the mean of its first 8 values), and takes
-// a second pass around the mean when that shift proves far from it, so rows with a large mean and
-// a small spread stay accurate (never E[x^2] - E[x]^2 on raw values). No heap allocation.
-NormRowsFn GetNormRows(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type);
+// weight_type, which is x_type or kFloat32; Y is of y_type, which is x_type, or kFloat32 for a
+// 16-bit x_type with kFloat32 weights and no residual (args.x_type, args.weight_type and
+// args.y_type are not read: the kernel is typed). The kernel reads X, Residual and the weights, writes Y and (when not
+// null) Sum. Statistics are float32 (per-row scalars in float64); LayerNorm sums D and D^2 with D = X - shift, the
+// shift being near the row's mean (the mean of its first 8 values), and takes a second pass around the mean when that
+// shift proves far from it, so rows with a large mean and a small spread stay accurate (never E[x^2] - E[x]^2 on raw
+// values). No heap allocation.
+NormRowsFn GetNormRows(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type, ElemType y_type);
 
 // The instruction set GetNormRows chooses on this CPU: "avx512_bf16", "avx512", "avx2" or
 // "portable" (the library exports it as onnxnorm_active_isa).
@@ -53,7 +54,8 @@ inline constexpr int64_t kSmallCallElements = 64 * 1024;
 // its vector units up, which costs a single-token call more than the wider vectors save there;
 // bfloat16, converted in integer instructions, saves more (docs/benchmarks.md measures both).
 // Gives the same bits as GetNormRows.
-NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type);
+NormRowsFn GetNormRowsForSmallCalls(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type,
+                                    ElemType y_type);
 
 // Calls that move at least StreamMinBytes() (inputs read and outputs written; kStreamMinBytes
 // unless changed) write their outputs with non-temporal stores where the instruction set has
@@ -67,7 +69,8 @@ void SetStreamMinBytes(int64_t bytes);
 
 // GetNormRows for one instruction set (for tests and comparisons): nullptr also when isa is above
 // SupportedIsa().
-NormRowsFn GetNormRowsFor(Isa isa, NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type);
+NormRowsFn GetNormRowsFor(Isa isa, NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type,
+                          ElemType y_type);
 
 // ---------------------------------------------------------------------------------------------
 // The quantized ops (QuantizeKind::kStatic / kDynamic): the norm's Y, rounded to X's type, then

@@ -32,8 +32,11 @@ namespace onnxnorm {
 
 struct NormArgs {
   OpId op = OpId::kLayerNorm;
-  ElemType x_type = ElemType::kFloat32;       // of X, Residual, Y and Sum
+  ElemType x_type = ElemType::kFloat32;       // of X, Residual, Sum, and of Y but where y_type says
   ElemType weight_type = ElemType::kFloat32;  // of every present weight: x_type or kFloat32
+  // Of Y: x_type; or kFloat32 for a 16-bit x_type with kFloat32 weights in the ops whose Y is of
+  // type U (LayerNorm, RMSNorm): Y is then the value before its last rounding to x_type.
+  ElemType y_type = ElemType::kFloat32;
   // Rounding order for 16-bit X (docs/norms.md): 0 = order B (scale in float32, round once),
   // 1 = order A (round the normalized value, then scale in X's type). No effect for float32.
   int32_t cast_before_scale = static_cast<int32_t>(attr_default::kCastBeforeScale);
@@ -79,6 +82,7 @@ inline constexpr NormArgsField kNormArgsFields[] = {
     ONNXNORM_ARGS_FIELD(op),
     ONNXNORM_ARGS_FIELD(x_type),
     ONNXNORM_ARGS_FIELD(weight_type),
+    ONNXNORM_ARGS_FIELD(y_type),
     ONNXNORM_ARGS_FIELD(cast_before_scale),
     ONNXNORM_ARGS_FIELD(rows),
     ONNXNORM_ARGS_FIELD(cols),

@@ -125,15 +125,17 @@ inline constexpr const char* kAttrCheckRequirements[kAttrCheckCount] = {
 // The type of an input or output (catalogue.TYPE_VARS):
 //   T: X's type: float32, float16 or bfloat16, one per node
 //   S: T or float32 (weights)
+//   U: Y's type: T, or float32 where T is float16 or bfloat16 and S is float32 (the mixed-precision form, attribute y_float32 = 1: Y before its last rounding to T)
 //   Q: the quantized type: uint8, int8 or float8e4m3fn (the op's quant_types)
 //   F: float32
 enum class TypeVar : int32_t {
   kT = 0,
   kS = 1,
-  kQ = 2,
-  kF = 3,
+  kU = 2,
+  kQ = 3,
+  kF = 4,
 };
-inline constexpr const char* kTypeVarNames[] = {"T", "S", "Q", "F"};
+inline constexpr const char* kTypeVarNames[] = {"T", "S", "U", "Q", "F"};
 
 // A read-only view of a constant array.
 template <typename T>
@@ -160,6 +162,19 @@ struct ParamSpec {
   bool optional;
 };
 
+// An element type for T and one for S that an op accepts.
+struct TypePair {
+  ElemType t;
+  ElemType s;
+};
+
+// The types of T, S and U of one kernel of an op (U is T unless the op's Y is of type U).
+struct TypeSet {
+  ElemType t;
+  ElemType s;
+  ElemType u;
+};
+
 struct OpSpec {
   const char* name;
   OpId id;
@@ -171,12 +186,7 @@ struct OpSpec {
   Span<AttrSpec> attributes;
   QuantizeKind quantize;
   Span<ElemType> quant_types;  // the types of TypeVar::kQ (empty: the op has none)
-};
-
-// An element type for T and one for S that an op accepts.
-struct TypePair {
-  ElemType t;
-  ElemType s;
+  Span<TypeSet> types;         // every (T, S, U) the op accepts (catalogue OpSpec.type_sets)
 };
 
 // The default of each attribute (one definition for every op that has it).
@@ -184,6 +194,7 @@ namespace attr_default {
 inline constexpr int64_t kAxis = -1;
 inline constexpr float kEpsilon = 1e-05f;
 inline constexpr int64_t kCastBeforeScale = 0;
+inline constexpr int64_t kYFloat32 = 0;
 inline constexpr float kScaleOffset = 0.0f;
 inline constexpr float kAlpha = 1.0f;
 }  // namespace attr_default
@@ -196,12 +207,22 @@ inline constexpr ParamSpec kLayerNormInputs[] = {
     {"Bias", TypeVar::kS, true},
 };
 inline constexpr ParamSpec kLayerNormOutputs[] = {
-    {"Y", TypeVar::kT, false},
+    {"Y", TypeVar::kU, false},
 };
 inline constexpr AttrSpec kLayerNormAttributes[] = {
     {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
     {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"y_float32", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+};
+inline constexpr TypeSet kLayerNormTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kFloat32},
 };
 
 inline constexpr ParamSpec kRMSNormInputs[] = {
@@ -210,13 +231,23 @@ inline constexpr ParamSpec kRMSNormInputs[] = {
     {"Bias", TypeVar::kS, true},
 };
 inline constexpr ParamSpec kRMSNormOutputs[] = {
-    {"Y", TypeVar::kT, false},
+    {"Y", TypeVar::kU, false},
 };
 inline constexpr AttrSpec kRMSNormAttributes[] = {
     {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
     {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
     {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
+    {"y_float32", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+};
+inline constexpr TypeSet kRMSNormTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kFloat32},
 };
 
 inline constexpr ParamSpec kSkipLayerNormInputs[] = {
@@ -235,6 +266,13 @@ inline constexpr AttrSpec kSkipLayerNormAttributes[] = {
     {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
     {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
+};
+inline constexpr TypeSet kSkipLayerNormTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
 };
 
 inline constexpr ParamSpec kSkipRMSNormInputs[] = {
@@ -255,6 +293,13 @@ inline constexpr AttrSpec kSkipRMSNormAttributes[] = {
     {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
     {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
 };
+inline constexpr TypeSet kSkipRMSNormTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 inline constexpr ParamSpec kSandwichLayerNormInputs[] = {
     {"X", TypeVar::kT, false},
@@ -272,6 +317,13 @@ inline constexpr AttrSpec kSandwichLayerNormAttributes[] = {
     {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
     {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+};
+inline constexpr TypeSet kSandwichLayerNormTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
 };
 
 inline constexpr ParamSpec kSandwichRMSNormInputs[] = {
@@ -292,6 +344,13 @@ inline constexpr AttrSpec kSandwichRMSNormAttributes[] = {
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
     {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
 };
+inline constexpr TypeSet kSandwichRMSNormTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 inline constexpr ParamSpec kLayerNormQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -310,6 +369,13 @@ inline constexpr AttrSpec kLayerNormQuantizeLinearAttributes[] = {
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
 };
 inline constexpr ElemType kLayerNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8, ElemType::kFloat8E4M3FN};
+inline constexpr TypeSet kLayerNormQuantizeLinearTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 inline constexpr ParamSpec kRMSNormQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -329,6 +395,13 @@ inline constexpr AttrSpec kRMSNormQuantizeLinearAttributes[] = {
     {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
 };
 inline constexpr ElemType kRMSNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8, ElemType::kFloat8E4M3FN};
+inline constexpr TypeSet kRMSNormQuantizeLinearTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 inline constexpr ParamSpec kSkipLayerNormQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -351,6 +424,13 @@ inline constexpr AttrSpec kSkipLayerNormQuantizeLinearAttributes[] = {
     {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
 };
 inline constexpr ElemType kSkipLayerNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8, ElemType::kFloat8E4M3FN};
+inline constexpr TypeSet kSkipLayerNormQuantizeLinearTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 inline constexpr ParamSpec kSkipRMSNormQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -374,6 +454,13 @@ inline constexpr AttrSpec kSkipRMSNormQuantizeLinearAttributes[] = {
     {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
 };
 inline constexpr ElemType kSkipRMSNormQuantizeLinearQuantTypes[] = {ElemType::kUInt8, ElemType::kInt8, ElemType::kFloat8E4M3FN};
+inline constexpr TypeSet kSkipRMSNormQuantizeLinearTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 inline constexpr ParamSpec kLayerNormDynamicQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -392,6 +479,13 @@ inline constexpr AttrSpec kLayerNormDynamicQuantizeLinearAttributes[] = {
     {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
 };
 inline constexpr ElemType kLayerNormDynamicQuantizeLinearQuantTypes[] = {ElemType::kUInt8};
+inline constexpr TypeSet kLayerNormDynamicQuantizeLinearTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 inline constexpr ParamSpec kRMSNormDynamicQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -411,6 +505,13 @@ inline constexpr AttrSpec kRMSNormDynamicQuantizeLinearAttributes[] = {
     {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
 };
 inline constexpr ElemType kRMSNormDynamicQuantizeLinearQuantTypes[] = {ElemType::kUInt8};
+inline constexpr TypeSet kRMSNormDynamicQuantizeLinearTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 inline constexpr ParamSpec kSkipLayerNormDynamicQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -433,6 +534,13 @@ inline constexpr AttrSpec kSkipLayerNormDynamicQuantizeLinearAttributes[] = {
     {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
 };
 inline constexpr ElemType kSkipLayerNormDynamicQuantizeLinearQuantTypes[] = {ElemType::kUInt8};
+inline constexpr TypeSet kSkipLayerNormDynamicQuantizeLinearTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 inline constexpr ParamSpec kSkipRMSNormDynamicQuantizeLinearInputs[] = {
     {"X", TypeVar::kT, false},
@@ -456,6 +564,13 @@ inline constexpr AttrSpec kSkipRMSNormDynamicQuantizeLinearAttributes[] = {
     {"alpha", AttrKind::kFloat, 0, 1.0f, AttrCheck::kFinite},
 };
 inline constexpr ElemType kSkipRMSNormDynamicQuantizeLinearQuantTypes[] = {ElemType::kUInt8};
+inline constexpr TypeSet kSkipRMSNormDynamicQuantizeLinearTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
 
 }  // namespace generated
 
@@ -463,73 +578,87 @@ inline constexpr OpSpec kOps[kOpCount] = {
     {"LayerNorm", OpId::kLayerNorm, 1, NormKind::kLayer, ResidualKind::kNone,
      {generated::kLayerNormInputs, 3},
      {generated::kLayerNormOutputs, 1},
-     {generated::kLayerNormAttributes, 3},
-     QuantizeKind::kNone, {nullptr, 0}},
+     {generated::kLayerNormAttributes, 4},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kLayerNormTypes, 7}},
     {"RMSNorm", OpId::kRMSNorm, 1, NormKind::kRms, ResidualKind::kNone,
      {generated::kRMSNormInputs, 3},
      {generated::kRMSNormOutputs, 1},
-     {generated::kRMSNormAttributes, 4},
-     QuantizeKind::kNone, {nullptr, 0}},
+     {generated::kRMSNormAttributes, 5},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kRMSNormTypes, 7}},
     {"SkipLayerNorm", OpId::kSkipLayerNorm, 1, NormKind::kLayer, ResidualKind::kSkip,
      {generated::kSkipLayerNormInputs, 5},
      {generated::kSkipLayerNormOutputs, 2},
      {generated::kSkipLayerNormAttributes, 4},
-     QuantizeKind::kNone, {nullptr, 0}},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kSkipLayerNormTypes, 5}},
     {"SkipRMSNorm", OpId::kSkipRMSNorm, 1, NormKind::kRms, ResidualKind::kSkip,
      {generated::kSkipRMSNormInputs, 5},
      {generated::kSkipRMSNormOutputs, 2},
      {generated::kSkipRMSNormAttributes, 5},
-     QuantizeKind::kNone, {nullptr, 0}},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kSkipRMSNormTypes, 5}},
     {"SandwichLayerNorm", OpId::kSandwichLayerNorm, 1, NormKind::kLayer, ResidualKind::kSandwich,
      {generated::kSandwichLayerNormInputs, 6},
      {generated::kSandwichLayerNormOutputs, 2},
      {generated::kSandwichLayerNormAttributes, 3},
-     QuantizeKind::kNone, {nullptr, 0}},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kSandwichLayerNormTypes, 5}},
     {"SandwichRMSNorm", OpId::kSandwichRMSNorm, 1, NormKind::kRms, ResidualKind::kSandwich,
      {generated::kSandwichRMSNormInputs, 6},
      {generated::kSandwichRMSNormOutputs, 2},
      {generated::kSandwichRMSNormAttributes, 4},
-     QuantizeKind::kNone, {nullptr, 0}},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kSandwichRMSNormTypes, 5}},
     {"LayerNormQuantizeLinear", OpId::kLayerNormQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kNone,
      {generated::kLayerNormQuantizeLinearInputs, 5},
      {generated::kLayerNormQuantizeLinearOutputs, 2},
      {generated::kLayerNormQuantizeLinearAttributes, 3},
-     QuantizeKind::kStatic, {generated::kLayerNormQuantizeLinearQuantTypes, 3}},
+     QuantizeKind::kStatic, {generated::kLayerNormQuantizeLinearQuantTypes, 3},
+     {generated::kLayerNormQuantizeLinearTypes, 5}},
     {"RMSNormQuantizeLinear", OpId::kRMSNormQuantizeLinear, 1, NormKind::kRms, ResidualKind::kNone,
      {generated::kRMSNormQuantizeLinearInputs, 5},
      {generated::kRMSNormQuantizeLinearOutputs, 2},
      {generated::kRMSNormQuantizeLinearAttributes, 4},
-     QuantizeKind::kStatic, {generated::kRMSNormQuantizeLinearQuantTypes, 3}},
+     QuantizeKind::kStatic, {generated::kRMSNormQuantizeLinearQuantTypes, 3},
+     {generated::kRMSNormQuantizeLinearTypes, 5}},
     {"SkipLayerNormQuantizeLinear", OpId::kSkipLayerNormQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kSkip,
      {generated::kSkipLayerNormQuantizeLinearInputs, 7},
      {generated::kSkipLayerNormQuantizeLinearOutputs, 3},
      {generated::kSkipLayerNormQuantizeLinearAttributes, 4},
-     QuantizeKind::kStatic, {generated::kSkipLayerNormQuantizeLinearQuantTypes, 3}},
+     QuantizeKind::kStatic, {generated::kSkipLayerNormQuantizeLinearQuantTypes, 3},
+     {generated::kSkipLayerNormQuantizeLinearTypes, 5}},
     {"SkipRMSNormQuantizeLinear", OpId::kSkipRMSNormQuantizeLinear, 1, NormKind::kRms, ResidualKind::kSkip,
      {generated::kSkipRMSNormQuantizeLinearInputs, 7},
      {generated::kSkipRMSNormQuantizeLinearOutputs, 3},
      {generated::kSkipRMSNormQuantizeLinearAttributes, 5},
-     QuantizeKind::kStatic, {generated::kSkipRMSNormQuantizeLinearQuantTypes, 3}},
+     QuantizeKind::kStatic, {generated::kSkipRMSNormQuantizeLinearQuantTypes, 3},
+     {generated::kSkipRMSNormQuantizeLinearTypes, 5}},
     {"LayerNormDynamicQuantizeLinear", OpId::kLayerNormDynamicQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kNone,
      {generated::kLayerNormDynamicQuantizeLinearInputs, 3},
      {generated::kLayerNormDynamicQuantizeLinearOutputs, 4},
      {generated::kLayerNormDynamicQuantizeLinearAttributes, 3},
-     QuantizeKind::kDynamic, {generated::kLayerNormDynamicQuantizeLinearQuantTypes, 1}},
+     QuantizeKind::kDynamic, {generated::kLayerNormDynamicQuantizeLinearQuantTypes, 1},
+     {generated::kLayerNormDynamicQuantizeLinearTypes, 5}},
     {"RMSNormDynamicQuantizeLinear", OpId::kRMSNormDynamicQuantizeLinear, 1, NormKind::kRms, ResidualKind::kNone,
      {generated::kRMSNormDynamicQuantizeLinearInputs, 3},
      {generated::kRMSNormDynamicQuantizeLinearOutputs, 4},
      {generated::kRMSNormDynamicQuantizeLinearAttributes, 4},
-     QuantizeKind::kDynamic, {generated::kRMSNormDynamicQuantizeLinearQuantTypes, 1}},
+     QuantizeKind::kDynamic, {generated::kRMSNormDynamicQuantizeLinearQuantTypes, 1},
+     {generated::kRMSNormDynamicQuantizeLinearTypes, 5}},
     {"SkipLayerNormDynamicQuantizeLinear", OpId::kSkipLayerNormDynamicQuantizeLinear, 1, NormKind::kLayer, ResidualKind::kSkip,
      {generated::kSkipLayerNormDynamicQuantizeLinearInputs, 5},
      {generated::kSkipLayerNormDynamicQuantizeLinearOutputs, 5},
      {generated::kSkipLayerNormDynamicQuantizeLinearAttributes, 4},
-     QuantizeKind::kDynamic, {generated::kSkipLayerNormDynamicQuantizeLinearQuantTypes, 1}},
+     QuantizeKind::kDynamic, {generated::kSkipLayerNormDynamicQuantizeLinearQuantTypes, 1},
+     {generated::kSkipLayerNormDynamicQuantizeLinearTypes, 5}},
     {"SkipRMSNormDynamicQuantizeLinear", OpId::kSkipRMSNormDynamicQuantizeLinear, 1, NormKind::kRms, ResidualKind::kSkip,
      {generated::kSkipRMSNormDynamicQuantizeLinearInputs, 5},
      {generated::kSkipRMSNormDynamicQuantizeLinearOutputs, 5},
      {generated::kSkipRMSNormDynamicQuantizeLinearAttributes, 5},
-     QuantizeKind::kDynamic, {generated::kSkipRMSNormDynamicQuantizeLinearQuantTypes, 1}},
+     QuantizeKind::kDynamic, {generated::kSkipRMSNormDynamicQuantizeLinearQuantTypes, 1},
+     {generated::kSkipRMSNormDynamicQuantizeLinearTypes, 5}},
 };
 
 // Every (T, S) an op accepts (catalogue.TYPE_PAIRS).
