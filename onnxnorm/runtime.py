@@ -13,11 +13,13 @@ on the CUDA execution provider. Nothing here loads a CUDA library.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import onnx
 
@@ -194,11 +196,10 @@ def executed_ops(
     *,
     with_library: bool = True,
     providers: Sequence[Any] | None = None,
-) -> "collections.Counter[str]":
+) -> collections.Counter[str]:
     """Runs ``model`` once on ``feeds`` with ORT's profiler on and counts the op types of the
     kernels that actually ran: shows whether an onnxnorm node ran the library's kernel
     (op ``RMSNorm``) or its inlined function body (the body's standard ops)."""
-    import collections
     import tempfile
 
     import onnxruntime

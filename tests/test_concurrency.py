@@ -44,7 +44,8 @@ PROVIDERS = [
 
 
 def _model() -> onnx.ModelProto:
-    """SkipRMSNorm, then a LayerNorm of its output: y = LayerNorm(RMSNorm(x + r) * s) and the sum."""
+    """SkipRMSNorm, then a LayerNorm of its output: y = LayerNorm(RMSNorm(x + r) * s) and the
+    sum."""
     rng = np.random.default_rng(7)
     hidden = SHAPE[-1]
     weights = {
@@ -60,7 +61,10 @@ def _model() -> onnx.ModelProto:
             "LayerNorm", ["h", "scale2", "bias2"], ["y"], domain=ops.DOMAIN, epsilon=1e-5
         ),
     ]
-    value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, SHAPE)  # noqa: E731
+
+    def value(name):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, SHAPE)
+
     graph = helper.make_graph(
         nodes,
         "chain",

@@ -81,7 +81,7 @@ def test_the_cases_are_there():
 def test_fused_for_every_target_gives_the_stored_outputs(name, target):
     case = _cases()[name]
     inputs, outputs = case.data_sets[0]
-    fused, report = fuse(case.model, target)
+    fused, _ = fuse(case.model, target)
     _assert_close(_run(fused, inputs, with_library=target != "onnx"), outputs, case)
 
 

@@ -14,50 +14,29 @@ import onnxnorm
 from onnxnorm import OnnxNormError, ops
 from onnxnorm.nn import LayerNorm, RMSNorm
 from onnxnorm.nn.converter import convert
+from onnxnorm.testing import hf
 
 transformers = pytest.importorskip("transformers")
 
-COMMON = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=128,
-)
+#: the sizes of every model here (hf.config's keywords)
+COMMON = dict(hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=128)
+#: model -> hf.config overrides
+OVERRIDES = {
+    "llama": {},
+    "gemma": {},
+    "gemma2": {},
+    "qwen3": {},
+    "cohere": dict(use_qk_norm=True, **hf.TOKEN_IDS),
+    "olmo": dict(hf.TOKEN_IDS),
+    "t5": dict(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16),
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2),
+}
 
 
 def _hf(name: str):
-    t = transformers
-    if name == "llama":
-        return t.LlamaForCausalLM(t.LlamaConfig(**COMMON))
-    if name == "gemma":
-        return t.GemmaForCausalLM(t.GemmaConfig(**COMMON, head_dim=16))
-    if name == "gemma2":
-        return t.Gemma2ForCausalLM(t.Gemma2Config(**COMMON, head_dim=16))
-    if name == "qwen3":
-        return t.Qwen3ForCausalLM(t.Qwen3Config(**COMMON, head_dim=16))
-    if name == "cohere":
-        return t.CohereForCausalLM(
-            t.CohereConfig(
-                **COMMON, use_qk_norm=True, pad_token_id=0, bos_token_id=1, eos_token_id=2
-            )
-        )
-    if name == "olmo":
-        return t.OlmoForCausalLM(
-            t.OlmoConfig(**COMMON, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-        )
-    if name == "t5":
-        return t.T5ForConditionalGeneration(
-            t.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=128)
-        )
-    if name == "gpt2":
-        return t.GPT2LMHeadModel(
-            t.GPT2Config(
-                n_embd=64, n_layer=2, n_head=4, vocab_size=128, bos_token_id=1, eos_token_id=2
-            )
-        )
-    raise KeyError(name)
+    """The model with its LM head, from seed 0, its norm weights random (hf.randomize_norms:
+    away from their init, so that a wrong offset or order cannot pass)."""
+    return hf.model(hf.config(name, **COMMON, **OVERRIDES[name]), attention=None)
 
 
 #: model -> (the norm classes it holds, what each becomes)
@@ -73,15 +52,6 @@ EXPECTED = {
 }
 
 
-def _randomize_norms(model):
-    """Norm weights away from their init, so that a wrong offset or order cannot pass."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or ".ln_" in name:
-                p.add_(0.3 * torch.randn(p.shape, generator=g).to(p.dtype))
-
-
 def _inputs(name):
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
     return ids, ({"decoder_input_ids": ids} if name == "t5" else {})
@@ -90,9 +60,7 @@ def _inputs(name):
 @pytest.mark.parametrize("name", list(EXPECTED))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_hf_model_outputs_unchanged(name, dtype):
-    torch.manual_seed(0)
-    model = _hf(name).eval().to(dtype)
-    _randomize_norms(model)
+    model = _hf(name).to(dtype)
     keys = list(model.state_dict())
     ids, extra = _inputs(name)
     with torch.no_grad():
@@ -122,9 +90,7 @@ def test_per_head_qk_norms_keep_their_weight_shape():
 
 
 def test_converted_hf_model_exports_one_node_per_norm():
-    torch.manual_seed(0)
-    model = _hf("qwen3").eval()
-    _randomize_norms(model)
+    model = _hf("qwen3")
     report = onnxnorm.convert(model)  # the package-level entry point
     ids, _ = _inputs("qwen3")
 
@@ -183,7 +149,7 @@ class Mixed(torch.nn.Module):
 def test_mixed_model_report():
     torch.manual_seed(0)
     model = Mixed().eval()
-    _randomize_norms(model)
+    hf.randomize_norms(model)
     with torch.no_grad():
         for m in (model.ln, model.no_eps, model.weird):
             m.weight.add_(0.3 * torch.randn(16))
@@ -214,7 +180,7 @@ def test_mixed_model_report():
 def test_no_norms_and_bad_input():
     report = convert(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
     assert not report.found and str(report) == "no norm modules found: nothing to convert"
-    with pytest.raises(OnnxNormError, match="model must be a torch.nn.Module, got str"):
+    with pytest.raises(OnnxNormError, match=r"model must be a torch\.nn\.Module, got str"):
         convert("model")
     # already converted: nothing more to do
     model = torch.nn.Sequential(RMSNorm(8))
@@ -225,7 +191,7 @@ def test_no_norms_and_bad_input():
 def test_meta_device_model_converts_before_its_weights_exist():
     """Big models: convert the skeleton on the meta device, then load the weights."""
     with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON))
+        model = transformers.LlamaForCausalLM(hf.config("llama", **COMMON))
     report = convert(model)
     assert len(report.replaced) == 5 and not report.left
     assert isinstance(model.model.norm, RMSNorm) and model.model.norm.weight.is_meta
@@ -243,7 +209,7 @@ class Fp32LayerNorm(torch.nn.LayerNorm):
 
 def test_subclass_with_its_own_forward_is_probed():
     model = torch.nn.Sequential(Fp32LayerNorm(16)).to(torch.bfloat16)
-    _randomize_norms(model)
+    hf.randomize_norms(model)
     with torch.no_grad():
         model[0].weight.add_(torch.randn(16).to(torch.bfloat16))
     x = torch.randn(3, 16).to(torch.bfloat16)

@@ -19,7 +19,7 @@ from onnxnorm.fusion.verify import verify
 
 pytest.importorskip("transformers")
 
-from models import compare, corpus  # noqa: E402
+from models import compare, corpus
 
 #: encoder -> (norms, residual adds): each layer's two norms and the final one (CLIP vision:
 #: the norm before the layers instead; its final norm reads the pooled token, which the test
@@ -58,7 +58,7 @@ def exported():
 @pytest.mark.parametrize("name", list(corpus.ENCODERS))
 def test_every_residual_add_absorbed_with_parity(exported, name, exporter, tmp_path, monkeypatch):
     model = exported(name, exporter)
-    assert [d.dim_param for d in model.graph.input[0].type.tensor_type.shape.dim][0] == "batch"
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     monkeypatch.chdir(tmp_path)
     fused, report = fuse(model)
     assert not os.listdir(tmp_path)  # ORT's inference saves where it stops; ours does not

@@ -3,18 +3,16 @@ mode, dynamic batch and sequence axes, external data, parity with eager, clear e
 
 from __future__ import annotations
 
+import collections
+
+import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 import torch
 
-import collections
-
-import ml_dtypes
-
 import onnxnorm
-from onnxnorm.nn import decoder
 from onnxnorm import OnnxNormError, ops, runtime
 from onnxnorm.nn import (
     DeepNormBlock,
@@ -25,6 +23,7 @@ from onnxnorm.nn import (
     RMSNorm,
     SandwichBlock,
     add_norm,
+    decoder,
     sandwich_norm,
 )
 from onnxnorm.nn.exporter import count_norm_nodes
@@ -141,7 +140,7 @@ def test_fused_mode_needs_the_library(exported):
 def test_export_bad_arguments(tmp_path):
     with pytest.raises(OnnxNormError, match="unknown export mode 'bogus'"):
         onnxnorm.export(TwoNorms(), (torch.randn(1, 2, 16),), mode="bogus")
-    with pytest.raises(OnnxNormError, match="must be a torch.nn.Module"):
+    with pytest.raises(OnnxNormError, match=r"must be a torch\.nn\.Module"):
         onnxnorm.export(lambda x: x, (torch.randn(1, 2, 16),))
     with pytest.raises(OnnxNormError, match="opset_version must be >= 15"):
         onnxnorm.export(TwoNorms(), (torch.randn(1, 2, 16),), opset_version=13)
@@ -322,8 +321,8 @@ def test_unsupported_norm_is_reported_and_left():
 def test_wrong_inputs_are_clear_errors():
     with pytest.raises(
         OnnxNormError,
-        match="args\\[0\\] must be a torch.Tensor, got numpy.ndarray "
-        "\\(convert it with torch.from_numpy\\)",
+        match=r"args\[0\] must be a torch\.Tensor, got numpy\.ndarray "
+        r"\(convert it with torch\.from_numpy\)",
     ):
         onnxnorm.export(TwoNorms(), (np.zeros((2, 3, 16), np.float32),))
     with pytest.raises(

@@ -15,17 +15,9 @@ import pytest
 import torch
 
 from onnxnorm import cli, ops
+from onnxnorm.testing import hf
 
 transformers = pytest.importorskip("transformers")
-
-LLAMA = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=128,
-)
 
 
 def _norm_ops(path):
@@ -76,7 +68,8 @@ def test_configurable_decoder_with_tokens(tmp_path, capsys):
 
 def test_hf_directory_matches_transformers(tmp_path, capsys):
     folder = tmp_path / "llama"
-    transformers.LlamaConfig(**LLAMA).save_pretrained(folder)
+    config = hf.config("llama", hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=128)
+    config.save_pretrained(folder)
     out, report = tmp_path / "llama.onnx", tmp_path / "report.json"
     assert (
         cli.main(

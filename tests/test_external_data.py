@@ -19,7 +19,7 @@ from onnxnorm import _io
 
 pytest.importorskip("torch")
 
-from models import compare  # noqa: E402
+from models import compare
 
 pytestmark = pytest.mark.slow
 

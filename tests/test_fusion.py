@@ -413,7 +413,7 @@ def test_float16_statistics_are_fused_in_float32_and_noted():
     assert (row.found, row.fused, row.skipped) == (1, 1, 0)
     note = "statistics computed in FLOAT16 in the original; onnxnorm computes them in float32"
     assert note in row.notes[0].reason and f"note {row.notes[0].node}: {note}" in str(report)
-    assert [r["notes"] for r in report.to_dict()["rules"] if r["rule"] == LLAMA][0]
+    assert next(r["notes"] for r in report.to_dict()["rules"] if r["rule"] == LLAMA)
     x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float16) * 8
     _close(_run(fused, x), _run(original, x), "float16")
     big = (x * 40).astype(np.float16)  # |x| up to ~1000: x*x passes 65504

@@ -1,9 +1,10 @@
-"""Corpus: tiny random-weight transformers models (configs in code, nothing downloaded) and the
-models/ blocks (models/llama.py, and onnxnorm/nn/decoder.py with decomposed norms in every norm
-position: Pre, Post, Sandwich, DeepNorm, reordered; RMS and Layer; offsets, bias, no weight,
-Q/K norms, embedding norm), exported with both PyTorch exporters. Every norm call of the torch model must
-end in an onnxnorm op, every residual add that can be absorbed must be, and the fused model
-must match the original in onnxruntime (``--verify``'s check)."""
+"""Corpus: tiny random-weight transformers models (onnxnorm.testing.hf: configs in code,
+nothing downloaded) and onnxnorm/nn/decoder.py blocks with decomposed norms (a Llama-style one,
+and one in every norm position: Pre, Post, Sandwich, DeepNorm, reordered; RMS and Layer;
+offsets, bias, no weight, Q/K norms, embedding norm), exported with both PyTorch exporters.
+Every norm call of the torch model must end in an onnxnorm op, every residual add that can be
+absorbed must be, and the fused model must match the original in onnxruntime (``--verify``'s
+check)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from models import corpus  # noqa: E402
-from onnxnorm.fusion import fuse  # noqa: E402
-from onnxnorm.fusion.verify import verify  # noqa: E402
+from models import corpus
+from onnxnorm.fusion import fuse
+from onnxnorm.fusion.verify import verify
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +87,7 @@ def test_every_norm_fused_with_parity(exported, name, exporter):
 @pytest.mark.parametrize("name", ["llama", "gemma2", "gpt2", "bert", "t5"])
 def test_targets_run_in_plain_onnxruntime(exported, name, target):
     model, _ = exported(name, "dynamo")
-    fused, report = fuse(model, target)
+    fused, _ = fuse(model, target)
     assert not any(n.domain == "onnxnorm" for n in fused.graph.node)
     checks = verify(model, fused)
     assert all(c.ok for c in checks), [str(c) for c in checks]

@@ -3,7 +3,8 @@ Runtime's own tools: quantize_dynamic (DynamicQuantizeLinear before each MatMulI
 quantize_static in QDQ format (QuantizeLinear/DequantizeLinear pairs around the MatMuls), to int8
 and to float8 e4m3fn. The fused graph holds exactly the expected ops on every target, and its
 quantized tensors equal the original's (the quantizers' outputs, compared by name: the fused op's
-outputs keep them)."""
+outputs keep them; one step apart only at a tie, and with plain ORT a dynamic scale a few units
+in the last place apart)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from onnxnorm import runtime
 from onnxnorm.fusion.pipeline import fuse
 from onnxnorm.fusion.verify import generate_inputs
 from onnxnorm.ops import reference
+from onnxnorm.testing import hf
 
 FLOAT8 = reference.FLOAT8_E4M3FN
 SOURCES = {
@@ -40,23 +42,9 @@ def _float8_qdq(folder):
     import io
     import warnings
 
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
+    from onnxruntime.quantization import CalibrationMethod, QuantType
 
     model = pipelines.llama()
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.data = iter([generate_inputs(model, seed) for seed in range(4)])
-
-        def get_next(self):
-            return next(self.data, None)
-
     src, out = folder / "float.onnx", folder / "qdq_float8.onnx"
     onnx.save(model, src)
     with (
@@ -65,12 +53,11 @@ def _float8_qdq(folder):
         warnings.catch_warnings(),
     ):
         warnings.simplefilter("ignore")
-        quantize_static(
-            str(src),
-            str(out),
-            Reader(),
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=["MatMul"],
+        hf.quantize(
+            src,
+            out,
+            "static",
+            pipelines.calibration_feeds(model),
             activation_type=QuantType.QFLOAT8E4M3FN,
             weight_type=QuantType.QFLOAT8E4M3FN,
             calibrate_method=CalibrationMethod.Distribution,
@@ -224,8 +211,16 @@ def test_norm_and_quantizer_fused_exactly(built, kind, target, library):
             )
         )
         if kind == "dynamic":
-            np.testing.assert_array_equal(got[q.output[1]], want[q.output[1]])
-            np.testing.assert_array_equal(got[q.output[2]], want[q.output[2]])
+            # with the library's kernels this decoder's scales and zero points are the
+            # original's bit for bit; ORT's own ops running the function bodies or the lowering
+            # compute the norm in other orders than the decomposed graph's, so an end of the
+            # range, and the scale, may be a few units in the last place off (for about half
+            # the weight draws), and the zero point a step at a tie
+            np.testing.assert_allclose(
+                got[q.output[1]], want[q.output[1]], atol=0, rtol=0 if library else 1e-6
+            )
+            zero_points = [int(got[q.output[2]]), int(want[q.output[2]])]
+            assert abs(zero_points[0] - zero_points[1]) <= (0 if library else 1), zero_points
         g, w = got[q.output[0]], want[q.output[0]]
         assert g.dtype == w.dtype and g.shape == w.shape
         diff = g.astype(np.int32) - w.astype(np.int32)
@@ -255,7 +250,7 @@ def test_float_output_kept_for_other_readers(built):
         and n.input[0] in {m.output[0] for m in model.graph.node if m.op_type == "Mul"}
     )
     model.graph.output.append(helper.make_value_info(quantizer.input[0], onnx.TypeProto()))
-    fused, report = fuse(model, "fused")
+    fused, _ = fuse(model, "fused")
     node = next(n for n in fused.graph.node if quantizer.output[0] in n.output)
     assert node.domain == "onnxnorm" and node.op_type.endswith("QuantizeLinear")
     assert node.output[-1] == quantizer.input[0]  # Y_float, the graph output
@@ -439,7 +434,7 @@ def test_float16_norm_and_quantizer(case, rng):
             graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxnorm", 1)]
         )
     )
-    fused, report = fuse(model, "fused")
+    fused, _ = fuse(model, "fused")
     assert _ops(fused) == {("onnxnorm", f"SkipRMSNorm{quantizer}"): 1}
     assert not any(n.op_type == "Cast" for n in fused.graph.node)
     node = next(n for n in fused.graph.node if n.domain == "onnxnorm")

@@ -111,7 +111,7 @@ def test_deep_norm_alpha_from_the_mul():
         [("y", F, SHAPE)],
         {"alpha": np.array(2.5, np.float32), "w": _w(), "b": _w(1, offset=-0.4)},
     )
-    fused, report = fuse(original)
+    fused, _ = fuse(original)
     assert _ops(fused) == [("onnxnorm", "SkipLayerNorm")]
     node = fused.graph.node[0]
     assert list(node.input[:2]) == ["x", "r"] and _attr(node, "alpha") == 2.5
@@ -132,7 +132,7 @@ def test_sublayer_bias_becomes_xbias():
         [("y", F, SHAPE)],
         {"wm": _w(2, (H, H), -0.4), "bm": _w(3, offset=-0.4), "w": _w(), "b": _w(1, offset=-0.4)},
     )
-    fused, report = fuse(original)
+    fused, _ = fuse(original)
     assert _ops(fused) == [("", "MatMul"), ("onnxnorm", "SkipLayerNorm")]
     assert list(fused.graph.node[1].input) == ["m", "r", "w", "b", "bm"]
     _check(original, fused)
@@ -175,7 +175,7 @@ def test_decomposed_layer_norm_and_gemma_offset():
         },
         opset=17,
     )
-    fused, report = fuse(original)
+    fused, _ = fuse(original)
     assert _ops(fused) == [("onnxnorm", "LayerNorm"), ("onnxnorm", "RMSNorm")]
     rms = fused.graph.node[1]
     assert list(rms.input) == ["ln", "g"] and _attr(rms, "scale_offset") == 1.0
@@ -248,7 +248,7 @@ def test_ort_ops_become_catalogue_ops():
         {"w": _w(), "b": _w(1, offset=-0.4)},
         ms=True,
     )
-    fused, report = fuse(original)
+    fused, _ = fuse(original)
     assert [t for _, t in _ops(fused)] == ["SkipLayerNorm", "SkipRMSNorm", "RMSNorm", "Add"]
     _check(original, fused)
 

@@ -260,11 +260,7 @@ def test_a_full_disk_leaves_nothing_at_the_output(tmp_path, limit):
         reason = "No space left on device"
         listed = result.stdout.strip().splitlines()[-1:] if result.stdout.strip() else []
         assert all(not line.startswith("wrote") for line in listed)
-        left = [
-            line
-            for line in result.stdout.splitlines()
-            if line.startswith(".") or line.startswith("fused")
-        ]
+        left = [line for line in result.stdout.splitlines() if line.startswith((".", "fused"))]
     else:
         import resource
 

@@ -231,13 +231,13 @@ def test_deepnorm_init_scales_the_chosen_projections():
 
 
 def test_bad_inputs_are_clear():
-    with pytest.raises(TypeError, match="onnxnorm.nn.RMSNorm or LayerNorm .*got LayerNorm"):
+    with pytest.raises(TypeError, match=r"onnxnorm\.nn\.RMSNorm or LayerNorm .*got LayerNorm"):
         PreNormBlock(torch.nn.LayerNorm(16), Sub())
-    with pytest.raises(TypeError, match="expects a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"expects a torch\.Tensor, got list"):
         RMSNorm(16)([1.0] * 16)
-    with pytest.raises(TypeError, match="float32, float16 or bfloat16 input, got torch.int64"):
+    with pytest.raises(TypeError, match=r"float32, float16 or bfloat16 input, got torch\.int64"):
         LayerNorm(16)(torch.ones(2, 16, dtype=torch.long))
     with pytest.raises(ValueError, match="residual must be a tensor of x's shape"):
         add_norm(RMSNorm(16), torch.randn(2, 16), torch.randn(3, 16))
-    with pytest.raises(TypeError, match="expected a torch.Tensor or ResidualStream"):
+    with pytest.raises(TypeError, match=r"expected a torch\.Tensor or ResidualStream"):
         PreNormBlock(RMSNorm(16), Sub())("x")

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from onnxnorm.fusion.verify import verify  # noqa: E402
+from onnxnorm.fusion.verify import verify
 
 pytestmark = pytest.mark.slow
 

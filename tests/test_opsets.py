@@ -258,7 +258,8 @@ def test_ai_onnx_opset_import_is_the_default_domain(rng):
             assert not any(i.domain == "" for i in lowered.opset_import)
             _assert_matches(lowered, arrays, "LayerNorm", {}, "float16")
     functions._set_opset(model, "", 18)
-    assert [(i.domain, i.version) for i in model.opset_import][0] == ("ai.onnx", 18)
+    first = model.opset_import[0]
+    assert (first.domain, first.version) == ("ai.onnx", 18)
 
 
 def _two_rms_norms(epsilons, opset):
@@ -403,7 +404,7 @@ def test_model_without_standard_opset_import_gets_opset_15(rng):
     del model.opset_import[0]
     assert functions.model_opset(model) is None
     for target in ("function", "ort", "onnx"):
-        lowered, notes = lower_with_notes(model, target)
+        lowered, _ = lower_with_notes(model, target)
         assert functions.model_opset(lowered) == functions.MIN_OPSET, target
         if target == "function":
             assert lowered.ir_version == 10 and lowered.functions[0].overload == "scale"

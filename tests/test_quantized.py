@@ -599,8 +599,6 @@ def test_kernel_refuses_per_axis_scale(rng):
 
 def test_kernels_ran(rng):
     """With the library, a model with function bodies runs the fused kernel, not the body."""
-    from onnxnorm import runtime
-
     for op in catalogue.QUANTIZED_OPS:
         arrays = quant_arrays(op, np.float32, rng, shape=(4, 64))
         model = single_node_model(op, arrays)
@@ -626,8 +624,6 @@ def test_bench_contenders_agree(op, dtype, rng):
     arrays = bench_arrays(op, dtype, kernels.zero_point("int8"), rng)
 
     def outputs(model, with_library):
-        from onnxnorm import runtime
-
         session = runtime.session(model, ort.SessionOptions(), with_library=with_library)
         names = [i.name for i in session.get_inputs()]
         return dict(

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 )
 def test_sanitized_build_gives_no_reports():
     """make sanitize with a shorter campaign, built at -O0 without forced inlining (under half
-    the compile time of -O0 with it, every access checked where it is written) in build/sanitize-test:
+    the compile time of -O0 with it, every access checked where it is written) in
+    build/sanitize-test:
     ctest over every op, type pair, optional input, width and instruction set (without the
     stack-use-after-return detection of make sanitize, which makes it 1.5 times longer), then
     the property tests through ONNX Runtime against the sanitized library, which also drives

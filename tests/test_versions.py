@@ -31,8 +31,6 @@ import re
 import tomllib
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 #: the extras that choose the ONNX Runtime distribution: runtime dependencies too
 RUNTIME_EXTRAS = ("cpu", "gpu")
@@ -92,7 +90,7 @@ def test_every_runtime_dependency_has_a_lower_bound():
     for group, requirements in groups.items():
         assert requirements, f"pyproject.toml: {group} is empty"
         for requirement in requirements:
-            name, lower = _lower_bound(requirement)
+            _, lower = _lower_bound(requirement)
             assert lower is not None, f"pyproject.toml {group}: {requirement!r} has no >= bound"
     names = minimum_versions()
     for needed in (

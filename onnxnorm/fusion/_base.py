@@ -9,8 +9,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from onnxnorm.ops import catalogue
 from onnxnorm.fusion.report import Tracker
+from onnxnorm.ops import catalogue
 
 #: The element types an onnxnorm node takes, from the catalogue.
 DATA_TYPES = frozenset(ir.DataType[t[len("tensor(") : -1].upper()] for t in catalogue.DATA_TYPES)
@@ -147,7 +147,7 @@ class FusionRule(pattern.RewriteRuleClassBase):
             # not have (a Skip op without one) gets them too, for the rules that match it next
             if value.type is None and y.type is not None:
                 value.type, value.shape = y.type, y.shape
-        if total is None and catalogue.get(new.op).has_residual or len(outputs) == 1:
+        if (total is None and catalogue.get(new.op).has_residual) or len(outputs) == 1:
             return outputs[0]
         return outputs
 

@@ -128,8 +128,8 @@ def _problems(model, folder) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from onnxnorm.errors import OnnxNormError, first_line
     from onnxnorm._io import check_input, check_output, load_model, model_dir, save_model
+    from onnxnorm.errors import OnnxNormError, first_line
     from onnxnorm.fusion.pipeline import fuse_detached
 
     if Path(args.input).is_dir():

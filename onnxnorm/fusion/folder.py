@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from onnxnorm._io import check_output_folder
 from onnxnorm.errors import OnnxNormError, first_line
@@ -182,8 +183,8 @@ def fuse_folder(
     copied. ``verify``: run each fused file against its original (the default); when one is
     over tolerance, nothing is written and the report says which (``written`` False).
     ``output`` must not exist unless ``overwrite``; ``source`` is never modified."""
-    from onnxnorm._io import copy_rest, write_folder
     from onnxnorm import targets
+    from onnxnorm._io import copy_rest, write_folder
 
     targets.check(target)
     source, output = Path(source), Path(output)

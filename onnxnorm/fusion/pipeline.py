@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import onnx
 import onnx_ir as ir
@@ -398,8 +398,8 @@ def _serialize_detached(
 def _check(model: onnx.ModelProto, base_dir: str | None) -> list:
     """Refuses a broken or hostile model (``onnxnorm._validate``) before any weight is read;
     returns the repairs that mend what ONNX Runtime tolerates."""
-    from onnxnorm.errors import OnnxNormError
     from onnxnorm._validate import ModelProblem, check_external_data, check_model
+    from onnxnorm.errors import OnnxNormError
 
     try:
         check_external_data(model, base_dir or ".")

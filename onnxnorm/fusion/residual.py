@@ -25,7 +25,6 @@ from onnxnorm.fusion.norms import check_type, check_weight
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
 
-
 #: ``value.meta`` key of the shape ORT's symbolic inference gave a value
 #: (``pipeline.symbolic_shapes``)
 SYMBOLIC_SHAPE = "onnxnorm.symbolic_shape"
@@ -57,11 +56,8 @@ def _compare(dims_a: list, dims_b: list, what: str) -> str | None:
             f"{what} differ in rank ({len(dims_a)} and {len(dims_b)}): the Add broadcasts"
         )
     for i, (da, db) in enumerate(zip(dims_a, dims_b)):
-        if isinstance(da, int) and isinstance(db, int):
-            if da != db:
-                raise Rejected(
-                    f"{what} differ in shape (dim {i}: {da} and {db}): the Add broadcasts"
-                )
+        if isinstance(da, int) and isinstance(db, int) and da != db:
+            raise Rejected(f"{what} differ in shape (dim {i}: {da} and {db}): the Add broadcasts")
     for i, (da, db) in enumerate(zip(dims_a, dims_b)):
         if isinstance(da, int) and isinstance(db, int):
             continue

@@ -4,9 +4,10 @@ Inputs follow the graph's declared types. Symbolic dimensions get small sizes (t
 the same size; a caller may fix some by name, e.g. a KV cache's head size or past length). A
 dimension named ``a + b`` (the dynamo exporter's total sequence length) is the sum of those
 sizes, and ``total_sequence_length`` is ``past_sequence_length + sequence_length`` where the
-model has both (onnxruntime-genai and ORT's transformers tools name them so). Integer inputs stay in range: an input used as the indices of a Gather on a
-constant table (token ids, position ids, token type ids) is drawn below that table's first
-dimension; an attention mask is all ones; other integers are 0 or 1.
+model has both (onnxruntime-genai and ORT's transformers tools name them so). Integer inputs
+stay in range: an input used as the indices of a Gather on a constant table (token ids, position
+ids, token type ids) is drawn below that table's first dimension; an attention mask is all ones;
+other integers are 0 or 1.
 """
 
 from __future__ import annotations

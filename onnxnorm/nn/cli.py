@@ -175,7 +175,7 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
 
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except Exception as error:  # a config transformers cannot read: say why in one line
+    except Exception as error:  # noqa: BLE001 - a config transformers cannot read: say why in one line
         raise OnnxNormError(
             f"{path}: not a readable Hugging Face config ({first_line(error)})"
         ) from None

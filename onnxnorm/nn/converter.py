@@ -19,7 +19,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -254,7 +255,7 @@ class _ProbeFailure(Exception):
 def _run(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     try:
         y = module(x)
-    except Exception as error:  # the module cannot be called as a norm: report why
+    except Exception as error:  # noqa: BLE001 - the module cannot be called as a norm: report why
         raise _ProbeFailure(
             f"its forward fails on a tensor input ({type(error).__name__}: {first_line(error, '')})"
         ) from None
@@ -330,7 +331,7 @@ def _rounding_order(
         xh = x.to(dtype)
         try:
             want = half(xh)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a module without this half type tells no order
             continue
         if not isinstance(want, torch.Tensor) or want.dtype != dtype:
             continue

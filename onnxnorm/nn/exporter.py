@@ -10,17 +10,18 @@ import io
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import onnx
 import torch
 
+from onnxnorm import targets
 from onnxnorm._io import save_model
 from onnxnorm.errors import OnnxNormError, first_line
 from onnxnorm.nn.functional import TRANSLATION_TABLE
 from onnxnorm.ops import catalogue, functions
-from onnxnorm import targets
 
 
 @contextlib.contextmanager
@@ -98,7 +99,7 @@ def default_dynamic_shapes(
 def _auto(shapes: Any) -> Any:
     """``shapes`` with every named dim replaced by ``Dim.AUTO`` (dynamic where the model allows)."""
     if isinstance(shapes, dict) and all(isinstance(k, int) for k in shapes):
-        return {k: torch.export.Dim.AUTO for k in shapes}
+        return dict.fromkeys(shapes, torch.export.Dim.AUTO)
     if isinstance(shapes, dict):
         return {k: _auto(v) for k, v in shapes.items()}
     if isinstance(shapes, (tuple, list)):
@@ -218,11 +219,12 @@ def export(
 
     ``dynamic`` (default) makes dims 0 and 1 (batch and sequence) of every tensor input
     dynamic unless ``dynamic_shapes`` says otherwise (give example sizes of 2 or more there:
-    torch.export may specialize a size-1 example, so that other sizes fail at run time). ``convert`` first replaces the norm
-    modules of a copy of ``model`` with onnxnorm modules (:func:`onnxnorm.convert`; the model
-    itself is left as it is). ``external_data`` writes the weights next to the model file
-    (default: only for models over 2 GB). The model is written to ``path`` (atomically) when
-    given, and returned. Bad input raises :class:`OnnxNormError` with a one-line message.
+    torch.export may specialize a size-1 example, so that other sizes fail at run time).
+    ``convert`` first replaces the norm modules of a copy of ``model`` with onnxnorm modules
+    (:func:`onnxnorm.convert`; the model itself is left as it is). ``external_data`` writes the
+    weights next to the model file (default: only for models over 2 GB). The model is written to
+    ``path`` (atomically) when given, and returned. Bad input raises :class:`OnnxNormError` with a
+    one-line message.
     """
     targets.check(mode, "export mode")
     if not isinstance(opset_version, int) or opset_version < functions.MIN_OPSET:
@@ -300,7 +302,7 @@ def _eager_failure(
     try:
         with torch.no_grad():
             model(*args, **(kwargs or {}))
-    except Exception as error:  # the model fails on its own: that is what to report
+    except Exception as error:  # noqa: BLE001 - the model fails on its own: that is what to report
         return f"the model fails on the given inputs: {_first_line(error)}"
     return None
 

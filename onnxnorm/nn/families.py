@@ -2,7 +2,7 @@
 
 Each row says which norm a family uses and how: kind, placement, epsilon, scale offset, bias,
 Q/K norm, embedding norm and the rounding order of its Hugging Face implementation in
-float16/bfloat16. docs/norms.md renders this table (``python -m models.docs``) and
+float16/bfloat16. docs/norms.md renders this table (``tools/gen_norms_doc.py``) and
 :func:`decoder_config` turns a row into a :class:`onnxnorm.nn.decoder.DecoderConfig`, so that the
 tests, the benchmarks and ``onnxnorm export <family>`` can build a small decoder normalized the
 way the family is.
@@ -15,6 +15,10 @@ differ). "order A" rounds the normalized value to the input type before the scal
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the decoder needs torch; this table does not
+    from onnxnorm.nn.decoder import DecoderConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +245,7 @@ def get(name: str) -> Family:
         raise KeyError(f"unknown family {name!r}; known: {', '.join(BY_KEY)}") from None
 
 
-def decoder_config(family: Family | str, **overrides) -> "DecoderConfig":
+def decoder_config(family: Family | str, **overrides) -> DecoderConfig:
     """A :class:`onnxnorm.nn.decoder.DecoderConfig` normalized the way ``family`` is (needs
     torch). Placements the decoder does not build (``parallel``) become ``pre`` with the same
     norms."""

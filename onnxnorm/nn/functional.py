@@ -147,7 +147,8 @@ def call(op: str, *inputs: torch.Tensor | None, **attrs: Any) -> Any:
     """Runs catalogue op ``op``: eager torch math, or the custom op while exporting.
 
     ``inputs`` are positional in the catalogue's order (None for an absent optional input);
-    attributes not given take their catalogue defaults. Returns Y, or (Y, Sum) for ops with a Residual.
+    attributes not given take their catalogue defaults. Returns Y, or (Y, Sum) for ops with a
+    Residual.
     """
     spec = catalogue.get(op)
     unknown = set(attrs) - {a.name for a in spec.attributes}

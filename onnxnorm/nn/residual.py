@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -124,7 +125,7 @@ class ResidualStream:
     pending_norm: _Norm | None = None
 
     @classmethod
-    def of(cls, value: "torch.Tensor | ResidualStream") -> "ResidualStream":
+    def of(cls, value: torch.Tensor | ResidualStream) -> ResidualStream:
         if isinstance(value, ResidualStream):
             return value
         if not isinstance(value, torch.Tensor):
@@ -133,7 +134,7 @@ class ResidualStream:
             )
         return cls(value)
 
-    def normalize(self, norm: _Norm) -> tuple[torch.Tensor, "ResidualStream"]:
+    def normalize(self, norm: _Norm) -> tuple[torch.Tensor, ResidualStream]:
         """Adds what is pending into the stream and normalizes it for the next sublayer, in one
         node; returns (the norm's output, the stream with nothing pending)."""
         if self.pending is None:
@@ -144,12 +145,12 @@ class ResidualStream:
             y, total = sandwich_norm(self.pending_norm, norm, self.pending, self.x)
         return y, ResidualStream(total)
 
-    def add(self, delta: torch.Tensor, norm: _Norm | None = None) -> "ResidualStream":
+    def add(self, delta: torch.Tensor, norm: _Norm | None = None) -> ResidualStream:
         """The stream plus ``delta`` (normalized by ``norm`` first, when given), left pending."""
         stream = self.settle()
         return ResidualStream(stream.x, delta, norm)
 
-    def settle(self) -> "ResidualStream":
+    def settle(self) -> ResidualStream:
         """The stream with its pending add done (unfused): for a stream that is not normalized
         next (no final norm, or a block that needs the plain sum)."""
         if self.pending is None:
@@ -157,7 +158,7 @@ class ResidualStream:
         delta = self.pending if self.pending_norm is None else self.pending_norm(self.pending)
         return ResidualStream(self.x + delta)
 
-    def post_norm(self, delta: torch.Tensor, norm: _Norm, alpha: float = 1.0) -> "ResidualStream":
+    def post_norm(self, delta: torch.Tensor, norm: _Norm, alpha: float = 1.0) -> ResidualStream:
         """Post-Norm / DeepNorm: the stream becomes ``norm(alpha * x + delta)``, one Skip node."""
         x = self.value()
         return ResidualStream(add_norm(norm, delta, x, alpha=alpha)[0])
@@ -182,7 +183,7 @@ class PreNormBlock(torch.nn.Module):
         self.sublayer = sublayer
 
     def forward(
-        self, stream: "torch.Tensor | ResidualStream", *args: Any, **kwargs: Any
+        self, stream: torch.Tensor | ResidualStream, *args: Any, **kwargs: Any
     ) -> ResidualStream:
         h, stream = ResidualStream.of(stream).normalize(self.norm)
         return stream.add(self.sublayer(h, *args, **kwargs))
@@ -200,7 +201,7 @@ class SandwichBlock(torch.nn.Module):
         self.post_norm = _check_norm(post_norm, "post_norm")
 
     def forward(
-        self, stream: "torch.Tensor | ResidualStream", *args: Any, **kwargs: Any
+        self, stream: torch.Tensor | ResidualStream, *args: Any, **kwargs: Any
     ) -> ResidualStream:
         h, stream = ResidualStream.of(stream).normalize(self.pre_norm)
         return stream.add(self.sublayer(h, *args, **kwargs), self.post_norm)
@@ -217,7 +218,7 @@ class PostNormBlock(torch.nn.Module):
         self.alpha = float(alpha)
 
     def forward(
-        self, stream: "torch.Tensor | ResidualStream", *args: Any, **kwargs: Any
+        self, stream: torch.Tensor | ResidualStream, *args: Any, **kwargs: Any
     ) -> ResidualStream:
         stream = ResidualStream.of(stream)
         delta = self.sublayer(stream.value(), *args, **kwargs)

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxnorm.errors import OnnxNormError
 from onnxnorm import targets
-from onnxnorm.errors import UnknownTarget
+from onnxnorm.errors import OnnxNormError, UnknownTarget
 
 #: the names a workflow config uses: the pass's ``type`` and the surgery's ``surgeon``
 PASS = "OnnxNormFusion"

@@ -14,8 +14,8 @@ from onnxnorm._deps import require
 require("olive", "onnxnorm.olive (the Olive pass and surgeon)")
 
 import onnx  # noqa: E402
-from olive.common.ort_inference import (
-    check_and_normalize_provider_args,  # noqa: E402
+from olive.common.ort_inference import (  # noqa: E402
+    check_and_normalize_provider_args,
     get_ort_available_providers,
 )
 from olive.hardware.accelerator import Device  # noqa: E402
@@ -24,10 +24,7 @@ from olive.model.config.registry import model_handler_registry  # noqa: E402
 from olive.model.utils import resolve_onnx_path  # noqa: E402
 from olive.package_config import OlivePackageConfig  # noqa: E402
 from olive.passes import Pass  # noqa: E402
-from olive.passes.onnx.common import (
-    get_external_data_config,  # noqa: E402
-    model_proto_to_olive_model,
-)
+from olive.passes.onnx.common import get_external_data_config, model_proto_to_olive_model  # noqa: E402
 from olive.passes.onnx.graph_surgeries import Surgeon  # noqa: E402
 from olive.passes.pass_config import PassConfigParam, PassParamDefault  # noqa: E402
 from olive.search.search_parameter import SpecialParamValue  # noqa: E402
