@@ -26,6 +26,7 @@ EXTRAS = {
     "matplotlib": ("bench", "pip install 'onnxnorm[bench]'"),
     "onnxruntime_genai": ("genai", "pip install 'onnxnorm[genai]'"),
     "olive": ("olive", "pip install 'onnxnorm[olive]'"),
+    "pytriton": ("serve", "pip install 'onnxnorm[serve]'"),
 }
 
 

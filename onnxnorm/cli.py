@@ -23,6 +23,7 @@ COMMANDS = {
     "fuse": ("onnxnorm.fusion.cli", "replace norm patterns with fused onnxnorm ops"),
     "genai": ("onnxnorm.genai.cli", "fuse the norms of an onnxruntime-genai model folder"),
     "olive": ("onnxnorm.olive.cli", "run an Olive workflow with onnxnorm's pass and surgeon"),
+    "triton": ("onnxnorm.serve.cli", "write a Triton Inference Server model repository"),
     "bench": ("onnxnorm.bench.cli", "benchmarks: onnxnorm against ORT, torch and a memory copy"),
 }
 

@@ -1,0 +1,7 @@
+"""``python -m onnxnorm.serve``: see :func:`onnxnorm.serve.main`."""
+
+import sys
+
+from onnxnorm.serve import main
+
+sys.exit(main())
