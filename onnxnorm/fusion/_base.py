@@ -64,6 +64,23 @@ class Replacement:
         return values
 
 
+#: every attribute's default, whichever ops have it (one definition per name in the catalogue)
+_DEFAULTS = {a.name: a.default for spec in catalogue.OPS.values() for a in spec.attributes}
+
+
+def _own_attributes(replacement: Replacement) -> Replacement:
+    """``replacement`` with the attributes its op has; one it lacks (a norm's ``y_float32``
+    carried into a Skip op) may only hold its default, else the op cannot compute the match."""
+    own = catalogue.get(replacement.op).defaults
+    for name, value in replacement.attributes.items():
+        if name not in own and value != _DEFAULTS.get(name):
+            raise Rejected(
+                f"{replacement.op} has no attribute {name}, and the match needs {name} = {value}"
+            )
+    kept = {k: v for k, v in replacement.attributes.items() if k in own}
+    return dataclasses.replace(replacement, attributes=kept)
+
+
 class FusionRule(pattern.RewriteRuleClassBase):
     """A rule that replaces each match it accepts with one onnxnorm node, and records every
     match in a :class:`Tracker`.
@@ -118,7 +135,7 @@ class FusionRule(pattern.RewriteRuleClassBase):
                     f"inside model-local function {context.graph_or_function.domain}::"
                     f"{context.graph_or_function.name}; inline it first"
                 )
-            replacement = self.inspect(context, **bindings)
+            replacement = _own_attributes(self.inspect(context, **bindings))
             _only_used_inside(context, {bindings[n] for n in self.shared if n in bindings})
         except NotThisPattern as e:
             return pattern.MatchResult().fail(str(e), root)

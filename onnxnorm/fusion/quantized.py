@@ -173,6 +173,12 @@ def _inspect(quantizer: ir.Node, norm: ir.Node, cast: ir.Node | None) -> list[ir
     x_type = norm.inputs[0].dtype if norm.inputs and norm.inputs[0] is not None else None
     if x_type is None:
         raise Rejected("the element type of the norm's X is unknown; run shape inference first")
+    flag = norm.attributes.get("y_float32")
+    if flag is not None and flag.value == 1:
+        raise Rejected(
+            "the norm gives a float32 Y of a 16-bit X (y_float32 = 1); the quantized ops "
+            "quantize Y in X's type"
+        )
     if quantizer.op_type == "DynamicQuantizeLinear":
         if x_type != FLOAT and cast is None:
             raise Rejected(f"DynamicQuantizeLinear of a {x_type.name} value")
@@ -281,7 +287,12 @@ def _rewrite(
         catalogue.DOMAIN,
         op,
         inputs,
-        attributes=[ir.Attr(a.name, a.type, a.value) for a in norm.attributes.values()],
+        # (the norm's attributes the quantized op has: not y_float32, 0 here)
+        attributes=[
+            ir.Attr(a.name, a.type, a.value)
+            for a in norm.attributes.values()
+            if a.name in spec.defaults
+        ],
         num_outputs=len(spec.outputs),
         name=name,
     )
