@@ -114,9 +114,9 @@ def corpus_rows(names, exporters, folder: Path, log=print) -> list[dict]:
             row["norm_calls"] = calls
             row["exported_ops"] = count(model)[0]
             for tool, run in (
-                ("onnxnorm", lambda: _run_onnxnorm(model, path)),
-                ("ort", lambda: _run_ort(model, path, name)),
-                ("onnxscript", lambda: _run_onnxscript(model, path)),
+                ("onnxnorm", lambda: _run_onnxnorm(model, path)),  # noqa: B023 - called in this iteration
+                ("ort", lambda: _run_ort(model, path, name)),  # noqa: B023 - called in this iteration
+                ("onnxscript", lambda: _run_onnxscript(model, path)),  # noqa: B023 - called in this iteration
             ):
                 try:
                     started = time.perf_counter()
@@ -205,19 +205,24 @@ def _import_baseline() -> float:
 def decoder_export(
     folder: Path, layers: int = 8, hidden: int = 1024, external: bool = False
 ) -> Path:
-    """A Llama-style decoder from ``models/llama.py`` exported with the dynamo exporter, its
-    weights inside the file or (``external``) in ``<name>.onnx.data`` beside it."""
+    """A Llama-style decoder of :mod:`onnxnorm.nn.decoder` (the Llama family's norms, spelled
+    out as Hugging Face writes them) exported with the dynamo exporter, its weights inside the
+    file or (``external``) in ``<name>.onnx.data`` beside it."""
     import torch
 
-    from models import llama
+    from onnxnorm.nn import decoder, families
     from onnxnorm.nn.exporter import quiet_export
 
-    torch.manual_seed(0)
-    model = llama.build(
-        llama.LlamaConfig(
-            hidden=hidden, heads=hidden // 64, intermediate=hidden * 11 // 4, layers=layers
+    model = decoder.build(
+        families.decoder_config(
+            "llama",
+            hidden=hidden,
+            heads=hidden // 64,
+            intermediate=hidden * 11 // 4,
+            layers=layers,
+            impl="decomposed",
         )
-    ).eval()
+    )
     path = folder / f"decoder_{layers}x{hidden}{'_external' if external else ''}.onnx"
     with quiet_export(), torch.no_grad():
         program = torch.onnx.export(model, (torch.randn(1, 16, hidden),), dynamo=True)
@@ -396,7 +401,7 @@ def _cell(row: dict, tool: str) -> tuple[str, str, str]:
 
 
 def markdown(rows, timing, size, baseline, large=()) -> str:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = [
         "# Fusion: onnxnorm against ORT's transformers optimizer and onnxscript's ort_fusions",
         "",
@@ -479,8 +484,9 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         "",
         "## Corpus",
         "",
-        "Tiny random-weight transformers models built from configs in code (2 layers, hidden "
-        "32, random norm weights) and the `models/llama.py` block, exported with both PyTorch "
+        "Tiny random-weight transformers models built from configs in code "
+        "(`onnxnorm.testing.hf`: 2 layers, hidden 32, random norm weights) and decoder blocks "
+        "of `onnxnorm.nn.decoder` with their norms spelled out, exported with both PyTorch "
         "exporters (dynamo: opset 18 with its optimizer; TorchScript: opset 17). *Norm calls* "
         "are counted from the torch model with forward hooks. Per tool: the norms that end as "
         "one op (a Skip op holds one norm and one residual add, a Sandwich op two norms and one "
@@ -537,7 +543,7 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         out += [
             "## Speed and memory of the pass",
             "",
-            f"A Llama-style decoder from `models/llama.py` (8 layers, hidden 1024, weights "
+            f"A Llama-style decoder of `onnxnorm.nn.decoder` (8 layers, hidden 1024, weights "
             f"inside the file: {size:.0f} MiB), exported with the dynamo exporter. Each tool "
             "runs in a fresh interpreter; time is the pass (load, optimize, save), imports "
             f"excluded; peak RSS is the process's VmHWM (imports alone: {baseline:.0f} MiB)."

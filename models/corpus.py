@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import onnx
 
@@ -26,30 +27,24 @@ class Entry:
     dynamic: tuple = ()
 
 
-def _hf(config_name: str, model_name: str, **overrides) -> Callable[[], Any]:
+def _hf(family: str, model_name: str = "base", **overrides) -> Callable[[], Any]:
+    """A tiny ``family`` model of onnxnorm.testing.hf (hidden 32, 2 layers, random norm
+    weights), ``model_name`` its class (default: the family's model without LM head)."""
+
     def build():
         import torch
-        import transformers
 
-        common = dict(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-        )
-        config = getattr(transformers, config_name)(**{**common, **overrides})
+        from onnxnorm.testing import hf
+
+        config = hf.config(family, vocab=VOCAB, **overrides)
         config.use_cache = False
-        config._attn_implementation = "eager"
-        torch.manual_seed(0)
-        model = getattr(transformers, model_name)(config).eval()
-        _randomize_norms(model)
-        ids = torch.randint(0, VOCAB, (1, SEQ))
-        if model_name == "T5Model":
+        model = hf.model(config, model_name)
+        cls = type(model).__name__
+        ids = torch.randint(0, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(0))
+        if cls == "T5Model":
             names = ["input_ids", "decoder_input_ids"]
             return _Outputs(model, names), (ids, ids[:, :5]), names
-        if model_name in ("BertModel", "T5EncoderModel"):
+        if cls in ("BertModel", "T5EncoderModel"):
             return _Outputs(model, ["input_ids"]), (ids,), ["input_ids"]
         # an explicit mask, as LLM exports have: without it transformers looks for packed
         # sequences with torch.diff, which the TorchScript exporter cannot export
@@ -79,26 +74,18 @@ def _Outputs(model, names):
     return _outputs_class()(model, names)
 
 
-def _randomize_norms(model) -> None:
-    """Norm weights start at 1 (or 0 with Gemma's 1 + w): random ones make parity meaningful."""
-    import torch
-
-    with torch.no_grad():
-        for module in model.modules():
-            if type(module).__name__.endswith("Norm"):
-                for name, p in module.named_parameters(recurse=False):
-                    p.copy_(torch.rand_like(p) * 0.8 + (0.6 if "weight" in name else -0.4))
-
-
 def _block() -> Callable[[], Any]:
-    def build():
-        import torch
-        from models import llama
+    """A Llama-style decoder of onnxnorm.nn.decoder (the Llama family's norms, spelled out as
+    Hugging Face writes them), hidden 32, 2 layers."""
 
-        torch.manual_seed(0)
-        model = llama.build(llama.LlamaConfig(hidden=32, heads=2, intermediate=64, layers=2)).eval()
-        _randomize_norms(model)
-        return model, (torch.randn(1, SEQ, 32),), ["x"]
+    def build():
+        from onnxnorm.nn import decoder, families
+
+        config = families.decoder_config(
+            "llama", hidden=32, heads=2, intermediate=64, layers=2, impl="decomposed"
+        )
+        model = decoder.build(config)
+        return model, (decoder.example_input(config, batch=1, seq=SEQ),), ["x"]
 
     return build
 
@@ -146,7 +133,8 @@ def _decoder_block(name: str) -> Callable[[], Any]:
 
 
 def expected_adds(name: str) -> int | None:
-    """The residual adds an onnxnorm.nn.decoder block's onnxnorm export fuses (None: not a block)."""
+    """The residual adds an onnxnorm.nn.decoder block's onnxnorm export fuses (None: not a
+    block)."""
     if name not in BLOCKS:
         return None
     from onnxnorm.nn import decoder
@@ -158,32 +146,23 @@ def expected_adds(name: str) -> int | None:
 ENTRIES: dict[str, Entry] = {
     e.name: e
     for e in [
-        Entry("llama", _hf("LlamaConfig", "LlamaModel", num_key_value_heads=1)),
-        Entry("mistral", _hf("MistralConfig", "MistralModel", num_key_value_heads=1)),
-        Entry("qwen2", _hf("Qwen2Config", "Qwen2Model", num_key_value_heads=1)),
-        Entry("qwen3", _hf("Qwen3Config", "Qwen3Model", num_key_value_heads=1, head_dim=16)),
-        Entry("gemma", _hf("GemmaConfig", "GemmaModel", num_key_value_heads=1, head_dim=16)),
-        Entry("gemma2", _hf("Gemma2Config", "Gemma2Model", num_key_value_heads=1, head_dim=16)),
-        Entry(
-            "gemma3", _hf("Gemma3TextConfig", "Gemma3TextModel", num_key_value_heads=1, head_dim=16)
-        ),
-        Entry("phi3", _hf("Phi3Config", "Phi3Model", num_key_value_heads=2, pad_token_id=0)),
-        Entry(
-            "gpt2", _hf("GPT2Config", "GPT2Model", n_embd=32, n_layer=2, n_head=2, n_positions=64)
-        ),
-        Entry("gpt_neox", _hf("GPTNeoXConfig", "GPTNeoXModel")),
-        Entry("bert", _hf("BertConfig", "BertModel")),
-        Entry(
-            "t5",
-            _hf("T5Config", "T5Model", d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2),
-        ),
-        Entry("bloom", _hf("BloomConfig", "BloomModel", n_layer=2, n_head=2)),
-        Entry("opt", _hf("OPTConfig", "OPTModel", ffn_dim=64, word_embed_proj_dim=32)),
-        Entry("falcon", _hf("FalconConfig", "FalconModel", new_decoder_architecture=False)),
-        Entry("olmo", _hf("OlmoConfig", "OlmoModel", num_key_value_heads=2)),
-        Entry(
-            "cohere", _hf("CohereConfig", "CohereModel", num_key_value_heads=2, use_qk_norm=True)
-        ),
+        Entry("llama", _hf("llama", kv_heads=1)),
+        Entry("mistral", _hf("mistral", kv_heads=1)),
+        Entry("qwen2", _hf("qwen2", kv_heads=1)),
+        Entry("qwen3", _hf("qwen3", kv_heads=1)),
+        Entry("gemma", _hf("gemma", kv_heads=1)),
+        Entry("gemma2", _hf("gemma2", kv_heads=1)),
+        Entry("gemma3", _hf("gemma3", kv_heads=1)),
+        Entry("phi3", _hf("phi3", kv_heads=2)),
+        Entry("gpt2", _hf("gpt2", n_embd=32, n_layer=2, n_head=2, n_positions=64)),
+        Entry("gpt_neox", _hf("gpt_neox")),
+        Entry("bert", _hf("bert")),
+        Entry("t5", _hf("t5", d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2)),
+        Entry("bloom", _hf("bloom", n_layer=2, n_head=2)),
+        Entry("opt", _hf("opt", ffn_dim=64, word_embed_proj_dim=32)),
+        Entry("falcon", _hf("falcon", new_decoder_architecture=False)),
+        Entry("olmo", _hf("olmo", kv_heads=2)),
+        Entry("cohere", _hf("cohere", kv_heads=2, use_qk_norm=True)),
         Entry("block_llama", _block()),
         *(Entry(name, _decoder_block(name)) for name in BLOCKS),
     ]
@@ -199,12 +178,10 @@ def _encoder(config_name: str, model_name: str, inputs: str, **overrides) -> Cal
         import torch
         import transformers
 
-        config = getattr(transformers, config_name)(**overrides)
-        config._attn_implementation = "eager"
-        torch.manual_seed(0)
-        model = getattr(transformers, model_name)(config)
+        from onnxnorm.testing import hf
+
+        model = hf.model(getattr(transformers, config_name)(**overrides), model_name)
         model = (model.get_encoder() if model_name == "WhisperModel" else model).eval()
-        _randomize_norms(model)
         example = {
             "input_ids": lambda: torch.randint(0, VOCAB, (ENCODER_BATCH, SEQ)),
             "pixel_values": lambda: torch.randn(ENCODER_BATCH, 3, 32, 32),

@@ -18,10 +18,10 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from models import llama
 import onnxnorm
 from onnxnorm import fusion, ops, runtime
 from onnxnorm._io import load_model, save_model
+from onnxnorm.nn import decoder, families
 from onnxnorm.nn.exporter import count_norm_nodes, quiet_export
 
 
@@ -56,13 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args(argv)
 
-    config = llama.LlamaConfig(
+    # the Llama family's norms, spelled out in torch ops as Hugging Face writes them
+    config = families.decoder_config(
+        "llama",
         hidden=args.hidden,
         heads=max(1, args.hidden // 64),
         intermediate=int(args.hidden * 2.6875),
         layers=args.layers,
+        impl="decomposed",
     )
-    model = llama.build(config)
+    model = decoder.build(config)
     x = torch.randn(1, args.seq, args.hidden)
     with torch.no_grad():
         expected = model(x).numpy()
@@ -84,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         print("   " + str(report).replace("\n", "\n   "))
         save_model(fused, fused_path)
 
-        print(f"3. onnxnorm.export (convert=True: LlamaRMSNorm -> onnxnorm.nn.RMSNorm) -> {direct}")
+        print(
+            f"3. onnxnorm.export (convert=True: each decomposed norm -> onnxnorm.nn.RMSNorm) "
+            f"-> {direct}"
+        )
         proto = onnxnorm.export(model, (x,), direct, convert=True, input_names=["hidden_states"])
         print(
             "   norm nodes: "

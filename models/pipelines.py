@@ -1,12 +1,12 @@
 """Models as deployment pipelines make them, for the pipeline tests and docs/pipelines.md.
 
-Every model is built from a config in code with random weights; nothing is downloaded. The
-sources:
+Every model is built from a config in code with random weights (``onnxnorm.testing.hf``);
+nothing is downloaded. The sources:
 
 - ``genai``: onnxruntime-genai's model builder (``onnxruntime_genai.models.builder``) run on a
-  tiny transformers checkpoint saved with ``save_pretrained`` (with a word-level tokenizer built
-  here), for Llama, Qwen3, Gemma 2, Phi-3 and Phi-2, in fp32, int4 and fp16 (the builder makes fp16 for
-  CUDA only; the folder is then pointed at the CPU provider, which runs it);
+  tiny transformers checkpoint saved with ``save_pretrained`` (with a word-level tokenizer),
+  for Llama, Qwen3, Gemma 2, Phi-3 and Phi-2, in fp32, int4 and fp16 (the builder makes fp16
+  for CUDA only; the folder is then pointed at the CPU provider, which runs it);
 - ``quantized``: ONNX Runtime's dynamic MatMul quantization and static QDQ quantization
   (MatMul only: Q/DQ pairs around the norms; every op: pairs inside them) of the corpus Llama;
 - ``float16``: onnxconverter-common's and ONNX Runtime's ``convert_float_to_float16(
@@ -41,7 +41,6 @@ from pathlib import Path
 import onnx
 
 from models import compare, corpus
-from models.optimum_export import tokenizer as _tokenizer
 
 # --- onnxruntime-genai ------------------------------------------------------------------------
 
@@ -55,68 +54,36 @@ NEW_TOKENS = 32
 def genai_checkpoint(family: str, folder: Path) -> Path:
     """A tiny random-weight transformers checkpoint of ``family`` (save_pretrained), with a
     tokenizer, as the model builder reads it."""
-    import torch
-    import transformers
+    from onnxnorm.testing import hf
 
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    config, cls = {
-        "llama": (lambda: transformers.LlamaConfig(**common), "LlamaForCausalLM"),
-        "qwen3": (lambda: transformers.Qwen3Config(**common, head_dim=16), "Qwen3ForCausalLM"),
+    extra = {
         # a sliding window the generation's KV cache covers (the CPU provider checks it)
-        "gemma2": (
-            lambda: transformers.Gemma2Config(**common, head_dim=16, sliding_window=16),
-            "Gemma2ForCausalLM",
-        ),
-        "phi3": (
-            lambda: transformers.Phi3Config(**common, original_max_position_embeddings=256),
-            "Phi3ForCausalLM",
-        ),
+        "gemma2": dict(sliding_window=16),
+        "phi3": dict(original_max_position_embeddings=256),
         # Phi-2: LayerNorm, one norm per parallel block; head size 32, so that its partial
         # rotary embedding (half the head) meets GroupQueryAttention's multiple of 8
-        "phi": (
-            lambda: transformers.PhiConfig(**dict(common, hidden_size=128, num_key_value_heads=4)),
-            "PhiForCausalLM",
-        ),
-    }[family]
-    torch.manual_seed(0)
-    model = getattr(transformers, cls)(config()).eval()
-    corpus._randomize_norms(model)
-    folder.mkdir(parents=True, exist_ok=True)
+        "phi": dict(hidden=128, kv_heads=4),
+    }.get(family, {})
+    sizes = dict(
+        vocab=VOCAB, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, max_positions=256
+    )
+    config = hf.config(family, **{**sizes, **extra}, **hf.TOKEN_IDS, tie_word_embeddings=False)
+    model = hf.model(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.save_pretrained(folder)
-        _tokenizer().save_pretrained(folder)
+        hf.save_checkpoint(model, folder)
     return folder
 
 
 def genai_build(checkpoint: Path, precision: str, folder: Path) -> Path:
     """onnxruntime-genai's model builder on ``checkpoint``; fp16 is built for CUDA (the only
     provider the builder offers it for) and its config then names the CPU provider."""
-    from onnxruntime_genai.models import builder
+    from onnxnorm.testing import hf
 
     provider = "cuda" if precision == "fp16" else "cpu"
     extra = ["fuse_qk_norm_gqa=false"] if precision == "fp16" else []
-    cache = folder.parent / f".{folder.name}.cache"
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        options = builder.parse_extra_options(
-            None, str(checkpoint), str(folder), precision, provider, str(cache), extra
-        )
-        builder.create_model(
-            None, str(checkpoint), str(folder), precision, provider, str(cache), **options
-        )
-    shutil.rmtree(cache, ignore_errors=True)
+        hf.genai_build(checkpoint, folder, precision, provider, extra)
     if precision == "fp16":
         path = folder / "genai_config.json"
         config = json.loads(path.read_text())
@@ -178,40 +145,32 @@ def llama() -> onnx.ModelProto:
 
 
 def quantized_dynamic(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
-    from onnxruntime.quantization import quantize_dynamic
+    from onnxnorm.testing import hf
 
     src, out = folder / "float.onnx", folder / "dynamic.onnx"
     onnx.save(model, src)
     with contextlib.redirect_stderr(io.StringIO()):
-        quantize_dynamic(str(src), str(out), op_types_to_quantize=["MatMul"])
+        hf.quantize(src, out, "dynamic")
     return onnx.load(out)
+
+
+def calibration_feeds(model: onnx.ModelProto, count: int = 4) -> list[dict]:
+    """Static quantization's calibration data: ``count`` sets of generated inputs."""
+    from onnxnorm.fusion.verify import generate_inputs
+
+    return [generate_inputs(model, seed) for seed in range(count)]
 
 
 def quantized_static(model: onnx.ModelProto, folder: Path, matmul_only: bool) -> onnx.ModelProto:
     """Static QDQ quantization calibrated on generated inputs: of the MatMuls only (Q/DQ pairs
     around the norms) or of every op the quantizer takes (pairs inside the norms)."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-
-    from onnxnorm.fusion.verify import generate_inputs
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.data = iter([generate_inputs(model, seed) for seed in range(4)])
-
-        def get_next(self):
-            return next(self.data, None)
+    from onnxnorm.testing import hf
 
     src, out = folder / "float.onnx", folder / f"qdq_{'matmul' if matmul_only else 'all'}.onnx"
     onnx.save(model, src)
     with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quantize_static(
-            str(src),
-            str(out),
-            Reader(),
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=["MatMul"] if matmul_only else None,
-        )
+        hf.quantize(src, out, "static", calibration_feeds(model), matmul_only=matmul_only)
     return onnx.load(out)
 
 
@@ -275,14 +234,14 @@ def simplified(model: onnx.ModelProto, tool: str) -> onnx.ModelProto:
 
 
 KV_LAYERS = 2
-#: family -> (config class, model class, config overrides) of the KV-cache exports: Llama, Qwen3
-#: (Q/K norms), Gemma 2 (sandwich norms, 1 + w scales, a sliding window the past stays inside),
-#: Phi-3 (fused QKV and gate-up projections)
+#: family -> config overrides of the KV-cache exports: Llama, Qwen3 (Q/K norms), Gemma 2
+#: (sandwich norms, 1 + w scales, a sliding window the past stays inside), Phi-3 (fused QKV and
+#: gate-up projections)
 KV_FAMILIES = {
-    "llama": ("LlamaConfig", "LlamaModel", {}),
-    "qwen3": ("Qwen3Config", "Qwen3Model", {"head_dim": 16}),
-    "gemma2": ("Gemma2Config", "Gemma2Model", {"head_dim": 16, "sliding_window": 32}),
-    "phi3": ("Phi3Config", "Phi3Model", {"pad_token_id": 0}),
+    "llama": {},
+    "qwen3": {},
+    "gemma2": {"sliding_window": 32},
+    "phi3": {},
 }
 
 
@@ -290,76 +249,12 @@ def kv_cache(family: str = "llama") -> onnx.ModelProto:
     """A 2-layer decoder of ``family`` with its KV cache as inputs
     (``past_key_values.N.key/value``) and outputs, exported by the dynamo exporter with dynamic
     sequence, past and total lengths."""
-    import torch
-    import transformers
-    from transformers import DynamicCache
+    from onnxnorm.testing import hf
 
-    from onnxnorm.nn.exporter import quiet_export
-
-    config_name, model_name, overrides = KV_FAMILIES[family]
-    config = getattr(transformers, config_name)(
-        **{
-            "vocab_size": corpus.VOCAB,
-            "hidden_size": 32,
-            "num_hidden_layers": KV_LAYERS,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "intermediate_size": 64,
-            "max_position_embeddings": 64,
-            **overrides,
-        }
+    config = hf.config(
+        family, vocab=corpus.VOCAB, layers=KV_LAYERS, kv_heads=1, **KV_FAMILIES[family]
     )
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    decoder = getattr(transformers, model_name)(config).eval()
-    corpus._randomize_norms(decoder)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // 2
-
-    class WithCache(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.decoder = decoder
-
-        def forward(self, input_ids, attention_mask, *past):
-            cache = DynamicCache(config=config)
-            for i in range(KV_LAYERS):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.decoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            present = [
-                t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
-            ]
-            return (out.last_hidden_state, *present)
-
-    past, seq = 3, 4
-    ids = torch.randint(0, corpus.VOCAB, (1, seq))
-    mask = torch.ones(1, past + seq, dtype=torch.int64)
-    cache = [torch.randn(1, 1, past, head_dim) for _ in range(2 * KV_LAYERS)]
-    dim = torch.export.Dim
-    p, s, t = (
-        dim("past_sequence_length", max=28),
-        dim("sequence_length", max=28),
-        dim("total_sequence_length", max=56),
-    )
-    names = ["input_ids", "attention_mask"] + [
-        f"past_key_values.{i}.{kv}" for i in range(KV_LAYERS) for kv in ("key", "value")
-    ]
-    with quiet_export(), warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            WithCache(),
-            (ids, mask, *cache),
-            input_names=names,
-            dynamo=True,
-            opset_version=18,
-            optimize=True,
-            dynamic_shapes=({1: s}, {1: t}, tuple({2: p} for _ in cache)),
-        )
-    return program.model_proto
+    return hf.export_with_cache(hf.model(config, "base"), limit=28)
 
 
 #: source -> (what the user runs, builder(folder) -> model); the ONNX-model sources
@@ -396,7 +291,8 @@ SOURCES = {
     "onnxsim": ("onnxsim.simplify(model)", lambda folder: simplified(llama(), "onnxsim")),
     "onnxslim": ("onnxslim.slim(model)", lambda folder: simplified(llama(), "onnxslim")),
     "KV-cache decoder (dynamo)": (
-        "torch.onnx.export(decoder_with_cache, (ids, mask, *past), dynamo=True, dynamic_shapes=...)",
+        "torch.onnx.export(decoder_with_cache, (ids, mask, *past), dynamo=True, "
+        "dynamic_shapes=...)",
         lambda folder: kv_cache(),
     ),
     **{
@@ -510,7 +406,6 @@ def optimum_folders(root: Path, families=tuple(OPTIMUM_FAMILIES)) -> dict[str, P
 def _tools(model: onnx.ModelProto, folder: Path, sizes=None) -> dict:
     """norms, adds and parity (or the error) of onnxnorm, ORT's optimizer and onnxscript."""
     from onnxnorm.fusion import fuse
-    from onnxnorm.fusion.verify import verify
 
     path = folder / "input.onnx"
     onnx.save(model, path)
@@ -694,7 +589,7 @@ def _optimum_table(rows) -> str:
 def markdown(genai_rows, source_rows, optimum_rows=()) -> str:
     import onnxruntime_genai
 
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     versions = f"onnxruntime-genai {onnxruntime_genai.__version__}, {compare._versions()}"
     genai = [
         "| model | precision | norms fused | adds absorbed | decoder parity (past 16) | "

@@ -11,7 +11,7 @@ original. Weights are random (seeded), so every norm's Scale and Bias matter.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from helpers import fuse_peak_rss
-from models import llama
 from onnxnorm import cli, ops
+from onnxnorm.nn import decoder, families
 from onnxnorm.nn.exporter import quiet_export
 
 
@@ -28,10 +28,19 @@ def _run(*args, cwd=None):
     )
 
 
+def _llama():
+    """A 2-layer Llama-style decoder, its RMSNorms spelled out as Hugging Face writes them."""
+    return decoder.build(
+        families.decoder_config(
+            "llama", hidden=32, heads=2, intermediate=64, layers=2, impl="decomposed"
+        )
+    )
+
+
 @pytest.fixture(scope="module")
 def decomposed(tmp_path_factory):
     """A Llama-style decoder exported by torch.onnx.export with Hugging Face's RMSNorm."""
-    model = llama.build(llama.LlamaConfig(hidden=32, heads=2, intermediate=64, layers=2))
+    model = _llama()
     path = tmp_path_factory.mktemp("cli") / "llama.onnx"
     with quiet_export():
         torch.onnx.export(model, (torch.randn(1, 6, 32),), path, dynamo=True)
@@ -167,7 +176,7 @@ def test_fuse_and_verify_an_onnxnorm_export(tmp_path):
     import onnxnorm
 
     exported, fused = tmp_path / "exported.onnx", tmp_path / "fused.onnx"
-    model = llama.build(llama.LlamaConfig(hidden=32, heads=2, intermediate=64, layers=2))
+    model = _llama()
     onnxnorm.export(model, (torch.randn(2, 6, 32),), exported, mode="fused", convert=True)
     result = _run("fuse", exported, "-o", fused, "--verify", "--target", "fused")
     assert result.returncode == 0, result.stderr
@@ -317,7 +326,7 @@ def test_external_data_stays_external(tmp_path):
     assert "Data of TensorProto" not in result.stdout and "m.weights" not in result.stdout
     assert sorted(p.name for p in out.parent.iterdir()) == ["fused.onnx", "fused.onnx.data"]
     fused = onnx.load(out, load_external_data=False)
-    big = [t for t in fused.graph.initializer if t.name == "big"][0]
+    big = next(t for t in fused.graph.initializer if t.name == "big")
     assert big.data_location == onnx.TensorProto.EXTERNAL
     assert out.stat().st_size < 10_000  # the weights are in the data file, not the model
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # input untouched
@@ -355,5 +364,8 @@ def test_fuse_again_recognises_onnxnorm_nodes(decomposed, tmp_path):
     assert "inline it first" not in result.stdout
     skips = [s for rule in json.loads(report.read_text())["rules"] for s in rule["skips"]]
     assert skips == [], skips
-    nodes = lambda path: [(n.op_type, n.domain) for n in onnx.load(path).graph.node]  # noqa: E731
+
+    def nodes(path):
+        return [(n.op_type, n.domain) for n in onnx.load(path).graph.node]
+
     assert nodes(twice) == nodes(once)

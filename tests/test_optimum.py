@@ -18,9 +18,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from models import pipelines  # noqa: E402
-from onnxnorm.fusion.folder import fuse_folder  # noqa: E402
-from onnxnorm.ops.functions import _all_graphs  # noqa: E402
+from models import pipelines
+from onnxnorm.fusion.folder import fuse_folder
+from onnxnorm.ops.functions import _all_graphs
 
 #: (family, file) -> (norms, residual adds): every norm, and every residual add that feeds a
 #: norm (Gemma 2's as Sandwich ops; Whisper's decoder also its token + position add, while its

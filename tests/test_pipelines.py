@@ -20,10 +20,10 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai")
 
-from models import compare, pipelines  # noqa: E402
-from onnxnorm.fusion import fuse  # noqa: E402
-from onnxnorm.fusion.verify import verify  # noqa: E402
-from onnxnorm.genai import convert, dim_sizes, generate, read_config  # noqa: E402
+from models import compare, pipelines
+from onnxnorm.fusion import fuse
+from onnxnorm.fusion.verify import verify
+from onnxnorm.genai import convert, dim_sizes, generate, read_config
 
 pytestmark = pytest.mark.slow
 
@@ -223,7 +223,7 @@ def test_source_fused_with_parity(built, name):
 
 def test_float16_strict_precision_keeps_the_norms(built):
     model = built("float16, onnxconverter-common")
-    fused, report = fuse(model, strict_precision=True)
+    _, report = fuse(model, strict_precision=True)
     assert report.norms == 0
     assert all(
         "computed in FLOAT16; onnxnorm computes them in FLOAT (strict precision)" in s.reason
@@ -253,7 +253,7 @@ def test_ort_optimized_to_standard_onnx(built, tmp_path):
         "SkipSimplifiedLayerNormalization",
         "SimplifiedLayerNormalization",
     }
-    lowered, report = fuse(model, "onnx")
+    lowered, _ = fuse(model, "onnx")
     assert not [n for n in lowered.graph.node if n.domain in ("com.microsoft", "onnxnorm")]
     assert "SimplifiedLayerNormalization" not in {n.op_type for n in lowered.graph.node}
     _ok(verify(model, lowered))

@@ -16,7 +16,8 @@ import logging
 import os
 import platform
 import warnings
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 
 def choices_list(
@@ -113,7 +114,7 @@ def environment(threads: int, warmup: float | None = None) -> dict[str, Any]:
     from onnxnorm import _native, runtime
 
     env: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "load_average": load_average(),
         "cpu": cpu_name(),
         "cores": os.cpu_count(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 DTYPES = ("float32", "float16", "bfloat16")
 DESCRIPTION = "CUDA kernel bandwidth: the onnxnorm CUDA kernels against a device-to-device copy."

@@ -42,12 +42,15 @@ the sizes), ``e2e_models`` (the decoders and their exports), ``e2e_variants`` (t
 tool makes), ``e2e_generation`` (the ORT loop), ``e2e_genai`` (onnxruntime-genai's folders and
 loop), ``e2e_profiling`` (norm share), ``e2e_memory`` (peak memory), ``e2e_groups`` (a group
 timed and judged), ``e2e_report`` (tables, plot, JSON), ``e2e_runner`` (every group) and
-``e2e_cli`` (the command). Their public names are this module's too, imported on first use.
+``e2e_cli`` (the command). Their public names are this module's too, imported on first use. The
+Hugging Face models, their KV-cache export, tokenizer, model-builder call and quantization are
+the fixtures the tests use too, :mod:`onnxnorm.testing.hf`.
 """
 
 from onnxnorm.bench.common import exports
 
 _HERE = "onnxnorm.bench.e2e_"
+_HF = "onnxnorm.testing.hf"
 #: public name -> the module that defines it
 _NAMES = {
     **dict.fromkeys(
@@ -73,18 +76,7 @@ _NAMES = {
         ),
         _HERE + "config",
     ),
-    **dict.fromkeys(
-        (
-            "hf_config",
-            "hf_model",
-            "past_names",
-            "present_names",
-            "with_cache",
-            "export",
-            "export_onnxnorm",
-        ),
-        _HERE + "models",
-    ),
+    **dict.fromkeys(("hf_config", "hf_model", "export", "export_onnxnorm"), _HERE + "models"),
     **dict.fromkeys(
         (
             "NORM_OPS",
@@ -131,7 +123,7 @@ _OLD = {
     "_run": (_HERE + "cli", "run"),
     "_collect": (_HERE + "generation", "collect"),
     "_interleave": (_HERE + "groups", "interleave"),
-    "_with_cache": (_HERE + "models", "with_cache"),
+    "_with_cache": (_HF, "with_cache"),
     "_quietly": ("onnxnorm.bench.common", "quietly"),
     "_first_line": ("onnxnorm.bench.common", "short_error"),
     "_profile_ort": (_HERE + "profiling", "profile_ort"),
@@ -140,6 +132,10 @@ _OLD = {
     "_memory_child": (_HERE + "memory", "memory_child"),
     "_write_json": (_HERE + "report", "write_json"),
     "_stamp": (_HERE + "config", "stamp"),
+    # moved to the fixtures shared with the tests
+    "past_names": (_HF, "past_names"),
+    "present_names": (_HF, "present_names"),
+    "with_cache": (_HF, "with_cache"),
 }
 
 __getattr__, __dir__ = exports(__name__, _NAMES, globals(), _OLD)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -14,25 +15,6 @@ from onnxnorm.bench.common import quietly, short_error
 from onnxnorm.bench.e2e_config import GENAI_VARIANTS, Config
 from onnxnorm.bench.e2e_generation import collect
 from onnxnorm.bench.timing import clock
-
-
-def _tokenizer(vocab: int):
-    """A word-level tokenizer of ``vocab`` entries ("t3" ...), which the model builder saves
-    into the folder; the benchmark feeds token ids and never tokenizes text."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    words.update({f"t{i}": i for i in range(3, vocab)})
-    tokenizer = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<unk>",
-    )
 
 
 def genai_folders(
@@ -49,6 +31,7 @@ def genai_folders(
 
     from onnxnorm.bench.e2e_variants import node_counts  # (it imports onnx: not for the child)
     from onnxnorm.genai import convert
+    from onnxnorm.testing import hf
 
     record = folder / "genai.json"  # what an earlier run with --keep made here
     found: dict[str, dict[str, Any]] = json.loads(record.read_text()) if record.is_file() else {}
@@ -59,18 +42,13 @@ def genai_folders(
             # onnxruntime-genai's KV cache holds the generation's length, and its CPU attention
             # wants the window within it; a window of that length still covers every sequence
             model.config.sliding_window = config.max_length
-        quietly(
-            lambda: (
-                model.save_pretrained(checkpoint),
-                _tokenizer(config.vocab).save_pretrained(checkpoint),
-            )
-        )
+        quietly(lambda: hf.save_checkpoint(model, checkpoint))
     provider = "cuda" if device.startswith("cuda") else "cpu"
     for precision in todo:
         built = folder / f"genai-{precision}"
         shutil.rmtree(built, ignore_errors=True)
         try:
-            quietly(lambda: _build(checkpoint, built, precision, provider))
+            quietly(lambda: hf.genai_build(checkpoint, built, precision, provider))  # noqa: B023 - called in this iteration
             config_path = built / "genai_config.json"
             genai_config = json.loads(config_path.read_text())
             options = genai_config["model"]["decoder"]["session_options"]
@@ -88,7 +66,7 @@ def genai_folders(
         fused = folder / f"genai-{precision}-onnxnorm"
         shutil.rmtree(fused, ignore_errors=True)
         try:
-            quietly(lambda: convert(built, fused))
+            quietly(lambda: convert(built, fused))  # noqa: B023 - called in this iteration
         except Exception as error:  # noqa: BLE001
             found[f"{precision} genai+onnxnorm"] = {
                 "error": f"onnxnorm genai: {short_error(error)}"
@@ -101,20 +79,6 @@ def genai_folders(
             found[f"{precision} {variant}"] = {"path": str(path), **node_counts(proto)}
         record.write_text(json.dumps(found))
     return {key: value for key, value in found.items() if key.split()[0] in precisions}
-
-
-def _build(checkpoint: Path, folder: Path, precision: str, provider: str) -> None:
-    """The model builder's folder of ``checkpoint`` (its cache beside it, removed after)."""
-    from onnxruntime_genai.models import builder
-
-    cache = folder.parent / f".{folder.name}.cache"
-    options = builder.parse_extra_options(
-        None, str(checkpoint), str(folder), precision, provider, str(cache), []
-    )
-    builder.create_model(
-        None, str(checkpoint), str(folder), precision, provider, str(cache), **options
-    )
-    shutil.rmtree(cache, ignore_errors=True)
 
 
 class GenaiGenerator:

@@ -4,13 +4,14 @@ tokens and times."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from onnxnorm.bench.e2e_config import Config
-from onnxnorm.bench.e2e_models import past_names
 from onnxnorm.bench.timing import clock
+from onnxnorm.testing.hf import past_names
 
 
 def _session(path: str, library: bool, threads: int, device: str, profile: str | None = None):

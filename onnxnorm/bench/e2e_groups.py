@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import random
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -23,8 +24,8 @@ from onnxnorm.bench.e2e_config import (
 )
 from onnxnorm.bench.e2e_genai import GenaiGenerator
 from onnxnorm.bench.e2e_generation import Generator
-from onnxnorm.bench.e2e_models import hf_model
 from onnxnorm.bench.e2e_memory import peak_memory
+from onnxnorm.bench.e2e_models import hf_model
 from onnxnorm.bench.e2e_profiling import profile_genai, profile_ort
 from onnxnorm.bench.e2e_variants import make_quantized, make_variants, quantized_variants
 

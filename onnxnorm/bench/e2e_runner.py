@@ -7,8 +7,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from onnxnorm.bench import common
 from onnxnorm.bench.e2e_config import STAMP, Config, stamp

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -20,9 +21,10 @@ from onnxnorm.bench.e2e_config import (
     QUANTIZERS,
     Config,
 )
-from onnxnorm.bench.e2e_models import export, export_onnxnorm, past_names
+from onnxnorm.bench.e2e_models import export, export_onnxnorm
 from onnxnorm.bench.timing import clock
 from onnxnorm.ops import catalogue
+from onnxnorm.testing.hf import past_names
 
 #: op types whose kernels count as norm time in the profile: those of catalogue.NORM_OPS, the one
 #: table of the ops of any domain that compute a norm (onnxnorm's quantized forms among them)
@@ -101,7 +103,7 @@ def _make(
         path = paths[name]
         started = clock()
         try:
-            quietly(lambda: makers[name](path))
+            quietly(lambda: makers[name](path))  # noqa: B023 - called in this iteration
         except Exception as error:  # noqa: BLE001 - a tool's failure is a result
             variants[name] = {"error": f"{type(error).__name__}: {short_error(error)}"}
             log(f"  {prefix}{name}: fails ({variants[name]['error']})")
@@ -139,34 +141,14 @@ def calibration_feeds(config: Config, dtype: str = "float32") -> list[dict[str, 
 def quantize(
     source: Path, destination: Path, quantization: str, config: Config, dtype: str = "float32"
 ) -> None:
-    """``source`` quantized by ONNX Runtime's tool (``QUANTIZATIONS``) into ``destination``
-    (written under another name first, so a killed run leaves no half model there)."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        quantize_dynamic,
-        quantize_static,
-    )
+    """``source`` quantized by ONNX Runtime's tool (``QUANTIZATIONS``: the MatMuls, static
+    quantization calibrated on :func:`calibration_feeds`) into ``destination`` (written under
+    another name first, so a killed run leaves no half model there)."""
+    from onnxnorm.testing import hf
 
     partial = destination.with_name(f".{destination.stem}.partial.onnx")
-    if quantization == "dynamic":
-        quantize_dynamic(str(source), str(partial), op_types_to_quantize=["MatMul"])
-    else:
-
-        class Prompts(CalibrationDataReader):
-            def __init__(self):
-                self.feeds = iter(calibration_feeds(config, dtype))
-
-            def get_next(self):
-                return next(self.feeds, None)
-
-        quantize_static(
-            str(source),
-            str(partial),
-            Prompts(),
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=["MatMul"],
-        )
+    feeds = calibration_feeds(config, dtype) if quantization == "static" else None
+    hf.quantize(source, partial, quantization, feeds)
     os.replace(partial, destination)
 
 

@@ -6,8 +6,9 @@ torch.onnx.export writes for it written out in torch ops (:func:`torch_fn`,
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -15,9 +16,9 @@ import numpy as np
 # contenders timed next; this must be set before torch starts its thread pool.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from onnxnorm.bench.kernels_cases import EPSILON  # noqa: E402
-from onnxnorm.bench.kernels_graphs import np_dtype, zero_point  # noqa: E402
-from onnxnorm.ops import catalogue  # noqa: E402
+from onnxnorm.bench.kernels_cases import EPSILON
+from onnxnorm.bench.kernels_graphs import np_dtype, zero_point
+from onnxnorm.ops import catalogue
 
 
 def _torch_norm(norm: str, decomposed: bool):

@@ -3,13 +3,12 @@ in one process with interleaved repetitions, :func:`run` every row and prints th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 
-from onnxnorm.bench import common, timing
-from onnxnorm.bench import kernels_graphs as graphs
+from onnxnorm.bench import common, kernels_graphs as graphs, timing
 from onnxnorm.bench.kernels_cases import QUANT_TYPE, QUANT_ZERO_POINTS, SHAPES, Y_SCALE, Result
 from onnxnorm.bench.kernels_contenders import decomposed_model, ort_runner, threaded_copy, torch_fn
 from onnxnorm.bench.kernels_report import (
@@ -65,7 +64,7 @@ def bench_case(
     def add(name, make):
         try:
             fns[name] = make()
-        except Exception as error:  # the competitor lacks this dtype (or op): say so
+        except Exception as error:  # noqa: BLE001 - the competitor lacks this dtype (or op)
             times[name] = None
             notes[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
             log(f"  {name}: n/a ({notes[name]})")
@@ -152,7 +151,7 @@ def bench_case(
         if pool is not None:
             pool.shutdown()
     times.update(medians)
-    best = {**{k: None for k in times}, **best}
+    best = {**dict.fromkeys(times), **best}
     for t in (times, best):
         t["copy"] = min(v for k, v in t.items() if k.startswith("copy:") and v is not None)
     keep.clear()  # the sessions and their buffers

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 #: the clock of every CPU-side measurement (monotonic, the finest the OS has)
 clock = time.perf_counter
@@ -45,7 +45,7 @@ def interleaved(
         start = clock()
         fn()
         once = clock() - start
-        numbers[name] = max(1, min(10000, int(math.ceil(min_sample / max(once, 1e-7)))))
+        numbers[name] = max(1, min(10000, math.ceil(min_sample / max(once, 1e-7))))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for rep in range(repeats):

@@ -154,15 +154,15 @@ class DecomposedStream:
     def __init__(self, x: torch.Tensor):
         self.x = x
 
-    def normalize(self, norm: nn.Module) -> tuple[torch.Tensor, "DecomposedStream"]:
+    def normalize(self, norm: nn.Module) -> tuple[torch.Tensor, DecomposedStream]:
         return norm(self.x), self
 
-    def add(self, delta: torch.Tensor, norm: nn.Module | None = None) -> "DecomposedStream":
+    def add(self, delta: torch.Tensor, norm: nn.Module | None = None) -> DecomposedStream:
         return DecomposedStream(self.x + (norm(delta) if norm is not None else delta))
 
     def post_norm(
         self, delta: torch.Tensor, norm: nn.Module, alpha: float = 1.0
-    ) -> "DecomposedStream":
+    ) -> DecomposedStream:
         if alpha == 1.0:
             return DecomposedStream(norm(self.x + delta))
         # DeepNorm's scaled add in float32, rounded once (as the catalogue's Skip ops do)

@@ -1,0 +1,428 @@
+"""Tiny Hugging Face models for the benchmarks, the tests and ``models/``, built from configs in
+code with seeded random weights (nothing is downloaded), and what is made from them:
+
+    config = hf.config("gemma2", hidden=64, heads=4, sliding_window=32)
+    model = hf.model(config)                      # Gemma2ForCausalLM, its norm weights random
+    proto = hf.export_with_cache(model, limit=28)  # past keys and values as inputs and outputs
+    hf.save_checkpoint(model, folder)             # save_pretrained, with a word-level tokenizer
+    hf.genai_build(folder, out, "int4")           # onnxruntime-genai's model builder
+    hf.quantize(src, dst, "static", feeds)        # ONNX Runtime's QDQ quantization of the MatMuls
+
+Norm weights start at 1 (Gemma's ``1 + weight`` at 0), which would hide a wrong scale or offset:
+:func:`model` sets them with :func:`randomize_norms`, the one way they are randomized.
+
+Each function imports what it uses (torch, transformers, tokenizers, onnxruntime's quantization,
+onnxruntime-genai); a missing one is a :class:`~onnxnorm.errors.MissingDependency` naming the
+extra that provides it. Importing this module loads none of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """The transformers classes of a model family, and what a tiny model of it needs."""
+
+    config: str  # the config class
+    causal: str  # the model with its LM head (logits)
+    base: str  # the model without it (last_hidden_state)
+    #: the config takes num_key_value_heads (grouped-query attention), its default a real model's
+    grouped: bool = True
+    #: the config's head_dim is a real model's unless given: give hidden // heads
+    head_dim: bool = False
+    #: (name, value) pairs of the config a tiny model of the family needs
+    defaults: tuple[tuple[str, Any], ...] = ()
+
+
+#: family -> its classes; the names are transformers' ``model_type`` spellings
+FAMILIES: dict[str, Family] = {
+    "llama": Family("LlamaConfig", "LlamaForCausalLM", "LlamaModel"),
+    "mistral": Family("MistralConfig", "MistralForCausalLM", "MistralModel"),
+    "qwen2": Family("Qwen2Config", "Qwen2ForCausalLM", "Qwen2Model"),
+    "qwen3": Family("Qwen3Config", "Qwen3ForCausalLM", "Qwen3Model", head_dim=True),
+    "gemma": Family("GemmaConfig", "GemmaForCausalLM", "GemmaModel", head_dim=True),
+    "gemma2": Family("Gemma2Config", "Gemma2ForCausalLM", "Gemma2Model", head_dim=True),
+    "gemma3": Family("Gemma3TextConfig", "Gemma3ForCausalLM", "Gemma3TextModel", head_dim=True),
+    # its default padding id lies beyond a tiny vocabulary
+    "phi3": Family("Phi3Config", "Phi3ForCausalLM", "Phi3Model", defaults=(("pad_token_id", 0),)),
+    "phi": Family("PhiConfig", "PhiForCausalLM", "PhiModel"),
+    "cohere": Family("CohereConfig", "CohereForCausalLM", "CohereModel"),
+    "olmo": Family("OlmoConfig", "OlmoForCausalLM", "OlmoModel"),
+    "gpt2": Family("GPT2Config", "GPT2LMHeadModel", "GPT2Model", grouped=False),
+    "gpt_neox": Family("GPTNeoXConfig", "GPTNeoXForCausalLM", "GPTNeoXModel", grouped=False),
+    "bert": Family("BertConfig", "BertLMHeadModel", "BertModel", grouped=False),
+    "t5": Family("T5Config", "T5ForConditionalGeneration", "T5Model", grouped=False),
+    "bloom": Family("BloomConfig", "BloomForCausalLM", "BloomModel", grouped=False),
+    "opt": Family("OPTConfig", "OPTForCausalLM", "OPTModel", grouped=False),
+    "falcon": Family("FalconConfig", "FalconForCausalLM", "FalconModel", grouped=False),
+}
+
+#: the special tokens of :func:`tokenizer`, for a config whose model is saved with it
+TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+
+#: the scales :func:`randomize_norms` draws from: uniform in [LOW, LOW + WIDTH)
+LOW, WIDTH = 0.6, 0.8
+
+
+def _require(module: str, purpose: str):
+    from onnxnorm._deps import require
+
+    return require(module, purpose)
+
+
+def config(
+    family: str,
+    *,
+    vocab: int = 96,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int | None = None,
+    intermediate: int = 64,
+    head_dim: int | None = None,
+    max_positions: int = 64,
+    **overrides: Any,
+):
+    """The transformers config of a tiny model of ``family`` (a key of :data:`FAMILIES`): the
+    sizes given under transformers' common names, then what the family needs, then
+    ``overrides`` (any field of the config class, under its own name). ``kv_heads`` None: as
+    many as ``heads`` where the config takes it (its default is a real model's);
+    ``head_dim`` None: hidden // heads where the family's default is a real model's, else the
+    family's."""
+    transformers = _require("transformers", "a tiny Hugging Face model")
+    try:
+        spec = FAMILIES[family]
+    except KeyError:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}") from None
+    fields: dict[str, Any] = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": max_positions,
+    }
+    if kv_heads is not None or spec.grouped:
+        fields["num_key_value_heads"] = kv_heads or heads
+    if head_dim is not None or spec.head_dim:
+        fields["head_dim"] = head_dim or hidden // heads
+    fields.update(spec.defaults)
+    fields.update(overrides)
+    return getattr(transformers, spec.config)(**fields)
+
+
+def family_of(hf_config) -> str:
+    """The key of :data:`FAMILIES` whose config class ``hf_config`` is."""
+    name = type(hf_config).__name__
+    for key, spec in FAMILIES.items():
+        if spec.config == name:
+            return key
+    raise ValueError(f"{name} is not the config of a family of onnxnorm.testing.hf.FAMILIES")
+
+
+def model(
+    hf_config,
+    kind: str = "causal",
+    *,
+    seed: int = 0,
+    attention: str | None = "eager",
+    randomize: bool = True,
+):
+    """The model of ``hf_config`` in eval mode: ``kind`` "causal" (with the LM head), "base"
+    (without), or the name of any transformers model class. Its weights are drawn after
+    ``torch.manual_seed(seed)``; then (``randomize``) :func:`randomize_norms` with ``seed + 1``.
+    ``attention``: the attention implementation set on the config (None: transformers'
+    default); eager attention exports with every exporter."""
+    transformers = _require("transformers", "a tiny Hugging Face model")
+    torch = _require("torch", "a tiny Hugging Face model")
+    if kind in ("causal", "base"):
+        spec = FAMILIES[family_of(hf_config)]
+        kind = spec.causal if kind == "causal" else spec.base
+    if attention is not None:
+        hf_config._attn_implementation = attention
+    torch.manual_seed(seed)
+    built = getattr(transformers, kind)(hf_config).eval()
+    if randomize:
+        randomize_norms(built, seed + 1)
+    return built
+
+
+def is_norm(module) -> bool:
+    """Whether ``module`` is a norm: its class name ends in "Norm" (torch's LayerNorm and
+    RMSNorm, transformers' LlamaRMSNorm, T5LayerNorm, ..., onnxnorm's modules)."""
+    return type(module).__name__.endswith("Norm")
+
+
+def scale_offset(module) -> float:
+    """What the norm ``module`` adds to its weight before scaling: 1 for Gemma's norms (the
+    families of :mod:`onnxnorm.nn.families` with a scale offset) and onnxnorm's norms built
+    with ``scale_offset=1``, else 0."""
+    offset = getattr(module, "scale_offset", None)  # onnxnorm.nn.RMSNorm
+    if offset is None and type(module).__name__ == "DecomposedNorm":  # onnxnorm.nn.decoder's
+        offset = module.offset
+    if offset is None:
+        from onnxnorm.nn import families
+
+        offset = next(
+            (f.scale_offset for f in families.FAMILIES if f.hf_norm_class == type(module).__name__),
+            0.0,
+        )
+    return float(offset)
+
+
+def randomize_norms(model, seed: int = 1):
+    """Sets the parameters of every norm module of ``model`` (:func:`is_norm`, ``model`` itself
+    included) to random values drawn from ``seed`` (not from torch's global generator), and
+    returns ``model``. A weight gets the values that make the norm's scale uniform in
+    [0.6, 1.4) (:data:`LOW`, :data:`WIDTH`): a norm that scales by ``1 + weight`` (Gemma's,
+    :func:`scale_offset`) gets a weight uniform in [-0.4, 0.4). A bias is uniform in
+    [-0.4, 0.4). The modules are visited in ``model.modules()`` order, each one's parameters in
+    their own order."""
+    torch = _require("torch", "randomizing norm weights")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if not is_norm(module):
+                continue
+            offset = scale_offset(module)
+            for name, parameter in module.named_parameters(recurse=False):
+                shift = LOW - 1.0 if "bias" in name else LOW - offset
+                drawn = torch.rand(parameter.shape, generator=generator) * WIDTH + shift
+                parameter.copy_(drawn)
+    return model
+
+
+# --- the KV-cache export ------------------------------------------------------------------
+
+
+def past_names(layers: int) -> list[str]:
+    """The KV-cache export's past key and value inputs, layer by layer."""
+    return [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+def present_names(layers: int) -> list[str]:
+    """The KV-cache export's present key and value outputs, layer by layer."""
+    return [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+def with_cache(model):
+    """A transformers decoder as a function of (input_ids, attention_mask, *past) returning
+    (logits, or the last hidden state for a model without LM head, *present): the form of a
+    KV-cache export, the past and present keys and values layer by layer."""
+    torch = _require("torch", "a KV-cache export")
+    transformers = _require("transformers", "a KV-cache export")
+    hf_config = model.config
+
+    class WithCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, *past):
+            cache = transformers.DynamicCache(config=hf_config)
+            for i in range(hf_config.num_hidden_layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            present = [
+                t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
+            ]
+            first = out.logits if hasattr(out, "logits") else out.last_hidden_state
+            return (first, *present)
+
+    return WithCache().eval()
+
+
+def cache_export_args(model, limit: int, past: int = 3, seq: int = 4, seed: int = 2):
+    """What a KV-cache export of ``model`` takes: example inputs (a past of ``past`` positions
+    and ``seq`` new token ids, drawn from ``seed``), dynamic shapes (past and new lengths up to
+    ``limit``, the total up to twice that), input names and output names."""
+    torch = _require("torch", "a KV-cache export")
+    hf_config = model.config
+    dtype = next(model.parameters()).dtype
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    layers = hf_config.num_hidden_layers
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, hf_config.vocab_size, (1, seq), generator=generator)
+    mask = torch.ones(1, past + seq, dtype=torch.int64)
+    cache = [
+        torch.randn(1, kv_heads, past, head_dim, generator=generator).to(dtype)
+        for _ in range(2 * layers)
+    ]
+    dim = torch.export.Dim
+    p, s, t = (
+        dim("past_sequence_length", max=limit),
+        dim("sequence_length", max=limit),
+        dim("total_sequence_length", max=2 * limit),
+    )
+    shapes = ({1: s}, {1: t}, tuple({2: p} for _ in cache))
+    first = "logits" if model.get_output_embeddings() is not None else "last_hidden_state"
+    return (
+        (ids, mask, *cache),
+        shapes,
+        ["input_ids", "attention_mask"] + past_names(layers),
+        [first] + present_names(layers),
+    )
+
+
+def export_with_cache(model, limit: int, opset: int = 18):
+    """``model`` (:func:`with_cache`) exported by ``torch.onnx.export(dynamo=True)`` with its
+    optimizer, its KV cache as inputs and outputs (:func:`cache_export_args`): the ModelProto."""
+    torch = _require("torch", "a KV-cache export")
+    from onnxnorm.nn.exporter import quiet_export
+
+    args, shapes, inputs, outputs = cache_export_args(model, limit)
+    with quiet_export(), warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            with_cache(model),
+            args,
+            input_names=inputs,
+            output_names=outputs,
+            dynamo=True,
+            opset_version=opset,
+            optimize=True,
+            dynamic_shapes=shapes,
+        )
+    return program.model_proto
+
+
+# --- checkpoints, onnxruntime-genai, quantization ---------------------------------------------
+
+
+def tokenizer(vocab: int):
+    """A word-level tokenizer of ``vocab`` entries: ``<unk>``, ``<s>``, ``</s>`` (ids 0, 1, 2:
+    :data:`TOKEN_IDS`), then "t3" ... as a transformers fast tokenizer that ``save_pretrained``
+    writes; the models are fed token ids, never text."""
+    transformers = _require("transformers", "a word-level tokenizer")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    words.update({f"t{i}": i for i in range(3, vocab)})
+    built = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    built.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=built,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<unk>",
+    )
+
+
+def save_checkpoint(model, folder: str | Path) -> Path:
+    """``model`` saved with ``save_pretrained`` into ``folder``, with a :func:`tokenizer` of its
+    vocabulary: a checkpoint as onnxruntime-genai's model builder and Optimum read it."""
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tokenizer(model.config.vocab_size).save_pretrained(folder)
+    return folder
+
+
+def genai_build(
+    checkpoint: str | Path,
+    folder: str | Path,
+    precision: str,
+    provider: str = "cpu",
+    extra: Iterable[str] = (),
+) -> Path:
+    """onnxruntime-genai's model builder on ``checkpoint`` into ``folder`` (``precision``:
+    fp32, int4, fp16, ...; ``extra``: its ``key=value`` extra options); its cache folder,
+    beside ``folder``, is removed after."""
+    _require("onnxruntime_genai", "building an onnxruntime-genai folder")
+    from onnxruntime_genai.models import builder
+
+    folder = Path(folder)
+    cache = folder.parent / f".{folder.name}.cache"
+    options = builder.parse_extra_options(
+        None, str(checkpoint), str(folder), precision, provider, str(cache), list(extra)
+    )
+    builder.create_model(
+        None, str(checkpoint), str(folder), precision, provider, str(cache), **options
+    )
+    shutil.rmtree(cache, ignore_errors=True)
+    return folder
+
+
+def quantize(
+    source: str | Path,
+    destination: str | Path,
+    kind: str,
+    feeds: Iterable[dict] | None = None,
+    *,
+    matmul_only: bool = True,
+    **options: Any,
+) -> None:
+    """``source`` quantized by ONNX Runtime's tools into ``destination``: ``kind`` "dynamic"
+    (``quantize_dynamic``) or "static" (``quantize_static`` in QDQ format, calibrated on
+    ``feeds``, input name -> array dicts); the MatMuls only (``matmul_only``, as a decoder is
+    quantized) or every op the tool takes. ``options`` go to the tool as they are
+    (``activation_type``, ``weight_type``, ``calibrate_method``, ...)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    ops = ["MatMul"] if matmul_only else None
+    if kind == "dynamic":
+        quantize_dynamic(str(source), str(destination), op_types_to_quantize=ops, **options)
+        return
+    if kind != "static":
+        raise ValueError(f"kind must be 'dynamic' or 'static', got {kind!r}")
+    if feeds is None:
+        raise ValueError("static quantization needs calibration feeds")
+
+    class Feeds(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter(feeds)
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    quantize_static(
+        str(source),
+        str(destination),
+        Feeds(),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=ops,
+        **options,
+    )
+
+
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "LOW",
+    "TOKEN_IDS",
+    "WIDTH",
+    "cache_export_args",
+    "config",
+    "export_with_cache",
+    "family_of",
+    "genai_build",
+    "is_norm",
+    "model",
+    "past_names",
+    "present_names",
+    "quantize",
+    "randomize_norms",
+    "save_checkpoint",
+    "scale_offset",
+    "tokenizer",
+    "with_cache",
+]
