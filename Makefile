@@ -60,22 +60,15 @@ serve-venv: $(SERVE_VENV)/.deps
 demo: $(VENV)/.installed
 	$(PY) -m models.demo
 
-# Lint (docs/development.md): ruff's rules over the Python, and with LINT_FORMAT=1 the formatters'
-# checks too, ruff format over the Python and clang-format (.clang-format) over the C++ and CUDA
-# of custom_ops/. LINT_FORMAT is 0 until the tree has been formatted once; while it is 0 the
-# line length (E501, which the formatter settles for code) is left out as well.
-LINT_FORMAT ?= 0
+# Lint (docs/development.md): ruff's rules and ruff format over the Python, clang-format
+# (.clang-format) over the C++ and CUDA of custom_ops/; each only checks here.
 RUFF := $(VENV)/bin/ruff
 CLANG_FORMAT := $(VENV)/bin/clang-format
 CXX_SOURCES = $(shell find custom_ops -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 lint: $(VENV)/.deps
-ifeq ($(LINT_FORMAT),1)
 	$(RUFF) check .
 	$(RUFF) format --check .
 	$(CLANG_FORMAT) --dry-run --Werror $(CXX_SOURCES)
-else
-	$(RUFF) check --extend-ignore E501 --config "lint.external = ['E501']" .
-endif
 
 # Every generated file, from one command (tools/generate.py lists them): the native op table,
 # docs/ops.md and docs/norms.md. check-generated writes nothing and fails when one is stale.

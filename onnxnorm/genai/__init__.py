@@ -21,12 +21,14 @@ running the result (:func:`generate`) needs onnxruntime-genai (``onnxnorm[genai]
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from onnxnorm._io import check_output_folder
 from onnxnorm.errors import OnnxNormError
@@ -144,10 +146,8 @@ def _libraries(cuda: bool) -> list[Path]:
 
     found = [runtime.library_path("cpu")]
     if cuda:
-        try:
+        with contextlib.suppress(OnnxNormError):  # not built: CPU kernels only
             found.append(runtime.library_path("cuda"))
-        except OnnxNormError:
-            pass
     return found
 
 
@@ -172,10 +172,10 @@ def convert(
     the onnxnorm library where the models hold onnxnorm nodes. ``source`` is never modified;
     ``output`` must not exist unless ``overwrite``. The folder is built beside ``output`` under
     a temporary name and renamed into place."""
+    from onnxnorm import targets
     from onnxnorm._io import copy_rest, load_model, write_folder
     from onnxnorm.fusion.folder import fuse_file
     from onnxnorm.fusion.verify import uses_onnxnorm
-    from onnxnorm import targets
 
     targets.check(target)
     source, output = Path(source), Path(output)
@@ -194,7 +194,7 @@ def convert(
     def build(work: Path) -> bool:
         nonlocal library
         skip = {(source / CONFIG).resolve()}
-        for key, entry, options in found:
+        for key, entry, _options in found:
             name = entry["filename"]
             if progress:
                 progress(f"fusing {key} ({name})")

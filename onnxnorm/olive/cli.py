@@ -92,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         raise OnnxNormError(f"{source}: {problems[0]}")
 
+    # package_config first: without Olive it raises the one-line error naming the extra
+    from onnxnorm.olive import package_config  # noqa: I001 - before the imports of Olive
+
     import pydantic
     from olive.workflows import run as olive_run
-
-    from onnxnorm.olive import package_config  # first: without Olive, the one-line error
 
     try:
         output = olive_run(config, package_config=package_config(), tempdir=args.tempdir)

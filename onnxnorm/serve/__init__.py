@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from onnxnorm.errors import OnnxNormError
 from onnxnorm.serve.signature import Signature, TensorSpec, signature
@@ -110,7 +111,7 @@ def infer_function(session: Any, sig: Signature, batched: bool, name: str = "mod
                 responses[members[0]] = dict(zip(names, outputs))
                 continue
             first = requests[members[0]]
-            feeds = {n: np.concatenate([requests[i][n] for i in members]) for n in first.keys()}
+            feeds = {n: np.concatenate([requests[i][n] for i in members]) for n in first}
             outputs = run(feeds, len(members))
             rows = np.cumsum([len(next(iter(requests[i].values()))) for i in members])[:-1]
             parts = [np.split(out, rows) for out in outputs]

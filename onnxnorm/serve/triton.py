@@ -256,7 +256,7 @@ def _sources(source: Path, name: str | None) -> list[tuple[Path, str]]:
     else:
         files = [source]
     found = [(f, name or _model_name(f)) for f in files]
-    for path, model_name in found:
+    for _path, model_name in found:
         if not _NAME.fullmatch(model_name):
             raise OnnxNormError(
                 f"model name {model_name!r}: use letters, digits, '_', '.' and '-' (not first)"
