@@ -32,7 +32,10 @@ def _arrays(op, present, rng, axis=-1, dtype=np.float32, stat_shape=None):
     if spec.has_residual:
         arrays["Residual"] = rng.standard_normal(SHAPE).astype(dtype)
     for name in present:
-        arrays[name] = (1 + 0.5 * rng.standard_normal(suffix)).astype(dtype)
+        if name == "Gate":  # of X's shape, spread so that the activation's range shows
+            arrays[name] = (2 * rng.standard_normal(SHAPE)).astype(dtype)
+        else:
+            arrays[name] = (1 + 0.5 * rng.standard_normal(suffix)).astype(dtype)
     return arrays
 
 
@@ -42,6 +45,12 @@ def _attribute_cases(spec):
         cases.append({"scale_offset": 1.0})
     if "alpha" in spec.defaults:
         cases.append({"alpha": 2.5})
+    if spec.gated:
+        cases += [
+            {"group_size": 8},
+            {"activation": 1},
+            {"norm_before_gate": 0, "group_size": 4, "epsilon": 1e-6},
+        ]
     return cases
 
 
@@ -54,7 +63,11 @@ def _cases():
         for present, attrs, opset, dtype, order in itertools.product(
             presences, _attribute_cases(spec), (17, 18, 23), DTYPES, (0, 1)
         ):
-            attrs = {**attrs, "cast_before_scale": order}
+            if "cast_before_scale" not in spec.defaults:
+                if order:
+                    continue
+            else:
+                attrs = {**attrs, "cast_before_scale": order}
             yield pytest.param(
                 name,
                 present,
@@ -150,6 +163,91 @@ def test_reference_reproduces_hugging_face_rounding(style, dtype, rng):
     assert exact_fraction(1 - right) < 0.9
 
 
+def _gated_class(module_name, class_name):
+    module = pytest.importorskip(f"transformers.models.{module_name}.modeling_{module_name}")
+    return getattr(module, class_name)
+
+
+#: transformers' gated norms -> (constructor arguments, GatedRMSNorm attributes reproducing it)
+GATED_CLASSES = {
+    "Qwen3NextRMSNormGated": ("qwen3_next", {}, {"cast_before_scale": 1}),
+    "Qwen3_5RMSNormGated": ("qwen3_5", {}, {"cast_before_scale": 1}),
+    "KimiLinearRMSNormGated": ("kimi_linear", {}, {"activation": 1}),
+    "MambaRMSNormGated": (
+        "mamba2",
+        {"group_size": 64},
+        {"cast_before_scale": 1, "group_size": 64, "norm_before_gate": 0},
+    ),
+    "NemotronHRMSNormGated": (
+        "nemotron_h",
+        {"group_size": 32},
+        {"cast_before_scale": 1, "group_size": 32, "norm_before_gate": 0},
+    ),
+    "FalconH1RMSNormGated": (
+        "falcon_h1",
+        {"n_groups": 4, "norm_before_gate": False},
+        {"group_size": 64, "norm_before_gate": 0},
+    ),
+    "FalconH1RMSNormGated-norm-first": (
+        "falcon_h1",
+        {"n_groups": 2, "norm_before_gate": True},
+        {"group_size": 128},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", GATED_CLASSES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_reproduces_transformers_gated_norms(name, dtype, rng):
+    """GatedRMSNorm's attributes for each family reproduce transformers' module: in float16
+    and bfloat16 bit for bit but for rare ties (torch takes rsqrt and the sigmoid in float32,
+    the reference in float64), and the other rounding order misses a large share of the
+    values; in float32 within tolerance."""
+    module_name, kwargs, attrs = GATED_CLASSES[name]
+    cls = _gated_class(module_name, name.split("-")[0])
+    module = cls(256, eps=1e-6, **kwargs).to(dtype)
+    with torch.no_grad():
+        module.weight.copy_(torch.from_numpy(1 + 0.3 * rng.standard_normal(256)))
+    x, z = (
+        torch.from_numpy(rng.standard_normal((64, 256)).astype(np.float32)).to(dtype)
+        for _ in range(2)
+    )
+    with torch.no_grad():
+        want = module(x, z).float().numpy()
+
+    def exact_fraction(order):
+        ours = reference.run(
+            "GatedRMSNorm",
+            _numpy(x),
+            _numpy(module.weight.detach()),
+            _numpy(z),
+            epsilon=1e-6,
+            **{**attrs, "cast_before_scale": order},
+        )[0]
+        assert_close(ours, want.astype(ours.dtype))
+        return (ours.astype(np.float32) == want).mean()
+
+    right = attrs.get("cast_before_scale", 0)
+    fraction = exact_fraction(right)  # (float32: close, its last bits are float64's)
+    if dtype != torch.float32:
+        assert fraction >= 0.995
+        assert exact_fraction(1 - right) < 0.95
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_l2_norm_matches_fla_and_llama4(dtype, rng):
+    """L2Norm is FLA's l2norm (in float32, as onnxnorm computes it); Llama 4's L2Norm (the
+    root of the mean square) is RMSNorm without Scale."""
+    x = torch.from_numpy(rng.standard_normal((2, 8, 4, 128)).astype(np.float32)).to(dtype)
+    xf = x.float()
+    fla = (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + 1e-6)).to(dtype)
+    assert_close(reference.run("L2Norm", _numpy(x), epsilon=1e-6)[0], _numpy(fla))
+    llama4 = _gated_class("llama4", "Llama4TextL2Norm")(eps=1e-6)
+    with torch.no_grad():
+        want = llama4(x)
+    assert_close(reference.run("RMSNorm", _numpy(x), epsilon=1e-6)[0], _numpy(want))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_reference_matches_torch_functional(dtype, rng):
     x = torch.from_numpy(rng.standard_normal(SHAPE).astype(np.float32)).to(dtype)
@@ -226,8 +324,9 @@ def test_reference_outputs_keep_x_shape_with_weights_of_higher_rank(op, rng):
     spec = ops.OPS[op]
     x = rng.standard_normal((4, 8)).astype(np.float32)
     given = {p.name: rng.standard_normal((1, 1, 8)).astype(np.float32) for p in spec.inputs}
-    given["X"] = x
-    given["Residual"] = rng.standard_normal((4, 8)).astype(np.float32)
+    for p in spec.inputs:  # X, Residual and Gate: of X's shape
+        if p.type_var == "T":
+            given[p.name] = x if p.name == "X" else rng.standard_normal((4, 8)).astype(np.float32)
     inputs = [given[p.name] for p in spec.inputs]
     squeezed = [v if v.shape == (4, 8) else v.reshape(8) for v in inputs]
     for got, want in zip(reference.run(op, *inputs), reference.run(op, *squeezed)):
@@ -240,6 +339,23 @@ def test_overload_names_variant():
     assert functions.overload(spec, ["Scale", "XBias"], 1) == "scale_xbias_a"
     assert functions.overload(spec, [], 0) == "none"
     assert functions.overload(spec, [], 0, 1.0, with_sum=False) == "none_offset_nosum"
+
+
+def test_gated_overload_names_its_shape():
+    """A GatedRMSNorm's group size, sigmoid and gate-first order change its body's nodes, so
+    the overload names them (SiLU and norm-then-gate, the defaults, have no part; without a
+    Gate neither the activation nor the order shows)."""
+    spec = ops.OPS["GatedRMSNorm"]
+    assert functions.overload(spec, ["Scale", "Gate"], 1) == "scale_gate_a"
+    attrs = {"group_size": 64, "activation": 1, "norm_before_gate": 0}
+    assert (
+        functions.overload(spec, ["Scale", "Gate"], 0, attrs=attrs)
+        == "scale_gate_group64_sigmoid_gatefirst"
+    )
+    assert functions.overload(spec, ["Scale"], 0, attrs=attrs) == "scale_group64"
+    assert functions.overload(ops.OPS["L2Norm"], [], 0, opset=11, x_type=1, attrs={}) == (
+        "none_f32_axis-1_eps1e-05"
+    )
 
 
 @pytest.mark.parametrize(

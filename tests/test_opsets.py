@@ -24,34 +24,49 @@ EPS = 2.0**-16
 SHAPE = (2, 5, 32)
 
 
-def _arrays(op, present, dtype, rng, axis=-1):
-    """X, Residual (ops with one) and the ``present`` optional inputs over dims [axis, rank)."""
+def _arrays(op, present, dtype, rng, axis=-1, group=0):
+    """X, Residual (ops with one) and the ``present`` optional inputs over dims [axis, rank)
+    (Gate: X's shape; with ``group``, a GatedRMSNorm's Scale of one group)."""
     t = DTYPES[dtype]
     arrays = {"X": (rng.standard_normal(SHAPE) * 2 + 0.5).astype(t)}
     if catalogue.get(op).has_residual:
         arrays["Residual"] = rng.standard_normal(SHAPE).astype(t)
     for name in present:
-        arrays[name] = (
-            rng.standard_normal(SHAPE[axis:]) * 0.7 + (1 if "Scale" in name else 0)
-        ).astype(t)
+        if name == "Gate":
+            arrays[name] = (rng.standard_normal(SHAPE) * 2).astype(t)
+            continue
+        shape = SHAPE[axis:] if name != "Scale" or not group else (group,)
+        arrays[name] = (rng.standard_normal(shape) * 0.7 + (1 if "Scale" in name else 0)).astype(t)
     return arrays
 
 
 def _cases():
     """(op, present optional inputs, attributes, dtype, Sum an output) for every float op: every
     optional input; none (with a positive axis); order A in float16 over two dims (a negative
-    axis, which Flatten takes from opset 11 only); a scale offset; no Sum; alpha != 1; bfloat16."""
+    axis, which Flatten takes from opset 11 only); a scale offset; no Sum; alpha != 1; bfloat16;
+    a gated norm's groups, gate first and sigmoid. Inputs and attributes an op lacks are left
+    out."""
     for op, spec in catalogue.FLOAT_OPS.items():
-        yield op, spec.optional_inputs, {}, "float32", True
-        yield op, (), {"axis": 1}, "float32", True
-        yield op, ("Scale",), {"cast_before_scale": 1, "axis": -2}, "float16", True
+
+        def case(present, attrs, dtype, with_sum=True, op=op, spec=spec):
+            present = tuple(name for name in present if name in spec.optional_inputs)
+            attrs = {k: v for k, v in attrs.items() if k in spec.defaults}
+            return op, present, attrs, dtype, with_sum
+
+        yield case(spec.optional_inputs, {}, "float32")
+        yield case((), {"axis": 1}, "float32")
+        yield case(("Scale",), {"cast_before_scale": 1, "axis": -2}, "float16")
         if "scale_offset" in spec.defaults:
-            yield op, ("Scale",), {"scale_offset": 1.0}, "float16", True
+            yield case(("Scale",), {"scale_offset": 1.0}, "float16")
         if spec.has_residual:
-            yield op, ("Scale",), {}, "float32", False
+            yield case(("Scale",), {}, "float32", False)
         if "alpha" in spec.defaults:
-            yield op, ("Scale", "XBias"), {"alpha": 0.5}, "float32", True
-        yield op, ("Scale",), {"cast_before_scale": 1}, "bfloat16", True
+            yield case(("Scale", "XBias"), {"alpha": 0.5}, "float32")
+        yield case(("Scale",), {"cast_before_scale": 1}, "bfloat16")
+        if spec.gated:
+            yield case(("Scale", "Gate"), {"group_size": 8, "norm_before_gate": 0}, "float16")
+            yield case(("Scale", "Gate"), {"group_size": 8, "activation": 1}, "bfloat16")
+            yield case(("Gate",), {"cast_before_scale": 1, "group_size": 16}, "float16")
 
 
 def _params():
@@ -92,7 +107,7 @@ def test_every_opset_function_and_lowered_targets_match_reference(
     op, present, attrs, dtype, with_sum, opset, rng
 ):
     attrs = {"epsilon": EPS, **attrs}
-    arrays = _arrays(op, present, dtype, rng, attrs.get("axis", -1))
+    arrays = _arrays(op, present, dtype, rng, attrs.get("axis", -1), attrs.get("group_size", 0))
     model = _model(op, arrays, attrs, opset, optional_outputs=with_sum)
 
     body, notes = lower_with_notes(model, "function")

@@ -90,6 +90,38 @@ the norms' weights and outputs in float32). onnxnorm's LayerNorm and RMSNorm tak
 with `y_float32 = 1`: Y is the value before its last rounding to X's type
 ([ops.md](ops.md#layernorm)).
 
+## Gated, grouped and L2 norms of hybrid LLMs
+
+The LLMs that mix attention with linear attention or state-space layers add three forms, each
+one onnxnorm node ([ops.md](ops.md#gatedrmsnorm)):
+
+```
+norm, then gate    y = w * RMS(x) * act(z)           act = SiLU or sigmoid, in float32
+gate, then norm    y = w * RMS_g(x * SiLU(z))        RMS_g: per group of group_size values
+L2 (FLA)           y = x / sqrt(sum(x^2) + eps)      the sum, not the mean
+```
+
+* **Norm, then gate** (`GatedRMSNorm`, `norm_before_gate = 1`): the output of a gated
+  delta-rule or linear-attention layer is normalized per head and multiplied by an activation
+  of a gate projection z. Qwen3-Next and Qwen3.5 use SiLU and order A (the normalized value is
+  rounded to the input type before the weight, the gate's product is taken in float32 and
+  rounded once); Kimi Linear uses sigmoid and keeps float32 through the weight (order B). Their
+  weights cover one head (`group_size` = head_dim, Scale [head_dim]), the layout of ONNX
+  Runtime's CUDA-only `com.microsoft::GatedRMSNorm`.
+* **Gate, then grouped norm** (`GatedRMSNorm`, `norm_before_gate = 0`): Mamba2 and the hybrids
+  built on its mixer (Nemotron-H, Bamba, Zamba2, GraniteMoeHybrid) multiply the SSM output by
+  SiLU(z) in float32, without rounding, and normalize each of `n_groups` groups of the inner
+  dimension on its own (`group_size = d_inner / n_groups`), order A. Falcon-H1 chooses the
+  order with its `norm_before_gate` flag and keeps float32 through the weight (order B).
+* **L2** (`L2Norm`): gated delta-rule attention normalizes q and k per head by their L2 norm
+  with an epsilon inside the root (FLA's `l2norm`, in Qwen3-Next's recurrence), eps 1e-6.
+  Llama 4's `L2Norm` divides by the root of the *mean* square instead: that is an `RMSNorm`
+  without Scale. ONNX's own `LpNormalization(p = 2)` divides by the plain L2 norm, with no
+  epsilon: it equals `L2Norm` with `epsilon = 0` except on an all-zero row (0 / 0).
+* Zero-centred weights (`1 + w`) in these families are `scale_offset = 1`, as for Gemma.
+* Gemma 3n's RMSNorm, `x * pow(mean(x^2) + eps, -0.5)` (with a weight, and without one for
+  its value norm), is the plain `RMSNorm` written with `Pow(., -0.5)` instead of a square root.
+
 ## Where the norm goes: Pre-Norm, Post-Norm, Sandwich-Norm, DeepNorm
 
 For a sublayer F (attention or MLP) of layer l:

@@ -34,10 +34,11 @@ QUANT_TYPES = ("tensor(uint8)", "tensor(int8)", "tensor(float8e4m3fn)")
 #: The largest finite float8 e4m3fn value: QuantizeLinear's saturation bound for that type.
 FLOAT8_E4M3FN_MAX = 448.0
 #: The values of OpSpec.norm, OpSpec.residual and OpSpec.quantize, in the order the native enums
-#: number them. quantize: "none" (Y in X's type), "static" (Y quantized as QuantizeLinear does
+#: number them. norm: "layer" (mean and variance), "rms" (root mean square), "l2" (root of the
+#: sum of squares). quantize: "none" (Y in X's type), "static" (Y quantized as QuantizeLinear does
 #: with a given scale and zero point), "dynamic" (as DynamicQuantizeLinear does: uint8, scale and
 #: zero point from Y's range).
-NORM_KINDS = ("layer", "rms")
+NORM_KINDS = ("layer", "rms", "l2")
 RESIDUAL_KINDS = ("none", "skip", "sandwich")
 QUANTIZE_KINDS = ("none", "static", "dynamic")
 #: The type variables of inputs and outputs, in the order the native enum numbers them, with what
@@ -78,6 +79,11 @@ CHECKS: dict[str, Check] = {
             lambda value: _is_finite(value) and value >= 0,
         ),
         Check("zero_or_one", "0 or 1", lambda value: value in (0, 1)),
+        Check(
+            "non_negative_int",
+            "an integer >= 0",
+            lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        ),
     )
 }
 
@@ -110,7 +116,8 @@ class Param:
 @dataclasses.dataclass(frozen=True)
 class OpSpec:
     name: str
-    #: "layer" (mean and variance) or "rms" (root mean square)
+    #: a value of NORM_KINDS: "layer" (mean and variance), "rms" (root mean square) or "l2"
+    #: (root of the sum of squares)
     norm: str
     #: "none"; "skip": Sum = alpha * Residual + X (+ XBias), then the norm of Sum;
     #: "sandwich": Sum = Residual + Norm(X) (inner scale and bias), then the norm of Sum
@@ -148,7 +155,10 @@ class OpSpec:
     @property
     def type_sets(self) -> tuple[tuple[str, str, str], ...]:
         """Every (T, S, U) the op accepts: U is T, and for an op whose Y is of type U, also
-        float32 for each of MIXED_PAIRS (U stands for T where the op has no U)."""
+        float32 for each of MIXED_PAIRS (U stands for T where the op has no U, S for T where
+        it has no weights)."""
+        if not any(p.type_var == "S" for p in self.inputs):  # no weights: S is T
+            return tuple((t, t, t) for t in DATA_TYPES)
         plain = tuple((t, s, t) for t, s in TYPE_PAIRS)
         if not any(p.type_var == "U" for p in self.outputs):
             return plain
@@ -160,6 +170,11 @@ class OpSpec:
             if p.name == name:
                 return index
         return None
+
+    @property
+    def gated(self) -> bool:
+        """Takes the gate input Gate, and the attributes of a gated norm (GatedRMSNorm)."""
+        return any(p.name == "Gate" for p in self.inputs)
 
     @property
     def has_residual(self) -> bool:
@@ -196,7 +211,8 @@ EPSILON = Attribute(
     "epsilon",
     "float",
     1e-5,
-    "Added to the variance (LayerNorm) or the mean square (RMSNorm) before the square root.",
+    "Added to the variance (LayerNorm), the mean square (RMSNorm) or the sum of squares "
+    "(L2Norm) before the square root.",
     "finite_non_negative",
 )
 CAST_BEFORE_SCALE = Attribute(
@@ -449,7 +465,8 @@ OPS: dict[str, OpSpec] = {
         ),
     )
 }
-# The quantized forms (ids after every float op: the native enums number ops in this order).
+# The quantized forms (ids after the first six: the native enums number ops in this order), then
+# the norms of hybrid LLMs.
 OPS.update(
     {
         spec.name: spec
@@ -458,6 +475,88 @@ OPS.update(
         for spec in (_quantized(OPS[base], quantize),)
     }
 )
+GROUP_SIZE = Attribute(
+    "group_size",
+    "int",
+    0,
+    "Normalize each run of group_size consecutive values of the normalized extent on its own "
+    "(Mamba2's n_groups = extent / group_size); 0: the whole extent is one group. Must divide "
+    "the extent.",
+    "non_negative_int",
+)
+ACTIVATION = Attribute(
+    "activation",
+    "int",
+    0,
+    "The gate's activation, computed in float32: 0 = SiLU, g * sigmoid(g) (Qwen3-Next, "
+    "Mamba2, Nemotron-H ...); 1 = sigmoid (Kimi Linear).",
+    "zero_or_one",
+)
+NORM_BEFORE_GATE = Attribute(
+    "norm_before_gate",
+    "int",
+    1,
+    "1: normalize X, then multiply by act(Gate) (Qwen3-Next, Qwen3.5, Kimi Linear, ONNX "
+    "Runtime's GatedRMSNorm); 0: multiply X by act(Gate) in float32 (not rounded), then "
+    "normalize the product (Mamba2, Nemotron-H, Bamba, Zamba2, GraniteMoeHybrid). Falcon-H1 "
+    "has either. No effect without Gate.",
+    "zero_or_one",
+)
+_GATE = Param(
+    "Gate",
+    "T",
+    "The gate, of X's shape and type. Absent: no gate (a grouped RMSNorm).",
+    optional=True,
+)
+_GATED_SCALE = Param(
+    "Scale",
+    "S",
+    "Multiplier: of shape [group_size] (one group's weight, shared by every group: ONNX "
+    "Runtime's GatedRMSNorm), or a suffix of X's shape covering the normalized dimensions (it "
+    "may span more, per-head weights, where group_size is 0). Absent means 1.",
+    optional=True,
+)
+_L2_Y = Param("Y", "T", "The normalized output, same shape and type as X.")
+
+OPS.update(
+    {
+        "GatedRMSNorm": OpSpec(
+            "GatedRMSNorm",
+            "rms",
+            "none",
+            "RMSNorm with a gate, over groups of the last dimensions: the norms of hybrid and "
+            "linear-attention LLMs (Qwen3-Next and Kimi Linear normalize, then gate; Mamba2, "
+            "Nemotron-H, Bamba, Zamba2 and GraniteMoeHybrid gate, then normalize in groups).",
+            "A = act(float32(Gate)) (1 without Gate);  RMS_g(Z) = Z / sqrt(mean_g(Z^2) + "
+            "epsilon), mean_g over each group of group_size values;  norm_before_gate = 1: "
+            "Y = RMS_g(X) * (Scale + scale_offset) * A;  norm_before_gate = 0: "
+            "Y = RMS_g(float32(X) * A) * (Scale + scale_offset)",
+            (_X, _GATED_SCALE, _GATE),
+            (_Y,),
+            (
+                AXIS,
+                EPSILON,
+                CAST_BEFORE_SCALE,
+                SCALE_OFFSET,
+                GROUP_SIZE,
+                ACTIVATION,
+                NORM_BEFORE_GATE,
+            ),
+        ),
+        "L2Norm": OpSpec(
+            "L2Norm",
+            "l2",
+            "none",
+            "L2 normalization with an epsilon, statistics in float32: the q/k norm of gated "
+            "delta-rule attention (Qwen3-Next, FLA's l2norm).",
+            "Y = X / sqrt(sum(X^2) + epsilon)  (the sum, not the mean, over [axis, rank))",
+            (_X,),
+            (_L2_Y,),
+            (AXIS, EPSILON),
+        ),
+    }
+)
+
 #: The ops whose Y is in X's type (no quantization).
 FLOAT_OPS = {name: spec for name, spec in OPS.items() if spec.quantize == "none"}
 #: The ops whose Y is quantized.
@@ -481,6 +580,8 @@ NORM_OPS: dict[tuple[str, str], tuple[int, int]] = {
     ("com.microsoft", "SimplifiedLayerNormalization"): (1, 0),
     ("com.microsoft", "SkipLayerNormalization"): (1, 1),
     ("com.microsoft", "SkipSimplifiedLayerNormalization"): (1, 1),
+    ("com.microsoft", "GatedRMSNorm"): (1, 0),
+    ("", "LpNormalization"): (1, 0),
 }
 
 

@@ -162,11 +162,18 @@ class OpsetWriter:
         one = self("Constant", value=helper.make_tensor("one", _FLOAT, [1] * count, [1.0]))
         return self("Tile", one, dims)
 
-    def reduce_mean(self, value: str) -> str:
-        """Mean over axis 1 of a 2-D tensor, keepdims."""
+    def reduce_mean(self, value: str, axis: int = 1) -> str:
+        """Mean over ``axis`` (>= 0), keepdims (the axes an input from opset 18)."""
+        return self._reduce("ReduceMean", value, axis)
+
+    def reduce_sum_square(self, value: str, axis: int = 1) -> str:
+        """Sum of squares over ``axis`` (>= 0), keepdims."""
+        return self._reduce("ReduceSumSquare", value, axis)
+
+    def _reduce(self, op: str, value: str, axis: int) -> str:
         if self.opset >= 18:
-            return self("ReduceMean", value, self.ints([1]), keepdims=1)
-        return self("ReduceMean", value, axes=[1], keepdims=1)
+            return self(op, value, self.ints([axis]), keepdims=1)
+        return self(op, value, axes=[axis], keepdims=1)
 
 
 class _Body(OpsetWriter):
@@ -249,6 +256,8 @@ def overload(
     if scale_offset:
         parts += ["offset" if opset >= REF_OPSET else f"offset{_number(scale_offset)}"]
     parts += ["a"] if cast_before_scale else []
+    if spec.gated:
+        parts += _gated_parts({**spec.defaults, **(attrs or {})}, "Gate" in present)
     parts += ["yfloat32"] if y_float32 else []
     if spec.quantize != "none" and with_float:
         parts += ["float"]
@@ -266,6 +275,29 @@ def overload(
         parts += [f"axis{int(values['axis'])}", f"eps{_number(values['epsilon'])}"]
         parts += [f"alpha{_number(values['alpha'])}"] if "alpha" in values else []
     return "_".join(parts)
+
+
+def _gated_parts(values: dict[str, Any], gated: bool) -> list[str]:
+    """The parts that give a GatedRMSNorm body its shape: ``group<n>`` for its group size,
+    and with a Gate ``sigmoid`` for that activation (SiLU has no part) and ``gatefirst`` for
+    norm_before_gate = 0."""
+    parts = [f"group{int(values['group_size'])}"] if values["group_size"] else []
+    if gated:
+        parts += ["sigmoid"] if values["activation"] == 1 else []
+        parts += ["gatefirst"] if values["norm_before_gate"] == 0 else []
+    return parts
+
+
+_GROUP_PART = re.compile(r"group([0-9]+)")
+
+
+def _group_size(parts: set[str]) -> int:
+    """The group size an overload names (0: none)."""
+    for part in parts:
+        match = _GROUP_PART.fullmatch(part)
+        if match:
+            return int(match[1])
+    return 0
 
 
 def _parse(
@@ -356,6 +388,55 @@ def scale_and_shift(
     return y
 
 
+def _rows(b: _Body, zf: str) -> str:
+    """``zf`` flattened to [rows, cols] at the node's axis."""
+    axis = b.attr("axis")
+    if isinstance(axis, int) and axis < 0 and b.opset < 11:
+        # Flatten takes a negative axis from opset 11: to [-1, <dims from axis>] first
+        dims = b("Concat", b.ints([-1]), b.shape(zf, axis), axis=0)
+        return b("Flatten", b("Reshape", zf, dims), axis=1)
+    return b("Flatten", zf, axis=axis)
+
+
+def _rms_of_rows(b: _Body, rows: str, axis: int, total: bool = False) -> str:
+    """``rows`` divided by the root of the mean (``total``: the sum) of their squares over
+    ``axis`` plus epsilon, in float32."""
+    if total:
+        squares = b.reduce_sum_square(rows, axis)
+    else:
+        squares = b.reduce_mean(b("Mul", rows, rows), axis)
+    return b("Div", rows, b("Sqrt", b("Add", squares, b.scalar(b.attr("epsilon")))))
+
+
+def _gated_body(b: _Body, parts: set[str], present: set[str], order_a: bool, offset) -> None:
+    """GatedRMSNorm's Y: the gate's activation in float32 (Sigmoid, or SiLU as g * Sigmoid(g)),
+    multiplied into float32(X) before the statistics (``gatefirst``, not rounded) or into the
+    scaled result after them; groups of ``group<n>`` values as a third axis of the rows, whose
+    Scale ([n] or the whole extent) is reshaped to [-1, n] to meet them."""
+    act = None
+    if "Gate" in present:
+        g = b.float32("Gate")
+        act = b("Sigmoid", g) if "sigmoid" in parts else b("Mul", g, b("Sigmoid", g))
+    zf = b.float32("X")
+    if act is not None and "gatefirst" in parts:
+        zf = b("Mul", zf, act)
+    group = _group_size(parts)
+    scale = "Scale" if "Scale" in present else None
+    rows = _rows(b, zf)
+    if group:
+        normalized = _rms_of_rows(b, b("Reshape", rows, b.ints([0, -1, group])), 2)
+        if scale:
+            scale = b("Reshape", scale, b.ints([-1, group]))
+        y = scale_and_shift(b, normalized, scale, None, offset, order_a)
+        y = b("Reshape", y, b.shape(zf))
+    else:
+        normalized = b("Reshape", _rms_of_rows(b, rows, 1), b.shape(zf))
+        y = scale_and_shift(b, normalized, scale, None, offset, order_a)
+    if act is not None and "gatefirst" not in parts:
+        y = b("Mul", y, act)
+    b.to_x(y, out="Y")
+
+
 def _normalize(b: _Body, spec: catalogue.OpSpec, z: str) -> str:
     """``z`` normalized over [axis, rank) in float32, without any scale.
 
@@ -365,13 +446,7 @@ def _normalize(b: _Body, spec: catalogue.OpSpec, z: str) -> str:
     LayerNormalization kernel alone loses them.
     """
     zf = b("Cast", z, to=_FLOAT)
-    axis = b.attr("axis")
-    if isinstance(axis, int) and axis < 0 and b.opset < 11:
-        # Flatten takes a negative axis from opset 11: to [-1, <dims from axis>] first
-        dims = b("Concat", b.ints([-1]), b.shape(zf, axis), axis=0)
-        rows = b("Flatten", b("Reshape", zf, dims), axis=1)
-    else:
-        rows = b("Flatten", zf, axis=axis)
+    rows = _rows(b, zf)
     if spec.norm == "layer":
         rows = b("Sub", rows, b.slice(rows, [0], [1], [1]))
     if (spec.norm == "layer" and b.opset >= 17) or (spec.norm == "rms" and b.opset >= 23):
@@ -380,9 +455,7 @@ def _normalize(b: _Body, spec: catalogue.OpSpec, z: str) -> str:
     else:
         if spec.norm == "layer":
             rows = b("Sub", rows, b.reduce_mean(rows))
-        mean_square = b.reduce_mean(b("Mul", rows, rows))
-        eps = b.scalar(b.attr("epsilon"))
-        normalized = b("Div", rows, b("Sqrt", b("Add", mean_square, eps)))
+        normalized = _rms_of_rows(b, rows, 1)
     return b("Reshape", normalized, b.shape(zf))
 
 
@@ -422,25 +495,33 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
         )
         return b("Identity", y, out=out) if mixed else b.to_x(y, out=out)
 
-    z = "X"
-    if spec.residual == "skip":
-        total = b("Add", b("Mul", b.float32("Residual"), b.scalar(b.attr("alpha"))), b.float32("X"))
-        if "XBias" in present:
-            total = b("Add", total, b.float32("XBias"))
-        z = b.to_x(total, out="Sum")
-    elif spec.residual == "sandwich":
-        inner = b.float32(norm("X", "InnerScale", "InnerBias"))
-        z = b.to_x(b("Add", b.float32("Residual"), inner), out="Sum")
     outputs = _body_outputs(spec, parts)
-    if spec.quantize == "none":
-        norm(z, "Scale", "Bias", out="Y", mixed="yfloat32" in parts)
+    if spec.gated:
+        _gated_body(b, parts, present, order_a, offset)
+    elif spec.norm == "l2":
+        zf = b.float32("X")
+        b.to_x(b("Reshape", _rms_of_rows(b, _rows(b, zf), 1, total=True), b.shape(zf)), out="Y")
     else:
-        _quantize(
-            b,
-            spec,
-            norm(z, "Scale", "Bias", out="Y_float" if "Y_float" in outputs else None),
-            "Y_zero_point" in present,
-        )
+        z = "X"
+        if spec.residual == "skip":
+            total = b(
+                "Add", b("Mul", b.float32("Residual"), b.scalar(b.attr("alpha"))), b.float32("X")
+            )
+            if "XBias" in present:
+                total = b("Add", total, b.float32("XBias"))
+            z = b.to_x(total, out="Sum")
+        elif spec.residual == "sandwich":
+            inner = b.float32(norm("X", "InnerScale", "InnerBias"))
+            z = b.to_x(b("Add", b.float32("Residual"), inner), out="Sum")
+        if spec.quantize == "none":
+            norm(z, "Scale", "Bias", out="Y", mixed="yfloat32" in parts)
+        else:
+            _quantize(
+                b,
+                spec,
+                norm(z, "Scale", "Bias", out="Y_float" if "Y_float" in outputs else None),
+                "Y_zero_point" in present,
+            )
 
     defaults = [
         helper.make_attribute(a.name, float(a.default) if a.kind == "float" else a.default)

@@ -85,14 +85,113 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
                 raise TypeError(
                     f"{op}: {p.name} must be of X's type {t} or float32, got {value.dtype}"
                 )
-            check_suffix(p.name, value.shape, x.shape, axis, op)
+            if not (spec.gated and _is_group_weight(value.shape, a["group_size"])):
+                check_suffix(p.name, value.shape, x.shape, axis, op)
             # leading 1s beyond X's rank broadcast to nothing: Y keeps X's shape
             given[p.name] = value.reshape(value.shape[max(0, value.ndim - x.ndim) :])
 
     yt = _y_dtype(spec, t, a.get("y_float32", 0), given)
     axes = tuple(range(axis, x.ndim))
+    if spec.gated:
+        return [_gated(spec, x, axis, a, given["Scale"], given["Gate"])]
     outputs = _float_outputs(spec, x, axes, a, given, yt)
     return outputs if spec.quantize == "none" else _quantized_outputs(spec, outputs, given)
+
+
+def _is_group_weight(shape: tuple[int, ...], group_size: int) -> bool:
+    """A GatedRMSNorm Scale of shape [group_size] (leading 1s ignored): one group's weight."""
+    dims = list(shape)
+    while len(dims) > 1 and dims[0] == 1:
+        dims.pop(0)
+    return group_size > 0 and dims == [group_size]
+
+
+def activation(gate: np.ndarray, kind: int) -> np.ndarray:
+    """The gate's activation of float32(gate), in float64: 0 SiLU, 1 sigmoid."""
+    g = gate.astype(np.float32).astype(np.float64)
+    with np.errstate(over="ignore"):
+        sigmoid = 1.0 / (1.0 + np.exp(-g))
+    return g * sigmoid if kind == 0 else sigmoid
+
+
+def _gated(
+    spec: catalogue.OpSpec,
+    x: np.ndarray,
+    axis: int,
+    a: dict[str, Any],
+    scale: np.ndarray | None,
+    gate: np.ndarray | None,
+) -> np.ndarray:
+    """GatedRMSNorm's Y: the gate's activation before the norm (on float32(X), not rounded) or
+    after it, RMS statistics over groups of group_size values of the extent [axis, rank)."""
+    op, t = spec.name, x.dtype
+    extent = int(np.prod(x.shape[axis:], dtype=np.int64))
+    group = a["group_size"] or extent
+    if extent % group:
+        raise ValueError(
+            f"{op}: group_size {group} does not divide the normalized extent {extent} of X of "
+            f"shape {x.shape} from axis {axis}"
+        )
+    if gate is not None and (gate.dtype != t or gate.shape != x.shape):
+        raise ValueError(
+            f"{op}: Gate must have X's type and shape, got {gate.dtype}{gate.shape} for X "
+            f"{t}{x.shape}"
+        )
+    if (
+        scale is not None
+        and a["group_size"]
+        and not _is_group_weight(scale.shape, group)
+        and int(np.prod(scale.shape, dtype=np.int64)) != extent
+    ):
+        raise ValueError(
+            f"{op}: with group_size {group}, Scale must be of shape [{group}] or cover "
+            f"exactly the normalized dimensions {x.shape[axis:]}, got {scale.shape}"
+        )
+    gated = activation(gate, a["activation"]) if gate is not None else None
+    before = gated is not None and not a["norm_before_gate"]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        z = x.astype(np.float64)
+        if before:
+            z = (x.astype(np.float32).astype(np.float64) * gated).astype(np.float32)
+            z = z.astype(np.float64)  # the product in float32, as the model computes it
+        groups = z.reshape(-1, group)
+        normalized = groups / np.sqrt((groups * groups).mean(axis=1, keepdims=True) + a["epsilon"])
+        normalized = normalized.reshape(x.shape)
+        y = _weighted(normalized, scale, a["scale_offset"], a["cast_before_scale"], t, group)
+        if gated is not None and not before:
+            y = y.astype(np.float64) * gated if a["cast_before_scale"] else y * gated
+    return y.astype(t)
+
+
+def _weighted(
+    normalized: np.ndarray,
+    scale: np.ndarray | None,
+    offset: float,
+    order_a: int,
+    t: np.dtype,
+    group: int,
+) -> np.ndarray:
+    """``normalized`` (float64) times Scale + offset as the rounding order says: order A (a
+    16-bit X) rounds the normalized value, the weight and the product to X's type (the result
+    is of X's type); order B and float32 keep float64 (the caller rounds once). A Scale of
+    shape [group] multiplies each group."""
+    order_a = bool(order_a) and t != np.float32
+    if scale is None:
+        s = np.ones((), np.float64)
+    else:
+        s = scale.astype(t) if order_a else scale.astype(np.float64)
+    if offset:
+        s = s.astype(np.float64) + (np.float64(t.type(offset)) if order_a else offset)
+        s = s.astype(t) if order_a else s
+    shape = normalized.shape
+    if scale is not None and scale.size == group and normalized.size and shape[-1] != group:
+        normalized = normalized.reshape(-1, group)
+        s = s.reshape(-1)
+    if order_a:
+        y = (normalized.astype(t).astype(np.float64) * s.astype(np.float64)).astype(t)
+    else:
+        y = normalized * s.astype(np.float64)
+    return y.reshape(shape)
 
 
 def _y_dtype(
@@ -124,7 +223,7 @@ def _float_outputs(
     op, t = spec.name, x.dtype
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
         if not spec.has_residual:
-            return [_norm(spec, x, axes, a, given["Scale"], given["Bias"], yt)]
+            return [_norm(spec, x, axes, a, given.get("Scale"), given.get("Bias"), yt)]
         residual = given["Residual"]
         if residual.dtype != t or residual.shape != x.shape:
             raise ValueError(
@@ -253,11 +352,13 @@ def _norm(
         normalized = centred / np.sqrt(
             (centred * centred).mean(axis=axes, keepdims=True) + a["epsilon"]
         )
+    elif spec.norm == "l2":
+        normalized = z64 / np.sqrt((z64 * z64).sum(axis=axes, keepdims=True) + a["epsilon"])
     else:
         normalized = z64 / np.sqrt((z64 * z64).mean(axis=axes, keepdims=True) + a["epsilon"])
 
     offset = a.get("scale_offset", 0.0)
-    if a["cast_before_scale"] and t != np.float32:
+    if a.get("cast_before_scale") and t != np.float32:
         # order A: round the normalized value, then every step rounds to X's type
         y = normalized.astype(t)
         s = scale.astype(t) if scale is not None else np.ones((), t)

@@ -53,8 +53,9 @@ def _inference(spec: catalogue.OpSpec):
     type, or float32 where y_float32 = 1); a quantized Y
     has Y_zero_point's type (else the op's first quantized type) and X's shape; DynamicQuantize's
     Y_scale (float32) and Y_zero_point are scalars. Residual and Y_scale must have X's type,
-    Scale/Bias/XBias X's type or float32, Y_zero_point one of the quantized types, and axis must
-    fit X's rank."""
+    Scale/Bias/XBias X's type or float32, Y_zero_point one of the quantized types, axis must
+    fit X's rank, and a GatedRMSNorm's group_size must divide the normalized extent where it is
+    known."""
     quant_types = [_elem(t) for t in spec.quant_types]
 
     def fail(ctx, message: str) -> None:
@@ -89,6 +90,17 @@ def _inference(spec: catalogue.OpSpec):
             axis = axis.i if axis is not None else spec.attribute("axis").default
             if not -rank <= axis < rank:
                 fail(ctx, f"axis {axis} is out of range for X of rank {rank}")
+            group = ctx.get_attribute("group_size") if spec.gated else None
+            dims = x.tensor_type.shape.dim[axis % rank :]
+            if group is not None and group.i > 0 and all(d.HasField("dim_value") for d in dims):
+                extent = 1
+                for d in dims:
+                    extent *= d.dim_value
+                if extent % group.i:
+                    fail(
+                        ctx,
+                        f"group_size {group.i} does not divide the normalized extent {extent}",
+                    )
         q_type = quant_types[0] if quant_types else None
         for index, param in enumerate(spec.inputs):
             if param.type_var == "Q" and index < ctx.get_num_inputs() and ctx.has_input(index):
