@@ -84,12 +84,20 @@ class NormArgs(ctypes.Structure):
         ("epsilon", ctypes.c_float),
         ("scale_offset", ctypes.c_float),
         ("alpha", ctypes.c_float),
+        ("gate", ctypes.c_void_p),
+        ("activation", ctypes.c_int32),
+        ("norm_before_gate", ctypes.c_int32),
     ]
 
     def __init__(self, **fields: Any):
         # the C++ struct's defaults where they are not zero
         defaults = {f"{w}_rows": 1 for w in ("scale", "bias", "xbias", "inner_scale", "inner_bias")}
-        defaults.update(epsilon=catalogue.EPSILON.default, alpha=catalogue.ALPHA.default)
+        defaults.update(
+            epsilon=catalogue.EPSILON.default,
+            alpha=catalogue.ALPHA.default,
+            activation=catalogue.ACTIVATION.default,
+            norm_before_gate=catalogue.NORM_BEFORE_GATE.default,
+        )
         super().__init__(**{**defaults, **fields})
 
 
@@ -258,7 +266,10 @@ class Kernels:
         self, op: str, inputs: dict[str, Any], y, sum_=None, axis: int = -1, **attrs: Any
     ) -> NormArgs:
         """Launcher arguments for catalogue op ``op`` on torch CUDA tensors ``inputs`` (by
-        parameter name; absent ones left out), outputs ``y`` and ``sum_``."""
+        parameter name; absent ones left out), outputs ``y`` and ``sum_``. GatedRMSNorm's groups
+        become rows as the ORT glue makes them (onnxnorm/norm_args.h): rows * (extent /
+        group_size) rows of group_size values, a Scale of shape [group_size] shared by every
+        group, one of the whole extent as extent / group_size weight rows."""
         spec = catalogue.get(op)
         a = reference.check_attributes(spec, attrs)
         x = inputs["X"]
@@ -268,13 +279,23 @@ class Kernels:
         for d in x.shape[ax:]:
             cols *= d
         rows = x.numel() // cols if cols else 0
+        group = a.get("group_size", 0) or cols
+        if cols and group != cols:
+            if cols % group:
+                raise ValueError(f"{op}: group_size {group} does not divide the extent {cols}")
+            rows, cols = rows * (cols // group), group
         args = NormArgs()
         args.op = OP_IDS[op]
         args.x_type = _type_code(x.dtype)
         args.weight_type = args.x_type
         args.y_type = _type_code(y.dtype)
-        args.cast_before_scale = int(a["cast_before_scale"])
+        args.cast_before_scale = int(a.get("cast_before_scale", 0))
         args.rows, args.cols = rows, cols
+        if inputs.get("Gate") is not None:
+            args.gate = inputs["Gate"].data_ptr()
+        if spec.gated:
+            args.activation = int(a["activation"])
+            args.norm_before_gate = int(a["norm_before_gate"])
         args.x = x.data_ptr()
         args.y = y.data_ptr()
         if sum_ is not None:
@@ -287,6 +308,7 @@ class Kernels:
                 continue
             args.weight_type = _type_code(w.dtype)
             setattr(args, _FIELD[name], w.data_ptr())
+            # (a grouped op's Scale of the whole extent: a weight row per group)
             setattr(args, _FIELD[name] + "_rows", max(1, w.numel() // cols))
         args.epsilon = a["epsilon"]
         args.scale_offset = a.get("scale_offset", 0.0)

@@ -11,7 +11,12 @@ quantized type (uint8, int8, float8e4m3fn) x zero point (given or not, static) x
 outputs (Sum, Y_float) x row widths, their Y_float and Sum bit for bit the float op's Y and Sum
 from the same library, their quantized Y (and the dynamic scale and zero point) exactly the
 reference quantizer's of that Y_float (float8: the same bits; a NaN's sign may differ only where
-the reference gives NaN).
+the reference gives NaN). GatedRMSNorm: every dtype x weight dtype x rounding order x gate (absent;
+SiLU or sigmoid, before or after the norm) x row widths from 1 to 16384 x groups (Qwen3-Next's
+heads with one head's Scale, Mamba2's groups with a Scale of the whole extent), per-head weights,
+axis -2, unaligned views and NaN/Inf rows (in X and in the Gate); L2Norm: every dtype x per-head
+rows (head_dim 64 to 256) and widths from 1 to 16384 (40000 in the full matrix), axis -2,
+unaligned views, NaN/Inf rows.
 Arguments are ``onnxnorm._native.NormArgs`` (and ``CudaQuantArgs``) on torch tensors.
 
 On a GPU (tests/test_cuda.py, tools/gpu_check.sh) it drives the built CUDA library. Without one,
@@ -128,6 +133,8 @@ def cases(quick: bool = False) -> list[Case]:
         widths += [(9, 32), (3, 2048), (1, 24576), (1, 40000), (2, 1, 4, 8)]
     type_name = _native.elem_type_name
     for op, spec in catalogue.FLOAT_OPS.items():
+        if spec.gated or spec.norm == "l2":  # (their own matrices below)
+            continue
         rms = spec.norm == "rms"
         skip = spec.residual == "skip"
         # every (T, S, U) the op takes: U (Y's type) float32 for a 16-bit X with float32 weights
@@ -184,6 +191,129 @@ def cases(quick: bool = False) -> list[Case]:
         if spec.norm == "layer":
             for width in (128, 4096, 3000):
                 out.append(Case(op, "float32", "float32", (3, width), (), {}, kind="large-mean"))
+    return out + gated_cases(quick) + l2_cases(quick)
+
+
+#: GatedRMSNorm's gates: absent, or (activation, norm_before_gate)
+GATES: list[tuple[int, int] | None] = [None, (0, 1), (1, 1), (0, 0), (1, 0)]
+
+
+def gated_cases(quick: bool = False) -> list[Case]:
+    """GatedRMSNorm's matrix: every (T, S) x rounding order x gate x shape. A shape is X's shape,
+    group_size and Scale's shape (None: X.shape[axis:], the whole extent)."""
+    spec = catalogue.get("GatedRMSNorm")
+    shapes: list[tuple[tuple[int, ...], int, tuple[int, ...] | None]] = [
+        ((5, 64), 0, None),  # sub-warp rows
+        ((3, 2048), 128, (128,)),  # Qwen3-Next: 16 heads of 128, one head's Scale
+        ((2, 4096), 512, None),  # Mamba2: 8 groups, a Scale of the whole extent
+        ((3, 1001), 0, None),  # the general kernel
+        ((2, 16384), 0, None),  # a block per row
+        ((4, 1), 0, None),  # width 1
+    ]
+    if not quick:
+        shapes += [
+            ((9, 8), 0, None),
+            ((7, 256), 0, None),
+            ((4, 1000), 0, None),
+            ((3, 4096), 0, None),
+            ((2, 64), 8, (8,)),  # groups of 8: the narrowest sub-warp rows
+            ((3, 3000), 1000, (1000,)),
+            ((3, 3003), 1001, None),  # groups of 1001: the general kernel, 3 weight rows
+            ((2, 8192), 1024, None),
+            ((1, 16384), 4096, (4096,)),
+            ((2, 2048), 2048, None),  # one group: group_size the extent
+        ]
+    out: list[Case] = []
+    type_sets = [tuple(_native.elem_type_name(v) for v in ts[:2]) for ts in spec.type_sets]
+    for (dt, wt), order, gate in itertools.product(type_sets, (0, 1), GATES):
+        if dt == "float32" and order:
+            continue
+        attrs = {"cast_before_scale": order, "epsilon": 1e-5, "scale_offset": 1.0 if order else 0.0}
+        present: tuple[str, ...] = ("Scale",)
+        if gate is not None:
+            attrs.update(activation=gate[0], norm_before_gate=gate[1])
+            present = ("Scale", "Gate")
+        for shape, group, wshape in shapes:
+            out.append(
+                Case(
+                    "GatedRMSNorm",
+                    dt,
+                    wt,
+                    shape,
+                    present,
+                    {**attrs, "group_size": group},
+                    weight_shape=wshape,
+                )
+            )
+        without_scale = tuple(n for n in present if n != "Scale")
+        out.append(
+            Case("GatedRMSNorm", dt, wt, (3, 512), without_scale, {**attrs, "group_size": 64})
+        )
+        # per-head weights (group_size 0: Scale spans the heads), axis -2 in groups, unaligned
+        out.append(
+            Case(
+                "GatedRMSNorm", dt, wt, (2, 3, 4, 128), present, dict(attrs), weight_shape=(4, 128)
+            )
+        )
+        out.append(
+            Case(
+                "GatedRMSNorm",
+                dt,
+                wt,
+                (3, 4, 64),
+                present,
+                {**attrs, "group_size": 64},
+                axis=-2,
+                weight_shape=(64,),
+            )
+        )
+        out.append(Case("GatedRMSNorm", dt, wt, (3, 512), present, dict(attrs), unaligned=True))
+        if wt == dt:  # NaN and infinities in X and in the Gate: the general and a register kernel
+            for shape, group in (((2, 31), 0), ((4, 64), 32)):
+                out.append(
+                    Case(
+                        "GatedRMSNorm",
+                        dt,
+                        wt,
+                        shape,
+                        present,
+                        {**attrs, "group_size": group},
+                        weight_shape=(group,) if group else None,
+                        kind="nan",
+                    )
+                )
+    return out
+
+
+def l2_cases(quick: bool = False) -> list[Case]:
+    """L2Norm's matrix: every dtype x per-head rows [T, H, head_dim] and other widths."""
+    shapes: list[tuple[tuple[int, ...], int]] = [
+        ((3, 8, 64), -1),  # q/k rows of 64, 128, 256
+        ((5, 4, 128), -1),
+        ((2, 2, 256), -1),
+        ((4, 1), -1),  # width 1
+        ((3, 1001), -1),  # the general kernel
+        ((2, 16384), -1),  # a block per row
+        ((2, 4, 128), -2),  # every head of a token at once
+    ]
+    if not quick:
+        shapes += [
+            ((9, 16, 128), -1),
+            ((7, 32), -1),
+            ((3, 8), -1),
+            ((4, 768), -1),
+            ((3, 2048), -1),
+            ((2, 4096), -1),
+            ((1, 40000), -1),
+        ]
+    out: list[Case] = []
+    for dt in ("float32", "float16", "bfloat16"):
+        for i, (shape, axis) in enumerate(shapes):
+            epsilon = 1e-6 if i % 2 else 1e-5  # (FLA's and the default)
+            out.append(Case("L2Norm", dt, dt, shape, (), {"epsilon": epsilon}, axis=axis))
+        out.append(Case("L2Norm", dt, dt, (3, 512), (), {}, unaligned=True))
+        out.append(Case("L2Norm", dt, dt, (2, 31), (), {}, kind="nan"))
+        out.append(Case("L2Norm", dt, dt, (4, 2, 64), (), {}, kind="nan"))
     return out
 
 
@@ -347,7 +477,11 @@ def _make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
     if spec.has_residual:
         arrays["Residual"] = rng.standard_normal(case.shape).astype(t)
     for name in case.present:
-        if name in ("Scale", "InnerScale"):
+        if name == "Gate":  # X's shape and type; its activation over its range
+            arrays[name] = (2 * rng.standard_normal(case.shape)).astype(t)
+            if case.kind == "nan":
+                arrays[name].reshape(-1)[[5, 6, 7]] = [np.inf, -np.inf, np.nan]
+        elif name in ("Scale", "InnerScale"):
             arrays[name] = (1 + 0.5 * rng.standard_normal(wshape)).astype(w)
         else:
             arrays[name] = (0.5 * rng.standard_normal(wshape)).astype(w)
@@ -374,14 +508,18 @@ def run_case(kernels: _native.Kernels, case: Case, seed: int = 0) -> tuple[bool,
     spec = catalogue.get(case.op)
     arrays = _make_inputs(case, rng)
     attrs = dict(case.attrs)
-    want = reference.run(
-        case.op,
-        *[arrays.get(p.name) for p in spec.inputs],
-        axis=case.axis,
-        **attrs,
-        **({"y_float32": 1} if case.mixed else {}),
-    )
-    dev = {k: _to_device(v, case.unaligned and k in ("X", "Residual")) for k, v in arrays.items()}
+    with np.errstate(invalid="ignore"):  # (a Gate of -Inf: -Inf * sigmoid(-Inf) is NaN)
+        want = reference.run(
+            case.op,
+            *[arrays.get(p.name) for p in spec.inputs],
+            axis=case.axis,
+            **attrs,
+            **({"y_float32": 1} if case.mixed else {}),
+        )
+    dev = {
+        k: _to_device(v, case.unaligned and k in ("X", "Residual", "Gate"))
+        for k, v in arrays.items()
+    }
     x = dev["X"]
     y_type = _torch_type(case.y_dtype)
     y = torch.empty(x.shape, dtype=y_type, device="cuda")
@@ -619,6 +757,23 @@ def check_bad_arguments(kernels: _native.Kernels) -> list[str]:
             dict(x_type=bf16, weight_type=f32, scale=x.data_ptr(), y_type=f16),
             "Y must be of X's type bfloat16",
         ),
+        # the Gate and its attributes: GatedRMSNorm's alone, each 0 or 1; L2Norm has no weights
+        ("RMSNorm", dict(gate=x.data_ptr()), "onnxnorm::RMSNorm takes no Gate"),
+        ("SkipRMSNorm", dict(gate=x.data_ptr()), "takes no Gate"),
+        ("GatedRMSNorm", dict(activation=2), "activation must be 0 (SiLU) or 1 (sigmoid), got 2"),
+        ("GatedRMSNorm", dict(norm_before_gate=-1), "norm_before_gate must be 0 or 1, got -1"),
+        ("RMSNorm", dict(activation=-1), "activation must be 0 (SiLU) or 1"),
+        ("GatedRMSNorm", dict(bias=x.data_ptr()), "onnxnorm::GatedRMSNorm takes no Bias"),
+        ("GatedRMSNorm", dict(y_type=f16), "Y must be of X's type float32"),
+        ("L2Norm", dict(scale=x.data_ptr()), "onnxnorm::L2Norm takes no Scale"),
+        (
+            "L2Norm",
+            dict(scale_offset=0.5),
+            "scale_offset must be finite (and 0 for ops without it)",
+        ),
+        ("L2Norm", dict(x_type=f16, y_type=f32), "Y must be of X's type float16"),
+        ("L2Norm", dict(epsilon=float("inf")), "epsilon"),
+        ("L2Norm", dict(cols=0), "no elements"),
     ]
     for op, change, expect in bad:
         inputs = {"X": x}

@@ -96,10 +96,10 @@ def test_cuda_library_built_when_nvcc_present():
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on this machine")
 def test_cuda_sources_compile_with_nvcc():
-    """The launcher and one op's kernels, float and quantized, compile for sm_80 (a quick check of
-    the sources). Where the installed build has the CUDA library, the package build compiled them
-    all with this nvcc (test_cuda_library_built_when_nvcc_present checks it), and this adds
-    nothing."""
+    """The launcher, one op's kernels, float and quantized, and the gated and L2 norms' kernels
+    compile for sm_80 (a quick check of the sources). Where the installed build has the CUDA
+    library, the package build compiled them all with this nvcc
+    (test_cuda_library_built_when_nvcc_present checks it), and this adds nothing."""
     if runtime.build_info().get("cuda"):
         pytest.skip("the installed build compiled every CUDA source with this nvcc")
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,7 +121,14 @@ def test_cuda_sources_compile_with_nvcc():
                 stderr=subprocess.STDOUT,
                 text=True,
             )
-            for name in ("launch.cu", "ops_skip_rms_norm.cu", "ops_skip_rms_norm_quantized.cu")
+            for name in (
+                "launch.cu",
+                "ops_skip_rms_norm.cu",
+                "ops_skip_rms_norm_quantized.cu",
+                "ops_gated_rms_norm.cu",
+                "ops_gated_rms_norm_gate_first.cu",
+                "ops_l2_norm.cu",
+            )
         ]
         for job in jobs:
             out, _ = job.communicate(timeout=300)
@@ -283,6 +290,8 @@ rng = np.random.default_rng(0)
 types = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 checked = mixed = 0
 for op, spec in ops.catalogue.FLOAT_OPS.items():
+    if spec.gated or spec.norm == "l2":  # (below)
+        continue
     # every (T, S, U) row: U (Y's type) float32 for a 16-bit X with float32 weights is the mixed
     # form of the ops whose Y is of type U
     for type_set in spec.type_sets:
@@ -312,6 +321,40 @@ for op, spec in ops.catalogue.FLOAT_OPS.items():
                 np.testing.assert_allclose(np.asarray(g, np.float32), w.astype(np.float32),
                                            rtol, atol, err_msg=f"{op} {type_set} {attrs}")
             checked += 1
+# GatedRMSNorm: every (T, S) row, no Gate or one with each activation on each side of the norm,
+# in groups: X [2, 3, 256] in groups of 64 with one group's Scale [64] (the register kernels), X
+# [3, 40] in groups of 10 with a Scale of the whole extent (four weight rows; the general kernel)
+gated = 0
+for type_set, gate, (shape, group, wshape) in itertools.product(
+        ops.catalogue.get("GatedRMSNorm").type_sets, [None, (0, 1), (1, 1), (0, 0), (1, 0)],
+        [((2, 3, 256), 64, (64,)), ((3, 40), 10, (40,))]):
+    t, s = (types[_native.elem_type_name(v)] for v in type_set[:2])
+    arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t),
+              "Scale": (1 + 0.3 * rng.standard_normal(wshape)).astype(s)}
+    attrs = {"cast_before_scale": int(t != np.float32), "scale_offset": 0.5, "group_size": group}
+    if gate is not None:
+        arrays["Gate"] = (2 * rng.standard_normal(shape)).astype(t)
+        attrs.update(activation=gate[0], norm_before_gate=gate[1])
+    got = run(norm_model("GatedRMSNorm", arrays, attrs), arrays, with_library=True)
+    want = ops.reference.run("GatedRMSNorm", arrays["X"], arrays["Scale"], arrays.get("Gate"),
+                             **attrs)
+    np.testing.assert_allclose(np.asarray(got[0], np.float32), want[0].astype(np.float32),
+                               *ops.reference.tolerance(t), err_msg=f"{type_set} {attrs}")
+    gated += 1
+# L2Norm: every type, per-head rows of 64 and rows of 4 x 50 (axis -2): the register kernels;
+# rows of 41: the general one
+l2 = 0
+for type_set, (shape, axis) in itertools.product(
+        ops.catalogue.get("L2Norm").type_sets, [((2, 3, 4, 64), -1), ((3, 41), -1),
+                                                ((2, 4, 50), -2)]):
+    t = types[_native.elem_type_name(type_set[0])]
+    arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
+    attrs = {"axis": axis, "epsilon": 1e-6}
+    got = run(norm_model("L2Norm", arrays, attrs), arrays, with_library=True)
+    want = ops.reference.run("L2Norm", arrays["X"], **attrs)
+    np.testing.assert_allclose(np.asarray(got[0], np.float32), want[0].astype(np.float32),
+                               *ops.reference.tolerance(t), err_msg=f"{type_set} {attrs}")
+    l2 += 1
 # the quantized ops: Y_float and Sum bit for bit their float op's (through the same CUDA library),
 # Y (and the dynamic Y_scale, Y_zero_point) exactly the reference quantizer's of that Y_float
 quantized = 0
@@ -371,8 +414,8 @@ try:
 except Exception as e:
     print("ERROR:", e)
 loaded = sys.argv[2] in open("/proc/self/maps").read()
-print(f"RESULT: {checked} checked ({mixed} mixed), {quantized} quantized checked, "
-      f"CUDA library loaded: {loaded}")
+print(f"RESULT: {checked} checked ({mixed} mixed), {gated} gated, {l2} L2, "
+      f"{quantized} quantized checked, CUDA library loaded: {loaded}")
 """
 
 
@@ -416,17 +459,22 @@ def test_cuda_glue_in_host_emulation(tmp_path):
     # uint8, an int8 and a float8 one
     floats = mixed = 0
     for spec in ops.catalogue.FLOAT_OPS.values():
+        if spec.gated or spec.norm == "l2":
+            continue
         for t, _, u in spec.type_sets:
             floats += 2 * (2 if u != t else 1)
             mixed += 4 if u != t else 0
     assert mixed > 0  # (LayerNorm and RMSNorm, a float16 or bfloat16 X)
+    # GatedRMSNorm: each (T, S) x 5 gates x 2 shapes; L2Norm: each type x 3 shapes
+    gated = len(ops.catalogue.get("GatedRMSNorm").type_sets) * 5 * 2
+    l2 = len(ops.catalogue.get("L2Norm").type_sets) * 3
     quantized = sum(
         (1 if spec.quantize == "dynamic" else 4) * len(spec.type_sets) * 2
         for spec in ops.catalogue.QUANTIZED_OPS.values()
     )
     assert (
-        f"RESULT: {floats} checked ({mixed} mixed), {quantized} quantized checked, "
-        "CUDA library loaded: True"
+        f"RESULT: {floats} checked ({mixed} mixed), {gated} gated, {l2} L2, "
+        f"{quantized} quantized checked, CUDA library loaded: True"
     ) in out, out
     assert (
         "Status Message: onnxnorm::RMSNorm: Scale of shape [7] does not fit X of shape [2,8]" in out
@@ -441,6 +489,31 @@ def test_cuda_glue_in_host_emulation(tmp_path):
         f"onnxnorm::RMSNorm: {foreign / 'libonnxnorm_cuda_ops.so'} is not the onnxnorm CUDA library"
         in out
     ), out
+
+
+def test_gpu_check_script_dry_run(tmp_path):
+    """tools/gpu_check.sh with GPU_CHECK_DRY_RUN=1: every step up to the first that needs a GPU
+    runs, the build commands are printed, the GPU tests are collected (not run) and the
+    benchmark's command line is parsed, so the script stays runnable between GPU sessions."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "GPU_CHECK_DRY_RUN": "1", "PYTHON": sys.executable}
+    result = subprocess.run(
+        ["bash", str(root / "tools" / "gpu_check.sh"), str(tmp_path / "build")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    for step in ("machine", "build", "tests", "bandwidth", "done: status 0"):
+        assert f"=== {step}" in out, out
+    assert "dry run: cmake -S . -B" in out and "-DONNXNORM_CUDA=ON" in out
+    collected = [line for line in out.splitlines() if "tests/test_cuda.py" in line]
+    assert collected and " tests collected" in collected[-1], out
+    assert "dry run: " + sys.executable + " -m onnxnorm.bench.cuda --reps 30" in out
+    assert not (tmp_path / "build" / "onnxnorm").exists()  # nothing built
 
 
 def test_bench_cuda_is_a_command_and_a_module(capsys):
@@ -612,8 +685,11 @@ def _dtype(name):
 
 def _float_on_cuda_cases():
     """Every float op x (T, S, U) of its registration rows: a 16-bit X in order A, the mixed
-    form (Y float32: U of LayerNorm and RMSNorm) in both orders."""
+    form (Y float32: U of LayerNorm and RMSNorm) in both orders. (GatedRMSNorm and L2Norm:
+    test_ort_gated_and_l2_norms_on_cuda_provider.)"""
     for op, spec in ops.catalogue.FLOAT_OPS.items():
+        if spec.gated or spec.norm == "l2":
+            continue
         for type_set in spec.type_sets:
             t, s, u = (_native.elem_type_name(v) for v in type_set)
             orders = [1, 0] if u != t else [None if t == "float32" else 1]
@@ -643,6 +719,62 @@ def test_ort_custom_ops_on_cuda_provider(op, dtype, weight_dtype, y_dtype, order
         assert got[0].dtype == np.float32, got[0].dtype
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g, np.float32), w.astype(np.float32), rtol, atol)
+
+
+def _gated_and_l2_on_cuda_cases():
+    """GatedRMSNorm x (T, S) x rounding order x gate (absent; SiLU or sigmoid, after or before
+    the norm); L2Norm x T."""
+    spec = ops.OPS["GatedRMSNorm"]
+    gates = {"nogate": None, "silu": (0, 1), "sigmoid": (1, 1), "silu-first": (0, 0)}
+    gates["sigmoid-first"] = (1, 0)
+    for type_set in spec.type_sets:
+        t, s = (_native.elem_type_name(v) for v in type_set[:2])
+        for order in [0] if t == "float32" else [0, 1]:
+            for gate_id, gate in gates.items():
+                order_id = "" if t == "float32" else "-" + "BA"[order]
+                yield pytest.param(
+                    "GatedRMSNorm",
+                    t,
+                    s,
+                    order,
+                    gate,
+                    id=f"GatedRMSNorm-{t}/{s}{order_id}-{gate_id}",
+                )
+    for type_set in ops.OPS["L2Norm"].type_sets:
+        t = _native.elem_type_name(type_set[0])
+        yield pytest.param("L2Norm", t, t, None, None, id=f"L2Norm-{t}")
+
+
+@needs_ort_cuda
+@pytest.mark.parametrize("op, dtype, weight_dtype, order, gate", _gated_and_l2_on_cuda_cases())
+def test_ort_gated_and_l2_norms_on_cuda_provider(op, dtype, weight_dtype, order, gate):
+    """GatedRMSNorm on the CUDA provider in Qwen3-Next's groups (X [3, 5, 512]: 4 heads of 128
+    with one head's Scale) and Mamba2's (X [3, 4096]: 8 groups, a Scale of the whole extent);
+    L2Norm over per-head rows [3, 5, 4, 128]; each against the reference."""
+    t = _dtype(dtype)
+    rng = np.random.default_rng(0)
+    if op == "L2Norm":
+        arrays = {"X": rng.standard_normal((3, 5, 4, 128)).astype(t)}
+        got = _run_on_cuda_provider(op, arrays, {"epsilon": 1e-6})
+        want = ops.reference.run(op, arrays["X"], epsilon=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(got[0], np.float32), want[0].astype(np.float32), *ops.reference.tolerance(t)
+        )
+        return
+    for shape, group, wshape in [((3, 5, 512), 128, (128,)), ((3, 4096), 512, (4096,))]:
+        arrays = {
+            "X": rng.standard_normal(shape).astype(t),
+            "Scale": (1 + 0.1 * rng.standard_normal(wshape)).astype(_dtype(weight_dtype)),
+        }
+        attrs = {"cast_before_scale": order, "group_size": group}
+        if gate is not None:
+            arrays["Gate"] = (2 * rng.standard_normal(shape)).astype(t)
+            attrs.update(activation=gate[0], norm_before_gate=gate[1])
+        got = _run_on_cuda_provider(op, arrays, attrs)
+        want = ops.reference.run(op, arrays["X"], arrays["Scale"], arrays.get("Gate"), **attrs)
+        np.testing.assert_allclose(
+            np.asarray(got[0], np.float32), want[0].astype(np.float32), *ops.reference.tolerance(t)
+        )
 
 
 @needs_ort_cuda

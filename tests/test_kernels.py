@@ -1,5 +1,6 @@
 """The CPU kernels of every op, through ONNX Runtime with the onnxnorm library, against the numpy
-reference: every op x X type x weight type x optional inputs x attribute classes x Sum output,
+reference: every op x X type x weight type x optional inputs (GatedRMSNorm's Gate too) x
+attribute classes (its groups, activation and gate placement too) x Sum output,
 threaded runs, short (Q/K-norm) rows, odd widths, large-mean LayerNorm, every instruction set,
 and bad inputs (a clear error, never a crash). And the kernels' own C++ tests (ctest), which call
 them without ONNX Runtime."""
@@ -25,24 +26,36 @@ F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 TYPE_PAIRS = [(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)]
 TYPE_IDS = ["f32", "f16", "f16-w32", "bf16", "bf16-w32"]
 WEIGHTS = ("Scale", "Bias", "XBias", "InnerScale", "InnerBias")
+#: the optional inputs: the weights and GatedRMSNorm's Gate (of X's shape and type)
+INPUTS = (*WEIGHTS, "Gate")
 
 # Each case: which optional inputs are present, the attributes, whether Sum is an output, the
 # shape of X and of the weights. Together they cover every optional input present and absent,
 # axis -1 / -2, alpha 1 / not 1, scale_offset 0 / 1, both rounding orders, Sum present / absent,
-# per-head weights and widths that are not a multiple of the vector width.
+# per-head weights and widths that are not a multiple of the vector width; and GatedRMSNorm's
+# Gate present and absent, after and before the norm, both activations, groups (a Scale of the
+# whole normalized extent) and none. An op takes the inputs and attributes it has.
 CASES = {
-    "all-inputs": (WEIGHTS, {}, True, (2, 3, 37), (37,)),
+    "all-inputs": (INPUTS, {}, True, (2, 3, 37), (37,)),
     "no-inputs-order-a": ((), {"cast_before_scale": 1}, False, (2, 3, 37), (37,)),
     "all-order-a-offset-alpha-axis2": (
-        WEIGHTS,
-        {"cast_before_scale": 1, "scale_offset": 1.0, "alpha": 0.5, "axis": -2, "epsilon": 1e-3},
+        INPUTS,
+        {
+            "cast_before_scale": 1,
+            "scale_offset": 1.0,
+            "alpha": 0.5,
+            "axis": -2,
+            "epsilon": 1e-3,
+            "group_size": 24,
+            "norm_before_gate": 0,
+        },
         True,
         (2, 5, 24),
         (5, 24),
     ),
     "scales-offset-alpha": (
-        ("Scale", "InnerScale"),
-        {"scale_offset": 1.0, "alpha": 2.0},
+        ("Scale", "InnerScale", "Gate"),
+        {"scale_offset": 1.0, "alpha": 2.0, "activation": 1},
         False,
         (3, 4, 64),
         (4, 64),
@@ -55,8 +68,8 @@ CASES = {
         (130,),
     ),
     "scale-bias-order-a-axis2": (
-        ("Scale", "Bias"),
-        {"cast_before_scale": 1, "axis": -2},
+        ("Scale", "Bias", "Gate"),
+        {"cast_before_scale": 1, "axis": -2, "norm_before_gate": 0, "activation": 1},
         False,
         (3, 2, 17),
         (2, 17),
@@ -74,6 +87,8 @@ def _arrays(op, x_type, w_type, present, x_shape, w_shape, rng, mean=0.0):
         if name in names and name in present:
             base = 1.0 if "Scale" in name else 0.0
             arrays[name] = (base + 0.3 * rng.standard_normal(w_shape)).astype(w_type)
+    if "Gate" in names and "Gate" in present:
+        arrays["Gate"] = (2.0 * rng.standard_normal(x_shape)).astype(x_type)
     return arrays
 
 
@@ -89,7 +104,8 @@ def _run_kernel(op, arrays, attrs=None, threads=1, with_sum=True):
 
 def _reference(op, arrays, attrs=None):
     spec = ops.OPS[op]
-    return ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **(attrs or {}))
+    with np.errstate(invalid="ignore"):  # (GatedRMSNorm's SiLU of -Inf: -Inf * 0)
+        return ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **(attrs or {}))
 
 
 def _check(op, arrays, attrs=None, threads=1, with_sum=True):
@@ -118,37 +134,47 @@ def test_matrix(op, types, case, rng):
 @pytest.mark.parametrize("types", TYPE_PAIRS, ids=TYPE_IDS)
 @pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_threaded_many_rows(op, types, rng):
-    arrays = _arrays(op, *types, WEIGHTS, (4, 300, 256), (256,), rng)
-    _check(op, arrays, _attrs(op, {"alpha": 0.7}), threads=2)
+    arrays = _arrays(op, *types, INPUTS, (4, 300, 256), (256,), rng)
+    _check(op, arrays, _attrs(op, {"alpha": 0.7, "group_size": 64}), threads=2)
 
 
 @pytest.mark.parametrize(
-    "op, dtype", [("RMSNorm", F32), ("SkipLayerNorm", BF16), ("SandwichRMSNorm", F16)]
+    "op, dtype, attrs",
+    [
+        ("RMSNorm", F32, {}),
+        ("SkipLayerNorm", BF16, {}),
+        ("SandwichRMSNorm", F16, {}),
+        ("GatedRMSNorm", F16, {"group_size": 512, "norm_before_gate": 0}),
+        ("L2Norm", BF16, {}),
+    ],
 )
-def test_large_tensors_with_streamed_outputs(op, dtype, rng):
+def test_large_tensors_with_streamed_outputs(op, dtype, attrs, rng):
     """Calls moving 48 MiB or more write their outputs with non-temporal stores (the C++ tests
     stream small tensors too, with the threshold lowered)."""
-    rows = 1536 if dtype == F32 or ops.OPS[op].has_residual else 3072
+    rows = 1536 if dtype == F32 or ops.OPS[op].has_residual or op == "GatedRMSNorm" else 3072
     arrays = _arrays(
-        op, dtype, F32, ("Scale", "Bias", "XBias", "InnerScale"), (rows, 4096), (4096,), rng
+        op, dtype, F32, ("Scale", "Bias", "XBias", "InnerScale", "Gate"), (rows, 4096), (4096,), rng
     )
-    _check(op, arrays, threads=2)
+    _check(op, arrays, attrs, threads=2)
 
 
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
-@pytest.mark.parametrize("op", ["RMSNorm", "LayerNorm", "SkipRMSNorm"])
+@pytest.mark.parametrize("op", ["RMSNorm", "LayerNorm", "SkipRMSNorm", "L2Norm", "GatedRMSNorm"])
 def test_qk_norm_short_rows_per_head_scale(op, dtype, rng):
-    """Q/K-norm: [batch, seq, heads, head_dim] normalized over head_dim, Scale per head."""
-    arrays = _arrays(op, dtype, dtype, ("Scale",), (2, 64, 8, 128), (8, 128), rng)
+    """Q/K-norm: [batch, seq, heads, head_dim] normalized over head_dim, Scale per head (L2Norm:
+    no Scale; GatedRMSNorm: with a gate)."""
+    arrays = _arrays(op, dtype, dtype, ("Scale", "Gate"), (2, 64, 8, 128), (8, 128), rng)
     _check(op, arrays, threads=2)
 
 
 @pytest.mark.parametrize("cols", [1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 63, 100, 255, 257, 1000])
-@pytest.mark.parametrize("op", ["LayerNorm", "RMSNorm", "SkipLayerNorm", "SandwichRMSNorm"])
+@pytest.mark.parametrize(
+    "op", ["LayerNorm", "RMSNorm", "SkipLayerNorm", "SandwichRMSNorm", "GatedRMSNorm", "L2Norm"]
+)
 def test_odd_widths(op, cols, rng):
     for dtype in (F32, F16, BF16):
-        arrays = _arrays(op, dtype, dtype, ("Scale", "Bias"), (3, cols), (cols,), rng)
-        _check(op, arrays, {"epsilon": 1e-3})
+        arrays = _arrays(op, dtype, dtype, ("Scale", "Bias", "Gate"), (3, cols), (cols,), rng)
+        _check(op, arrays, {"epsilon": 1e-3} if cols % 2 else _attrs(op, {"norm_before_gate": 0}))
 
 
 @pytest.mark.parametrize("op", ["LayerNorm", "SkipLayerNorm", "SandwichLayerNorm"])
@@ -182,7 +208,7 @@ def test_layer_norm_rows_whose_first_values_are_outliers(dtype, rng):
 def test_nan_and_inf_propagate_as_in_reference(rng):
     for op in ops.catalogue.FLOAT_OPS:
         for dtype in (F32, F16, BF16):
-            arrays = _arrays(op, dtype, dtype, ("Scale", "Bias"), (4, 40), (40,), rng)
+            arrays = _arrays(op, dtype, dtype, ("Scale", "Bias", "Gate"), (4, 40), (40,), rng)
             x = arrays["X"].astype(np.float32)
             x[0, 3], x[1, 5], x[2, 0] = np.nan, np.inf, -np.inf
             arrays["X"] = x.astype(dtype)
@@ -199,7 +225,7 @@ def test_nan_and_inf_propagate_as_in_reference(rng):
 
 @pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_empty_batch_gives_empty_outputs(op, rng):
-    arrays = _arrays(op, F16, F32, WEIGHTS, (0, 3, 16), (16,), rng)
+    arrays = _arrays(op, F16, F32, INPUTS, (0, 3, 16), (16,), rng)
     got = _run_kernel(op, arrays)
     assert [g.shape for g in got] == [(0, 3, 16)] * len(got)
 
@@ -252,35 +278,55 @@ def test_bad_shapes_and_axis_are_clear_errors(op):
 @pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_mixed_types_are_refused(op):
     spec = ops.OPS[op]
+    names = {p.name for p in spec.inputs}
 
     def f16(shape):
         return np.ones(shape, np.float16)
 
-    arrays = {"X": f16((2, 16)), "Scale": np.ones(16, np.float32), "Bias": f16(16)}
+    base = {"X": f16((2, 16))}
     if spec.has_residual:
-        arrays["Residual"] = f16((2, 16))
-    with pytest.raises(Exception, match=f"no kernel def matches node inputs for Op: {op}"):
+        base["Residual"] = f16((2, 16))
+    # weights of two types, or (GatedRMSNorm) a Gate of another type than X's
+    if "Bias" in names:
+        arrays = {**base, "Scale": np.ones(16, np.float32), "Bias": f16(16)}
+    elif "Gate" in names:
+        arrays = {**base, "Scale": np.ones(16, np.float32), "Gate": np.ones((2, 16), np.float32)}
+    else:  # (no weights: an X of no type the op takes)
+        arrays = {"X": np.ones((2, 16), np.float64)}
+    message = (
+        f"no kernel def matches node inputs for Op: {op}"
+        if "Scale" in names
+        else rf"'tensor\(double\)' of input parameter \(x\) of operator \({op}\)"
+    )
+    with pytest.raises(Exception, match=message):
         _run_kernel(op, arrays)
-    arrays = {"X": f16((2, 16)), "Scale": np.ones(16, np.float64)}
-    if spec.has_residual:
-        arrays["Residual"] = f16((2, 16))
-    with pytest.raises(
-        Exception, match=rf"'tensor\(double\)' of input parameter \(scale\) of operator \({op}\)"
-    ):
-        _run_kernel(op, arrays)
+    if "Scale" in names:
+        arrays = {**base, "Scale": np.ones(16, np.float64)}
+        with pytest.raises(
+            Exception,
+            match=rf"'tensor\(double\)' of input parameter \(scale\) of operator \({op}\)",
+        ):
+            _run_kernel(op, arrays)
     if spec.has_residual:
         arrays = {"X": f16((2, 16)), "Residual": np.ones((2, 16), np.float32)}
         with pytest.raises(Exception, match=f"no kernel def matches node inputs for Op: {op}"):
             _run_kernel(op, arrays)
 
 
-@pytest.mark.parametrize("op", ["SkipRMSNorm", "SandwichLayerNorm"])
+@pytest.mark.parametrize("op", ["SkipRMSNorm", "SandwichLayerNorm", "GatedRMSNorm", "L2Norm"])
 def test_attributes_of_the_wrong_value_are_errors(op):
-    arrays = {"X": (2, 16), "Residual": (2, 16)}
+    arrays = {"X": (2, 16), "Residual": (2, 16)} if ops.OPS[op].has_residual else {"X": (2, 16)}
     _bad(op, arrays, {"epsilon": -1.0}, message="epsilon")
+    if op == "L2Norm":
+        return
     _bad(op, arrays, {"cast_before_scale": 2}, message="cast_before_scale")
     if op == "SkipRMSNorm":
         _bad(op, arrays, {"alpha": float("inf")}, message="alpha")
+    if op == "GatedRMSNorm":
+        _bad(op, arrays, {"group_size": -16}, message="group_size must be an integer >= 0")
+        _bad(op, arrays, {"activation": 2}, message="activation must be 0 or 1")
+        _bad(op, arrays, {"norm_before_gate": -1}, message="norm_before_gate must be 0 or 1")
+        _bad(op, arrays, {"group_size": 1.5}, message="group_size must be an int")
 
 
 ISA_SCRIPT = r"""
@@ -294,8 +340,8 @@ for op in t.ops.catalogue.FLOAT_OPS:
             arrays = t._arrays(op, *types, present, xs, ws, rng)
             t._check(op, arrays, t._attrs(op, attrs),
                      with_sum=with_sum and t.ops.OPS[op].has_residual)
-        arrays = t._arrays(op, *types, t.WEIGHTS, (3, 1000), (1000,), rng)
-        t._check(op, arrays, t._attrs(op, {"cast_before_scale": 1}), threads=2)
+        arrays = t._arrays(op, *types, t.INPUTS, (3, 1000), (1000,), rng)
+        t._check(op, arrays, t._attrs(op, {"cast_before_scale": 1, "group_size": 200}), threads=2)
 from onnxnorm._native import active_isa
 print("isa", active_isa())
 print("ok")
@@ -396,6 +442,108 @@ def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     assert times["copy"] == min(times["copy:numpy"], times["copy:threads"])
     assert (tmp_path / "run.png").stat().st_size > 10000
     assert kernels.load_results(str(tmp_path / "run.json"))[0].op == "SkipRMSNorm"
+
+
+def test_bench_kernels_gated_and_l2_norms_on_their_shapes(tmp_path, capsys):
+    """GatedRMSNorm and L2Norm run on their models' shapes against ORT's built-in forms (n/a
+    where ORT has none: Mamba2's gate first), the decomposed graph, torch and the copy; with
+    --shapes, each op runs the shapes it has."""
+    import json
+
+    from onnxnorm.bench import cli
+
+    parser = __import__("argparse").ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        [
+            "bench",
+            "kernels",
+            "--ops",
+            "GatedRMSNorm,L2Norm,RMSNorm",
+            "--shapes",
+            "qwen3next-1x1x2048,mamba2-1x1x4096,qk-l2-1x1x16x128,1x1x4096",
+            "--dtypes",
+            "float16",
+            "--repeats",
+            "2",
+            "--min-sample",
+            "0.0005",
+            "--json",
+            str(tmp_path / "run.json"),
+        ]
+    )
+    assert args.run(args) == 0
+    out = capsys.readouterr().out
+    rows = {
+        (r["op"], r["shape"]): r for r in json.loads((tmp_path / "run.json").read_text())["results"]
+    }
+    assert set(rows) == {
+        ("GatedRMSNorm", "qwen3next-1x1x2048"),
+        ("GatedRMSNorm", "mamba2-1x1x4096"),
+        ("L2Norm", "qk-l2-1x1x16x128"),
+        ("RMSNorm", "1x1x4096"),
+    }
+    for key in rows:
+        times = rows[key]["median_seconds"]
+        assert times["onnxnorm"] > 0 and times["decomposed"] > 0 and times["torch"] > 0, key
+        assert times["copy"] > 0 and times["floor"] > 0, key
+    assert rows[("GatedRMSNorm", "qwen3next-1x1x2048")]["best_ort"] == "ort:GatedRMSNorm"
+    mamba2 = rows[("GatedRMSNorm", "mamba2-1x1x4096")]
+    assert mamba2["median_seconds"]["ort:GatedRMSNorm"] is None
+    assert "gate after the norm only" in mamba2["notes"]["ort:GatedRMSNorm"]
+    assert rows[("L2Norm", "qk-l2-1x1x16x128")]["best_ort"] == "ort:LpNormalization"
+    assert "| GatedRMSNorm | qwen3next-1x1x2048 | float16 |" in out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_bench_gated_and_l2_contenders_agree(dtype):
+    """The benchmark's models of GatedRMSNorm and L2Norm compute what the onnxnorm node computes:
+    ORT's built-in forms (LpNormalization: without an epsilon) and the decomposed graphs of the
+    models' torch code."""
+    from onnxnorm import runtime
+    from onnxnorm.bench import kernels
+    from onnxnorm.bench.kernels_contenders import decomposed_model
+
+    rng = np.random.default_rng(5)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 4e-3, "atol": 4e-3}
+
+    def y(model, arrays, with_library):
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = runtime.session(model, options, with_library=with_library)
+        names = {i.name for i in session.get_inputs()}
+        feeds = {n: a for n, a in arrays.items() if n in names}
+        return session.run(None, feeds)[0].astype(np.float32)
+
+    for op in ("GatedRMSNorm", "L2Norm"):
+        for name, case in kernels.OP_SHAPES[op].items():
+            if "x512" in name:
+                continue  # (the decode shapes: the same graphs)
+            x = case.x[:-2] + (3,) + case.x[-1:] if op == "GatedRMSNorm" else case.x
+            np_type = kernels.np_dtype(dtype)
+            arrays = {"x": rng.standard_normal(x).astype(np_type)}
+            if case.scale is not None:
+                arrays["s"] = (1 + 0.1 * rng.standard_normal(case.scale)).astype(np_type)
+            if op == "GatedRMSNorm":
+                arrays["g"] = rng.standard_normal(x).astype(np_type)
+            d = x[-1]
+            ours = y(
+                kernels.onnxnorm_model(op, dtype, x, d, attrs=case.attrs, scale_shape=case.scale),
+                arrays,
+                True,
+            )
+            theirs = y(decomposed_model(op, dtype, arrays, case.attrs), arrays, False)
+            np.testing.assert_allclose(ours, theirs, err_msg=f"{op} {name} decomposed", **tolerance)
+            for label in kernels.ORT_BUILTINS[op]:
+                try:
+                    model = kernels.ort_builtin_model(
+                        label, dtype, x, d, attrs=case.attrs, scale_shape=case.scale
+                    )
+                except ValueError:
+                    continue  # (Mamba2's form: no ORT op)
+                np.testing.assert_allclose(
+                    ours, y(model, arrays, False), err_msg=f"{op} {name} {label}", **tolerance
+                )
 
 
 def test_bench_quant_types_are_the_catalogues():

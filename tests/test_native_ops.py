@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import run, single_node_model
+from helpers import BF16, assert_close, reference_outputs, run, single_node_model
 from onnxnorm import _native
 from onnxnorm.ops import catalogue
 
@@ -115,7 +115,10 @@ def test_manifest_matches_catalogue(manifest):
                 for provider in PROVIDERS
                 for t, s, u in spec.type_sets
             ]
-            assert len(want) == len(PROVIDERS) * (len(pairs) + 2 * has_u)
+            if any(p.type_var == "S" for p in spec.inputs):
+                assert len(want) == len(PROVIDERS) * (len(pairs) + 2 * has_u)
+            else:  # no weights (L2Norm): (T, T) for each T
+                assert len(want) == len(PROVIDERS) * len(catalogue.DATA_TYPES)
         else:
             want = [
                 (provider, t, s, _native.elem_type_name(q))
@@ -127,7 +130,12 @@ def test_manifest_matches_catalogue(manifest):
 
 
 # a value each check refuses
-_BAD_VALUES = {"finite": float("inf"), "finite_non_negative": -1.0, "zero_or_one": 2}
+_BAD_VALUES = {
+    "finite": float("inf"),
+    "finite_non_negative": -1.0,
+    "zero_or_one": 2,
+    "non_negative_int": -1,
+}
 
 
 @pytest.mark.parametrize("op", list(catalogue.OPS))
@@ -155,7 +163,7 @@ def test_norm_args_mirror_has_the_library_layout():
     layout = _native.args_layout()
     assert layout == _native.layout()
     assert [f for f, _, _ in layout["fields"]] == [f for f, _ in _native.NormArgs._fields_]
-    assert layout["size"] == ctypes.sizeof(_native.NormArgs) == 168
+    assert layout["size"] == ctypes.sizeof(_native.NormArgs) == 184
 
 
 def test_the_binding_keeps_its_old_names_in_bench():
@@ -176,3 +184,249 @@ def test_the_binding_keeps_its_old_names_in_bench():
             match=f"{module.__name__}.{old} is deprecated: use onnxnorm._native.{new}",
         ):
             assert getattr(module, old) is getattr(_native, new)
+
+
+# ---------------------------------------------------------------------------------------------
+# GatedRMSNorm and L2Norm through ONNX Runtime with the library (nodes without function bodies)
+# against onnxnorm.ops.reference: every X type and weight type, both rounding orders, the gate
+# absent, after the norm and before it, both activations, groups (a Scale of one group or of the
+# whole extent), the shapes of the models that have them, every instruction set, bad inputs.
+
+F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
+TYPE_PAIRS = [(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)]
+TYPE_IDS = ["f32", "f16", "f16-w32", "bf16", "bf16-w32"]
+#: the gate: absent, or (norm_before_gate, activation)
+GATES = {
+    "no-gate": None,
+    "after-silu": (1, 0),
+    "after-sigmoid": (1, 1),
+    "before-silu": (0, 0),
+    "before-sigmoid": (0, 1),
+}
+#: GatedRMSNorm's shapes: X's shape, axis, group_size, Scale's shape (None: absent)
+GATED_SHAPES = {
+    "plain": ((2, 3, 37), -1, 0, (37,)),
+    "per-head-scale": ((2, 3, 4, 24), -1, 0, (4, 24)),
+    "groups-scale-of-extent": ((2, 5, 96), -1, 32, (96,)),
+    "groups-scale-of-group": ((2, 5, 96), -1, 32, (32,)),
+    "groups-axis-2": ((2, 3, 4, 16), -2, 16, (4, 16)),
+    "groups-of-1": ((3, 8), -1, 1, (1, 8)),
+    "odd-groups-no-scale": ((2, 3, 99), -1, 33, None),
+    "one-group": ((4, 40), -1, 40, (40,)),
+}
+
+
+def gated_arrays(x_shape, x_type, w_type, scale_shape, gated, rng, spread=2.0):
+    """X standard normal, Scale about 1 (when scale_shape), Gate of spread ``spread``."""
+    arrays = {"X": rng.standard_normal(x_shape).astype(x_type)}
+    if scale_shape is not None:
+        arrays["Scale"] = (1.0 + 0.3 * rng.standard_normal(scale_shape)).astype(w_type)
+    if gated:
+        arrays["Gate"] = (spread * rng.standard_normal(x_shape)).astype(x_type)
+    return arrays
+
+
+def check_parity(op, arrays, attrs, threads=1):
+    """The op in ORT with the library against the reference, within its tolerance (NaN where it
+    has NaN)."""
+    model = single_node_model(op, arrays, attrs, functions=False)
+    (got,) = run(model, arrays, with_library=True, threads=threads)
+    with np.errstate(invalid="ignore"):  # (SiLU(-Inf) = -Inf * 0)
+        (want,) = reference_outputs(op, arrays, attrs)
+    assert got.shape == want.shape
+    assert_close(got, want, arrays["X"].dtype)
+
+
+def gated_matrix(types, gate, rng):
+    """Every GATED_SHAPES entry in both rounding orders, with and without a scale offset."""
+    for x_shape, axis, group_size, scale_shape in GATED_SHAPES.values():
+        for order, offset in ((0, 0.0), (1, 0.0), (0, 1.0), (1, 1.0)):
+            attrs = {
+                "axis": axis,
+                "group_size": group_size,
+                "cast_before_scale": order,
+                "scale_offset": offset,
+                "epsilon": 1e-3 if order else 1e-6,
+            }
+            if GATES[gate] is not None:
+                attrs["norm_before_gate"], attrs["activation"] = GATES[gate]
+            arrays = gated_arrays(x_shape, *types, scale_shape, GATES[gate] is not None, rng)
+            check_parity("GatedRMSNorm", arrays, attrs, threads=1 + order)
+
+
+def l2_matrix(x_type, rng):
+    """Per-head L2 norms over head_dim 64, 128 and 256 of [B, S, H, D], and other axes."""
+    for x_shape, axis, epsilon in (
+        ((2, 9, 4, 64), -1, 1e-6),
+        ((1, 5, 16, 128), -1, 1e-6),
+        ((2, 3, 2, 256), -1, 0.0),
+        ((3, 7), -1, 1e-5),
+        ((2, 3, 4, 8), -2, 1e-3),
+        ((5, 1), -1, 1e-5),
+    ):
+        x = rng.standard_normal(x_shape).astype(x_type)
+        check_parity("L2Norm", {"X": x}, {"axis": axis, "epsilon": epsilon}, threads=2)
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("types", TYPE_PAIRS, ids=TYPE_IDS)
+def test_gated_rms_norm_matches_the_reference(types, gate, rng):
+    gated_matrix(types, gate, rng)
+
+
+@pytest.mark.parametrize("x_type", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+def test_l2_norm_matches_the_reference(x_type, rng):
+    l2_matrix(x_type, rng)
+
+
+@pytest.mark.parametrize("types", TYPE_PAIRS, ids=TYPE_IDS)
+@pytest.mark.parametrize(
+    "model, x_shape, attrs, scale_shape",
+    [
+        # Mamba2 (Nemotron-H, Bamba, ...): d_inner 4096 in 8 groups, the gate first
+        ("mamba2", (2, 7, 4096), {"group_size": 512, "norm_before_gate": 0}, (4096,)),
+        # Qwen3-Next: 16 value heads of 128 packed per token, Scale [128], the gate after
+        ("qwen3-next", (2, 5, 16 * 128), {"group_size": 128, "epsilon": 1e-6}, (128,)),
+        # the same as [B, S, H, D] normalized over D
+        ("qwen3-next-rank4", (2, 5, 16, 128), {"epsilon": 1e-6}, (128,)),
+        # Kimi Linear: a sigmoid gate after the norm
+        ("kimi", (1, 6, 8 * 128), {"group_size": 128, "activation": 1}, (128,)),
+    ],
+)
+def test_gated_rms_norm_model_shapes(model, x_shape, attrs, scale_shape, types, rng):
+    for order in (0, 1):
+        arrays = gated_arrays(x_shape, *types, scale_shape, True, rng)
+        check_parity("GatedRMSNorm", arrays, {**attrs, "cast_before_scale": order}, threads=2)
+
+
+@pytest.mark.parametrize("x_type", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+def test_gated_rms_norm_nan_inf_and_large_gates(x_type, rng):
+    """NaN and Inf in X and in the gate, and gates far past where exp(-|g|) leaves float32's range,
+    propagate as in the reference, the gate after the norm and before it."""
+    x_shape = (4, 3, 64)
+    for before, activation in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        arrays = gated_arrays(x_shape, x_type, x_type, (64,), True, rng, spread=30.0)
+        gate = arrays["Gate"].astype(np.float32)
+        gate[0, 0, :6] = [np.nan, np.inf, -np.inf, 100.0, -100.0, -1e4]
+        gate[1, 2, 5] = np.inf
+        arrays["Gate"] = gate.astype(x_type)
+        x = arrays["X"].astype(np.float32)
+        x[2, 1, 3] = np.nan
+        x[3, 0, 7] = -np.inf
+        arrays["X"] = x.astype(x_type)
+        attrs = {"norm_before_gate": 1 - before, "activation": activation, "group_size": 16}
+        check_parity("GatedRMSNorm", arrays, attrs)
+
+
+ISA_SCRIPT = r"""
+import numpy as np, sys
+sys.path.insert(0, "tests")
+import test_native_ops as t
+rng = np.random.default_rng(11)
+for types in t.TYPE_PAIRS:
+    for gate in t.GATES:
+        t.gated_matrix(types, gate, rng)
+    arrays = t.gated_arrays((2, 3, 4096), *types, (4096,), True, rng)
+    t.check_parity("GatedRMSNorm", arrays, {"group_size": 512, "norm_before_gate": 0}, threads=2)
+for x_type in (t.F32, t.F16, t.BF16):
+    t.l2_matrix(x_type, rng)
+from onnxnorm._native import active_isa
+print("isa", active_isa())
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512"])
+def test_gated_and_l2_norms_on_every_instruction_set(isa):
+    """The matrices above on each lesser instruction set (ONNXNORM_CPU_ISA), in a subprocess each;
+    the best one runs in this process."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ONNXNORM_CPU_ISA": isa}
+    result = subprocess.run(
+        [sys.executable, "-c", ISA_SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    order = ["portable", "avx2", "avx512", "avx512_bf16"]
+    want = order[min(order.index(isa), order.index(_native.active_isa()))]
+    assert f"isa {want}\n" in result.stdout, result.stdout
+
+
+def _bad(op, arrays, attrs, message):
+    with pytest.raises(Exception, match=message):
+        run(single_node_model(op, arrays, attrs, functions=False), arrays, with_library=True)
+
+
+def test_gated_rms_norm_bad_inputs_are_clear_errors():
+    name = "onnxnorm::GatedRMSNorm"
+
+    def f32(*shape):
+        return np.ones(shape, np.float32)
+
+    _bad(
+        "GatedRMSNorm",
+        {"X": f32(2, 16), "Gate": f32(2, 16)},
+        {"group_size": 3},
+        rf"{name}: group_size 3 does not divide the normalized extent 16 of X of shape \[2,16\] "
+        r"from axis 1",
+    )
+    _bad(
+        "GatedRMSNorm",
+        {"X": f32(2, 3, 8)},
+        {"group_size": 16, "axis": -2},
+        rf"{name}: group_size 16 does not divide the normalized extent 24",
+    )
+    # with groups, Scale is one group's or exactly the normalized dimensions'
+    _bad(
+        "GatedRMSNorm",
+        {"X": f32(2, 16), "Scale": f32(8)},
+        {"group_size": 4},
+        rf"{name}: Scale of shape \[8\] does not fit X of shape \[2,16\]",
+    )
+    _bad(
+        "GatedRMSNorm",
+        {"X": f32(2, 4, 16), "Scale": f32(4, 16)},
+        {"group_size": 4},
+        rf"{name}: with group_size 4, Scale must be of shape \[4\] or cover exactly the "
+        r"normalized dimensions \[16\] of X of shape \[2,4,16\], got \[4,16\]",
+    )
+    _bad(
+        "GatedRMSNorm",
+        {"X": f32(2, 16), "Gate": f32(1, 16)},
+        {},
+        rf"{name}: Gate of shape \[1,16\] must have the shape of X, \[2,16\]",
+    )
+    _bad(
+        "GatedRMSNorm",
+        {"X": f32(2, 16), "Gate": f32(2, 16, 1)},
+        {},
+        rf"{name}: Gate of shape \[2,16,1\] must have the shape of X",
+    )
+    _bad(
+        "GatedRMSNorm",
+        {"X": np.ones((2, 16), np.float16), "Gate": f32(2, 16)},
+        {},
+        "no kernel def matches node inputs for Op: GatedRMSNorm",
+    )
+    _bad(
+        "L2Norm",
+        {"X": np.ones((2, 16), np.float64)},
+        {},
+        r"'tensor\(double\)' of input parameter \(x\) of operator \(L2Norm\)",
+    )
+
+
+def test_gated_rms_norm_group_weights_are_accepted():
+    """A Scale of one group given with leading 1s, and one covering exactly the normalized
+    dimensions with leading 1s, are the reference's too."""
+    rng = np.random.default_rng(3)
+    for scale_shape, axis in (((1, 1, 8), -1), ((1, 3, 8), -2), ((8,), -2)):
+        arrays = gated_arrays((2, 3, 8), F32, F32, scale_shape, True, rng)
+        check_parity("GatedRMSNorm", arrays, {"group_size": 8, "axis": axis})

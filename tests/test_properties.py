@@ -8,7 +8,10 @@ shapes (per-head weights spanning more dimensions than the statistics, leading 1
 attribute given or left at its default (epsilon from 0 to large, alpha, scale_offset, both
 rounding orders), Sum wanted or not, one or two threads, and what the values are like (normal,
 huge, tiny, subnormal, constant rows, mean 1e4 with std 1e-2, magnitudes mixed within a row,
-NaN and Inf at drawn places). NaN and Inf must come out exactly where the reference has them.
+NaN and Inf at drawn places). GatedRMSNorm's draws add its groups (none, or a divisor of the
+normalized extent, with a Scale of one group or of the whole extent), its Gate (absent, or of
+normal, large, huge, tiny or constant values, with NaN and Inf), its activation and whether the
+gate comes before the norm. NaN and Inf must come out exactly where the reference has them.
 
 The values are drawn by numpy from a seed that hypothesis draws, so an example is small to
 describe and quick to make; hypothesis shrinks the call's structure and the seed.
@@ -94,6 +97,8 @@ settings.register_profile(
 X_KINDS = ("normal", "huge", "tiny", "subnormal", "constant", "large-mean", "mixed")
 RESIDUAL_KINDS = ("normal", "huge", "tiny", "constant", "mixed")
 WEIGHT_KINDS = ("normal", "zero", "wide")
+#: what GatedRMSNorm's gate values are like (see _gate_values)
+GATE_KINDS = ("normal", "large", "huge", "tiny", "constant")
 
 #: log10 of the largest values drawn: float16's largest finite values; for float32 and bfloat16,
 #: the largest whose row statistics fit float32, where the kernels take them (kernels.h): the sum
@@ -124,6 +129,8 @@ class Call:
     weight_kind: str
     specials: int  # how many NaN / +Inf / -Inf to put into X
     seed: int
+    gate_kind: str | None = None  # GatedRMSNorm's Gate: None (absent) or one of GATE_KINDS
+    gate_specials: int = 0  # how many NaN / +Inf / -Inf to put into the gate
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -190,6 +197,11 @@ def _dims(draw, total: int, count: int) -> tuple[int, ...]:
     return tuple(draw(st.permutations(dims)))
 
 
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
 @st.composite
 def calls(draw, op: str) -> Call:
     spec = ops.OPS[op]
@@ -201,6 +213,8 @@ def calls(draw, op: str) -> Call:
     batch = draw(_dims(rows, draw(st.integers(0 if rows == 1 else 1, 2))))
     rank = len(batch) + len(normalized)
     axis = len(batch) if draw(st.booleans()) else len(batch) - rank
+    # GatedRMSNorm's groups: none (0, or the attribute left out), or a divisor of the extent
+    group_size = draw(st.sampled_from(_divisors(cols))) if spec.gated and draw(st.booleans()) else 0
 
     names = [p.name for p in spec.inputs if p.name in WEIGHTS]
     weight_shapes = {}
@@ -208,18 +222,23 @@ def calls(draw, op: str) -> Call:
         if not draw(st.booleans()):
             continue
         # a suffix of X's shape covering the normalized dimensions: per head when it takes in
-        # batch dimensions too; sometimes with leading 1s
-        extra = draw(st.integers(0, len(batch)))
+        # batch dimensions too; sometimes with leading 1s (with groups: exactly the normalized
+        # dimensions, or one group's [group_size])
+        extra = draw(st.integers(0, len(batch))) if not group_size else 0
         shape = batch[len(batch) - extra :] + normalized
+        if group_size and draw(st.booleans()):
+            shape = (group_size,)
         if len(shape) < rank:
             shape = (1,) * draw(st.integers(0, 1)) + shape
         weight_shapes[name] = shape
 
     attrs: dict[str, float | int] = {}
+    if group_size or (spec.gated and draw(st.booleans())):
+        attrs["group_size"] = group_size
     for a in spec.attributes:
         # (the mixed form, y_float32 = 1, is held to the reference by the kernel tests, ctest
         # and tests/cuda_harness.py, over every width and both rounding orders)
-        if a.name in ("axis", "y_float32") or not draw(st.booleans()):
+        if a.name in ("axis", "y_float32", "group_size") or not draw(st.booleans()):
             continue
         attrs[a.name] = draw(
             {
@@ -227,6 +246,8 @@ def calls(draw, op: str) -> Call:
                 "cast_before_scale": st.sampled_from([0, 1]),
                 "scale_offset": _OFFSETS,
                 "alpha": _ALPHAS,
+                "activation": st.sampled_from([0, 1]),
+                "norm_before_gate": st.sampled_from([0, 1]),
             }[a.name]
         )
     # With epsilon 0, a row's mean square must not underflow float32 (where the kernels sum the
@@ -234,6 +255,15 @@ def calls(draw, op: str) -> Call:
     # with epsilon > 0 only (docs/reliability.md)
     unscaled = attrs.get("epsilon", 1.0) == 0 and x_type != F16
     tiny = ("tiny", "subnormal") if unscaled else ()
+    # The gate (GatedRMSNorm). Before the norm, it scales the values whose squares are summed: a
+    # gate that takes them towards 0 (tiny values, large negative ones) is drawn only where
+    # epsilon, not their mean square, sets the scale (as tiny X values above)
+    gate_kind = None
+    if spec.gated and draw(st.booleans()):
+        before = attrs.get("norm_before_gate", 1) == 0
+        small_epsilon = attrs.get("epsilon", 1.0) < 1e-20
+        kinds = [k for k in GATE_KINDS if not (before and small_epsilon and k in ("tiny", "large"))]
+        gate_kind = draw(st.sampled_from(kinds))
     return Call(
         op=op,
         x_type=x_type,
@@ -250,6 +280,8 @@ def calls(draw, op: str) -> Call:
         weight_kind=draw(st.sampled_from(WEIGHT_KINDS)),
         specials=draw(st.sampled_from([0, 0, 0, 1, 3])),
         seed=draw(st.integers(0, 2**32 - 1)),
+        gate_kind=gate_kind,
+        gate_specials=draw(st.sampled_from([0, 0, 1, 3])) if gate_kind else 0,
     )
 
 
@@ -294,6 +326,29 @@ def _weights(rng: np.random.Generator, kind: str, name: str, shape: tuple[int, .
     return v.reshape(shape)
 
 
+def _gate_values(
+    rng: np.random.Generator, kind: str, shape: tuple[int, ...], rows: int
+) -> np.ndarray:
+    """float64 gate values of ``kind``: "large" spans where the sigmoid saturates and exp(-|g|)
+    leaves float32's normal range (|g| up to 120), "huge" magnitudes up to 1e4, "tiny" 1e-30 to
+    1e-20, "constant" one value per row."""
+    n = math.prod(shape)
+    sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
+    if kind == "normal":
+        v = rng.standard_normal(n) * rng.choice([0.3, 1.0, 3.0])
+    elif kind == "large":
+        v = rng.uniform(-120.0, 120.0, n)
+    elif kind == "huge":
+        v = sign * 10.0 ** rng.uniform(0.0, 4.0, n)
+    elif kind == "tiny":
+        v = sign * 10.0 ** rng.uniform(-30.0, -20.0, n)
+    elif kind == "constant":
+        v = np.repeat(rng.choice([0.0, 1.0, -3.5, 20.0], rows), n // rows if rows else 0)
+    else:
+        raise AssertionError(kind)
+    return v.reshape(shape)
+
+
 def make_arrays(call: Call) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(call.seed)
     rows = math.prod(call.batch)
@@ -309,6 +364,23 @@ def make_arrays(call: Call) -> dict[str, np.ndarray]:
             arrays["Residual"] = residual.astype(call.x_type)
         for name, shape in call.weight_shapes.items():
             arrays[name] = _weights(rng, call.weight_kind, name, shape).astype(call.w_type)
+        if call.gate_kind is not None:
+            gate = _gate_values(rng, call.gate_kind, call.shape, rows)
+            if call.attrs.get("norm_before_gate", 1) == 0 and call.x_kind == "huge":
+                # (X * act(Gate) must keep its squares' sum within float32, as X's must)
+                gate = np.clip(gate, -4.0, 4.0)
+            # Before the norm with epsilon (about) 0, a large negative gate takes X * act(Gate)
+            # to where its squares underflow, as tiny X values would (see calls)
+            before = call.attrs.get("norm_before_gate", 1) == 0
+            if before and call.attrs.get("epsilon", 1.0) < 1e-20:
+                gate = np.maximum(gate, -20.0)
+            if call.gate_specials:
+                flat = gate.reshape(-1)
+                where = rng.choice(
+                    flat.size, size=min(call.gate_specials, flat.size), replace=False
+                )
+                flat[where] = rng.choice([np.nan, np.inf, -np.inf], where.size)
+            arrays["Gate"] = gate.astype(call.x_type)
     return arrays
 
 
@@ -377,10 +449,15 @@ def assert_close(
 def _magnitude(
     arrays: dict[str, np.ndarray], name: str, shape: tuple[int, ...], plus: float = 0.0
 ) -> np.ndarray | float:
-    """|input + plus| broadcast to X's shape, or |1 + plus| (a Scale) / 0 (a Bias) when absent."""
+    """|input + plus| broadcast to X's shape, or |1 + plus| (a Scale) / 0 (a Bias) when absent.
+    (A GatedRMSNorm Scale of one group, [group_size], repeats over the groups.)"""
     if name not in arrays:
         return abs((1.0 if "Scale" in name else 0.0) + plus)
-    return np.broadcast_to(np.abs(arrays[name].astype(np.float64) + plus), shape)
+    value = np.abs(arrays[name].astype(np.float64) + plus)
+    try:
+        return np.broadcast_to(value, shape)
+    except ValueError:  # one group's, repeated along the groups (which broadcasting cannot do)
+        return np.tile(value.reshape(-1), math.prod(shape) // value.size).reshape(shape)
 
 
 def _statistics_rtol(call: Call) -> float:
@@ -448,10 +525,15 @@ def check_call(call: Call, arrays: dict[str, np.ndarray] | None = None) -> None:
     norm_attrs = {k: v for k, v in attrs.items() if k != "alpha"}
     got = _run(call, arrays, attrs, with_sum=spec.has_residual)
     if not spec.has_residual:
-        (want,) = reference.run(
-            call.op, arrays["X"], arrays.get("Scale"), arrays.get("Bias"), **attrs
-        )
-        outer = _norm_bounds(call, arrays, "Scale", "Bias", arrays["X"])
+        with np.errstate(invalid="ignore", over="ignore"):  # (SiLU(-Inf) = -Inf * 0)
+            (want,) = reference.run(call.op, *[arrays.get(p.name) for p in spec.inputs], **attrs)
+        z = arrays["X"]
+        outer = _norm_bounds(call, arrays, "Scale", "Bias", z)
+        if "Gate" in arrays:  # GatedRMSNorm: Y * act(Gate), or the norm of X * act(Gate)
+            with np.errstate(invalid="ignore", over="ignore"):
+                act = reference.activation(arrays["Gate"], attrs.get("activation", 0))
+            if attrs.get("norm_before_gate", 1):
+                outer["scale"] = outer["scale"] * np.maximum(1.0, np.abs(act))
         assert_close("Y", got[0], want, call.x_type, **outer)
         return
     y, z = got
@@ -493,6 +575,10 @@ def _count(call: Call) -> None:
     c[f"axis {'other than -1' if len(call.normalized) > 1 else '-1'}"] += 1
     c[f"X {call.x_kind}"] += 1
     c[f"NaN/Inf in X {'yes' if call.specials else 'no'}"] += 1
+    if ops.OPS[call.op].gated:
+        c[f"gate {call.gate_kind or 'absent'}"] += 1
+        c[f"NaN/Inf in the gate {'yes' if call.gate_specials else 'no'}"] += 1
+        c[f"groups {'yes' if call.attrs.get('group_size') else 'no'}"] += 1
     c[f"threads {call.threads}"] += 1
     c[f"optional inputs {len(call.weight_shapes)}"] += 1
     if any(len(s) > len(call.normalized) and s[0] != 1 for s in call.weight_shapes.values()):

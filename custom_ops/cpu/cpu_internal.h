@@ -135,6 +135,13 @@ inline float FromFloat(F32, float v) { return v; }
 inline uint16_t FromFloat(F16, float v) { return FloatToHalf(v); }
 inline uint16_t FromFloat(BF16, float v) { return FloatToBFloat16(v); }
 
+// Isa::Pow2(t): 2^(n + kPow2Offset) from t = n + 1.5 * 2^23, whose low mantissa bits hold the
+// whole number n: (bits(t) - kPow2Bits) << 23 with kPow2Bits the bits of 1.5 * 2^23 less the
+// exponent field's bias 127 and the offset. (The offset keeps 2^(n + 64) normal for the n of
+// exp's arguments down to -150, norm_rows.h.)
+constexpr int kPow2Offset = 64;
+constexpr uint32_t kPow2Bits = 0x4B400000u - 127u - static_cast<uint32_t>(kPow2Offset);
+
 // v rounded to the precision of tag E (as a float).
 template <class E>
 inline float RoundScalar(float v) {

@@ -34,6 +34,18 @@ struct Isa {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
   static V MaskN(V a, int n) { return _mm256_and_ps(a, _mm256_castsi256_ps(LaneMask(n))); }
+  static V Div(V a, V b) { return _mm256_div_ps(a, b); }
+  // a > b ? a : b per lane (b where either is NaN)
+  static V Max(V a, V b) { return _mm256_max_ps(a, b); }
+  // -|a|
+  static V NegAbs(V a) { return _mm256_or_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))); }
+  // a where the sign bit of s is set, else b
+  static V SelectNegative(V s, V a, V b) { return _mm256_blendv_ps(b, a, s); }
+  // 2^(n + kPow2Offset) from t = n + 1.5 * 2^23 (isa_portable.h says how)
+  static V Pow2(V t) {
+    const __m256i bits = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(static_cast<int>(kPow2Bits)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23));
+  }
 
   static V Load(F32, const float* p) { return _mm256_loadu_ps(p); }
   static V Load(F16, const uint16_t* p) {

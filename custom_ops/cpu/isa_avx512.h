@@ -35,6 +35,22 @@ struct Isa {
   }
   static __mmask16 Mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
   static V MaskN(V a, int n) { return _mm512_maskz_mov_ps(Mask(n), a); }
+  static V Div(V a, V b) { return _mm512_div_ps(a, b); }
+  // a > b ? a : b per lane (b where either is NaN)
+  static V Max(V a, V b) { return _mm512_max_ps(a, b); }
+  // -|a| (an integer instruction: the float OR is AVX512DQ's)
+  static V NegAbs(V a) {
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN)));
+  }
+  // a where the sign bit of s is set, else b
+  static V SelectNegative(V s, V a, V b) {
+    return _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(_mm512_castps_si512(s), _mm512_setzero_si512()), b, a);
+  }
+  // 2^(n + kPow2Offset) from t = n + 1.5 * 2^23 (isa_portable.h says how)
+  static V Pow2(V t) {
+    const __m512i bits = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(static_cast<int>(kPow2Bits)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 23));
+  }
 
   static V FromHalf(__m256i h) { return _mm512_cvtph_ps(h); }
   static V FromBFloat16(__m256i b) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)); }

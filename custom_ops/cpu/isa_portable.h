@@ -54,6 +54,15 @@ struct Isa {
     for (int k = n; k < W; ++k) a.v[k] = 0.f;
     return a;
   }
+  static V Div(V a, V b) {
+    for (int k = 0; k < W; ++k) a.v[k] /= b.v[k];
+    return a;
+  }
+  // a > b ? a : b, lane by lane (b where either is NaN), as x86's max instructions take them.
+  static V Max(V a, V b) {
+    for (int k = 0; k < W; ++k) a.v[k] = a.v[k] > b.v[k] ? a.v[k] : b.v[k];
+    return a;
+  }
   // Bits of a block of 32-bit lanes, and back.
   struct Bits {
     uint32_t u[W];
@@ -114,6 +123,28 @@ struct Isa {
     Store(e, block, a);
     std::memcpy(p, block, sizeof(block[0]) * static_cast<size_t>(n));
   }
+  // -|a| (the sign bit set; NaN stays NaN).
+  static V NegAbs(V a) {
+    Bits b = BitsOfV(a);
+    for (int k = 0; k < W; ++k) b.u[k] |= 0x80000000u;
+    return VOfBits(b);
+  }
+  // a where the sign bit of s is set (negative numbers, -0, NaN with the sign), else b.
+  static V SelectNegative(V s, V a, V b) {
+    const Bits sb = BitsOfV(s), ab = BitsOfV(a), bb = BitsOfV(b);
+    Bits r;
+    for (int k = 0; k < W; ++k) r.u[k] = Select((sb.u[k] >> 31) != 0u, ab.u[k], bb.u[k]);
+    return VOfBits(r);
+  }
+  // 2^(n + kPow2Offset) from t = n + 1.5 * 2^23 for whole n (the sum that rounded n: its low
+  // mantissa bits hold n), n + kPow2Offset in [-126, 127], exactly: those bits become the
+  // exponent field (kPow2Bits, cpu_internal.h).
+  static V Pow2(V t) {
+    Bits b = BitsOfV(t);
+    for (int k = 0; k < W; ++k) b.u[k] = (b.u[k] - kPow2Bits) << 23;
+    return VOfBits(b);
+  }
+
   static constexpr bool kHasStream = false;
   template <class E>
   static void Stream(E e, typename E::St* p, V a) {

@@ -4,9 +4,11 @@
 // quant_rows.h) by the units of each instruction set (isa_portable.cc, isa_avx2.cc,
 // isa_avx512.cc and their quant_*.cc), after they have defined, in an anonymous namespace of
 // onnxnorm::cpu, a struct Isa with:
-//   W (lanes: 8 or 16), V (a vector of W floats), Zero(), Set1(f), Add, Sub, Mul, HSum(v) (the
-//   halving folds: lane k + lane k + W/2, ..., down to one), MaskN(v, n) (lanes >= n set to 0),
-//   and per element tag E (F32, F16, BF16): Load(E, p), LoadN(E, p, n) (lanes >= n read as 0,
+//   W (lanes: 8 or 16), V (a vector of W floats), Zero(), Set1(f), Add, Sub, Mul, Div, Max(a, b)
+//   (a > b ? a : b), HSum(v) (the halving folds: lane k + lane k + W/2, ..., down to one),
+//   MaskN(v, n) (lanes >= n set to 0), NegAbs (-|v|), SelectNegative(s, a, b) (a where s's sign
+//   bit is set, else b), Pow2(t) (2^(n + kPow2Offset) from t = n + 1.5 * 2^23), and per element
+//   tag E (F32, F16, BF16): Load(E, p), LoadN(E, p, n) (lanes >= n read as 0,
 //   nothing past p + n touched), Store(E, p, v), StoreN(E, p, v, n) (rounding to E's type,
 //   nearest even), Round(E, v) (v rounded to E's type); kHasStream, Stream(E, p, v) (a
 //   non-temporal Store to a 64-byte aligned address) and Fence().
@@ -20,6 +22,15 @@
 //
 // Per row, the algorithm is:
 //   RMSNorm:   pass 1 sum of squares; pass 2 Y = X * inv_rms * (Scale + offset) + Bias.
+//   L2Norm:    RMSNorm's passes with the sum of squares itself for the mean square (no weights).
+//   Gated:     (GatedRMSNorm: RMSNorm's kernels with NormArgs::gate; its groups are rows)
+//              norm_before_gate = 1: RMSNorm, and each Y value times act(Gate) before its last
+//              rounding (order A: the value rounded to X's type first);
+//              norm_before_gate = 0: the norm of Z = X * act(Gate) in float32, not rounded,
+//              computed once by the statistics pass into a float32 row buffer (rows wider than
+//              kZBufferCols: computed again by the last pass). act (SiLU or sigmoid) is one
+//              float32 function of the gate, Sigmoid below, the same operations on every
+//              instruction set.
 //   LayerNorm: pass 1 sums of D and D^2 with D = X - shift, the shift being the mean of the row's
 //              first 8 values (near the row's mean, so D is exact for rows with a large mean and
 //              E[D^2] - E[D]^2 does not cancel); only when the shift was far from the mean
@@ -247,6 +258,92 @@ struct StoringSource {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// The gate of GatedRMSNorm: its activation, SiLU g * sigmoid(g) or sigmoid(g), in float32 from
+// float32(g), written once over the vector operations so that every instruction set computes it
+// with the same operations in the same order (no fused multiply-add, no approximate reciprocal).
+//
+// sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) for g < 0, with e = exp(-|g|) in (0, 1]:
+// never an overflow, and full relative precision for large negative g. exp(x), x <= 0: x = n ln2
+// + r with n = round(x / ln2) and |r| <= ln2 / 2 (ln2 split in two: n * kLn2Hi is exact for
+// |n| < 2^13), e^r = 1 + r + r^2 q(r) with q of degree 3 (coefficients fitted to the relative
+// error of e^r on that interval: below 1.2e-7), scaled by 2^(n + 64) and then 2^-64 so that
+// results below float32's normal range round once into its subnormals; below -104, e^x rounds
+// to 0. Against numpy's float64 over 5 million float32 arguments (uniform and log-spaced, |g| up
+// to 90): exp within 2.5 ulp, sigmoid within 3.6 ulp (relative error below 4.6e-7), SiLU within
+// 4.6 ulp (below 4.2e-7), each rounded to float32; the kernel tests hold the kernels to it
+// (custom_ops/tests/kernel_tests.cc). For g < -87.3 the sigmoid is a float32 subnormal (a
+// multiple of 2^-149, as the exact value rounds) and SiLU is g times it. NaN gives NaN;
+// sigmoid(+-Inf) = 1 and 0, SiLU(+Inf) = +Inf and SiLU(-Inf) = NaN (-Inf * 0), as numpy
+// computes them. About 30 vector operations and a division per vector.
+constexpr float kLog2E = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693115234375f;         // ln 2 in 11 significant bits
+constexpr float kLn2Lo = 3.19461832987144561e-5f;  // ln 2 - kLn2Hi
+constexpr float kExpQ[4] = {4.999914169e-01f, 1.666688770e-01f, 4.189877585e-02f, 8.333788253e-03f};
+
+// e^-|x| (NaN stays NaN).
+ONNXNORM_INLINE V ExpNegAbs(V x) {
+  // (Max gives its second operand where either is NaN: NaN stays)
+  x = Isa::Max(Isa::Set1(-104.f), Isa::NegAbs(x));
+  const V magic = Isa::Set1(12582912.f);  // 1.5 * 2^23: adding it rounds to a whole number
+  const V t = Isa::Add(Isa::Mul(x, Isa::Set1(kLog2E)), magic);
+  const V n = Isa::Sub(t, magic);
+  V r = Isa::Sub(x, Isa::Mul(n, Isa::Set1(kLn2Hi)));
+  r = Isa::Sub(r, Isa::Mul(n, Isa::Set1(kLn2Lo)));
+  V q = Isa::Set1(kExpQ[3]);
+  q = Isa::Add(Isa::Mul(q, r), Isa::Set1(kExpQ[2]));
+  q = Isa::Add(Isa::Mul(q, r), Isa::Set1(kExpQ[1]));
+  q = Isa::Add(Isa::Mul(q, r), Isa::Set1(kExpQ[0]));
+  const V p = Isa::Add(Isa::Add(Isa::Mul(q, Isa::Mul(r, r)), r), Isa::Set1(1.f));
+  static_assert(kPow2Offset == 64, "the scale below undoes Pow2's offset");
+  return Isa::Mul(Isa::Mul(p, Isa::Pow2(t)), Isa::Set1(0x1p-64f));
+}
+
+ONNXNORM_INLINE V Sigmoid(V g) {
+  const V one = Isa::Set1(1.f);
+  const V e = ExpNegAbs(g);
+  return Isa::Div(Isa::SelectNegative(g, e, one), Isa::Add(one, e));
+}
+
+// The activation of a gate vector: SiLU (silu) or sigmoid (the sigmoid times 1, exactly itself).
+ONNXNORM_INLINE V Activation(V g, bool silu) { return Isa::Mul(Sigmoid(g), silu ? g : Isa::Set1(1.f)); }
+
+// GatedRMSNorm's gate before the norm: Z = float32(X) * act(Gate), in float32 and not rounded.
+// (Lanes past a row's end read 0 for both: Z = 0 there.)
+template <class E>
+struct GatedSource {
+  const typename E::St* x;
+  const typename E::St* gate;
+  bool silu;
+  ONNXNORM_INLINE V Load(int64_t i) const {
+    return Isa::Mul(Isa::Load(E{}, x + i), Activation(Isa::Load(E{}, gate + i), silu));
+  }
+  ONNXNORM_INLINE V LoadN(int64_t i, int rem) const {
+    return Isa::Mul(Isa::LoadN(E{}, x + i, rem), Activation(Isa::LoadN(E{}, gate + i, rem), silu));
+  }
+};
+
+// What the last pass does to each Y value before Y's store rounds it: nothing, or GatedRMSNorm's
+// gate after the norm, Y * act(Gate).
+struct NoEpilogue {
+  ONNXNORM_INLINE V Apply(int64_t, V y) const { return y; }
+  ONNXNORM_INLINE V ApplyN(int64_t, int, V y) const { return y; }
+};
+
+template <class E>
+struct GateEpilogue {
+  const typename E::St* gate;
+  bool silu;
+  ONNXNORM_INLINE V Apply(int64_t i, V y) const { return Isa::Mul(y, Activation(Isa::Load(E{}, gate + i), silu)); }
+  ONNXNORM_INLINE V ApplyN(int64_t i, int rem, V y) const {
+    return Isa::Mul(y, Activation(Isa::LoadN(E{}, gate + i, rem), silu));
+  }
+};
+
+// Where a row's gate acts (a template parameter of the row loops): no gate, after the norm
+// (norm_before_gate = 1) or before it (0).
+enum class Gate { kNone, kAfter, kBefore };
+
 // The accumulators of a row sum: kLanes / W vectors (2 or 4), as named variables so that they
 // stay in registers, added to one vector by folding them in halves (accumulator k + accumulator
 // k + K/2), which is lane j + lane j + kLanes/2 across them.
@@ -432,20 +529,22 @@ inline int64_t ElementsToLine(const T* p) {
 constexpr int64_t kAlignRowVectors = 4;
 
 // The pass over a row that writes Y (in YE's type: X's, or float32 for the mixed form, which then
-// leaves out the last rounding to X's type) and Z to sum (when not null) from the statistics.
-template <bool kScale, bool kBias, class E, class YE, class Nz, class Wt, class Src>
+// leaves out the last rounding to X's type) and Z to sum (when not null) from the statistics;
+// the epilogue ep acts on each Y value before its store.
+template <bool kScale, bool kBias, class E, class YE, class Nz, class Wt, class Src, class Ep>
 void FinishRow(const Src& source, const Nz& normalizer, const Wt& weights, typename YE::St* y, typename E::St* sum,
-               int64_t n, const OutputPlan& plan) {
+               int64_t n, const OutputPlan& plan, const Ep& epilogue) {
   const Src src = source;
   const Nz nz = normalizer;
   const Wt wt = weights;
+  const Ep ep = epilogue;
   const V zero = Isa::Zero();
   auto partial = [&](int64_t i, int rem) {
     const V zv = src.LoadN(i, rem);
     if (sum != nullptr) Isa::StoreN(E{}, sum + i, zv, rem);
     const V sv = kScale ? wt.ScaleN(i, rem) : zero;
     const V bv = kBias ? wt.BiasN(i, rem) : zero;
-    Isa::StoreN(YE{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv), rem);
+    Isa::StoreN(YE{}, y + i, ep.ApplyN(i, rem, nz.template Apply<kScale, kBias>(zv, sv, bv)), rem);
   };
   int64_t i = 0;
   if (n >= kAlignRowVectors * W || plan.stream_y) {
@@ -472,7 +571,7 @@ void FinishRow(const Src& source, const Nz& normalizer, const Wt& weights, typen
         }
         const V sv = kScale ? wt.Scale(i) : zero;
         const V bv = kBias ? wt.Bias(i) : zero;
-        Isa::Stream(YE{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv));
+        Isa::Stream(YE{}, y + i, ep.Apply(i, nz.template Apply<kScale, kBias>(zv, sv, bv)));
       }
       if (i < n) partial(i, static_cast<int>(n - i));
       return;
@@ -484,28 +583,34 @@ void FinishRow(const Src& source, const Nz& normalizer, const Wt& weights, typen
     if (sum != nullptr) Isa::Store(E{}, sum + i, zv);
     const V sv = kScale ? wt.Scale(i) : zero;
     const V bv = kBias ? wt.Bias(i) : zero;
-    Isa::Store(YE{}, y + i, nz.template Apply<kScale, kBias>(zv, sv, bv));
+    Isa::Store(YE{}, y + i, ep.Apply(i, nz.template Apply<kScale, kBias>(zv, sv, bv)));
   }
   if (i < n) partial(i, static_cast<int>(n - i));
 }
 
 // One normalized row: the statistics from stats_src, then Y = Norm(Z) * (Scale + offset) + Bias
-// (and Sum = Z when sum is not null) from finish_src.
-template <NormKind NK, class E, class YE, bool kOrderA, class Wt, class Src, class FinishSrc>
+// (and Sum = Z when sum is not null) from finish_src, each Y value through the epilogue ep.
+// kMayBias: false for the ops without a Bias (has_bias is then false; its code is left out).
+template <NormKind NK, class E, class YE, bool kOrderA, bool kMayBias = true, class Wt, class Src, class FinishSrc,
+          class Ep = NoEpilogue>
 inline void NormRowFrom(const Src& stats_src, const FinishSrc& finish_src, const Wt& weights, bool has_scale,
                         bool has_bias, typename YE::St* y, typename E::St* sum, const RowParams& p,
-                        const OutputPlan& plan) {
+                        const OutputPlan& plan, const Ep& ep = Ep{}) {
   const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(stats_src, p), p.offset);
-  if (has_scale) {
+  if constexpr (kMayBias) {
     if (has_bias) {
-      FinishRow<true, true, E, YE>(finish_src, nz, weights, y, sum, p.n, plan);
-    } else {
-      FinishRow<true, false, E, YE>(finish_src, nz, weights, y, sum, p.n, plan);
+      if (has_scale) {
+        FinishRow<true, true, E, YE>(finish_src, nz, weights, y, sum, p.n, plan, ep);
+      } else {
+        FinishRow<false, true, E, YE>(finish_src, nz, weights, y, sum, p.n, plan, ep);
+      }
+      return;
     }
-  } else if (has_bias) {
-    FinishRow<false, true, E, YE>(finish_src, nz, weights, y, sum, p.n, plan);
+  }
+  if (has_scale) {
+    FinishRow<true, false, E, YE>(finish_src, nz, weights, y, sum, p.n, plan, ep);
   } else {
-    FinishRow<false, false, E, YE>(finish_src, nz, weights, y, sum, p.n, plan);
+    FinishRow<false, false, E, YE>(finish_src, nz, weights, y, sum, p.n, plan, ep);
   }
 }
 
@@ -555,15 +660,17 @@ class WeightRows {
 #endif
 
 // Rows [row_begin, row_end) of a call. prepared_scale / prepared_bias: the weights prepared for
-// every row (nullptr: as stored); z_buffer: a float32 row buffer for a residual op's Z (nullptr:
-// none).
-template <NormKind NK, ResidualKind RK, class E, class S, class YE, bool kOrderA>
+// every row (nullptr: as stored); z_buffer: a float32 row buffer for a residual op's Z or a gated
+// norm's Z (gate before the norm) (nullptr: none).
+template <NormKind NK, ResidualKind RK, class E, class S, class YE, bool kOrderA, Gate kGate>
 void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowParams& p, const OutputPlan& plan,
               const float* prepared_scale, const float* prepared_bias, float* z_buffer) {
   using T = typename E::St;
   using WT = typename S::St;
   using YT = typename YE::St;
   static_assert(std::is_same<E, YE>::value || RK == ResidualKind::kNone, "a residual op's Y is of X's type");
+  static_assert(kGate == Gate::kNone || (RK == ResidualKind::kNone && std::is_same<E, YE>::value),
+                "a gated norm has no residual, and its Y is of X's type");
   const int64_t n = p.n;
   const T* x = static_cast<const T*>(a.x);
   YT* y = static_cast<YT*>(a.y);
@@ -576,15 +683,21 @@ void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowPa
   const bool has_scale = a.scale != nullptr, has_bias = a.bias != nullptr;
   const WeightPrep<E, S, kOrderA> prep(p.offset);
   const V alpha = Isa::Set1(a.alpha);
+  const T* gate = static_cast<const T*>(a.gate);
+  const bool silu = a.activation == 0;
+  // (the ops without a Bias: GatedRMSNorm and L2Norm)
+  constexpr bool kMayBias = kGate == Gate::kNone && NK != NormKind::kL2;
 
   OutputPlan row_plan = plan;  // with the next row's inputs
-  // One row of X (or Z), with its weights prepared or as stored.
-  auto row = [&](const auto& src, YT* yr, T* sr) {
+  // One row of X (or Z), with its weights prepared or as stored: the statistics from src, the
+  // last pass from finish_src (the ops without a residual), each Y value through ep.
+  auto row = [&](const auto& src, const auto& finish_src, YT* yr, T* sr, const auto& ep) {
     auto with = [&](const auto& weights) {
       if constexpr (RK != ResidualKind::kNone) {
         ResidualRow<NK, E, kOrderA>(src, z_buffer, weights, has_scale, has_bias, yr, sr, p, row_plan);
       } else {
-        NormRowFrom<NK, E, YE, kOrderA>(src, src, weights, has_scale, has_bias, yr, sr, p, row_plan);
+        NormRowFrom<NK, E, YE, kOrderA, kMayBias>(src, finish_src, weights, has_scale, has_bias, yr, sr, p, row_plan,
+                                                  ep);
       }
     };
     if (prepared_scale != nullptr) {
@@ -601,20 +714,34 @@ void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowPa
     if (plan.prefetch && r + 1 < row_end) {
       row_plan.next[0] = reinterpret_cast<const char*>(xr + n);
       if (RK != ResidualKind::kNone) row_plan.next[1] = reinterpret_cast<const char*>(residual + (r + 1) * n);
+      if (kGate != Gate::kNone) row_plan.next[1] = reinterpret_cast<const char*>(gate + (r + 1) * n);
     } else {
       row_plan.next[0] = row_plan.next[1] = nullptr;
     }
-    if constexpr (RK == ResidualKind::kNone) {
-      row(PlainSource<E>{xr}, yr, nullptr);
+    if constexpr (kGate == Gate::kAfter) {
+      const PlainSource<E> src{xr};
+      row(src, src, yr, nullptr, GateEpilogue<E>{gate + r * n, silu});
+    } else if constexpr (kGate == Gate::kBefore) {
+      // Z computed once into the row buffer by the statistics pass, or again by the last pass
+      const GatedSource<E> src{xr, gate + r * n, silu};
+      if (z_buffer != nullptr) {
+        row(StoringSource<F32, GatedSource<E>>{src, z_buffer}, PlainSource<F32>{z_buffer}, yr, nullptr, NoEpilogue{});
+      } else {
+        row(src, src, yr, nullptr, NoEpilogue{});
+      }
+    } else if constexpr (RK == ResidualKind::kNone) {
+      const PlainSource<E> src{xr};
+      row(src, src, yr, nullptr, NoEpilogue{});
     } else if constexpr (RK == ResidualKind::kSkip) {
-      row(SkipSource<E, S>{xr, residual + r * n, xbias.Get(), alpha, a.alpha != 1.f}, yr, sr);
+      const SkipSource<E, S> src{xr, residual + r * n, xbias.Get(), alpha, a.alpha != 1.f};
+      row(src, src, yr, sr, NoEpilogue{});
       xbias.Next();
     } else {
       const Stats inner = RowStats<NK>(PlainSource<E>{xr}, p);
       const SandwichSource<NK, E, S, kOrderA> src{
           xr, residual + r * n, StoredWeights<E, S, kOrderA>{inner_scale.Get(), inner_bias.Get(), prep},
           Normalizer<NK, E, kOrderA>(inner, p.offset)};
-      row(src, yr, sr);
+      row(src, src, yr, sr, NoEpilogue{});
       inner_scale.Next();
       inner_bias.Next();
     }
@@ -625,33 +752,34 @@ void RowsLoop(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowPa
 
 // RowsLoop with the row buffers on the stack (a function of its own, so that calls without them
 // do not reserve them).
-template <NormKind NK, ResidualKind RK, class E, class S, class YE, bool kOrderA>
+template <NormKind NK, ResidualKind RK, class E, class S, class YE, bool kOrderA, Gate kGate>
 ONNXNORM_NOINLINE void RowsBuffered(const NormArgs& a, int64_t row_begin, int64_t row_end, const RowParams& p,
                                     const OutputPlan& plan, bool prepare, bool buffer_z) {
-  constexpr bool kResidual = RK != ResidualKind::kNone;
+  constexpr bool kZ = RK != ResidualKind::kNone || kGate == Gate::kBefore;
   alignas(64) float prepared[2][kBufferCols];
-  alignas(64) float z_row[kResidual ? kZBufferCols : 1];
+  alignas(64) float z_row[kZ ? kZBufferCols : 1];
   if (prepare) {
     PrepareWeights<E, S, kOrderA>(static_cast<const typename S::St*>(a.scale),
                                   static_cast<const typename S::St*>(a.bias), p.n, p.offset, prepared[0], prepared[1]);
   }
-  RowsLoop<NK, RK, E, S, YE, kOrderA>(a, row_begin, row_end, p, plan, prepare ? prepared[0] : nullptr,
-                                      prepare ? prepared[1] : nullptr, kResidual && buffer_z ? z_row : nullptr);
+  RowsLoop<NK, RK, E, S, YE, kOrderA, kGate>(a, row_begin, row_end, p, plan, prepare ? prepared[0] : nullptr,
+                                             prepare ? prepared[1] : nullptr, kZ && buffer_z ? z_row : nullptr);
 }
 
-template <NormKind NK, ResidualKind RK, class E, class S, class YE, bool kOrderA>
+template <NormKind NK, ResidualKind RK, class E, class S, class YE, bool kOrderA, Gate kGate = Gate::kNone>
 void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
   using T = typename YE::St;  // Y's: the plan below is Y's
   const int64_t n = a.cols;
   RowParams p;
   p.n = n;
-  p.inv_n = 1.0 / static_cast<double>(n);
+  // (L2Norm: the sum of squares itself)
+  p.inv_n = NK == NormKind::kL2 ? 1.0 : 1.0 / static_cast<double>(n);
   p.epsilon = static_cast<double>(a.epsilon);
   p.offset = a.scale_offset;
   const auto y = reinterpret_cast<uintptr_t>(a.y);
 
   OutputPlan plan;
-  const int64_t tensors = RK == ResidualKind::kNone ? 2 : (a.sum != nullptr ? 4 : 3);
+  const int64_t tensors = RK == ResidualKind::kNone ? (kGate == Gate::kNone ? 2 : 3) : (a.sum != nullptr ? 4 : 3);
   const int64_t row_bytes = n * static_cast<int64_t>(sizeof(T));
   const bool whole_lines = row_bytes % 64 == 0 && y % 64 == 0;
   plan.stream_y = Isa::kHasStream && a.rows * row_bytes * tensors >= StreamMinBytes() && y % sizeof(T) == 0 &&
@@ -659,34 +787,52 @@ void RowsInOrder(const NormArgs& a, int64_t row_begin, int64_t row_end) {
   plan.stream_sum = plan.stream_y && a.sum != nullptr && (reinterpret_cast<uintptr_t>(a.sum) - y) % 64 == 0;
   plan.prefetch = a.rows * row_bytes * tensors >= kPrefetchMinBytes && row_bytes >= kPrefetchRowBytes;
 
-  // The stack buffers: a residual op's Z when Sum is streamed or not wanted (rows of at most
-  // kZBufferCols), and the weights prepared once when every row of a range of several rows of at
-  // most kBufferCols shares them.
+  // The stack buffers: a residual op's Z when Sum is streamed or not wanted, a gated norm's Z when
+  // the gate comes before the norm (rows of at most kZBufferCols), and the weights prepared once
+  // when every row of a range of several rows of at most kBufferCols shares them.
   const bool shared = (a.scale == nullptr || a.scale_rows <= 1) && (a.bias == nullptr || a.bias_rows <= 1);
   const bool prepare =
       n <= kBufferCols && row_end - row_begin >= kPrepareRows && shared && (a.scale != nullptr || a.bias != nullptr);
-  const bool buffer_z = RK != ResidualKind::kNone && n <= kZBufferCols && (a.sum == nullptr || plan.stream_y);
+  const bool buffer_z = n <= kZBufferCols &&
+                        ((RK != ResidualKind::kNone && (a.sum == nullptr || plan.stream_y)) || kGate == Gate::kBefore);
   if (prepare || buffer_z) {
-    RowsBuffered<NK, RK, E, S, YE, kOrderA>(a, row_begin, row_end, p, plan, prepare, buffer_z);
+    RowsBuffered<NK, RK, E, S, YE, kOrderA, kGate>(a, row_begin, row_end, p, plan, prepare, buffer_z);
     if (plan.stream_y) Isa::Fence();  // the streamed stores are visible before the pool reports done
     return;
   }
-  RowsLoop<NK, RK, E, S, YE, kOrderA>(a, row_begin, row_end, p, plan, nullptr, nullptr, nullptr);
+  RowsLoop<NK, RK, E, S, YE, kOrderA, kGate>(a, row_begin, row_end, p, plan, nullptr, nullptr, nullptr);
   if (plan.stream_y) Isa::Fence();
 }
 
-// The kernel of op kind (NK, RK) for X of E, weights of S and Y of YE (E, or F32 for the mixed
-// form of the ops without a residual).
-template <NormKind NK, ResidualKind RK, class E, class S, class YE = E>
-void Rows(const NormArgs& a, int64_t row_begin, int64_t row_end) {
-  if (row_begin >= row_end || a.cols <= 0) return;
+// RowsInOrder in the call's rounding order (float32 takes order B, where the two agree).
+template <NormKind NK, ResidualKind RK, class E, class S, class YE, Gate kGate>
+void RowsOrdered(const NormArgs& a, int64_t row_begin, int64_t row_end) {
   if constexpr (!std::is_same<E, F32>::value) {
     if (a.cast_before_scale) {
-      RowsInOrder<NK, RK, E, S, YE, true>(a, row_begin, row_end);
+      RowsInOrder<NK, RK, E, S, YE, true, kGate>(a, row_begin, row_end);
       return;
     }
   }
-  RowsInOrder<NK, RK, E, S, YE, false>(a, row_begin, row_end);
+  RowsInOrder<NK, RK, E, S, YE, false, kGate>(a, row_begin, row_end);
+}
+
+// The kernel of op kind (NK, RK) for X of E, weights of S and Y of YE (E, or F32 for the mixed
+// form of the ops without a residual). The RMS kernels without a residual whose Y is of X's type
+// are GatedRMSNorm's too: with NormArgs::gate, the gate acts after or before the norm.
+template <NormKind NK, ResidualKind RK, class E, class S, class YE = E>
+void Rows(const NormArgs& a, int64_t row_begin, int64_t row_end) {
+  if (row_begin >= row_end || a.cols <= 0) return;
+  if constexpr (NK == NormKind::kRms && RK == ResidualKind::kNone && std::is_same<E, YE>::value) {
+    if (a.gate != nullptr) {
+      if (a.norm_before_gate) {
+        RowsOrdered<NK, RK, E, S, YE, Gate::kAfter>(a, row_begin, row_end);
+      } else {
+        RowsOrdered<NK, RK, E, S, YE, Gate::kBefore>(a, row_begin, row_end);
+      }
+      return;
+    }
+  }
+  RowsOrdered<NK, RK, E, S, YE, Gate::kNone>(a, row_begin, row_end);
 }
 
 }  // namespace

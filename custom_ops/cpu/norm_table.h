@@ -1,4 +1,4 @@
-// The norm row kernels by op, residual kind and type pair: the entry point of each norm
+// The norm row kernels by norm kind, residual kind and type pair: the entry point of each norm
 // instruction-set unit (isa_portable.cc, isa_avx2.cc, isa_avx512.cc, isa_avx512_bf16.cc), which
 // includes this header after its isa_<set>.h; a unit that defines ONNXNORM_ONLY_BFLOAT16 holds
 // the kernels of a bfloat16 X only. The quantized units include norm_rows.h alone: taking the
@@ -50,10 +50,24 @@ NormRowsFn PickResidual(ResidualKind residual, ElemType x, ElemType w, ElemType 
   return nullptr;
 }
 
+// L2Norm: no residual, no weights (their type is X's), Y of X's type.
+inline NormRowsFn PickL2(ResidualKind residual, ElemType x, ElemType w, ElemType y) {
+  if (residual != ResidualKind::kNone || w != x || y != x) return nullptr;
+  switch (x) {
+#if !defined(ONNXNORM_ONLY_BFLOAT16)
+    case ElemType::kFloat32: return &Rows<NormKind::kL2, ResidualKind::kNone, F32, F32>;
+    case ElemType::kFloat16: return &Rows<NormKind::kL2, ResidualKind::kNone, F16, F16>;
+#endif
+    case ElemType::kBFloat16: return &Rows<NormKind::kL2, ResidualKind::kNone, BF16, BF16>;
+    default: return nullptr;
+  }
+}
+
 inline NormRowsFn PickKernel(NormKind norm, ResidualKind residual, ElemType x, ElemType w, ElemType y) {
   switch (norm) {
     case NormKind::kRms: return PickResidual<NormKind::kRms>(residual, x, w, y);
     case NormKind::kLayer: return PickResidual<NormKind::kLayer>(residual, x, w, y);
+    case NormKind::kL2: return PickL2(residual, x, w, y);
   }
   return nullptr;
 }

@@ -339,6 +339,7 @@ inline QuantRowsFn PickQuantKernel(NormKind norm, ResidualKind residual, QuantPa
   switch (norm) {
     case NormKind::kRms: return PickQuantResidual<NormKind::kRms>(residual, pass, x, w, q);
     case NormKind::kLayer: return PickQuantResidual<NormKind::kLayer>(residual, pass, x, w, q);
+    case NormKind::kL2: return nullptr;  // (no quantized L2Norm)
   }
   return nullptr;
 }

@@ -31,13 +31,32 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 bool AnyWeight(const NormArgs& a) { return a.scale || a.bias || a.inner_scale || a.inner_bias || a.xbias; }
 
+constexpr bool SameName(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+
+// Whether op has an input / an attribute of this name.
+constexpr bool HasInput(const OpSpec& op, const char* name) {
+  for (const ParamSpec& p : op.inputs) {
+    if (SameName(p.name, name)) return true;
+  }
+  return false;
+}
+constexpr bool HasAttribute(const OpSpec& op, const char* name) {
+  for (const AttrSpec& attr : op.attributes) {
+    if (SameName(attr.name, name)) return true;
+  }
+  return false;
+}
+
 // The kernel for args (and q, a quantized op's quantized Y): an index into kRegsConfigs, or -1 for
 // the general kernel. The register kernels store a vector's quantized values at once: q must be
 // aligned to a vector's element count (4 or 8 bytes).
 int ChooseConfig(const NormArgs& a, const void* q = nullptr) {
   const int64_t ve = 16 / static_cast<int64_t>(TypeSize(a.x_type));
   bool vectorizable = a.cols % ve == 0 && reinterpret_cast<uintptr_t>(q) % static_cast<uintptr_t>(ve) == 0;
-  const void* arrays[] = {a.x, a.residual, a.scale, a.bias, a.inner_scale, a.inner_bias, a.xbias, a.y, a.sum};
+  const void* arrays[] = {a.x, a.residual, a.scale, a.bias, a.inner_scale, a.inner_bias, a.xbias, a.gate, a.y, a.sum};
   for (const void* p : arrays) vectorizable = vectorizable && Aligned16(p);  // nullptr is aligned
   if (!vectorizable) return -1;
   for (int i = 0; i < kNumRegsConfigs; ++i) {
@@ -123,6 +142,10 @@ bool Check(const NormArgs* args, char* err, size_t len) {
     return Write(err, len, "onnxnorm::%s takes no InnerScale or InnerBias", n), false;
   }
   if (op.residual != kSkip && a.xbias) return Write(err, len, "onnxnorm::%s takes no XBias", n), false;
+  // (L2Norm has no weights, GatedRMSNorm no Bias; only GatedRMSNorm has a Gate)
+  if (a.scale && !HasInput(op, "Scale")) return Write(err, len, "onnxnorm::%s takes no Scale", n), false;
+  if (a.bias && !HasInput(op, "Bias")) return Write(err, len, "onnxnorm::%s takes no Bias", n), false;
+  if (a.gate && !HasInput(op, "Gate")) return Write(err, len, "onnxnorm::%s takes no Gate", n), false;
   struct {
     const char* name;
     const void* ptr;
@@ -140,8 +163,8 @@ bool Check(const NormArgs* args, char* err, size_t len) {
   if (!(std::isfinite(a.epsilon) && a.epsilon >= 0.f)) {
     return Write(err, len, "onnxnorm::%s: epsilon must be a finite number >= 0, got %g", n, (double)a.epsilon), false;
   }
-  if (!std::isfinite(a.scale_offset) || (op.norm == kLayer && a.scale_offset != 0.f)) {
-    return Write(err, len, "onnxnorm::%s: scale_offset must be finite (and 0 for LayerNorm ops), got %g", n,
+  if (!std::isfinite(a.scale_offset) || (!HasAttribute(op, "scale_offset") && a.scale_offset != 0.f)) {
+    return Write(err, len, "onnxnorm::%s: scale_offset must be finite (and 0 for ops without it), got %g", n,
                  (double)a.scale_offset),
            false;
   }
@@ -151,6 +174,13 @@ bool Check(const NormArgs* args, char* err, size_t len) {
   }
   if (a.cast_before_scale != 0 && a.cast_before_scale != 1) {
     return Write(err, len, "onnxnorm::%s: cast_before_scale must be 0 or 1, got %d", n, a.cast_before_scale), false;
+  }
+  // (no effect without a Gate, but never out of range)
+  if (a.activation != 0 && a.activation != 1) {
+    return Write(err, len, "onnxnorm::%s: activation must be 0 (SiLU) or 1 (sigmoid), got %d", n, a.activation), false;
+  }
+  if (a.norm_before_gate != 0 && a.norm_before_gate != 1) {
+    return Write(err, len, "onnxnorm::%s: norm_before_gate must be 0 or 1, got %d", n, a.norm_before_gate), false;
   }
   return true;
 }
@@ -212,13 +242,23 @@ cudaError_t DispatchQuant(const NormArgs& a, const QuantKernelArgs& qa, QuantMod
   }
 }
 
-// LaunchOp<norm, residual> of the op with id I or a later one.
+// LaunchOp<norm, residual> of the op with id I or a later one; with its gate where the op has a
+// Gate and the call gives one (GatedRMSNorm: without a Gate it is its norm's kernel).
 template <int I = 0>
 cudaError_t Dispatch(const NormArgs& a, int config, cudaStream_t stream) {
   if constexpr (I == kOpCount) {
     return cudaErrorInvalidValue;
   } else {
-    if (static_cast<int>(a.op) == I) return LaunchOp<kOps[I].norm, kOps[I].residual>(a, config, stream);
+    if (static_cast<int>(a.op) == I) {
+      if constexpr (HasInput(kOps[I], "Gate")) {
+        if (a.gate != nullptr) {
+          return a.norm_before_gate != 0
+                     ? LaunchOp<kOps[I].norm, kOps[I].residual, GateMode::kAfterNorm>(a, config, stream)
+                     : LaunchOp<kOps[I].norm, kOps[I].residual, GateMode::kBeforeNorm>(a, config, stream);
+        }
+      }
+      return LaunchOp<kOps[I].norm, kOps[I].residual>(a, config, stream);
+    }
     return Dispatch<I + 1>(a, config, stream);
   }
 }
@@ -334,5 +374,13 @@ extern "C" const char* onnxnorm_args_layout(void) {
     return onnxnorm::NormArgsLayoutJson();
   } catch (...) {
     return "{}";
+  }
+}
+
+extern "C" const char* onnxnorm_cuda_ops(void) {
+  try {
+    return onnxnorm::CudaOpNames();
+  } catch (...) {
+    return "";
   }
 }

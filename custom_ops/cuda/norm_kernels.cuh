@@ -1,4 +1,4 @@
-// onnxnorm CUDA kernels: one template family for the six catalogue ops.
+// onnxnorm CUDA kernels: one template family for every float and quantized catalogue op.
 //
 // Two kernels per (op, X type, weight type):
 //
@@ -19,6 +19,13 @@
 // Numerics follow onnxnorm/ops/reference.py: Sum is rounded to X's type before its statistics;
 // order B multiplies and adds in float32 and rounds once; order A rounds the normalized value,
 // then multiplies and adds in X's type (each step rounded).
+//
+// L2Norm is RMSNorm's code with the sum of squares in place of their mean (NormKind kL2).
+// GatedRMSNorm is RMSNorm's code with a gate (GateMode): its groups come as rows (NormArgs), so the
+// kernels never see group_size. Without a Gate it runs RMSNorm's kernels. With one, the gate's
+// activation (Activate: float32, expf) multiplies either X before the statistics (kBeforeNorm,
+// the product not rounded) or the weighted value after them (kAfterNorm, rounded once at the
+// store); the Gate is read once, alongside X in the first case, in the store loop in the other.
 //
 // The quantized ops (a LayerNorm / RMSNorm or its Skip form followed by QuantizeLinear or
 // DynamicQuantizeLinear) are the same two kernels with an epilogue (QuantMode): kQuantize rounds
@@ -45,6 +52,7 @@ namespace cuda {
 
 constexpr NormKind kLayer = NormKind::kLayer;
 constexpr NormKind kRms = NormKind::kRms;
+constexpr NormKind kL2 = NormKind::kL2;
 constexpr ResidualKind kNone = ResidualKind::kNone;
 constexpr ResidualKind kSkip = ResidualKind::kSkip;
 constexpr ResidualKind kSandwich = ResidualKind::kSandwich;
@@ -98,6 +106,25 @@ __device__ __forceinline__ float ScaleShift(float n, bool has_scale, float s, bo
   // order B: float32 throughout, one rounding at the store
   float y = n * ((has_scale ? s : 1.f) + offset);
   return has_bias ? y + b : y;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The gate of a gated norm (GatedRMSNorm with a Gate)
+// ---------------------------------------------------------------------------------------------
+// Where the gate acts (NormArgs::norm_before_gate): kNone, no gate; kAfterNorm (1): Y =
+// Norm(X) * (Scale + offset) * act(Gate), the weighted value (in order A already rounded to T) times
+// act(Gate) in float32, rounded once at the store; kBeforeNorm (0): Z = X * act(Gate) in float32,
+// not rounded, and Y = Norm(Z) * (Scale + offset) in the op's rounding order.
+enum class GateMode : int32_t { kNone = 0, kAfterNorm = 1, kBeforeNorm = 2 };
+
+// The gate's activation of g (NormArgs::activation, the same for every thread: a uniform branch),
+// in float32: 0 SiLU, g * sigmoid(g); 1 sigmoid(g) = 1 / (1 + exp(-g)). expf (at most 2 ulp) and
+// an IEEE division, not __expf, whose error grows with |g| (2 + 1.16 |g| ulp); the kernels are
+// bound by memory, so the exact forms cost no time. g = -Inf gives a sigmoid of 0 and a SiLU of NaN
+// (-Inf * 0), as the reference's.
+__device__ __forceinline__ float Activate(float g, int32_t activation) {
+  const float sigmoid = 1.f / (1.f + expf(-g));
+  return activation == 0 ? g * sigmoid : sigmoid;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,7 +296,7 @@ __device__ __forceinline__ const W* WeightRow(const void* base, int64_t weight_r
 // v - shift, shift being the row's first value: the differences are exact in float32, so rows of
 // mean 1e4 and standard deviation 1e-2 stay accurate; then mean is the mean of the differences and
 // rstd comes from the mean of their squared deviations (two passes). RMSNorm: shift = mean = 0 and
-// rstd from the mean square.
+// rstd from the mean square; L2Norm: rstd from the sum of squares.
 struct RowStats {
   float shift = 0.f;
   float mean = 0.f;
@@ -310,7 +337,8 @@ __device__ __forceinline__ RowStats ComputeRowStats(First first, ForEach for_eac
       acc += d * d;  // (nvcc contracts this where it pays; an explicit fmaf spills more here)
     }
   });
-  s.rstd = 1.f / sqrtf(GroupSum<kBlockMode>(acc, tpr, red, parity) * inv_cols + epsilon);
+  const float squares = GroupSum<kBlockMode>(acc, tpr, red, parity);
+  s.rstd = 1.f / sqrtf((kNorm == kL2 ? squares : squares * inv_cols) + epsilon);
   return s;
 }
 
@@ -319,11 +347,14 @@ __device__ __forceinline__ RowStats ComputeRowStats(First first, ForEach for_eac
 // ---------------------------------------------------------------------------------------------
 // kBlockMode: a block (blockDim.x <= kMaxBlock threads) per row; else groups of tpr lanes
 // (4, 8, 16 or 32) per row, blockDim.x / tpr rows per block.
+// kGate: the gate (GateMode; kNone but for GatedRMSNorm with a Gate, whose residual is kNone).
 // kQ: the epilogue (QuantMode; kNone for the float ops). Y: Y's type (T, or float32 for the mixed
 // form of the ops without a residual).
-template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, int kVecs, bool kBlockMode, int kMaxBlock,
-          QuantMode kQ, typename Y = T>
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, GateMode kGate, int kVecs, bool kBlockMode,
+          int kMaxBlock, QuantMode kQ, typename Y = T>
 __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const int tpr, const QuantKernelArgs qa) {
+  static_assert(kGate == GateMode::kNone || (kResidual == kNone && kQ == QuantMode::kNone),
+                "the gated norm has no residual and no quantized form");
   constexpr int kVE = 16 / sizeof(T);  // elements of T per 128-bit vector
   const int rows_per_block = kBlockMode ? 1 : blockDim.x / tpr;
   __shared__ float red[2][32];
@@ -369,6 +400,20 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
       }
     };
     auto first = [&] { return GroupBroadcast<kBlockMode>(z[0][0], tpr, red, parity); };
+
+    if constexpr (kGate == GateMode::kBeforeNorm) {
+      // Z = X * act(Gate) in float32, not rounded: the statistics and the norm are Z's
+      const T* g = static_cast<const T*>(p.gate) + base;
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        if (!valid[i]) continue;
+        const int64_t col = (static_cast<int64_t>(i) * tpr + lane) * kVE;
+        float gv[kVE];
+        LoadVec<T, kVE>(g + col, gv, true);
+#pragma unroll
+        for (int j = 0; j < kVE; ++j) z[i][j] *= Activate(gv[j], p.activation);
+      }
+    }
 
     if constexpr (kResidual == kSkip) {
       const T* r = static_cast<const T*>(p.residual) + base;
@@ -419,6 +464,7 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
     const RowStats stats = ComputeRowStats<kNorm, kBlockMode, true>(first, held, tpr, inv_cols, p.epsilon, red, parity);
     const W* sc = WeightRow<W>(p.scale, p.scale_rows, row, cols);
     const W* bi = WeightRow<W>(p.bias, p.bias_rows, row, cols);
+    [[maybe_unused]] const T* gate = kGate == GateMode::kAfterNorm ? static_cast<const T*>(p.gate) + base : nullptr;
     Y* y = p.y != nullptr ? static_cast<Y*>(p.y) + base : nullptr;
     float lo = INFINITY, hi = -INFINITY;  // kRange: the range of this thread's share of Y
 #pragma unroll
@@ -426,12 +472,15 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
       if (!valid[i]) continue;
       const int64_t col = (static_cast<int64_t>(i) * tpr + lane) * kVE;
       float sv[kVE], bv[kVE], out[kVE];
+      [[maybe_unused]] float gv[kVE];
       if (sc != nullptr) LoadVec<W, kVE>(sc + col, sv, false);
       if (bi != nullptr) LoadVec<W, kVE>(bi + col, bv, false);
+      if constexpr (kGate == GateMode::kAfterNorm) LoadVec<T, kVE>(gate + col, gv, true);
 #pragma unroll
       for (int j = 0; j < kVE; ++j) {
         out[j] = ScaleShift<T, Y>(stats.Normalize(z[i][j]), sc != nullptr, sc != nullptr ? sv[j] : 0.f, bi != nullptr,
                                   bi != nullptr ? bv[j] : 0.f, p.scale_offset, order_a);
+        if constexpr (kGate == GateMode::kAfterNorm) out[j] *= Activate(gv[j], p.activation);
       }
       if constexpr (kQ == QuantMode::kNone) {
         StoreVec<Y, kVE>(y + col, out);
@@ -469,7 +518,7 @@ __global__ void __launch_bounds__(kMaxBlock) RegsKernel(const NormArgs p, const 
 // ---------------------------------------------------------------------------------------------
 constexpr int kStreamBlock = 512;
 
-template <typename T, typename W, NormKind kNorm, ResidualKind kResidual>
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, GateMode kGate>
 struct StreamRow {
   const NormArgs& p;
   int64_t row;
@@ -482,10 +531,17 @@ struct StreamRow {
 
   __device__ __forceinline__ float X(int64_t col) const { return ToFloat(static_cast<const T*>(p.x)[base + col]); }
 
-  // Z at col (Sum for the residual ops), in float32, rounded to T
+  // act(Gate) at col (a gated norm's)
+  __device__ __forceinline__ float Gate(int64_t col) const {
+    return Activate(ToFloat(static_cast<const T*>(p.gate)[base + col]), p.activation);
+  }
+
+  // Z at col (Sum for the residual ops, rounded to T; X * act(Gate) for a gate before the norm,
+  // not rounded), in float32
   __device__ __forceinline__ float Z(int64_t col) const {
     const float x = X(col);
     if constexpr (kResidual == kNone) {
+      if constexpr (kGate == GateMode::kBeforeNorm) return x * Gate(col);
       return x;
     } else {
       const float r = ToFloat(static_cast<const T*>(p.residual)[base + col]);
@@ -504,8 +560,10 @@ struct StreamRow {
   }
 };
 
-template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Y = T>
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, GateMode kGate, QuantMode kQ, typename Y = T>
 __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p, const QuantKernelArgs qa) {
+  static_assert(kGate == GateMode::kNone || (kResidual == kNone && kQ == QuantMode::kNone),
+                "the gated norm has no residual and no quantized form");
   __shared__ float red[2][32];
   int parity = 0;
   Quantizer quantizer{};
@@ -513,7 +571,7 @@ __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p, c
   const int64_t cols = p.cols;
   const float inv_cols = 1.f / static_cast<float>(cols);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    StreamRow<T, W, kNorm, kResidual> r{p, row, row * cols};
+    StreamRow<T, W, kNorm, kResidual, kGate> r{p, row, row * cols};
     // each thread's share of the row: columns threadIdx.x, + kStreamBlock, ...
     auto each_x = [&](auto&& f) {
       for (int64_t col = threadIdx.x; col < cols; col += kStreamBlock) {
@@ -541,9 +599,10 @@ __global__ void __launch_bounds__(kStreamBlock) StreamKernel(const NormArgs p, c
     for (int64_t col = threadIdx.x; col < cols; col += kStreamBlock) {
       const float z = r.Z(col);
       if (sum != nullptr) sum[col] = FromFloat<T>(z);
-      const float out =
+      float out =
           ScaleShift<T, Y>(stats.Normalize(z), hs, hs ? r.Weight(p.scale, p.scale_rows, col) : 0.f, hb,
                            hb ? r.Weight(p.bias, p.bias_rows, col) : 0.f, p.scale_offset, p.cast_before_scale != 0);
+      if constexpr (kGate == GateMode::kAfterNorm) out *= r.Gate(col);
       if constexpr (kQ == QuantMode::kNone) {
         y[col] = FromFloat<Y>(out);
       } else if constexpr (kQ == QuantMode::kRange) {
@@ -627,56 +686,61 @@ inline unsigned GridFor(int64_t units) {
   return static_cast<unsigned>(units < kMaxGrid ? units : kMaxGrid);
 }
 
-// Launches op (kNorm, kResidual) for X of type T and weights of type W with config `config` (an
-// index into kRegsConfigs, or -1 for StreamKernel) through launch(kernel, grid, block, args...),
+// Launches op (kNorm, kResidual, kGate) for X of type T and weights of type W with config `config`
+// (an index into kRegsConfigs, or -1 for StreamKernel) through launch(kernel, grid, block, args...),
 // which returns the launch's error: a launch on a stream (DeviceLauncher below), or the host
 // emulation's (custom_ops/cuda/emulation), so that both run this one table.
 // kQ: the epilogue, with qa its arguments (QuantMode::kNone: the float ops, qa unused). Y: Y's type.
-template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Y = T,
+template <typename T, typename W, NormKind kNorm, ResidualKind kResidual, GateMode kGate, QuantMode kQ, typename Y = T,
           typename Launcher>
 cudaError_t LaunchTyped(const NormArgs& p, const QuantKernelArgs& qa, int config, const Launcher& launch) {
   if (config < 0 || config >= kNumRegsConfigs) {
-    return launch(&StreamKernel<T, W, kNorm, kResidual, kQ, Y>, GridFor(p.rows), kStreamBlock, p, qa);
+    return launch(&StreamKernel<T, W, kNorm, kResidual, kGate, kQ, Y>, GridFor(p.rows), kStreamBlock, p, qa);
   }
   const RegsConfig c = kRegsConfigs[config];
   const int64_t rows_per_block = c.block / c.tpr;
   const unsigned grid = GridFor((p.rows + rows_per_block - 1) / rows_per_block);
   if (c.tpr == c.block) {
     if (c.vecs == 8) {
-      return launch(&RegsKernel<T, W, kNorm, kResidual, 8, true, 512, kQ, Y>, grid, c.block, p, c.tpr, qa);
+      return launch(&RegsKernel<T, W, kNorm, kResidual, kGate, 8, true, 512, kQ, Y>, grid, c.block, p, c.tpr, qa);
     }
-    return launch(&RegsKernel<T, W, kNorm, kResidual, 4, true, 512, kQ, Y>, grid, c.block, p, c.tpr, qa);
+    return launch(&RegsKernel<T, W, kNorm, kResidual, kGate, 4, true, 512, kQ, Y>, grid, c.block, p, c.tpr, qa);
   }
   if (c.vecs == 2) {
-    return launch(&RegsKernel<T, W, kNorm, kResidual, 2, false, 128, kQ, Y>, grid, c.block, p, c.tpr, qa);
+    return launch(&RegsKernel<T, W, kNorm, kResidual, kGate, 2, false, 128, kQ, Y>, grid, c.block, p, c.tpr, qa);
   }
-  return launch(&RegsKernel<T, W, kNorm, kResidual, 4, false, 128, kQ, Y>, grid, c.block, p, c.tpr, qa);
+  return launch(&RegsKernel<T, W, kNorm, kResidual, kGate, 4, false, 128, kQ, Y>, grid, c.block, p, c.tpr, qa);
 }
 
-// X of a 16-bit T with float32 weights (or none): Y of T, or, in the mixed form of the float ops
-// without a residual, float32.
-template <typename T, NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Launcher>
+// X of a 16-bit T with float32 weights (or none): Y of T, or, in the mixed form of LayerNorm and
+// RMSNorm (the float ops without a residual, a gate or L2's sum), float32.
+template <typename T, NormKind kNorm, ResidualKind kResidual, GateMode kGate, QuantMode kQ, typename Launcher>
 cudaError_t LaunchHalfW32(const NormArgs& p, const QuantKernelArgs& qa, int config, const Launcher& launch) {
-  if (p.y_type != ElemType::kFloat32) return LaunchTyped<T, float, kNorm, kResidual, kQ>(p, qa, config, launch);
-  if constexpr (kResidual == kNone && kQ == QuantMode::kNone) {
-    return LaunchTyped<T, float, kNorm, kResidual, kQ, float>(p, qa, config, launch);
+  if (p.y_type != ElemType::kFloat32) return LaunchTyped<T, float, kNorm, kResidual, kGate, kQ>(p, qa, config, launch);
+  if constexpr (kResidual == kNone && kQ == QuantMode::kNone && kGate == GateMode::kNone && kNorm != kL2) {
+    return LaunchTyped<T, float, kNorm, kResidual, kGate, kQ, float>(p, qa, config, launch);
   }
   return cudaErrorInvalidValue;
 }
 
-// The same for p's element types (the weights' type counts only when there are weights).
-template <NormKind kNorm, ResidualKind kResidual, QuantMode kQ, typename Launcher>
+// The same for p's element types (the weights' type counts only when there are weights; L2Norm
+// has none, so its kernels are compiled for one weight type only).
+template <NormKind kNorm, ResidualKind kResidual, QuantMode kQ, GateMode kGate = GateMode::kNone, typename Launcher>
 cudaError_t LaunchTypes(const NormArgs& p, const QuantKernelArgs& qa, int config, const Launcher& launch) {
   const bool weights = p.scale || p.bias || p.inner_scale || p.inner_bias || p.xbias;
   const bool w32 = !weights || p.weight_type == ElemType::kFloat32;
   switch (p.x_type) {
-    case ElemType::kFloat32: return LaunchTyped<float, float, kNorm, kResidual, kQ>(p, qa, config, launch);
+    case ElemType::kFloat32: return LaunchTyped<float, float, kNorm, kResidual, kGate, kQ>(p, qa, config, launch);
     case ElemType::kFloat16:
-      return w32 ? LaunchHalfW32<__half, kNorm, kResidual, kQ>(p, qa, config, launch)
-                 : LaunchTyped<__half, __half, kNorm, kResidual, kQ>(p, qa, config, launch);
+      if constexpr (kNorm != kL2) {
+        if (!w32) return LaunchTyped<__half, __half, kNorm, kResidual, kGate, kQ>(p, qa, config, launch);
+      }
+      return LaunchHalfW32<__half, kNorm, kResidual, kGate, kQ>(p, qa, config, launch);
     case ElemType::kBFloat16:
-      return w32 ? LaunchHalfW32<__nv_bfloat16, kNorm, kResidual, kQ>(p, qa, config, launch)
-                 : LaunchTyped<__nv_bfloat16, __nv_bfloat16, kNorm, kResidual, kQ>(p, qa, config, launch);
+      if constexpr (kNorm != kL2) {
+        if (!w32) return LaunchTyped<__nv_bfloat16, __nv_bfloat16, kNorm, kResidual, kGate, kQ>(p, qa, config, launch);
+      }
+      return LaunchHalfW32<__nv_bfloat16, kNorm, kResidual, kGate, kQ>(p, qa, config, launch);
     default: break;
   }
   return cudaErrorInvalidValue;
@@ -694,9 +758,11 @@ struct DeviceLauncher {
 };
 #endif
 
-// Launches op (kNorm, kResidual) on stream: defined once per op, each in its own translation
-// unit (ops_*.cu) so that they compile in parallel (the host emulation defines them too).
-template <NormKind kNorm, ResidualKind kResidual>
+// Launches op (kNorm, kResidual) on stream, with its gate kGate (GatedRMSNorm with a Gate;
+// GatedRMSNorm without one is LaunchOp<kRms, kNone>): defined once per op and gate, each in its
+// own translation unit (ops_*.cu) so that they compile in parallel (the host emulation defines
+// them too).
+template <NormKind kNorm, ResidualKind kResidual, GateMode kGate = GateMode::kNone>
 cudaError_t LaunchOp(const NormArgs& p, int config, cudaStream_t stream);
 
 // The quantized form of op (kNorm, kResidual): one pass (mode kQuantize or kRange) on stream,
@@ -720,6 +786,16 @@ cudaError_t LaunchDynamicParams(const float* range, int64_t rows, float* scale, 
     return LaunchTypes<NORM, RESIDUAL, QuantMode::kNone>(p, QuantKernelArgs{}, config, LAUNCHER{stream}); \
   }                                                                                                       \
   }                                                                                                       \
+  }
+
+#define ONNXNORM_CUDA_DEFINE_LAUNCH_GATED_OP(NORM, RESIDUAL, GATE, LAUNCHER)                                    \
+  namespace onnxnorm {                                                                                          \
+  namespace cuda {                                                                                              \
+  template <>                                                                                                   \
+  cudaError_t LaunchOp<NORM, RESIDUAL, GATE>(const NormArgs& p, int config, cudaStream_t stream) {              \
+    return LaunchTypes<NORM, RESIDUAL, QuantMode::kNone, GATE>(p, QuantKernelArgs{}, config, LAUNCHER{stream}); \
+  }                                                                                                             \
+  }                                                                                                             \
   }
 
 #define ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(NORM, RESIDUAL, LAUNCHER)                                                \

@@ -62,6 +62,15 @@ const CudaLaunchers* LoadCudaLaunchers(std::string* error) {
     dlclose(handle);
     return nullptr;
   }
+  // (a library of the same NormArgs but fewer ops would refuse the newer ops' nodes at run time)
+  auto op_names = reinterpret_cast<CudaOpsFn>(dlsym(handle, "onnxnorm_cuda_ops"));
+  if (op_names == nullptr || std::strcmp(op_names(), CudaOpNames()) != 0) {
+    *error = path + " was built for other ops than this library (its ops: " +
+             (op_names != nullptr ? op_names() : "unknown, an older build") + "; this library's: " + CudaOpNames() +
+             "); rebuild both";
+    dlclose(handle);
+    return nullptr;
+  }
   launchers = {found, quantized};
   return &launchers;
 }

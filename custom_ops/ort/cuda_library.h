@@ -23,7 +23,9 @@ struct CudaLaunchers {
 
 // The CUDA library's launchers, loading the library on the first call (it then stays loaded for
 // the life of the process). nullptr with the reason in *error when it cannot be loaded, is not
-// the onnxnorm CUDA library, or was built with another NormArgs layout. Thread-safe.
+// the onnxnorm CUDA library, or was built with another NormArgs layout or for other ops (every op
+// of the generated table, GatedRMSNorm and L2Norm included, has CUDA rows, so the library must
+// have kernels for each). Thread-safe.
 const CudaLaunchers* LoadCudaLaunchers(std::string* error);
 
 }  // namespace ort

@@ -71,6 +71,17 @@ class NormKernel final : public Kernel {
         int64_t value = 0;
         s = GetAttribute(api_, info, op, attr, &value);
         base_.cast_before_scale = static_cast<int32_t>(value);
+      } else if (std::strcmp(attr.name, "group_size") == 0) {
+        s = GetAttribute(api_, info, op, attr, &group_size_);
+        grouped_ = true;
+      } else if (std::strcmp(attr.name, "activation") == 0) {
+        int64_t value = 0;
+        s = GetAttribute(api_, info, op, attr, &value);
+        base_.activation = static_cast<int32_t>(value);
+      } else if (std::strcmp(attr.name, "norm_before_gate") == 0) {
+        int64_t value = 0;
+        s = GetAttribute(api_, info, op, attr, &value);
+        base_.norm_before_gate = static_cast<int32_t>(value);
       } else {
         return MakeError(api_, ORT_FAIL, op, std::string("the kernel does not know attribute ") + attr.name);
       }
@@ -90,6 +101,10 @@ class NormKernel final : public Kernel {
       const char* name = spec.inputs[i].name;
       if (std::strcmp(name, "Residual") == 0) {
         residual_slot_ = static_cast<int>(i);
+        continue;
+      }
+      if (std::strcmp(name, "Gate") == 0) {
+        gate_slot_ = static_cast<int>(i);
         continue;
       }
       if (std::strcmp(name, "Y_scale") == 0) {
@@ -191,6 +206,10 @@ class NormKernel final : public Kernel {
 
     NormGeometry geometry;
     if (OrtStatus* s = ResolveNormGeometry(api_, op, x.dims, axis_, &geometry)) return s;
+    // GatedRMSNorm's groups become rows (its weights and gate follow them)
+    if (grouped_) {
+      if (OrtStatus* s = ResolveGroups(api_, op, x.dims, group_size_, &geometry)) return s;
+    }
 
     NormArgs args = base_;
     args.x = x.data;
@@ -230,23 +249,19 @@ class NormKernel final : public Kernel {
         }  // (float8e4m3fn: the zero point gives Y's type only; its value is not used)
         continue;
       }
-      if (static_cast<int>(i) == residual_slot_) {
+      if (static_cast<int>(i) == residual_slot_ || static_cast<int>(i) == gate_slot_) {
         if (OrtStatus* s = CheckType(name, input, entry_.t)) return s;
-        bool same = input.dims.rank() == x.dims.rank();
-        for (size_t d = 0; same && d < x.dims.rank(); ++d) same = input.dims[d] == x.dims[d];
-        if (!same) {
-          return MakeError(api_, ORT_INVALID_ARGUMENT, op,
-                           std::string(name) + " of shape " + FormatShape(input.dims) + " must have the shape of X, " +
-                               FormatShape(x.dims));
-        }
-        args.residual = input.data;
+        if (OrtStatus* s = CheckSameShape(api_, op, name, input.dims, x.dims)) return s;
+        (static_cast<int>(i) == residual_slot_ ? args.residual : args.gate) = input.data;
         continue;
       }
       const WeightField& field = *weights_[i];
       if (OrtStatus* s = CheckType(name, input, entry_.s)) return s;
-      if (OrtStatus* s = ResolveWeightRows(api_, op, name, input.dims, x.dims, geometry, &(args.*field.rows))) {
-        return s;
-      }
+      OrtStatus* status =
+          grouped_
+              ? ResolveGroupedWeightRows(api_, op, name, input.dims, x.dims, geometry, group_size_, &(args.*field.rows))
+              : ResolveWeightRows(api_, op, name, input.dims, x.dims, geometry, &(args.*field.rows));
+      if (status != nullptr) return status;
       args.*field.data = input.data;
     }
 
@@ -383,6 +398,9 @@ class NormKernel final : public Kernel {
   int64_t axis_ = attr_default::kAxis;
   int64_t y_float32_ = attr_default::kYFloat32;
   int residual_slot_ = -1;
+  int gate_slot_ = -1;        // GatedRMSNorm's Gate
+  bool grouped_ = false;      // the op has groups (attribute group_size: GatedRMSNorm)
+  int64_t group_size_ = attr_default::kGroupSize;
   int y_scale_slot_ = -1;       // the quantized ops' QuantizeLinear inputs
   int y_zero_point_slot_ = -1;
   cpu::QuantRowsFn quant_rows_ = nullptr;   // static pass, or dynamic quantize pass
@@ -437,14 +455,20 @@ OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const K
     return nullptr;
   }
   NormRowsFn rows = cpu::GetNormRows(entry.spec->norm, entry.spec->residual, entry.t, entry.s, kernel->YType());
+  // (GatedRMSNorm's small calls keep the widest vectors: its gate's activation costs more per
+  // element in 8 lanes than a 512-bit warm-up, as bfloat16's conversions do; kernels.h)
+  bool gated = false;
+  for (const ParamSpec& p : spec.inputs) gated = gated || std::strcmp(p.name, "Gate") == 0;
   NormRowsFn small_call_rows =
-      cpu::GetNormRowsForSmallCalls(entry.spec->norm, entry.spec->residual, entry.t, entry.s, kernel->YType());
+      gated ? rows
+            : cpu::GetNormRowsForSmallCalls(entry.spec->norm, entry.spec->residual, entry.t, entry.s, kernel->YType());
   if (rows == nullptr || small_call_rows == nullptr) {
+    const ElemType y_type = kernel->YType();
     delete kernel;
     return MakeError(api, ORT_FAIL, entry.spec->name,
                      std::string("no CPU kernel for X of type ") + kElemTypeNames[static_cast<int>(entry.t)] +
                          " with weights of type " + kElemTypeNames[static_cast<int>(entry.s)] + " and Y of type " +
-                         kElemTypeNames[static_cast<int>(kernel->YType())]);
+                         kElemTypeNames[static_cast<int>(y_type)]);
   }
   kernel->UseCpu(rows, small_call_rows);
   *out = kernel;

@@ -7,6 +7,13 @@
 //                                          scalar float64 reference written here, and every
 //                                          instruction set this CPU has against the others, byte
 //                                          for byte
+//   onnxnorm_kernel_tests --op GatedRMSNorm
+//                                          the same, and the gate: absent, after the norm and
+//                                          before it, SiLU and sigmoid, groups as the glue passes
+//                                          them (rows of group_size values, a Scale of the group
+//                                          or of the whole extent), NaN/Inf and large gates, and
+//                                          the activation itself against float64 within a bound
+//                                          in units in the last place (L2Norm: --op L2Norm)
 //   onnxnorm_kernel_tests --op RMSNormQuantizeLinear
 //                                          a quantized op: its Y_float bit for bit the float op's
 //                                          Y (held to the reference above), its Y quantized from
@@ -260,12 +267,21 @@ struct Case {
   bool outliers = false;      // the first values of each row far from its mean
   bool specials = false;      // NaN and Inf among the inputs
   bool wide_weights = false;  // weights whose products overflow or underflow the 16-bit types
+  // GatedRMSNorm: the gate absent (kNoGate), after the norm or before it; its activation (0 SiLU,
+  // 1 sigmoid); the spread of its values, and NaN, Inf and large values among them
+  int gate = 0;
+  int activation = 0;
+  double gate_spread = 2.0;
+  bool gate_specials = false;
 };
+
+enum GateKind { kNoGate = 0, kGateAfter = 1, kGateBefore = 2 };
+const char* const kGateNames[] = {"none", "after", "before"};
 
 ElemType YType(const Case& c) { return c.mixed ? ElemType::kFloat32 : c.t; }
 
 struct Inputs {
-  Tensor x, residual;
+  Tensor x, residual, gate;
   Tensor weights[kSlots];
 };
 
@@ -287,6 +303,16 @@ Inputs MakeInputs(const Case& c, std::mt19937_64& rng) {
   if (c.op->residual != ResidualKind::kNone) {
     in.residual = Tensor(c.t, count, c.misalign);
     for (size_t i = 0; i < count; ++i) in.residual.Set(i, normal(rng));
+  }
+  if (c.gate != kNoGate) {
+    in.gate = Tensor(c.t, count, c.misalign + 4);
+    for (size_t i = 0; i < count; ++i) in.gate.Set(i, c.gate_spread * normal(rng));
+    if (c.gate_specials) {
+      // NaN, +-Inf, and values where exp(-|g|) leaves float32's normal range or rounds to 0
+      const double specials[] = {NAN, INFINITY, -INFINITY, 88.0, -88.0, 95.0, -95.0, 110.0, -110.0, -1e4, 1e4};
+      size_t k = 0;
+      for (size_t i = 3; i < count; i += 7) in.gate.Set(i, specials[k++ % (sizeof(specials) / sizeof(specials[0]))]);
+    }
   }
   // (float16: past both ends of its range; bfloat16: into float32's subnormals, which the AVX-512
   // bfloat16 instruction does not round itself)
@@ -317,10 +343,18 @@ double WeightAt(const Inputs& in, const Case& c, int slot, int64_t r, int64_t j,
   return in.weights[slot].Get(static_cast<size_t>((r % c.weight_rows) * c.cols + j));
 }
 
+// The gate's activation of float32 value g in float64: SiLU (0) or sigmoid (1).
+double ActivationOf(double g, int activation) {
+  const double sigmoid = 1.0 / (1.0 + std::exp(-g));
+  return activation == 0 ? g * sigmoid : sigmoid;
+}
+
 // Norm(z) * (scale + offset) + bias of one row, rounded to X's type, or (yt float32, the mixed
-// form) with its last rounding to float32 instead.
+// form) with its last rounding to float32 instead; with `gate` (GatedRMSNorm, the gate after the
+// norm), each value times it before that last rounding (order A: the value rounded to X's type
+// first).
 void NormRowReference(const Case& c, const Inputs& in, int scale_slot, int bias_slot, int64_t r,
-                      const std::vector<double>& z, double* out, ElemType yt) {
+                      const std::vector<double>& z, double* out, ElemType yt, const double* gate = nullptr) {
   const int64_t n = c.cols;
   double mean = 0.0;
   if (c.op->norm == NormKind::kLayer) {
@@ -329,7 +363,7 @@ void NormRowReference(const Case& c, const Inputs& in, int scale_slot, int bias_
   }
   double var = 0.0;
   for (double v : z) var += (v - mean) * (v - mean);
-  var /= static_cast<double>(n);
+  if (c.op->norm != NormKind::kL2) var /= static_cast<double>(n);  // (L2Norm: the sum itself)
   const double inv = 1.0 / std::sqrt(var + static_cast<double>(c.epsilon));
   const bool order_a = c.order_a && c.t != ElemType::kFloat32;
   for (int64_t j = 0; j < n; ++j) {
@@ -343,9 +377,11 @@ void NormRowReference(const Case& c, const Inputs& in, int scale_slot, int bias_
       if (c.offset != 0.f) s = RoundTo(c.t, s + RoundTo(c.t, c.offset));
       y = RoundTo(c.t, RoundTo(c.t, normalized) * s);
       if (has_bias) y = RoundTo(yt, y + RoundTo(c.t, bias));
+      if (gate != nullptr) y = RoundTo(yt, y * gate[j]);
     } else {
       y = normalized * ((has_scale ? scale : 1.0) + static_cast<double>(c.offset));
       if (has_bias) y += bias;
+      if (gate != nullptr) y *= gate[j];
       y = RoundTo(yt, y);
     }
     out[j] = y;
@@ -357,10 +393,21 @@ Expected Reference(const Case& c, const Inputs& in) {
   Expected e;
   e.y.resize(static_cast<size_t>(c.rows * n));
   if (c.op->residual != ResidualKind::kNone) e.sum.resize(e.y.size());
-  std::vector<double> z(static_cast<size_t>(n)), inner(static_cast<size_t>(n));
+  std::vector<double> z(static_cast<size_t>(n)), inner(static_cast<size_t>(n)), act(static_cast<size_t>(n));
   for (int64_t r = 0; r < c.rows; ++r) {
     const size_t base = static_cast<size_t>(r * n);
     for (int64_t j = 0; j < n; ++j) z[static_cast<size_t>(j)] = in.x.Get(base + static_cast<size_t>(j));
+    if (c.gate != kNoGate) {
+      for (int64_t j = 0; j < n; ++j) {
+        act[static_cast<size_t>(j)] = ActivationOf(in.gate.Get(base + static_cast<size_t>(j)), c.activation);
+      }
+    }
+    if (c.gate == kGateBefore) {  // Z = X * act(Gate) in float32, not rounded to X's type
+      for (int64_t j = 0; j < n; ++j) {
+        z[static_cast<size_t>(j)] =
+            RoundTo(ElemType::kFloat32, z[static_cast<size_t>(j)] * act[static_cast<size_t>(j)]);
+      }
+    }
     if (c.op->residual == ResidualKind::kSkip) {
       for (int64_t j = 0; j < n; ++j) {
         bool has = false;
@@ -377,7 +424,8 @@ Expected Reference(const Case& c, const Inputs& in) {
       }
     }
     if (!e.sum.empty()) std::copy(z.begin(), z.end(), e.sum.begin() + static_cast<std::ptrdiff_t>(base));
-    NormRowReference(c, in, kScale, kBias, r, z, e.y.data() + base, YType(c));
+    NormRowReference(c, in, kScale, kBias, r, z, e.y.data() + base, YType(c),
+                     c.gate == kGateAfter ? act.data() : nullptr);
   }
   return e;
 }
@@ -430,6 +478,11 @@ NormArgs ArgsFor(const OpSpec& op, const Case& c, const Inputs& in, void* y, Ten
   a.epsilon = c.epsilon;
   a.scale_offset = c.offset;
   a.alpha = c.alpha;
+  if (c.gate != kNoGate) {
+    a.gate = in.gate.data();
+    a.activation = c.activation;
+    a.norm_before_gate = c.gate == kGateAfter ? 1 : 0;
+  }
   return a;
 }
 
@@ -456,6 +509,10 @@ std::string Describe(const Case& c, const char* isa) {
     if (c.present[w]) s += std::string(" ") + kSlotNames[w];
   }
   s += " order_a=" + std::to_string(c.order_a) + " sum=" + std::to_string(c.with_sum) + " isa=" + isa;
+  if (c.gate != kNoGate) {
+    s += std::string(" gate=") + kGateNames[c.gate] + (c.activation == 0 ? " silu" : " sigmoid");
+  }
+  if (c.weight_rows > 1) s += " weight_rows=" + std::to_string(c.weight_rows);
   return s;
 }
 
@@ -506,7 +563,7 @@ void CheckCase(const Case& c, std::mt19937_64& rng) {
       const bool same = out.y.SameBytes(first.y) && (out.sum.count() == 0 || out.sum.SameBytes(first.sum));
       if (!same) {
         // NaN payloads may differ; anything else must not
-        bool only_nan = c.specials;
+        bool only_nan = c.specials || c.gate_specials;
         for (size_t i = 0; only_nan && i < want.y.size(); ++i) {
           const double a = out.y.Get(i), b = first.y.Get(i);
           only_nan = (std::isnan(a) && std::isnan(b)) || out.y.Bits(i) == first.y.Bits(i);
@@ -533,9 +590,94 @@ void PresentAll(const OpSpec& op, bool present[kSlots], bool value) {
   for (int w = 0; w < kSlots; ++w) present[w] = value && OpHasInput(op, kSlotNames[w]);
 }
 
+// GatedRMSNorm's activation alone: rows of one value 1 with epsilon 0 normalize to exactly 1, so
+// Y (float32, no Scale, the gate after the norm) is act(Gate) as the kernels compute it. Held to
+// float64 within a bound in units in the last place of float32 (norm_rows.h states the accuracy),
+// every instruction set giving the same bits.
+int TestActivation(const OpSpec& op) {
+  const int failures_before = g_failures;
+  std::vector<double> gates;
+  std::mt19937_64 rng(0xac7);
+  std::uniform_real_distribution<double> uniform(-95.0, 95.0);
+  for (int i = 0; i < 400000; ++i) gates.push_back(uniform(rng));
+  for (int i = 0; i <= 40000; ++i) {  // log-spaced magnitudes 1e-8 .. 100, both signs
+    const double v = std::pow(10.0, -8.0 + 10.0 * i / 40000.0);
+    gates.push_back(v);
+    gates.push_back(-v);
+  }
+  for (double v : {0.0, -0.0, 1e-30, -1e-30, 87.0, -87.0, 87.5, -87.5, 103.0, -103.0, 104.5, -104.5, 1e4, -1e4, 3.4e38,
+                   -3.4e38, static_cast<double>(INFINITY), -static_cast<double>(INFINITY)}) {
+    gates.push_back(v);
+  }
+  for (int activation : {0, 1}) {
+    Case c;
+    c.label = "activation";
+    c.op = &op;
+    c.rows = static_cast<int64_t>(gates.size());
+    c.cols = 1;
+    c.epsilon = 0.f;
+    c.gate = kGateAfter;
+    c.activation = activation;
+    Inputs in;
+    in.x = Tensor(ElemType::kFloat32, gates.size(), 0);
+    in.gate = Tensor(ElemType::kFloat32, gates.size(), 0);
+    for (size_t i = 0; i < gates.size(); ++i) {
+      in.x.Set(i, 1.0);
+      in.gate.Set(i, gates[i]);
+    }
+    double worst = 0.0, worst_at = 0.0;
+    Outputs first;
+    for (int level = 0; level <= static_cast<int>(cpu::SupportedIsa()); ++level) {
+      const auto isa = static_cast<cpu::Isa>(level);
+      NormRowsFn fn = cpu::GetNormRowsFor(isa, op.norm, op.residual, c.t, c.s, c.t);
+      Outputs out = Run(fn, c, in, 1);
+      ++g_checks;
+      if (level > 0) {
+        if (!out.y.SameBytes(first.y)) Fail(Describe(c, cpu::IsaName(isa)) + ": differs from the portable kernels");
+        continue;
+      }
+      for (size_t i = 0; i < gates.size(); ++i) {
+        const double g = in.gate.Get(i), got = out.y.Get(i), want = ActivationOf(g, activation);
+        if (std::isnan(want) || std::isinf(want) || std::isnan(got) || std::isinf(got)) {
+          if (!((std::isnan(want) && std::isnan(got)) || got == want)) {
+            Fail(Describe(c, "portable") + ": act(" + std::to_string(g) + ") = " + std::to_string(got));
+          }
+          continue;
+        }
+        // a unit in the last place of float32 at want (at least the smallest subnormal's); where
+        // the sigmoid is below float32's normal range (g < -87.3), SiLU is g times a subnormal,
+        // whose rounding error (half of 2^-149) g multiplies: that in units of 2^-149
+        int e = 0;
+        std::frexp(want, &e);
+        double ulp = std::ldexp(1.0, std::max(e - 24, -149));
+        if (activation == 0 && ActivationOf(g, 1) < 0x1p-126) ulp = std::max(ulp, std::fabs(g) * 0x1p-149);
+        const double err = std::fabs(got - want) / ulp;
+        if (err > worst) {
+          worst = err;
+          worst_at = g;
+        }
+      }
+      first = std::move(out);
+    }
+    // norm_rows.h: sigmoid within 3.6, SiLU within 4.6 units in the last place
+    const double bound = activation == 0 ? 5.0 : 4.0;
+    if (worst > bound) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "%s: %.2f units in the last place at %.9g (bound %.1f)",
+                    activation == 0 ? "SiLU" : "sigmoid", worst, worst_at, bound);
+      Fail(buf);
+    }
+    std::printf("  %-7s of %zu float32 gates: within %.2f units in the last place of float64's (bound %.1f)\n",
+                activation == 0 ? "SiLU" : "sigmoid", gates.size(), worst, bound);
+  }
+  return g_failures == failures_before ? 0 : 1;
+}
+
 int TestOp(const OpSpec& op) {
   const int failures_before = g_failures, checks_before = g_checks;
   std::mt19937_64 rng(0x5eed + static_cast<int>(op.id));
+  const bool gated = OpHasInput(op, "Gate");
+  if (gated) TestActivation(op);
   const bool rms = op.norm == NormKind::kRms;
   const bool skip = op.residual == ResidualKind::kSkip;
   const bool residual = op.residual != ResidualKind::kNone;
@@ -561,6 +703,10 @@ int TestOp(const OpSpec& op) {
       c.with_sum = k % 5 != 4;
       if (rms && k % 4 == 1) c.offset = 1.f;
       if (skip && k % 3 == 1) c.alpha = 0.5f;
+      if (gated) {
+        c.gate = k % 3;
+        c.activation = (k / 3) % 2;
+      }
       CheckCase(c, rng);
       ++cases;
       ++k;
@@ -584,6 +730,7 @@ int TestOp(const OpSpec& op) {
       ++cases;
     }
     // every subset of the optional weights, with and without Sum, in both orders, per-head weights
+    // (the gated op: each with every gate and activation)
     int subset_count = 1 << kSlots;
     for (int subset = 0; subset < subset_count; ++subset) {
       Case c;
@@ -600,15 +747,59 @@ int TestOp(const OpSpec& op) {
         if (c.present[w] && !OpHasInput(op, kSlotNames[w])) valid = false;
       }
       if (!valid) continue;
-      for (int variant = 0; variant < 4; ++variant) {
-        c.order_a = variant & 1;
-        c.with_sum = residual && (variant & 2);
-        c.weight_rows = variant == 3 ? 3 : 1;  // row r uses weight row r % 3
-        c.offset = rms && variant == 2 ? 1.f : 0.f;
-        c.alpha = skip && variant == 1 ? 2.f : 1.f;
-        c.misalign = static_cast<size_t>(variant) * 4;
-        CheckCase(c, rng);
-        ++cases;
+      for (int g = 0; g < (gated ? 6 : 1); ++g) {
+        c.gate = g % 3;
+        c.activation = g / 3;
+        for (int variant = 0; variant < 4; ++variant) {
+          c.order_a = variant & 1;
+          c.with_sum = residual && (variant & 2);
+          c.weight_rows = variant == 3 ? 3 : 1;  // row r uses weight row r % 3
+          c.offset = rms && variant == 2 ? 1.f : 0.f;
+          c.alpha = skip && variant == 1 ? 2.f : 1.f;
+          c.misalign = static_cast<size_t>(variant) * 4;
+          CheckCase(c, rng);
+          ++cases;
+        }
+      }
+    }
+    // the gated op's groups as the glue passes them (rows of group_size values; a Scale of one
+    // group shared by all, or of the whole extent as extent / group_size weight rows), gates of
+    // a wide spread, and rows on both sides of the Z buffer's width (the gate before the norm)
+    if (gated) {
+      struct Group {
+        const char* label;
+        int64_t rows, cols, weight_rows;
+        int gate, activation;
+        double spread;
+      };
+      const Group groups[] = {
+          {"Mamba2: 2 x 4096 in 8 groups, the gate first", 16, 512, 8, kGateBefore, 0, 2.0},
+          {"Qwen3-Next: 3 x 16 heads of 128, Scale [128]", 48, 128, 1, kGateAfter, 0, 2.0},
+          {"Kimi: sigmoid gate, Scale of 4 groups", 12, 64, 4, kGateAfter, 1, 2.0},
+          {"large gates before", 5, 300, 1, kGateBefore, 0, 40.0},
+          {"large gates after", 5, 300, 1, kGateAfter, 1, 40.0},
+          {"wide, Z buffered", 2, 5000, 1, kGateBefore, 0, 2.0},
+          {"wider than the Z buffer", 2, 16400, 1, kGateBefore, 1, 2.0},
+      };
+      for (const Group& group : groups) {
+        for (int order : {0, 1}) {
+          Case c;
+          c.label = group.label;
+          c.op = &op;
+          c.t = pair.t;
+          c.s = pair.s;
+          c.rows = group.rows;
+          c.cols = group.cols;
+          c.weight_rows = group.weight_rows;
+          PresentAll(op, c.present, true);
+          c.order_a = order;
+          c.gate = group.gate;
+          c.activation = group.activation;
+          c.gate_spread = group.spread;
+          c.offset = order ? 0.f : 1.f;
+          CheckCase(c, rng);
+          ++cases;
+        }
       }
     }
     // weights spanning the 16-bit types' range: outputs that overflow to Inf (float16) and
@@ -627,6 +818,7 @@ int TestOp(const OpSpec& op) {
       c.wide_weights = true;
       for (int order : {0, 1}) {
         c.order_a = order;
+        if (gated) c.gate = order ? kGateAfter : kGateBefore;
         CheckCase(c, rng);
         ++cases;
       }
@@ -645,6 +837,15 @@ int TestOp(const OpSpec& op) {
       c.specials = true;
       CheckCase(c, rng);
       ++cases;
+      // (and in the gate: NaN, Inf, values past float32's exp range, each way round)
+      for (int g = 0; gated && g < 4; ++g) {
+        c.gate = g % 2 ? kGateAfter : kGateBefore;
+        c.activation = g / 2;
+        c.gate_specials = true;
+        c.specials = g % 2 == 0;
+        CheckCase(c, rng);
+        ++cases;
+      }
     }
     // LayerNorm's statistics: a large mean with a small spread, and first values far from the mean
     if (!rms) {
@@ -689,13 +890,14 @@ int TestOp(const OpSpec& op) {
                 : variant == 3 ? "below the streaming threshold"
                                : "streamed, rows wider than the Z buffer";
       c.cols = variant == 2 ? 128 : variant == 4 ? 16400 : 4096 + 24;
-      const int64_t bytes_per_row = c.cols * static_cast<int64_t>(SizeOf(t)) * (residual ? 3 : 2);
+      const int64_t bytes_per_row = c.cols * static_cast<int64_t>(SizeOf(t)) * (residual || gated ? 3 : 2);
       c.rows = (int64_t{1} << 20) / bytes_per_row + (variant == 3 ? -1 : 2);
       PresentAll(op, c.present, true);
       c.misalign = variant == 0 || variant == 3 ? 20 : 0;
       c.sum_misalign = variant == 0 ? 36 : 0;
       c.with_sum = true;
       c.order_a = t != ElemType::kFloat32;
+      if (gated) c.gate = variant % 2 ? kGateBefore : kGateAfter;
       CheckCase(c, rng);
       ++cases;
       if (residual) {  // and without Sum
@@ -1140,6 +1342,16 @@ int main(int argc, char** argv) {
       cpu::GetNormRows(NormKind::kLayer, ResidualKind::kNone, ElemType::kBFloat16, ElemType::kFloat32,
                        ElemType::kFloat16) != nullptr) {
     Fail("a kernel for a float32 Y outside the ops' type sets");
+    status = 1;
+  }
+  // L2Norm: no residual, no weights of another type than X's, Y of X's type
+  if (cpu::GetNormRows(NormKind::kL2, ResidualKind::kNone, ElemType::kFloat16, ElemType::kFloat32,
+                       ElemType::kFloat16) != nullptr ||
+      cpu::GetNormRows(NormKind::kL2, ResidualKind::kNone, ElemType::kBFloat16, ElemType::kBFloat16,
+                       ElemType::kFloat32) != nullptr ||
+      cpu::GetNormRows(NormKind::kL2, ResidualKind::kSkip, ElemType::kFloat32, ElemType::kFloat32,
+                       ElemType::kFloat32) != nullptr) {
+    Fail("an L2Norm kernel outside its type sets");
     status = 1;
   }
   std::printf("%s\n", status == 0 ? "all passed" : "FAILED");

@@ -1,5 +1,7 @@
 """The CUDA kernels' bandwidth: each float op at each shape against a device-to-device copy of
-the same shape, measured in the same run (see the package's docstring)."""
+the same shape, measured in the same run (see the package's docstring); and the norms of hybrid
+models (GatedRMSNorm, L2Norm) at their models' shapes, for one decoded token and a 512-token
+prefill."""
 
 from __future__ import annotations
 
@@ -22,6 +24,24 @@ BENCH_SHAPES = [
 #: percent of the copy bandwidth (bfloat16, 4096 x 4096 and 4096 x 8192; Q/K-norm shapes: 75%)
 TARGETS = {"RMSNorm": 90, "SkipRMSNorm": 90, "LayerNorm": 85, "SkipLayerNorm": 85}
 QK_TARGET = 75
+#: the ops of BENCH_SHAPES (GatedRMSNorm and L2Norm have HYBRID_SHAPES)
+DEFAULT_OPS = [
+    op for op, spec in catalogue.FLOAT_OPS.items() if not spec.gated and spec.norm != "l2"
+]
+#: the norms of hybrid models, for 1 token (decode) and 512 (prefill): (label, op, X's shape,
+#: group_size, Scale's shape, (activation, norm_before_gate) of a Gate). Qwen3-Next's gated norm
+#: of its linear attention's output (16 heads of 128 normalized each, one head's Scale, SiLU after
+#: the norm); Mamba2's (8 groups of its 4096 channels, a Scale of all of them, SiLU before the
+#: norm); the L2 norm of q and k of gated delta-rule attention (16 heads of 128).
+HYBRID_SHAPES = [
+    (f"{name} [{t}, {dims}]{tail}", op, (t, *shape), group, scale, gate)
+    for t in (1, 512)
+    for name, op, shape, dims, tail, group, scale, gate in (
+        ("Qwen3-Next gated", "GatedRMSNorm", (2048,), "16x128", " g128", 128, (128,), (0, 1)),
+        ("Mamba2 gate first", "GatedRMSNorm", (4096,), "4096", " 8 groups", 512, (4096,), (0, 0)),
+        ("L2 q/k", "L2Norm", (16, 128), "16, 128", "", 0, None, None),
+    )
+]
 
 
 def _copy_gbs(src, flush, reps: int) -> float:
@@ -33,6 +53,22 @@ def _copy_gbs(src, flush, reps: int) -> float:
     return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
+def _flusher():
+    """A call that writes more than L2 holds: every repetition after it starts from memory."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 64 << 20) or (64 << 20)
+    flush_buf = torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.float32, device="cuda")
+    return flush_buf.zero_
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
 def bench(
     kernels: _native.Kernels,
     ops: Iterable[str] | None = None,
@@ -40,20 +76,18 @@ def bench(
     reps: int = 30,
     shapes=None,
 ) -> list[dict[str, Any]]:
-    """Measures each op at each shape; returns rows with GB/s and % of copy."""
+    """Measures each op (default: DEFAULT_OPS) at each shape; returns rows with GB/s and % of
+    copy."""
     import torch
 
-    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 64 << 20) or (64 << 20)
-    flush_buf = torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.float32, device="cuda")
-    flush = flush_buf.zero_  # writing more than L2 holds: every repetition starts from memory
+    tdt = _torch_dtype(dtype)
+    flush = _flusher()
     results = []
     for label, rows, cols, qk in shapes or BENCH_SHAPES:
         src = torch.randn(rows, cols, device="cuda", dtype=tdt)
         copy_gbs = _copy_gbs(src, flush, reps)
         # (the quantized ops: the float ops' kernels with another epilogue)
-        for op in ops or catalogue.FLOAT_OPS:
+        for op in ops or DEFAULT_OPS:
             spec = catalogue.get(op)
             inputs = {"X": src}
             if spec.has_residual:
@@ -92,6 +126,53 @@ def bench(
             del y, s
         del src
         torch.cuda.empty_cache()
+    return results
+
+
+def bench_hybrid(
+    kernels: _native.Kernels, dtype: str = "bfloat16", reps: int = 30, shapes=None
+) -> list[dict[str, Any]]:
+    """Measures GatedRMSNorm and L2Norm at HYBRID_SHAPES (default), as :func:`bench` does (no
+    targets)."""
+    import torch
+
+    tdt = _torch_dtype(dtype)
+    flush = _flusher()
+    results = []
+    for label, op, shape, group, scale_shape, gate in shapes or HYBRID_SHAPES:
+        x = torch.randn(*shape, device="cuda", dtype=tdt)
+        copy_gbs = _copy_gbs(x, flush, reps)
+        inputs = {"X": x}
+        attrs = {}
+        if scale_shape is not None:
+            inputs["Scale"] = torch.randn(*scale_shape, device="cuda", dtype=tdt)
+            attrs["group_size"] = group
+        if gate is not None:
+            inputs["Gate"] = torch.randn_like(x)
+            attrs.update(activation=gate[0], norm_before_gate=gate[1])
+        y = torch.empty_like(x)
+        args = kernels.args(op, inputs, y, **attrs)
+        kernels.launch(args)  # warm-up, and errors surface here
+        torch.cuda.synchronize()
+        ms = timing.cuda_ms(lambda: kernels.launch(args), flush, reps)  # noqa: B023 - called in this iteration
+        moved = sum(t.numel() * t.element_size() for t in inputs.values())
+        gbs = (moved + y.numel() * y.element_size()) / ms / 1e6
+        results.append(
+            dict(
+                op=op,
+                dtype=dtype,
+                shape=label,
+                kernel=kernels.kernel_name(args),
+                ms=ms,
+                gbs=gbs,
+                copy_gbs=copy_gbs,
+                pct_of_copy=100 * gbs / copy_gbs,
+                target=None,
+                met=None,
+            )
+        )
+        del x, inputs, y
+    torch.cuda.empty_cache()
     return results
 
 
@@ -144,7 +225,8 @@ def report(
     json_path: str | None = None,
 ) -> list[dict[str, Any]]:
     """Measures every float op with the CUDA library at ``library`` (default: the installed
-    one) on the first GPU, prints the table, writes the rows as JSON where asked."""
+    one) on the first GPU (GatedRMSNorm and L2Norm at HYBRID_SHAPES), prints the table, writes
+    the rows as JSON where asked."""
     import torch
 
     kernels = _native.Kernels(library)
@@ -154,6 +236,7 @@ def report(
         flush=True,
     )
     results = bench(kernels, dtype=dtype, reps=reps)
+    results += bench_hybrid(kernels, dtype=dtype, reps=reps)
     print(markdown(results, device))
     if json_path:
         common.write_json(json_path, dict(device=device, results=results))

@@ -10,11 +10,16 @@ contender), the median time per call of:
   residual ops also write Sum, as a Pre-Norm block needs);
 - ``ort:<op>``: ONNX Runtime's built-in op(s) for the same math: LayerNormalization (opset 17),
   RMSNormalization (opset 23), SimplifiedLayerNormalization, com.microsoft SkipLayerNormalization
-  and SkipSimplifiedLayerNormalization (the Sandwich ops: a norm followed by a Skip norm);
+  and SkipSimplifiedLayerNormalization (the Sandwich ops: a norm followed by a Skip norm),
+  com.microsoft GatedRMSNorm (the gate after the norm, a Scale of one group: n/a for Mamba2's
+  form) and LpNormalization (p = 2, no epsilon) for L2Norm;
 - ``decomposed``: the graph torch.onnx.export (dynamo) writes for the norm written out in torch
-  ops, Hugging Face style (upcast to float32, pow/mean/rsqrt), run by ONNX Runtime with its
-  default graph optimizations (which may fuse parts of it back);
-- ``torch``: torch eager (F.layer_norm / F.rms_norm, plus the residual add);
+  ops, Hugging Face style (upcast to float32, pow/mean/rsqrt; GatedRMSNorm as Qwen3-Next's and
+  Mamba2's code writes it, with SiLU in float32 and groups as Reshapes; L2Norm as the gated
+  delta-net's x * rsqrt(sum(x^2) + eps)), run by ONNX Runtime with its default graph
+  optimizations (which may fuse parts of it back);
+- ``torch``: torch eager (F.layer_norm / F.rms_norm, plus the residual add; the gated and L2
+  norms, which torch has no op for, as the decomposed code);
 - ``floor``: ONNX Runtime running one node that only copies the same bytes (Identity of X; for
   the residual ops Concat of X and Residual, which reads both and writes as much as Y and Sum):
   ORT's own cost of a call, the least any node of the same size can take;
@@ -35,6 +40,10 @@ float8e4m3fn) run against ORT's built-in norm followed by ORT's QuantizeLinear t
 for float16 / bfloat16: ORT's CPU QuantizeLinear has no bfloat16 kernel, for float8 as for the
 integers) or DynamicQuantizeLinear (after a Cast to float32 for float16 / bfloat16: it takes
 float32 only); they have no decomposed or torch contender.
+
+GatedRMSNorm and L2Norm run on shapes of their own (``OP_SHAPES``: Qwen3-Next's and Mamba2's
+gated norms, the gated delta-net's q/k L2 norm; one token and 512), held to being at least
+``DECOMPOSED_SPEEDUP`` times as fast as the decomposed graph.
 
 ONNX Runtime sessions use ``--threads`` intra-op threads and IO binding with preallocated inputs
 and outputs, so no call allocates or copies. The Q/K-norm shape (1, 512, 32, 128) normalized over
@@ -57,6 +66,11 @@ _NAMES = {
     **dict.fromkeys(
         (
             "SHAPES",
+            "OP_SHAPES",
+            "ALL_SHAPES",
+            "OpShape",
+            "op_shapes",
+            "DECOMPOSED_SPEEDUP",
             "BANDWIDTH_SHAPES",
             "BANDWIDTH_FRACTION",
             "SINGLE_TOKEN_SHAPES",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from onnxnorm.bench.common import choices_list
-from onnxnorm.bench.kernels_cases import DTYPES, QUANT_TYPE, QUANT_ZERO_POINTS, SHAPES
+from onnxnorm.bench.kernels_cases import ALL_SHAPES, DTYPES, QUANT_TYPE, QUANT_ZERO_POINTS, SHAPES
 
 
 def _ops() -> tuple[str, ...]:
@@ -30,9 +30,11 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     )
     kernels.add_argument(
         "--shapes",
-        type=choices_list(tuple(SHAPES)),
-        default=list(SHAPES),
-        help=f"comma-separated shapes from {', '.join(SHAPES)} (default: all)",
+        type=choices_list(ALL_SHAPES),
+        default=None,
+        help=f"comma-separated shapes from {', '.join(SHAPES)} (the ops without shapes of their "
+        f"own), {', '.join(s for s in ALL_SHAPES if s not in SHAPES)} (GatedRMSNorm's and "
+        "L2Norm's, from the models that have them); each op runs those it has (default: all)",
     )
     kernels.add_argument(
         "--dtypes",

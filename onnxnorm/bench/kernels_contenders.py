@@ -16,7 +16,7 @@ import numpy as np
 # contenders timed next; this must be set before torch starts its thread pool.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from onnxnorm.bench.kernels_cases import EPSILON
+from onnxnorm.bench.kernels_cases import EPSILON, OP_SHAPES
 from onnxnorm.bench.kernels_graphs import np_dtype, zero_point
 from onnxnorm.ops import catalogue
 
@@ -43,10 +43,65 @@ def _torch_norm(norm: str, decomposed: bool):
     return layer if norm == "layer" else rms
 
 
-def torch_fn(op: str, decomposed: bool) -> Callable:
+def _torch_gated(attrs: dict[str, Any]) -> Callable:
+    """GatedRMSNorm as the models' torch code writes it (torch has no op for it, eager or not),
+    over (X, Scale, Gate): Qwen3-Next's (the gate after the norm: each group of X upcast, RMS
+    normalized, rounded to X's type and scaled, then times act(Gate) in float32 and rounded) or
+    Mamba2's (X upcast times act(Gate) in float32, normalized in groups, rounded and scaled)."""
+    import torch
+    import torch.nn.functional as F
+
+    epsilon = attrs.get("epsilon", EPSILON)
+    group = attrs.get("group_size", 0)
+    silu = attrs.get("activation", 0) == 0
+
+    def act(g):
+        g = g.to(torch.float32)
+        return F.silu(g) if silu else torch.sigmoid(g)
+
+    def normalize(h):  # float32, over groups of the last dimension
+        shape = h.shape
+        if group:
+            h = h.reshape(*shape[:-1], shape[-1] // group, group)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + epsilon)
+        return h.reshape(shape)
+
+    def norm_then_gate(x, s, g):
+        h = normalize(x.to(torch.float32)).to(x.dtype)
+        if s.shape[-1] != x.shape[-1]:  # one group's Scale, shared by the groups
+            h = h.reshape(*x.shape[:-1], x.shape[-1] // s.shape[-1], s.shape[-1])
+        h = (s * h).reshape(x.shape)
+        return (h * act(g)).to(x.dtype)
+
+    def gate_then_norm(x, s, g):
+        h = normalize(x.to(torch.float32) * act(g)).to(x.dtype)
+        return s * h
+
+    return norm_then_gate if attrs.get("norm_before_gate", 1) else gate_then_norm
+
+
+def _torch_l2(attrs: dict[str, Any]) -> Callable:
+    """L2Norm as the gated delta-net's torch code writes it: x * rsqrt(sum(x^2) + eps) in float32
+    (torch's F.normalize divides by max(norm, eps) instead)."""
+    import torch
+
+    epsilon = attrs.get("epsilon", EPSILON)
+
+    def l2(x):
+        h = x.to(torch.float32)
+        return (h * torch.rsqrt((h * h).sum(-1, keepdim=True) + epsilon)).to(x.dtype)
+
+    return l2
+
+
+def torch_fn(op: str, decomposed: bool, attrs: dict[str, Any] | None = None) -> Callable:
     """The op in torch ops over the arrays of :func:`~.kernels_graphs.input_names`, returning
-    (Y[, Sum])."""
+    (Y[, Sum]); ``attrs``: the node's (the ops of OP_SHAPES)."""
     spec = catalogue.get(op)
+    if spec.gated:
+        return _torch_gated(attrs or {})
+    if spec.norm == "l2":
+        return _torch_l2(attrs or {})
     norm = _torch_norm(spec.norm, decomposed)
     layer = spec.norm == "layer"
     if spec.residual == "none":
@@ -89,10 +144,31 @@ class _TorchModule:
 _EXPORTS: dict[tuple[str, str], Any] = {}
 
 
-def decomposed_model(op: str, dtype: str, arrays: dict[str, np.ndarray]):
-    """torch.onnx.export (dynamo) of the op written out in torch ops, dynamic in every dim."""
+def decomposed_model(
+    op: str, dtype: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any] | None = None
+):
+    """torch.onnx.export (dynamo) of the op written out in torch ops, dynamic in every dim (the
+    ops of OP_SHAPES: for the shapes of ``arrays``, as their models export them)."""
     import torch
 
+    if op in OP_SHAPES:
+        key = (
+            op,
+            dtype,
+            tuple(a.shape for a in arrays.values()),
+            tuple(sorted((attrs or {}).items())),
+        )
+        if key not in _EXPORTS:
+            module = _TorchModule(torch_fn(op, decomposed=True, attrs=attrs)).eval()
+            example = tuple(
+                torch.from_numpy(np.ones(a.shape, np.float32)).to(getattr(torch, dtype))
+                for a in arrays.values()
+            )
+            program = torch.onnx.export(
+                module, example, dynamo=True, input_names=list(arrays), verbose=False
+            )
+            _EXPORTS[key] = program.model_proto
+        return _EXPORTS[key]
     key = (op, dtype)
     if key not in _EXPORTS:
         names = list(arrays)

@@ -19,6 +19,10 @@ ORT_BUILTINS = {
     "SkipRMSNorm": ["SkipSimplifiedLayerNormalization"],
     "SandwichLayerNorm": ["LayerNormalization+SkipLayerNormalization"],
     "SandwichRMSNorm": ["SimplifiedLayerNormalization+SkipSimplifiedLayerNormalization"],
+    # com.microsoft GatedRMSNorm: the gate after the norm, groups of Scale's length (a form that
+    # takes the gate first has no ORT op); ONNX's LpNormalization (p = 2): without an epsilon
+    "GatedRMSNorm": ["GatedRMSNorm"],
+    "L2Norm": ["LpNormalization"],
 }
 # the quantized ops: each built-in of their norm followed by ORT's quantizer
 _QUANTIZERS = {"static": "QuantizeLinear", "dynamic": "DynamicQuantizeLinear"}
@@ -85,12 +89,16 @@ def input_names(op: str) -> dict[str, str]:
     """The onnxnorm inputs the benchmark feeds: catalogue name -> the name of its array, which
     every contender's model takes as its graph input of that name."""
     spec = catalogue.get(op)
+    inputs = {p.name for p in spec.inputs}
     names = {"X": "x"}
     if spec.quantize == "static":
         names.update(Y_scale="ys", Y_zero_point="yz")
     if spec.has_residual:
         names["Residual"] = "r"
-    names["Scale"] = "s"
+    if "Scale" in inputs:
+        names["Scale"] = "s"
+    if "Gate" in inputs:
+        names["Gate"] = "g"
     if spec.norm == "layer":
         names["Bias"] = "b"
     if spec.residual == "sandwich":
@@ -132,8 +140,24 @@ def _quantized_types(model, quantize: str, quant_type: str = QUANT_TYPE) -> None
                 inp.type.tensor_type.elem_type = q_type
 
 
-def onnxnorm_model(op: str, dtype: str, x_shape, d: int, quant_type: str = QUANT_TYPE):
-    """The onnxnorm node of ``op`` alone (no function body: it needs the library)."""
+def _shapes(op: str, x_shape, d: int, scale_shape=None) -> dict[str, tuple]:
+    """The shape of each array of input_names: X's for X, Residual and Gate, the weights' (d,)
+    or ``scale_shape``."""
+    weight = tuple(scale_shape) if scale_shape is not None else (d,)
+    return {n: (x_shape if n in ("x", "r", "g") else weight) for n in input_names(op).values()}
+
+
+def onnxnorm_model(
+    op: str,
+    dtype: str,
+    x_shape,
+    d: int,
+    quant_type: str = QUANT_TYPE,
+    attrs: dict | None = None,
+    scale_shape=None,
+):
+    """The onnxnorm node of ``op`` alone (no function body: it needs the library), with the
+    node's ``attrs`` (epsilon EPSILON unless given) and Scale of ``scale_shape`` (default (d,))."""
     from onnx import helper
 
     spec = catalogue.get(op)
@@ -145,8 +169,9 @@ def onnxnorm_model(op: str, dtype: str, x_shape, d: int, quant_type: str = QUANT
     node_outputs = (
         outputs if spec.quantize == "none" or not spec.has_residual else (outputs[:-1] + ["sum"])
     )
-    node = helper.make_node(op, inputs, node_outputs, domain=catalogue.DOMAIN, epsilon=EPSILON)
-    shapes = {n: (x_shape if n in ("x", "r") else (d,)) for n in names.values()}
+    node_attrs = {"epsilon": EPSILON, **(attrs or {})}
+    node = helper.make_node(op, inputs, node_outputs, domain=catalogue.DOMAIN, **node_attrs)
+    shapes = _shapes(op, x_shape, d, scale_shape)
     model = _model([node], shapes, outputs, dtype, {"": 18, catalogue.DOMAIN: catalogue.VERSION})
     _quantized_types(model, spec.quantize, quant_type)
     return model
@@ -213,13 +238,45 @@ def _ort_quantized_model(label: str, dtype: str, x_shape, d: int, quant_type: st
     return model
 
 
-def ort_builtin_model(label: str, dtype: str, x_shape, d: int, quant_type: str = QUANT_TYPE):
-    """ONNX Runtime's own ops for an op's math, by their label in :data:`ORT_BUILTINS`."""
+def ort_builtin_model(
+    label: str,
+    dtype: str,
+    x_shape,
+    d: int,
+    quant_type: str = QUANT_TYPE,
+    attrs: dict | None = None,
+    scale_shape=None,
+):
+    """ONNX Runtime's own ops for an op's math, by their label in :data:`ORT_BUILTINS` (the
+    onnxnorm node's ``attrs`` and Scale's shape for the ops of OP_SHAPES; a ValueError where
+    the op has no ORT form)."""
     from onnx import helper
 
     if label.endswith(("+QuantizeLinear", "+DynamicQuantizeLinear")):
         return _ort_quantized_model(label, dtype, x_shape, d, quant_type)
     ms = "com.microsoft"
+    attrs = attrs or {}
+    epsilon = attrs.get("epsilon", EPSILON)
+    if label == "GatedRMSNorm":
+        if not attrs.get("norm_before_gate", 1):
+            raise ValueError("ORT's GatedRMSNorm takes the gate after the norm only")
+        group = attrs.get("group_size", 0) or x_shape[-1]
+        if tuple(scale_shape or ()) != (group,):
+            raise ValueError("ORT's GatedRMSNorm takes a Scale of one group only")
+        activation = "silu" if attrs.get("activation", 0) == 0 else "sigmoid"
+        node = helper.make_node(
+            "GatedRMSNorm",
+            ["x", "s", "g"],
+            ["y"],
+            domain=ms,
+            epsilon=epsilon,
+            activation=activation,
+        )
+        inputs = {"x": x_shape, "s": tuple(scale_shape), "g": x_shape}
+        return _model([node], inputs, ["y"], dtype, {"": 17, ms: 1})
+    if label == "LpNormalization":  # (no epsilon)
+        node = helper.make_node("LpNormalization", ["x"], ["y"], axis=-1, p=2)
+        return _model([node], {"x": x_shape}, ["y"], dtype, {"": 17})
 
     def norm(op: str, inputs: list[str], output: str = "y"):  # over the last axis
         return helper.make_node(op, inputs, [output], axis=-1, epsilon=EPSILON)
@@ -268,11 +325,14 @@ def ort_builtin_model(label: str, dtype: str, x_shape, d: int, quant_type: str =
 
 def ort_floor_model(op: str, dtype: str, x_shape):
     """One ONNX Runtime node that only moves the bytes of the op: Identity of X (read X, write Y);
-    for the residual ops Concat of X and Residual (read both, write as much as Y and Sum)."""
+    for the residual ops Concat of X and Residual (read both, write as much as Y and Sum), and
+    for a gated op Concat of X and Gate (reads both)."""
     from onnx import helper
 
-    if not catalogue.get(op).has_residual:
+    spec = catalogue.get(op)
+    if not spec.has_residual and not spec.gated:
         node = helper.make_node("Identity", ["x"], ["y"])
         return _model([node], {"x": x_shape}, ["y"], dtype, {"": 17})
-    node = helper.make_node("Concat", ["x", "r"], ["y"], axis=0)
-    return _model([node], {"x": x_shape, "r": x_shape}, ["y"], dtype, {"": 17})
+    second = "r" if spec.has_residual else "g"
+    node = helper.make_node("Concat", ["x", second], ["y"], axis=0)
+    return _model([node], {"x": x_shape, second: x_shape}, ["y"], dtype, {"": 17})

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from onnxnorm.bench import common, kernels_graphs as graphs, timing
-from onnxnorm.bench.kernels_cases import QUANT_TYPE, QUANT_ZERO_POINTS, SHAPES, Y_SCALE, Result
+from onnxnorm.bench.kernels_cases import QUANT_TYPE, QUANT_ZERO_POINTS, Y_SCALE, Result, op_shapes
 from onnxnorm.bench.kernels_contenders import decomposed_model, ort_runner, threaded_copy, torch_fn
 from onnxnorm.bench.kernels_report import (
     comparison_table,
@@ -39,9 +39,8 @@ def bench_case(
     ``quant_type``), every contender timed."""
     import torch
 
-    shape = SHAPES[shape_name]
-    if len(shape) == 4:  # Q/K-norm: [batch, seq, heads, head_dim] -> [batch, seq * heads, head_dim]
-        shape = (shape[0], shape[1] * shape[2], shape[3])
+    case = op_shapes(op, [shape_name])[shape_name]
+    shape, attrs, scale_shape = case.x, case.attrs, case.scale
     d = shape[-1]
     np_type = graphs.np_dtype(dtype)
     arrays = {}
@@ -50,11 +49,12 @@ def bench_case(
             arrays[name] = np.array(Y_SCALE, np_type)
         elif name == "yz":
             arrays[name] = graphs.zero_point(quant_type)
-        elif name in ("x", "r"):
+        elif name in ("x", "r", "g"):
             arrays[name] = rng.standard_normal(shape, np.float32).astype(np_type)
         else:
             base = 1.0 if name.startswith("s") else 0.0
-            arrays[name] = (base + 0.1 * rng.standard_normal(d, np.float32)).astype(np_type)
+            w = base + 0.1 * rng.standard_normal(scale_shape or (d,), np.float32)
+            arrays[name] = w.astype(np_type)
 
     keep: list = []
     fns: dict[str, Callable[[], None]] = {}
@@ -70,7 +70,7 @@ def bench_case(
             log(f"  {name}: n/a ({notes[name]})")
 
     def model():
-        return graphs.onnxnorm_model(op, dtype, shape, d, quant_type)
+        return graphs.onnxnorm_model(op, dtype, shape, d, quant_type, attrs, scale_shape)
 
     add("onnxnorm", lambda: ort_runner(model(), arrays, threads, True, keep))
     for name, path in (compare or {}).items():  # other builds of the library, for before/after
@@ -82,7 +82,7 @@ def bench_case(
         add(
             "ort:" + label,
             lambda label=label: ort_runner(
-                graphs.ort_builtin_model(label, dtype, shape, d, quant_type),
+                graphs.ort_builtin_model(label, dtype, shape, d, quant_type, attrs, scale_shape),
                 arrays,
                 threads,
                 False,
@@ -93,9 +93,13 @@ def bench_case(
     if not quantized:
         add(
             "decomposed",
-            lambda: ort_runner(decomposed_model(op, dtype, arrays), arrays, threads, False, keep),
+            lambda: ort_runner(
+                decomposed_model(op, dtype, arrays, attrs), arrays, threads, False, keep
+            ),
         )
-    floor_shape = (2 * shape[0], *shape[1:]) if catalogue.get(op).has_residual else shape
+    spec = catalogue.get(op)
+    two_inputs = spec.has_residual or spec.gated
+    floor_shape = (2 * shape[0], *shape[1:]) if two_inputs else shape
     add(
         "floor",
         lambda: ort_runner(
@@ -120,7 +124,7 @@ def bench_case(
         if not quantized
         else []
     )
-    eager = torch_fn(op, decomposed=False)
+    eager = torch_fn(op, decomposed=False, attrs=attrs)
 
     def make_torch():
         with torch.inference_mode():
@@ -135,8 +139,10 @@ def bench_case(
     if not quantized:
         add("torch", make_torch)
 
-    copies = 2 if catalogue.get(op).has_residual else 1
-    nbytes = copies * arrays["x"].nbytes
+    # the tensor bytes the op reads and writes, X's size each, moved as a copy (which writes as
+    # much as it reads): X [Residual] [Gate] read, Y [Sum] written
+    moved = 2 + 2 * spec.has_residual + spec.gated
+    nbytes = moved * arrays["x"].nbytes // 2
     source = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     target = np.empty_like(source)
     np.copyto(target, source)
@@ -161,7 +167,7 @@ def bench_case(
 
 def run(
     ops: list[str],
-    shapes: list[str],
+    shapes: list[str] | None,
     dtypes: list[str],
     threads: int = 2,
     repeats: int = 9,
@@ -173,8 +179,9 @@ def run(
     compare: dict[str, str] | None = None,
     quant_type: str = QUANT_TYPE,
 ) -> list[Result]:
-    """Times every op, dtype and shape (the static quantized ops quantizing to ``quant_type``),
-    prints the table, writes the JSON and the plot where asked; returns the rows."""
+    """Times every op, dtype and shape (the static quantized ops quantizing to ``quant_type``;
+    ``shapes``: names of SHAPES and OP_SHAPES, each op taking those it has; None: each op's
+    own), prints the table, writes the JSON and the plot where asked; returns the rows."""
     if quant_type not in QUANT_ZERO_POINTS:
         raise ValueError(
             f"unknown quant_type {quant_type!r}; choose from {', '.join(QUANT_ZERO_POINTS)}"
@@ -197,7 +204,7 @@ def run(
     results = []
     for op in ops:
         for dtype in dtypes:
-            for shape in shapes:
+            for shape in op_shapes(op, shapes):
                 start = timing.clock()
                 result = bench_case(
                     op,

@@ -107,11 +107,15 @@ def _is_group_weight(shape: tuple[int, ...], group_size: int) -> bool:
 
 
 def activation(gate: np.ndarray, kind: int) -> np.ndarray:
-    """The gate's activation of float32(gate), in float64: 0 SiLU, 1 sigmoid."""
+    """The gate's activation of float32(gate) (0 SiLU, 1 sigmoid), computed in float64 and
+    rounded to float32 as the op defines it (so below about -104 it is 0, where e^g leaves
+    float32's range), returned in float64."""
     g = gate.astype(np.float32).astype(np.float64)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         sigmoid = 1.0 / (1.0 + np.exp(-g))
-    return g * sigmoid if kind == 0 else sigmoid
+        value = g * sigmoid if kind == 0 else sigmoid
+    with np.errstate(over="ignore", under="ignore"):
+        return value.astype(np.float32).astype(np.float64)
 
 
 def _gated(

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "onnxnorm/norm_args.h"
 
@@ -44,6 +45,18 @@ namespace onnxnorm {
 // NormArgs::y is the float Y (Y_float; nullptr: not wanted) and NormArgs::sum Sum (Skip ops).
 // Bytes of scratch per row of a dynamic op's call (onnxnorm_cuda_quant_scratch_bytes): its min and max.
 inline constexpr size_t kCudaQuantScratchBytesPerRow = 2 * sizeof(float);
+
+// The ops of the op table the library was built with, in OpId order: "LayerNorm,RMSNorm,...". The
+// CPU library loads a CUDA library only where it gives the same text: one built before an op was
+// added would refuse that op's nodes at run time.
+inline const char* CudaOpNames() {
+  static const std::string names = [] {
+    std::string out;
+    for (const char* name : kOpIdNames) out += (out.empty() ? "" : ",") + std::string(name);
+    return out;
+  }();
+  return names.c_str();
+}
 
 struct CudaQuantArgs {
   ElemType q_type = ElemType::kUInt8;  // of q: kUInt8, kInt8 or kFloat8E4M3FN (dynamic: kUInt8)
@@ -86,11 +99,15 @@ ONNXNORM_EXPORT const char* onnxnorm_cuda_build_info(void);
 // NormArgsLayoutJson() of the library (both libraries export it).
 ONNXNORM_EXPORT const char* onnxnorm_args_layout(void);
 
+// CudaOpNames() of the library: the ops it has kernels for.
+ONNXNORM_EXPORT const char* onnxnorm_cuda_ops(void);
+
 }  // extern "C"
 
 namespace onnxnorm {
 using CudaLaunchFn = int (*)(const NormArgs* args, void* stream, char* err, size_t err_len);
 using ArgsLayoutFn = const char* (*)();
+using CudaOpsFn = const char* (*)();
 using CudaLaunchQuantizedFn = int (*)(const NormArgs* args, const CudaQuantArgs* quant, void* stream, char* err,
                                       size_t err_len);
 using CudaQuantScratchBytesFn = size_t (*)(const NormArgs* args);

@@ -28,10 +28,13 @@ enum class Isa : int32_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 
 // weight_type, which is x_type or kFloat32; Y is of y_type, which is x_type, or kFloat32 for a
 // 16-bit x_type with kFloat32 weights and no residual (args.x_type, args.weight_type and
 // args.y_type are not read: the kernel is typed). The kernel reads X, Residual and the weights, writes Y and (when not
-// null) Sum. Statistics are float32 (per-row scalars in float64); LayerNorm sums D and D^2 with D = X - shift, the
-// shift being near the row's mean (the mean of its first 8 values), and takes a second pass around the mean when that
-// shift proves far from it, so rows with a large mean and a small spread stay accurate (never E[x^2] - E[x]^2 on raw
-// values). No heap allocation.
+// null) Sum. NormKind::kL2 (L2Norm) has kernels without a residual, with weight_type and y_type x_type, and takes no
+// weights: the sum of the squares stands for the mean square. The kRms kernels without a residual and with Y of X's
+// type are also GatedRMSNorm's: they read NormArgs::gate (when not null), activation and norm_before_gate (the
+// caller turns the op's groups into rows, norm_args.h). Statistics are float32 (per-row scalars in float64); LayerNorm
+// sums D and D^2 with D = X - shift, the shift being near the row's mean (the mean of its first 8 values), and takes a
+// second pass around the mean when that shift proves far from it, so rows with a large mean and a small spread stay
+// accurate (never E[x^2] - E[x]^2 on raw values). No heap allocation.
 NormRowsFn GetNormRows(NormKind norm, ResidualKind residual, ElemType x_type, ElemType weight_type, ElemType y_type);
 
 // The instruction set GetNormRows chooses on this CPU: "avx512_bf16", "avx512", "avx2" or

@@ -2,7 +2,7 @@
 // (custom_ops/ort/) and from Python (ctypes) to the CPU row kernels, the CUDA launcher and the
 // CUDA kernels.
 //
-// Data layout: X, Y (and Residual, Sum) are row-major [rows, cols]; the statistics of row r are
+// Data layout: X, Y (and Residual, Sum, Gate) are row-major [rows, cols]; the statistics of row r are
 // taken over its cols values. A weight (Scale, Bias, XBias, InnerScale, InnerBias) is
 // [<name>_rows, cols]: row r of X uses its row (r % <name>_rows), which covers both the usual case
 // (one row shared by every row of X, <name>_rows = 1) and weights that span more dimensions than
@@ -63,6 +63,15 @@ struct NormArgs {
   float epsilon = attr_default::kEpsilon;           // added to the mean square or the variance
   float scale_offset = attr_default::kScaleOffset;  // RMS ops: Y = normalized * (Scale + offset) + Bias
   float alpha = attr_default::kAlpha;               // skip ops: Z = alpha * Residual + X (+ XBias)
+
+  // GatedRMSNorm (docs/ops.md): the gate, [rows, cols] of x_type like X (nullptr: absent), its
+  // activation (0 = SiLU, 1 = sigmoid, in float32) and where it acts: 1 = Y = Norm(X) * act(gate),
+  // 0 = Y = Norm(float32(X) * act(gate)) (the product not rounded). The op's groups are rows: a
+  // caller with group_size G passes rows * (extent / G) rows of G cols, and a Scale of the whole
+  // extent as extent / G weight rows.
+  const void* gate = nullptr;
+  int32_t activation = static_cast<int32_t>(attr_default::kActivation);
+  int32_t norm_before_gate = static_cast<int32_t>(attr_default::kNormBeforeGate);
 };
 
 static_assert(std::is_standard_layout<NormArgs>::value && std::is_trivially_copyable<NormArgs>::value,
@@ -103,6 +112,9 @@ inline constexpr NormArgsField kNormArgsFields[] = {
     ONNXNORM_ARGS_FIELD(epsilon),
     ONNXNORM_ARGS_FIELD(scale_offset),
     ONNXNORM_ARGS_FIELD(alpha),
+    ONNXNORM_ARGS_FIELD(gate),
+    ONNXNORM_ARGS_FIELD(activation),
+    ONNXNORM_ARGS_FIELD(norm_before_gate),
 };
 #undef ONNXNORM_ARGS_FIELD
 

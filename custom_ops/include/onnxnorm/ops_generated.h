@@ -39,8 +39,9 @@ inline constexpr int kQuantTypeCount = 3;
 enum class NormKind : int32_t {
   kLayer = 0,
   kRms = 1,
+  kL2 = 2,
 };
-inline constexpr const char* kNormKindNames[] = {"layer", "rms"};
+inline constexpr const char* kNormKindNames[] = {"layer", "rms", "l2"};
 
 // What comes before the norm (catalogue.RESIDUAL_KINDS).
 enum class ResidualKind : int32_t {
@@ -74,6 +75,8 @@ enum class OpId : int32_t {
   kRMSNormDynamicQuantizeLinear = 11,
   kSkipLayerNormDynamicQuantizeLinear = 12,
   kSkipRMSNormDynamicQuantizeLinear = 13,
+  kGatedRMSNorm = 14,
+  kL2Norm = 15,
 };
 inline constexpr const char* kOpIdNames[] = {
     "LayerNorm",
@@ -90,8 +93,10 @@ inline constexpr const char* kOpIdNames[] = {
     "RMSNormDynamicQuantizeLinear",
     "SkipLayerNormDynamicQuantizeLinear",
     "SkipRMSNormDynamicQuantizeLinear",
+    "GatedRMSNorm",
+    "L2Norm",
 };
-inline constexpr int kOpCount = 14;
+inline constexpr int kOpCount = 16;
 
 // Kinds of attribute values.
 enum class AttrKind : int32_t {
@@ -106,20 +111,23 @@ enum class AttrCheck : int32_t {
   kFinite = 1,
   kFiniteNonNegative = 2,
   kZeroOrOne = 3,
+  kNonNegativeInt = 4,
 };
 inline constexpr const char* kAttrCheckNames[] = {
     "none",
     "finite",
     "finite_non_negative",
     "zero_or_one",
+    "non_negative_int",
 };
-inline constexpr int kAttrCheckCount = 4;
+inline constexpr int kAttrCheckCount = 5;
 // What a value must be, for messages: "attribute <name> must be <requirement>, got <value>".
 inline constexpr const char* kAttrCheckRequirements[kAttrCheckCount] = {
     "any value",
     "a finite number",
     "a finite number >= 0",
     "0 or 1",
+    "an integer >= 0",
 };
 
 // The type of an input or output (catalogue.TYPE_VARS):
@@ -197,6 +205,9 @@ inline constexpr int64_t kCastBeforeScale = 0;
 inline constexpr int64_t kYFloat32 = 0;
 inline constexpr float kScaleOffset = 0.0f;
 inline constexpr float kAlpha = 1.0f;
+inline constexpr int64_t kGroupSize = 0;
+inline constexpr int64_t kActivation = 0;
+inline constexpr int64_t kNormBeforeGate = 1;
 }  // namespace attr_default
 
 namespace generated {
@@ -572,6 +583,47 @@ inline constexpr TypeSet kSkipRMSNormDynamicQuantizeLinearTypes[] = {
     {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
 };
 
+inline constexpr ParamSpec kGatedRMSNormInputs[] = {
+    {"X", TypeVar::kT, false},
+    {"Scale", TypeVar::kS, true},
+    {"Gate", TypeVar::kT, true},
+};
+inline constexpr ParamSpec kGatedRMSNormOutputs[] = {
+    {"Y", TypeVar::kT, false},
+};
+inline constexpr AttrSpec kGatedRMSNormAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
+    {"group_size", AttrKind::kInt, 0, 0.0f, AttrCheck::kNonNegativeInt},
+    {"activation", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"norm_before_gate", AttrKind::kInt, 1, 0.0f, AttrCheck::kZeroOrOne},
+};
+inline constexpr TypeSet kGatedRMSNormTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
+
+inline constexpr ParamSpec kL2NormInputs[] = {
+    {"X", TypeVar::kT, false},
+};
+inline constexpr ParamSpec kL2NormOutputs[] = {
+    {"Y", TypeVar::kT, false},
+};
+inline constexpr AttrSpec kL2NormAttributes[] = {
+    {"axis", AttrKind::kInt, -1, 0.0f, AttrCheck::kNone},
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+};
+inline constexpr TypeSet kL2NormTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+};
+
 }  // namespace generated
 
 inline constexpr OpSpec kOps[kOpCount] = {
@@ -659,6 +711,18 @@ inline constexpr OpSpec kOps[kOpCount] = {
      {generated::kSkipRMSNormDynamicQuantizeLinearAttributes, 5},
      QuantizeKind::kDynamic, {generated::kSkipRMSNormDynamicQuantizeLinearQuantTypes, 1},
      {generated::kSkipRMSNormDynamicQuantizeLinearTypes, 5}},
+    {"GatedRMSNorm", OpId::kGatedRMSNorm, 1, NormKind::kRms, ResidualKind::kNone,
+     {generated::kGatedRMSNormInputs, 3},
+     {generated::kGatedRMSNormOutputs, 1},
+     {generated::kGatedRMSNormAttributes, 7},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kGatedRMSNormTypes, 5}},
+    {"L2Norm", OpId::kL2Norm, 1, NormKind::kL2, ResidualKind::kNone,
+     {generated::kL2NormInputs, 1},
+     {generated::kL2NormOutputs, 1},
+     {generated::kL2NormAttributes, 2},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kL2NormTypes, 3}},
 };
 
 // Every (T, S) an op accepts (catalogue.TYPE_PAIRS).
