@@ -482,6 +482,10 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         "(copy_file_range); ranges no tensor uses become holes, and only new tensors are "
         "written. Weights inside the input file are streamed into the output (copy_file_range).",
         "",
+        "Gated, grouped and L2 norms of hybrid and linear-attention models (the stage **gated**, "
+        "`gated.py`; Gemma 3n's `Pow(., -0.5)` spelling in the norm core): "
+        "[fusion-gated.md](fusion-gated.md), with the families' table.",
+        "",
         "## Corpus",
         "",
         "Tiny random-weight transformers models built from configs in code "

@@ -25,6 +25,7 @@ _LONG_FILES = (
     "test_sanitize.py",
     "test_cuda.py",
     "test_fusion_corpus.py",
+    "test_fusion_gated.py",
     "test_pipelines.py",
     "test_bench_e2e.py",
     "test_optimum.py",

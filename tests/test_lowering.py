@@ -187,3 +187,85 @@ def test_static_quantized_op_lowered_to_norm_and_quantizer(op, dtype, zero_point
     np.testing.assert_array_equal(got["Y"].view(np.uint8), own.view(np.uint8))
     if zero_point == "float8e4m3fn":
         assert {0x7E, 0xFE} <= set(got["Y"].view(np.uint8).ravel().tolist())  # +-448
+
+
+# (op, present optional inputs, attributes, Scale: "row" over the normalized dim, "group": one
+# group's, None) of the norms of hybrid models
+HYBRID = [
+    ("GatedRMSNorm", ("Scale", "Gate"), {}, "row"),  # Qwen3-Next in float32
+    ("GatedRMSNorm", ("Scale", "Gate"), {"cast_before_scale": 1}, "row"),  # ... in half
+    ("GatedRMSNorm", ("Scale", "Gate"), {"activation": 1}, "row"),  # Kimi Linear
+    ("GatedRMSNorm", ("Scale", "Gate"), {"group_size": 8}, "group"),  # ORT's own
+    ("GatedRMSNorm", ("Scale", "Gate"), {"group_size": 8}, "row"),  # Falcon-H1, norm first
+    ("GatedRMSNorm", ("Scale", "Gate"), {"group_size": 8, "norm_before_gate": 0}, "row"),
+    (
+        "GatedRMSNorm",
+        ("Scale", "Gate"),
+        {"group_size": 8, "norm_before_gate": 0, "cast_before_scale": 1},
+        "row",
+    ),  # Mamba2
+    ("GatedRMSNorm", ("Scale", "Gate"), {"scale_offset": 1.0}, "row"),
+    ("GatedRMSNorm", ("Gate",), {"group_size": 8, "activation": 1}, None),
+    ("GatedRMSNorm", ("Scale",), {"group_size": 8}, "row"),  # grouped, no gate
+    ("L2Norm", (), {}, None),
+]
+
+
+def _ms_exact(op, present, attrs, scale, dtype) -> bool:
+    """Whether ONNX Runtime's GatedRMSNorm computes the node: the gate after the norm, float32 or
+    rounded once, one group's Scale (the whole row without groups), no offset (a Scale that is
+    a graph input cannot take it), and the installed ORT runs the op for this type."""
+    from onnxnorm.fusion.lowering import ms_gated_rms_norm_problem
+
+    elem = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16}
+    return (
+        op == "GatedRMSNorm"
+        and "Gate" in present
+        and attrs.get("norm_before_gate", 1) == 1
+        and (dtype == "float32" or not attrs.get("cast_before_scale"))
+        and (scale is None or (scale == "group") == bool(attrs.get("group_size")))
+        and not attrs.get("scale_offset")
+        and ms_gated_rms_norm_problem(elem.get(dtype, onnx.TensorProto.BFLOAT16)) is None
+    )
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx", "function"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "variant",
+    HYBRID,
+    ids=lambda v: (
+        f"{v[0]}-{'+'.join(v[1]) or 'none'}-{v[3]}-"
+        + "-".join(f"{k}{val}" for k, val in v[2].items())
+    ),
+)
+def test_hybrid_norms_lowered(variant, dtype, target, rng):
+    """GatedRMSNorm and L2Norm, which ONNX has no op of: ``onnx`` inlines their bodies (standard
+    ops only), ``ort`` writes ONNX Runtime's com.microsoft GatedRMSNorm exactly where that op
+    computes the node and the body elsewhere, with the reason; all match the reference."""
+    op, present, attrs, scale = variant
+    attrs = {"epsilon": EPS, **attrs}
+    t = DTYPES[dtype]
+    shape = (2, 5, 16)
+    arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
+    if "Gate" in present:
+        arrays["Gate"] = rng.standard_normal(shape).astype(t)
+    if "Scale" in present:
+        size = 8 if scale == "group" else 16
+        arrays["Scale"] = (rng.standard_normal(size) * 0.3 + 1).astype(t)
+    model = single_node_model(op, arrays, attrs, functions=False)
+    lowered, notes = lower_with_notes(model, target)
+    kinds = set(op_types(lowered))
+    if target != "function":
+        assert not any(d == catalogue.DOMAIN for d, _ in kinds) and len(notes) == 1
+        ms = ("com.microsoft", "GatedRMSNorm") in kinds
+        assert ms == (target == "ort" and _ms_exact(op, present, attrs, scale, dtype)), notes
+        if not ms:
+            assert notes[0].emitted == "inlined function body" and notes[0].reason, notes
+        if target == "onnx":
+            assert not any(d not in ("", "ai.onnx") for d, _ in kinds)
+            onnx.checker.check_model(lowered, full_check=True)
+    got = run(lowered, arrays)
+    want = reference_outputs(op, arrays, attrs)
+    for g, w in zip(got, want):
+        assert_close(g, w, t)

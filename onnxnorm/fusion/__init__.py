@@ -15,6 +15,13 @@ from onnxnorm import _lazy
 _WHERE = {
     "FolderReport": "folder",
     "fuse_folder": "folder",
+    "GateAfter": "gated",
+    "GateFirst": "gated",
+    "GatedCasts": "gated",
+    "GatedScale": "gated",
+    "GroupAbsorb": "gated",
+    "L2Core": "gated",
+    "MsGatedRMSNorm": "gated",
     "lower": "lowering",
     "CastAbsorb": "norms",
     "LayerCore": "norms",

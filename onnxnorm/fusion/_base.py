@@ -36,6 +36,9 @@ class Replacement:
     attributes: dict[str, Any]
     #: what the fused node computes differently from the original, for the report ("": nothing)
     note: str = ""
+    #: inputs the rewrite first reshapes to 1-D (a grouped norm's [groups, group_size] Scale,
+    #: which the op takes as one row of weights)
+    flatten: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, node: ir.Node) -> Replacement:
@@ -149,6 +152,8 @@ class FusionRule(pattern.RewriteRuleClassBase):
     def rewrite(self, op, y, total=None, **_):
         (root, new), self._accepted = self._accepted, None
         self.tracker.fused(self.title, root, new.note)
+        for name in new.flatten:
+            new = dataclasses.replace(new, inputs={**new.inputs, name: _flat(op, new.inputs[name])})
         outputs = op.op(
             new.op,
             *new.arguments(),
@@ -167,6 +172,16 @@ class FusionRule(pattern.RewriteRuleClassBase):
         if (total is None and catalogue.get(new.op).has_residual) or len(outputs) == 1:
             return outputs[0]
         return outputs
+
+
+def _flat(op, value: ir.Value) -> ir.Value:
+    """``value`` reshaped to 1-D by a new Reshape node (valid at every opset)."""
+    flat = op.Reshape(value, op.Constant(value=ir.tensor(np.array([-1], np.int64))))
+    flat.type = value.type
+    dims = list(value.shape.dims) if value.shape is not None else []
+    if dims and all(isinstance(d, int) for d in dims):
+        flat.shape = ir.Shape([int(np.prod(dims))])
+    return flat
 
 
 def _only_used_inside(context, shared=frozenset()) -> None:
@@ -292,6 +307,30 @@ def int_values(value: ir.Value | None, what: str, depth: int = 8) -> np.ndarray:
         return np.arange(start, limit, delta, dtype=np.int64)
     if op == "Concat":
         return np.concatenate(values, axis=attribute(node, "axis", 0))
+    if op == "Div" and len(values) == 2:
+        if (values[1] == 0).any():
+            raise Rejected(f"{what} ({value.name!r}) divides by zero")
+        quotient = np.abs(values[0]) // np.abs(values[1])  # ONNX's integer Div truncates
+        return (quotient * np.sign(values[0]) * np.sign(values[1])).astype(values[0].dtype)
+    if op == "Cast" and ir.DataType(attribute(node, "to", 0)).numpy().kind in "iu":
+        return values[0].astype(ir.DataType(attribute(node, "to", 0)).numpy())
+    if op == "Gather" and len(values) == 2:
+        return np.take(values[0], values[1], axis=attribute(node, "axis", 0))
+    if op in ("Unsqueeze", "Squeeze"):
+        axes = values[1] if len(values) > 1 else attribute(node, "axes", None)
+        if op == "Squeeze":
+            return np.squeeze(values[0], None if axes is None else tuple(int(a) for a in axes))
+        out = values[0]
+        for a in sorted(int(a) % (out.ndim + len(axes)) for a in axes):
+            out = np.expand_dims(out, a)
+        return out
+    if op == "Slice" and len(values) >= 3 and values[0].ndim == 1:
+        starts, ends = values[1], values[2]
+        steps = values[4] if len(values) > 4 else np.ones_like(starts)
+        if starts.size != 1 or (len(values) > 3 and [int(a) for a in values[3]] not in ([0], [-1])):
+            raise Rejected(f"{what} ({value.name!r}) is a Slice this pass does not evaluate")
+        start, end, step = int(starts[0]), int(ends[0]), int(steps[0])
+        return values[0][slice(start, end, step)]
     raise Rejected(f"{what} ({value.name!r}) is computed by {op}, not a constant")
 
 

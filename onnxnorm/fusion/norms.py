@@ -70,23 +70,25 @@ def check_mixed(x_type: ir.DataType, y: ir.Value, **weights: ir.Value | None) ->
 
 
 def mean_axis(node: ir.Node, x: ir.Value, rank: int | None = None) -> int:
-    """The first normalized axis, negative, of a ReduceMean over the trailing axes [axis, rank)
-    of X that keeps its dims (``rank``: X's where the caller knows it better than X's shape,
-    a 2-D view). The axes may be computed from X's rank, as ONNX's function bodies do."""
+    """The first normalized axis, negative, of a ReduceMean (or the ReduceSum of an L2 norm)
+    over the trailing axes [axis, rank) of X that keeps its dims (``rank``: X's where the caller
+    knows it better than X's shape, a 2-D view). The axes may be computed from X's rank, as
+    ONNX's function bodies do."""
+    op = node.op_type
     if attribute(node, "keepdims", 1) != 1:
-        raise Rejected(f"ReduceMean {node.name!r} has keepdims=0")
+        raise Rejected(f"{op} {node.name!r} has keepdims=0")
     axes_input = node.inputs[1] if len(node.inputs) > 1 else None
     if axes_input is not None:
-        axes = [int(a) for a in int_values(axes_input, "the ReduceMean axes").reshape(-1)]
+        axes = [int(a) for a in int_values(axes_input, f"the {op} axes").reshape(-1)]
     else:
         axes = list(attribute(node, "axes", None) or [])
     if rank is None and x.shape is not None:
         rank = x.shape.rank()
     if not axes:
         if attribute(node, "noop_with_empty_axes", 0):
-            raise Rejected(f"ReduceMean {node.name!r} has no axes and noop_with_empty_axes=1")
+            raise Rejected(f"{op} {node.name!r} has no axes and noop_with_empty_axes=1")
         if rank is None:
-            raise Rejected(f"ReduceMean {node.name!r} reduces over all axes of X of unknown rank")
+            raise Rejected(f"{op} {node.name!r} reduces over all axes of X of unknown rank")
         axes = list(range(rank))
     if rank is None:
         # negative axes need no rank: [-k, ..., -1] in any order
@@ -98,8 +100,7 @@ def mean_axis(node: ir.Node, x: ir.Value, rank: int | None = None) -> int:
         if trailing == list(range(rank - len(axes), rank)):
             return -len(axes)
     raise Rejected(
-        f"ReduceMean {node.name!r} reduces over axes {axes}, not over the trailing "
-        "axes [axis, rank) of X"
+        f"{op} {node.name!r} reduces over axes {axes}, not over the trailing axes [axis, rank) of X"
     )
 
 
@@ -130,14 +131,40 @@ def check_weight(value: ir.Value, x: ir.Value, what: str, axis: int | None = Non
 # core rules
 
 
-def _square(op, v, two):
+def square(op, v, two):
     return pattern.OrValue([op.Pow(v, two), op.Mul(v, v)])
+
+
+#: how a core rule divides by the root of the statistic plus epsilon, ``v``: ``Div(x, Sqrt(v))``,
+#: ``Mul(x, Reciprocal(Sqrt(v)))`` or ``Mul(x, Div(1, Sqrt(v)))``, ``Mul(x, Pow(v, -0.5))``
+#: (Gemma 3n's ``torch.pow(mean_squared, -0.5)``)
+FORMS = ("div", "mul", "pow")
+
+
+def divide(op, x, v, one, half, form: str):
+    """The pattern of ``x`` divided by the root of ``v`` as ``form`` (:data:`FORMS`) says."""
+    if form == "div":
+        return op.Div(x, op.Sqrt(v), _outputs=["y"])
+    if form == "pow":
+        return op.Mul(x, op.Pow(v, half), _outputs=["y"])
+    d = op.Sqrt(v)
+    return op.Mul(x, pattern.OrValue([op.Reciprocal(d), op.Div(one, d)]), _outputs=["y"])
+
+
+def check_root(one: ir.Value | None, half: ir.Value | None) -> None:
+    """The constants of a :func:`divide`: the reciprocal's numerator 1, the Pow exponent -0.5."""
+    if one is not None and scalar(one, "the reciprocal's numerator") != 1:
+        raise Rejected(f"the reciprocal's numerator is {scalar(one, 'the numerator')}, not 1")
+    if half is not None and scalar(half, "the Pow exponent") != -0.5:
+        raise Rejected(
+            f"the root is Pow(., {scalar(half, 'the Pow exponent')}), not Pow(., -0.5): "
+            "not the reciprocal square root"
+        )
 
 
 class _Core(FusionRule):
     """The statistics and the normalization of a decomposed ``op_name``, in float32, divided as
-    ``form`` says: ``Div(x, d)`` ("div"), or ``Mul(x, Reciprocal(d))`` or ``Mul(x, Div(1, d))``
-    ("mul")."""
+    ``form`` says (:data:`FORMS`)."""
 
     op_name: str
 
@@ -146,10 +173,8 @@ class _Core(FusionRule):
         super().__init__(tracker, f"{self.op_name}Core{form.capitalize()}", strict_precision)
         self.form = form
 
-    def divide(self, op, x, d, one):
-        if self.form == "div":
-            return op.Div(x, d, _outputs=["y"])
-        return op.Mul(x, pattern.OrValue([op.Reciprocal(d), op.Div(one, d)]), _outputs=["y"])
+    def divide(self, op, x, v, one, half):
+        return divide(op, x, v, one, half, self.form)
 
     def replacement(self, x: ir.Value, eps: ir.Value, axis: int, note: str) -> Replacement:
         return Replacement(
@@ -165,12 +190,12 @@ class RMSCore(_Core):
 
     op_name = "RMSNorm"
 
-    def pattern(self, op, x, eps, two, one):
-        mean = op.ReduceMean(_square(op, x, two), _allow_other_inputs=True, _outputs=["mean"])
-        return self.divide(op, x, op.Sqrt(op.Add(mean, eps)), one)
+    def pattern(self, op, x, eps, two, one, half):
+        mean = op.ReduceMean(square(op, x, two), _allow_other_inputs=True, _outputs=["mean"])
+        return self.divide(op, x, op.Add(mean, eps), one, half)
 
-    def inspect(self, context, x, eps, mean, two=None, one=None, **_):
-        note, axis = _core_checks(x, mean.producer(), two, one, self.strict_precision)
+    def inspect(self, context, x, eps, mean, two=None, one=None, half=None, **_):
+        note, axis = core_checks(x, mean.producer(), two, one, half, self.strict_precision)
         return self.replacement(x, eps, axis, note)
 
 
@@ -180,27 +205,26 @@ class LayerCore(_Core):
 
     op_name = "LayerNorm"
 
-    def pattern(self, op, x, eps, two, one):
+    def pattern(self, op, x, eps, two, one, half):
         mu = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mu"])
         centred = op.Sub(x, mu)
-        var = op.ReduceMean(_square(op, centred, two), _allow_other_inputs=True, _outputs=["mean"])
-        return self.divide(op, centred, op.Sqrt(op.Add(var, eps)), one)
+        var = op.ReduceMean(square(op, centred, two), _allow_other_inputs=True, _outputs=["mean"])
+        return self.divide(op, centred, op.Add(var, eps), one, half)
 
-    def inspect(self, context, x, eps, mean, mu, two=None, one=None, **_):
-        note, axis = _core_checks(x, mean.producer(), two, one, self.strict_precision)
+    def inspect(self, context, x, eps, mean, mu, two=None, one=None, half=None, **_):
+        note, axis = core_checks(x, mean.producer(), two, one, half, self.strict_precision)
         if mean_axis(mu.producer(), x) != axis:
             raise Rejected("the mean and the variance reduce over different axes")
         return self.replacement(x, eps, axis, note)
 
 
-def _core_checks(x, mean_node, two, one, strict: bool) -> tuple[str, int]:
+def core_checks(x, mean_node, two, one, half, strict: bool) -> tuple[str, int]:
     """The checks every core rule makes; returns the report's note on the statistics' type and
     the first normalized axis."""
     note = statistics_type(dtype(x, "X"), strict)
     if two is not None and scalar(two, "the Pow exponent") != 2:
         raise Rejected(f"the Pow exponent is {scalar(two, 'the Pow exponent')}, not 2")
-    if one is not None and scalar(one, "the reciprocal's numerator") != 1:
-        raise Rejected(f"the reciprocal's numerator is {scalar(one, 'the numerator')}, not 1")
+    check_root(one, half)
     return note, mean_axis(mean_node, x)
 
 
@@ -305,7 +329,7 @@ class CastAbsorb(FusionRule):
             raise Rejected("the inner Cast is not to FLOAT")
         check_type(x_type, Y=y)
         for what in ("Scale", "Bias"):
-            value = norm.inputs[what]
+            value = norm.inputs.get(what)
             if value is not None and dtype(value, what) not in (FLOAT, x_type):
                 raise Rejected(f"{what} is neither FLOAT nor X's type")
         return Replacement(
@@ -533,7 +557,7 @@ def norm_rules(tracker: Tracker, strict_precision: bool = False) -> list[pattern
             for n in (4, 1)
         ),
     ]
-    for form in ("div", "mul"):
+    for form in FORMS:
         # LayerNorm first: RMSNorm's pattern also matches the centred half of a LayerNorm
         rules += [
             LayerCore.rule(tracker, form=form, strict_precision=strict),

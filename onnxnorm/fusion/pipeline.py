@@ -4,6 +4,8 @@ Stages, each applied until nothing changes:
 
 1. norms: every norm (decomposed, or a single op of ONNX or ONNX Runtime) becomes an onnxnorm
    LayerNorm/RMSNorm node with its Scale, Bias, scale offset and rounding order (``norms.py``);
+   gated: those RMSNorm nodes with a gate and groups around them become GatedRMSNorm nodes, and
+   L2 norms L2Norm nodes (``gated.py``);
 2. sandwich: norm -> residual add -> norm becomes a Sandwich op (``residual.py``);
 3. skip: the residual add (DeepNorm: with its alpha Mul) before a norm becomes a Skip op;
 4. xbias: the sublayer's bias Add before a Skip op becomes its XBias;
@@ -28,7 +30,7 @@ from onnxscript.rewriter import pattern
 
 from onnxnorm import targets
 from onnxnorm.errors import OutputDoesNotLoad, first_line
-from onnxnorm.fusion import batch_norm, norms, quantized, residual
+from onnxnorm.fusion import batch_norm, gated, norms, quantized, residual
 from onnxnorm.fusion._onnxscript_private import root_op
 from onnxnorm.fusion._ort_symbolic import infer_symbolic
 from onnxnorm.fusion.lowering import lower_with_notes
@@ -48,6 +50,10 @@ def stages(
             "norms",
             pattern.RewriteRuleSet(norms.norm_rules(tracker, strict_precision), commute=True),
         ),
+        (
+            "gated",
+            pattern.RewriteRuleSet(gated.gated_rules(tracker, strict_precision), commute=True),
+        ),
         ("sandwich", pattern.RewriteRuleSet(residual.sandwich_rules(tracker), commute=True)),
         ("skip", pattern.RewriteRuleSet(residual.skip_rules(tracker), commute=True)),
         ("xbias", pattern.RewriteRuleSet(residual.xbias_rules(tracker), commute=True)),
@@ -66,6 +72,7 @@ def rules(tracker: Tracker | None = None, strict_precision: bool = False) -> pat
     tracker = tracker or Tracker()
     return pattern.RewriteRuleSet(
         norms.norm_rules(tracker, strict_precision)
+        + gated.gated_rules(tracker, strict_precision)
         + residual.sandwich_rules(tracker)
         + residual.skip_rules(tracker)
         + residual.xbias_rules(tracker),

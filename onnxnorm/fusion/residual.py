@@ -48,16 +48,16 @@ def _symbolic(value: ir.Value) -> ir.Shape | None:
     return None
 
 
-def _compare(dims_a: list, dims_b: list, what: str) -> str | None:
+def _compare(dims_a: list, dims_b: list, what: str, op: str = "Add") -> str | None:
     """None when the dims prove the shapes equal; else why not. Raises where they prove that
-    the Add broadcasts."""
+    the ``op`` (the node that meets the two) broadcasts."""
     if len(dims_a) != len(dims_b):
         raise Rejected(
-            f"{what} differ in rank ({len(dims_a)} and {len(dims_b)}): the Add broadcasts"
+            f"{what} differ in rank ({len(dims_a)} and {len(dims_b)}): the {op} broadcasts"
         )
     for i, (da, db) in enumerate(zip(dims_a, dims_b)):
         if isinstance(da, int) and isinstance(db, int) and da != db:
-            raise Rejected(f"{what} differ in shape (dim {i}: {da} and {db}): the Add broadcasts")
+            raise Rejected(f"{what} differ in shape (dim {i}: {da} and {db}): the {op} broadcasts")
     for i, (da, db) in enumerate(zip(dims_a, dims_b)):
         if isinstance(da, int) and isinstance(db, int):
             continue
@@ -76,15 +76,15 @@ def _compare(dims_a: list, dims_b: list, what: str) -> str | None:
     return None
 
 
-def _same_shape(a: ir.Value, b: ir.Value, what: str) -> None:
-    """Proves that an Add of ``a`` and ``b`` does not broadcast, or says exactly why not. Dims
-    are equal when they are equal integers or the same symbol of one inference: onnx's (the
-    values' shapes) or ORT's symbolic inference (which never merges two dims that an op
-    broadcasts, see ``fusion._ort_symbolic``)."""
+def _same_shape(a: ir.Value, b: ir.Value, what: str, op: str = "Add") -> None:
+    """Proves that an Add (``op``) of ``a`` and ``b`` does not broadcast, or says exactly why
+    not. Dims are equal when they are equal integers or the same symbol of one inference:
+    onnx's (the values' shapes) or ORT's symbolic inference (which never merges two dims that
+    an op broadcasts, see ``fusion._ort_symbolic``)."""
     reasons = []
     for dims_a, dims_b in ((a.shape, b.shape), (_symbolic(a), _symbolic(b))):
         if dims_a is not None and dims_b is not None:
-            reason = _compare(list(dims_a.dims), list(dims_b.dims), what)
+            reason = _compare(list(dims_a.dims), list(dims_b.dims), what, op)
             if reason is None:
                 return
             reasons.append(reason)

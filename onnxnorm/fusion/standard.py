@@ -27,7 +27,7 @@ from onnxnorm.fusion._base import (
     scalar,
     statistics_type,
 )
-from onnxnorm.fusion.norms import _square, check_type, check_weight, mean_axis
+from onnxnorm.fusion.norms import check_type, check_weight, mean_axis, square
 
 #: the report's note on the one-pass variance of ONNX's function body
 ONE_PASS = (
@@ -270,7 +270,7 @@ class KerasLayerNorm(FusionRule):
     def pattern(self, op, x, eps, gamma, beta, two, power, one):
         mean = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mean"])
         var = op.ReduceMean(
-            _square(op, op.Sub(x, mean), two), _allow_other_inputs=True, _outputs=["var"]
+            square(op, op.Sub(x, mean), two), _allow_other_inputs=True, _outputs=["var"]
         )
         shifted = op.Add(var, eps)
         inverse = pattern.OrValue(

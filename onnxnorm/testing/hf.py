@@ -3,6 +3,7 @@ code with seeded random weights (nothing is downloaded), and what is made from t
 
     config = hf.config("gemma2", hidden=64, heads=4, sliding_window=32)
     model = hf.model(config)                      # Gemma2ForCausalLM, its norm weights random
+    norm = hf.norm_module("MambaRMSNormGated")    # one norm class alone, weights random
     proto = hf.export_with_cache(model, limit=28)  # past keys and values as inputs and outputs
     hf.save_checkpoint(model, folder)             # save_pretrained, with a word-level tokenizer
     hf.genai_build(folder, out, "int4")           # onnxruntime-genai's model builder
@@ -18,10 +19,12 @@ extra that provides it. Importing this module loads none of them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import shutil
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,38 @@ class Family:
     head_dim: bool = False
     #: (name, value) pairs of the config a tiny model of the family needs
     defaults: tuple[tuple[str, Any], ...] = ()
+    #: the config's per-layer fields for a number of layers (a hybrid family's mix of attention
+    #: and state-space or linear-attention layers), or None
+    per_layer: Callable[[int], dict[str, Any]] | None = None
+
+
+def _alternate(key: str, first: Any, second: Any) -> Callable[[int], dict[str, Any]]:
+    """A per-layer field of ``first`` and ``second`` in turn (a hybrid's mixers)."""
+    return lambda layers: {key: [first if i % 2 == 0 else second for i in range(layers)]}
+
+
+def _layers(*fields: Callable[[int], dict[str, Any]]) -> Callable[[int], dict[str, Any]]:
+    return lambda layers: {k: v for field in fields for k, v in field(layers).items()}
+
+
+#: a tiny gated delta-rule attention (Qwen3-Next, Qwen3.5): 2 key and 4 value heads of 8
+_DELTA_NET = (
+    ("linear_key_head_dim", 8),
+    ("linear_value_head_dim", 8),
+    ("linear_num_key_heads", 2),
+    ("linear_num_value_heads", 4),
+)
+#: a tiny Mamba2 mixer in Bamba's, Falcon-H1's and GraniteMoeHybrid's names: 8 heads of 8 (the
+#: default expand 2 times hidden 32), 2 groups of 32 for its gated norm, state 8, chunks of 8
+_MAMBA = (
+    ("mamba_n_heads", 8),
+    ("mamba_d_head", 8),
+    ("mamba_n_groups", 2),
+    ("mamba_d_state", 8),
+    ("mamba_chunk_size", 8),
+)
+#: a tiny mixture of experts: 4 experts, 2 per token
+_EXPERTS = (("num_experts_per_tok", 2),)
 
 
 #: family -> its classes; the names are transformers' ``model_type`` spellings
@@ -62,6 +97,145 @@ FAMILIES: dict[str, Family] = {
     "bloom": Family("BloomConfig", "BloomForCausalLM", "BloomModel", grouped=False),
     "opt": Family("OPTConfig", "OPTForCausalLM", "OPTModel", grouped=False),
     "falcon": Family("FalconConfig", "FalconForCausalLM", "FalconModel", grouped=False),
+    # hybrid and linear-attention families (their gated and L2 norms: docs/fusion.md), two layers
+    # of different mixers in turn; the mixture-of-experts ones export with the batched_mm
+    # experts (:func:`model`)
+    "qwen3_next": Family(
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        "Qwen3NextModel",
+        head_dim=True,
+        defaults=(
+            *_DELTA_NET,
+            *_EXPERTS,
+            ("num_experts", 4),
+            ("moe_intermediate_size", 16),
+            ("shared_expert_intermediate_size", 16),
+        ),
+        per_layer=_alternate("layer_types", "linear_attention", "full_attention"),
+    ),
+    "qwen3_5": Family(
+        "Qwen3_5TextConfig",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5TextModel",
+        head_dim=True,
+        defaults=_DELTA_NET,
+        per_layer=_alternate("layer_types", "linear_attention", "full_attention"),
+    ),
+    "mamba2": Family(
+        "Mamba2Config",
+        "Mamba2ForCausalLM",
+        "Mamba2Model",
+        grouped=False,
+        defaults=(
+            ("num_heads", 8),
+            ("head_dim", 8),
+            ("state_size", 8),
+            ("n_groups", 2),
+            ("chunk_size", 8),
+        ),
+    ),
+    "nemotron_h": Family(
+        "NemotronHConfig",
+        "NemotronHForCausalLM",
+        "NemotronHModel",
+        head_dim=True,
+        defaults=(
+            ("mamba_num_heads", 8),
+            ("mamba_head_dim", 8),
+            ("n_groups", 2),
+            ("ssm_state_size", 8),
+            ("chunk_size", 8),
+        ),
+        per_layer=_alternate("layers_block_type", "mamba", "attention"),
+    ),
+    "bamba": Family(
+        "BambaConfig",
+        "BambaForCausalLM",
+        "BambaModel",
+        defaults=_MAMBA,
+        per_layer=lambda layers: {"attn_layer_indices": list(range(1, layers, 2))},
+    ),
+    "zamba2": Family(
+        "Zamba2Config",
+        "Zamba2ForCausalLM",
+        "Zamba2Model",
+        defaults=(
+            ("mamba_d_state", 8),
+            ("n_mamba_heads", 8),
+            ("mamba_ngroups", 2),
+            ("chunk_size", 8),
+        ),
+        per_layer=_alternate("layers_block_type", "mamba", "hybrid"),
+    ),
+    "granitemoehybrid": Family(
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        "GraniteMoeHybridModel",
+        defaults=(*_MAMBA, *_EXPERTS, ("num_local_experts", 4), ("shared_intermediate_size", 64)),
+        per_layer=_alternate("layer_types", "mamba", "attention"),
+    ),
+    # mamba_rms_norm: the mixer's output through its gated norm, the gate first
+    "falcon_h1": Family(
+        "FalconH1Config",
+        "FalconH1ForCausalLM",
+        "FalconH1Model",
+        head_dim=True,
+        defaults=(
+            *_MAMBA,
+            ("mamba_d_ssm", 64),
+            ("mamba_rms_norm", True),
+            ("mamba_norm_before_gate", False),
+        ),
+    ),
+    # its default token ids lie beyond a tiny vocabulary
+    "kimi_linear": Family(
+        "KimiLinearConfig",
+        "KimiLinearForCausalLM",
+        "KimiLinearModel",
+        defaults=(
+            *_EXPERTS,
+            ("num_local_experts", 4),
+            ("n_shared_experts", 1),
+            ("moe_intermediate_size", 16),
+            ("kv_lora_rank", 16),
+            ("q_lora_rank", None),
+            ("qk_rope_head_dim", 8),
+            ("qk_nope_head_dim", 8),
+            ("v_head_dim", 16),
+            ("linear_head_dim", 8),
+            ("linear_num_heads", 4),
+            ("pad_token_id", 0),
+            ("bos_token_id", 1),
+            ("eos_token_id", 2),
+        ),
+        per_layer=_layers(
+            _alternate("layer_types", "linear_attention", "full_attention"),
+            _alternate("mlp_layer_types", "dense", "sparse"),
+        ),
+    ),
+    # Gemma 3n's text decoder (its norms: x * pow(mean(x^2) + eps, -0.5)); no layer shares
+    # another's key/value cache
+    "gemma3n": Family(
+        "Gemma3nTextConfig",
+        "Gemma3nForCausalLM",
+        "Gemma3nTextModel",
+        head_dim=True,
+        defaults=(
+            ("vocab_size_per_layer_input", 96),
+            ("hidden_size_per_layer_input", 8),
+            ("num_kv_shared_layers", 0),
+            ("laurel_rank", 4),
+            ("altup_num_inputs", 2),
+            ("sliding_window", 8),
+        ),
+        per_layer=lambda layers: {
+            "layer_types": [
+                "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+            ],
+            "activation_sparsity_pattern": [0.0] * layers,
+        },
+    ),
 }
 
 #: the special tokens of :func:`tokenizer`, for a config whose model is saved with it
@@ -114,6 +288,8 @@ def config(
     if head_dim is not None or spec.head_dim:
         fields["head_dim"] = head_dim or hidden // heads
     fields.update(spec.defaults)
+    if spec.per_layer is not None:
+        fields.update(spec.per_layer(layers))
     fields.update(overrides)
     return getattr(transformers, spec.config)(**fields)
 
@@ -133,13 +309,17 @@ def model(
     *,
     seed: int = 0,
     attention: str | None = "eager",
+    experts: str | None = "batched_mm",
     randomize: bool = True,
 ):
     """The model of ``hf_config`` in eval mode: ``kind`` "causal" (with the LM head), "base"
     (without), or the name of any transformers model class. Its weights are drawn after
     ``torch.manual_seed(seed)``; then (``randomize``) :func:`randomize_norms` with ``seed + 1``.
     ``attention``: the attention implementation set on the config (None: transformers'
-    default); eager attention exports with every exporter."""
+    default); eager attention exports with every exporter. ``experts``: the experts
+    implementation of a mixture-of-experts config (None: transformers' default, grouped_mm, a
+    custom op that torch.onnx has no translation for); batched_mm exports with both exporters
+    (eager's loop over the experts a batch hits is data-dependent for the dynamo exporter)."""
     transformers = _require("transformers", "a tiny Hugging Face model")
     torch = _require("torch", "a tiny Hugging Face model")
     if kind in ("causal", "base"):
@@ -147,6 +327,8 @@ def model(
         kind = spec.causal if kind == "causal" else spec.base
     if attention is not None:
         hf_config._attn_implementation = attention
+    if experts is not None and hasattr(hf_config, "_experts_implementation"):
+        hf_config._experts_implementation = experts
     torch.manual_seed(seed)
     built = getattr(transformers, kind)(hf_config).eval()
     if randomize:
@@ -154,10 +336,36 @@ def model(
     return built
 
 
+def qwen3_5_for_genai(hf_config, *, seed: int = 0):
+    """``hf_config`` (a tiny ``config("qwen3_5")``) as the text model of a
+    ``Qwen3_5ForConditionalGeneration`` with a one-block vision tower, its norm weights random:
+    the architecture onnxruntime-genai's model builder takes for Qwen3.5 (it builds the text
+    model; :func:`save_checkpoint` it, then :func:`genai_build`)."""
+    transformers = _require("transformers", "a tiny Hugging Face model")
+    torch = _require("torch", "a tiny Hugging Face model")
+    vision = transformers.Qwen3_5VisionConfig(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        out_hidden_size=hf_config.hidden_size,
+        patch_size=4,
+        num_position_embeddings=16,
+    )
+    composite = transformers.Qwen3_5Config(
+        text_config=hf_config.to_dict(), vision_config=vision.to_dict()
+    )
+    composite.architectures = ["Qwen3_5ForConditionalGeneration"]
+    torch.manual_seed(seed)
+    built = transformers.Qwen3_5ForConditionalGeneration(composite).eval()
+    return randomize_norms(built, seed + 1)
+
+
 def is_norm(module) -> bool:
     """Whether ``module`` is a norm: its class name ends in "Norm" (torch's LayerNorm and
-    RMSNorm, transformers' LlamaRMSNorm, T5LayerNorm, ..., onnxnorm's modules)."""
-    return type(module).__name__.endswith("Norm")
+    RMSNorm, transformers' LlamaRMSNorm, T5LayerNorm, ..., onnxnorm's modules) or "NormGated"
+    (the gated norms of hybrid models: Qwen3NextRMSNormGated, MambaRMSNormGated, ...)."""
+    return type(module).__name__.endswith(("Norm", "NormGated"))
 
 
 def scale_offset(module) -> float:
@@ -167,6 +375,8 @@ def scale_offset(module) -> float:
     offset = getattr(module, "scale_offset", None)  # onnxnorm.nn.RMSNorm
     if offset is None and type(module).__name__ == "DecomposedNorm":  # onnxnorm.nn.decoder's
         offset = module.offset
+    if offset is None and type(module).__name__ in _OFFSET_NORMS:
+        offset = _OFFSET_NORMS[type(module).__name__]
     if offset is None:
         from onnxnorm.nn import families
 
@@ -175,6 +385,10 @@ def scale_offset(module) -> float:
             0.0,
         )
     return float(offset)
+
+
+#: norm classes that scale by ``1 + weight`` beside those of :mod:`onnxnorm.nn.families`
+_OFFSET_NORMS = {"Qwen3_5RMSNorm": 1.0}
 
 
 def randomize_norms(model, seed: int = 1):
@@ -197,6 +411,126 @@ def randomize_norms(model, seed: int = 1):
                 drawn = torch.rand(parameter.shape, generator=generator) * WIDTH + shift
                 parameter.copy_(drawn)
     return model
+
+
+# --- norm classes alone ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NormModule:
+    """A transformers norm class (or norm function) and how to build a tiny one of it."""
+
+    #: the module of transformers.models that defines it
+    module: str
+    #: the class (or, with ``function``, the function)
+    name: str
+    #: forward takes (x, gate)
+    gated: bool
+    #: its constructor's arguments beside the width (``hidden``: the width itself, where the
+    #: class takes it)
+    kwargs: tuple[tuple[str, Any], ...] = (("hidden_size", "hidden"),)
+    function: bool = False
+
+
+#: the gated and L2 norms of the hybrid families, and Gemma 3n's and Llama 4's RMS norms, by a
+#: name for each way of building one (the class name, with a suffix for a second way)
+NORM_MODULES: dict[str, NormModule] = {
+    "Qwen3NextRMSNormGated": NormModule("qwen3_next", "Qwen3NextRMSNormGated", True),
+    "Qwen3_5RMSNormGated": NormModule("qwen3_5", "Qwen3_5RMSNormGated", True),
+    "KimiLinearRMSNormGated": NormModule("kimi_linear", "KimiLinearRMSNormGated", True),
+    # Mamba2's and the families that copy it: 2 groups
+    **{
+        name: NormModule(
+            module, name, True, (("hidden_size", "hidden"), ("group_size", "hidden // 2"))
+        )
+        for module, name in (
+            ("mamba2", "MambaRMSNormGated"),
+            ("nemotron_h", "NemotronHRMSNormGated"),
+            ("bamba", "BambaRMSNormGated"),
+            ("zamba2", "Zamba2RMSNormGated"),
+            ("granitemoehybrid", "GraniteMoeHybridRMSNormGated"),
+        )
+    },
+    **{
+        f"FalconH1RMSNormGated-{which}": NormModule(
+            "falcon_h1",
+            "FalconH1RMSNormGated",
+            True,
+            (
+                ("hidden_size", "hidden"),
+                ("n_groups", 2),
+                ("norm_before_gate", which == "norm-first"),
+            ),
+        )
+        for which in ("norm-first", "gate-first")
+    },
+    "Gemma3nRMSNorm": NormModule("gemma3n", "Gemma3nRMSNorm", False, (("dim", "hidden"),)),
+    "Gemma3nRMSNorm-without-scale": NormModule(
+        "gemma3n", "Gemma3nRMSNorm", False, (("dim", "hidden"), ("with_scale", False))
+    ),
+    "Llama4TextL2Norm": NormModule("llama4", "Llama4TextL2Norm", False, ()),
+    # FLA's l2norm, Qwen3-Next's q/k norm of its gated delta rule (a function)
+    "l2norm": NormModule("qwen3_next", "l2norm", False, (), function=True),
+}
+
+
+def norm_module(name: str, hidden: int = 16, *, seed: int = 1):
+    """A tiny norm of :data:`NORM_MODULES` in eval mode, its weights (if it has any) drawn by
+    :func:`randomize_norms` from ``seed``; a norm function as a module. ``forward(x, gate)`` for
+    the gated ones, ``forward(x)`` for the others."""
+    torch = _require("torch", "a tiny Hugging Face norm")
+    _require("transformers", "a tiny Hugging Face norm")
+    try:
+        spec = NORM_MODULES[name]
+    except KeyError:
+        raise ValueError(f"unknown norm {name!r}; known: {', '.join(NORM_MODULES)}") from None
+    source = importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
+    built = getattr(source, spec.name)
+    if spec.function:
+
+        class Function(torch.nn.Module):
+            def forward(self, x):
+                return built(x)
+
+        Function.__name__ = Function.__qualname__ = spec.name
+        return Function().eval()
+    sizes = {"hidden": hidden, "hidden // 2": hidden // 2}
+    kwargs = {k: sizes.get(v, v) if isinstance(v, str) else v for k, v in spec.kwargs}
+    return randomize_norms(built(**kwargs).eval(), seed)
+
+
+#: the chunked delta rules of the linear-attention families (their PyTorch reference, which the
+#: exporters trace), by transformers module
+_CHUNKED = {
+    "qwen3_next": "torch_chunk_gated_delta_rule",
+    "qwen3_5": "torch_chunk_gated_delta_rule",
+    "kimi_linear": "chunk_kimi_delta_attention",
+}
+
+
+@contextlib.contextmanager
+def short_chunks(size: int = 8):
+    """Within the block, the chunked delta rules of Qwen3-Next, Qwen3.5 and Kimi Linear take
+    chunks of ``size`` tokens instead of 64. The dynamo exporter unrolls their loop over a
+    chunk's positions: with 8, a tiny Qwen3-Next exports in 9 s instead of 92 s. The result is
+    the same up to float rounding (the chunks only order the sums)."""
+    import functools
+
+    _require("transformers", "a linear-attention model")
+    patched = []
+    try:
+        for module, name in _CHUNKED.items():
+            try:
+                source = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+            except ImportError:  # a transformers without that family
+                continue
+            original = getattr(source, name)
+            setattr(source, name, functools.partial(original, chunk_size=size))
+            patched.append((source, name, original))
+        yield
+    finally:
+        for source, name, original in patched:
+            setattr(source, name, original)
 
 
 # --- the KV-cache export ------------------------------------------------------------------
@@ -328,7 +662,8 @@ def save_checkpoint(model, folder: str | Path) -> Path:
     vocabulary: a checkpoint as onnxruntime-genai's model builder and Optimum read it."""
     folder = Path(folder)
     model.save_pretrained(folder)
-    tokenizer(model.config.vocab_size).save_pretrained(folder)
+    text = getattr(model.config, "get_text_config", lambda: model.config)()  # of a composite
+    tokenizer(text.vocab_size).save_pretrained(folder)
     return folder
 
 
@@ -417,12 +752,17 @@ __all__ = [
     "genai_build",
     "is_norm",
     "model",
+    "norm_module",
+    "NORM_MODULES",
+    "NormModule",
     "past_names",
     "present_names",
     "quantize",
+    "qwen3_5_for_genai",
     "randomize_norms",
     "save_checkpoint",
     "scale_offset",
+    "short_chunks",
     "tokenizer",
     "with_cache",
 ]

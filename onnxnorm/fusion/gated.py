@@ -1,0 +1,707 @@
+"""Rules for the norms of hybrid and linear-attention LLMs: the gated RMSNorm and the L2 norm.
+
+A gated norm multiplies by the gate's activation, computed in float32 from float32(gate):
+
+- after the norm (``norm_before_gate = 1``): Qwen3-Next and Qwen3.5 (SiLU; the norm scaled in
+  X's type, order A), Kimi Linear (sigmoid; float32 throughout, order B), Falcon-H1 by its flag;
+- before it (``norm_before_gate = 0``), on float32(X), the product not rounded: Mamba2,
+  Nemotron-H, Bamba, Zamba2 and GraniteMoeHybrid (normalized in groups: a Reshape to
+  ``[..., groups, group_size]`` around the statistics), Falcon-H1 by its flag.
+
+As for LayerNorm and RMSNorm (``norms.py``), the norm's core is found first, then grown. These
+rules start from the ``RMSNorm`` nodes the norm stage wrote (core, Scale and casts absorbed):
+
+1. :class:`GroupAbsorb`: ``Reshape(RMSNorm(Reshape(z, [..., g])), z's shape)`` becomes a
+   ``GatedRMSNorm`` of z with ``group_size = g`` (a Scale over ``[groups, g]`` as one row);
+2. :class:`GateFirst`: ``norm(X * act(G))`` takes the gate before the norm;
+   :class:`GateAfter`: ``norm(X) * act(G)`` after it, also in the half-precision spelling
+   ``Cast(Cast(norm(X), float32) * act(Cast(G, float32)), X's type)`` (order A);
+3. :class:`GatedCasts`: ``Cast(GatedRMSNorm(Cast(X, float32), ..., Cast(G, float32)), X's
+   type)`` becomes the op of X and G (order B), as ``norms.CastAbsorb`` does for the norms;
+4. :class:`GatedScale`: ``Mul(GatedRMSNorm(...), w)`` becomes its Scale where the op scales
+   there: no gate, or the gate before the norm (order A in half precision).
+
+The activation is recognised by :func:`activation` whatever nodes the exporter wrote for it
+(``Sigmoid``; SiLU as ``Mul(g, Sigmoid(g))`` or ONNX's ``Swish`` with alpha 1) and is never part
+of a match: where another node reads it, it stays computed for that reader. Single ops of other
+tools: ONNX Runtime's ``com.microsoft GatedRMSNorm`` (:class:`MsGatedRMSNorm`). An
+``LpNormalization`` is reported and left as it is (:class:`LpNormalization`).
+
+The L2 norm ``x / sqrt(sum(x^2) + eps)`` (FLA's ``l2norm``, the q/k norm of gated delta-rule
+attention) has a core rule of its own (:class:`L2Core`); the same with the mean is an RMSNorm
+(``norms.RMSCore``), and a sum of squares scaled before epsilon is a near miss of both
+(:class:`L2ScaledSum`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from onnxnorm.fusion._base import (
+    FLOAT,
+    FusionRule,
+    NotThisPattern,
+    Rejected,
+    Replacement,
+    attribute,
+    check_scale,
+    dtype,
+    epsilon,
+    int_values,
+    scalar,
+)
+from onnxnorm.fusion.norms import (
+    FORMS,
+    MS_DOMAIN,
+    CastAbsorb,
+    check_type,
+    check_weight,
+    core_checks,
+    divide,
+    square,
+)
+from onnxnorm.fusion.report import Tracker
+from onnxnorm.fusion.residual import _same_shape, _symbolic
+from onnxnorm.ops import catalogue
+
+GATED = "GatedRMSNorm"
+#: the catalogue's ``activation`` values
+SILU, SIGMOID = 0, 1
+ACTIVATIONS = {SILU: "SiLU", SIGMOID: "sigmoid"}
+#: ONNX Runtime's GatedRMSNorm ``activation`` attribute -> the catalogue's
+MS_ACTIVATIONS = {"silu": SILU, "swish": SILU, "sigmoid": SIGMOID}
+#: unary ops that are an activation, but not one a GatedRMSNorm takes: a gate through one of
+#: them is a near miss
+OTHER_ACTIVATIONS = frozenset(
+    {
+        "Celu",
+        "Elu",
+        "Gelu",
+        "HardSigmoid",
+        "HardSwish",
+        "LeakyRelu",
+        "Mish",
+        "Relu",
+        "Selu",
+        "Softplus",
+        "Softsign",
+        "Tanh",
+        "ThresholdedRelu",
+    }
+)
+#: ONNX Runtime's activation ops, other than a GatedRMSNorm takes
+OTHER_MS_ACTIVATIONS = frozenset({"BiasGelu", "FastGelu", "Gelu", "QuickGelu"})
+_HALF = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _standard(node: ir.Node | None) -> bool:
+    return node is not None and node.domain in ("", "ai.onnx")
+
+
+@dataclasses.dataclass(frozen=True)
+class Activation:
+    """A gate's activation as the graph computes it."""
+
+    #: SILU or SIGMOID (None: one a GatedRMSNorm does not take; ``problem`` says why)
+    kind: int | None
+    #: the value the activation is of
+    gate: ir.Value | None
+    #: why a GatedRMSNorm cannot take it ("": it can)
+    problem: str = ""
+    #: another activation than SiLU or sigmoid
+    other: bool = False
+
+
+def activation(value: ir.Value) -> Activation | None:
+    """The activation that computes ``value``, or None where ``value`` is no activation at all
+    (a weight, a rotary table, another tensor: not a gate). SiLU is ``Mul(g, Sigmoid(g))``
+    (both exporters) or ``Swish(g)`` with alpha 1 (ONNX opset 24); sigmoid is ``Sigmoid(g)``.
+    Computed in another type than float32, or through another activation, it is returned with
+    the ``problem``."""
+    node = value.producer()
+    if node is None:
+        return None
+    op = node.op_type
+    found: Activation | None = None
+    if node.domain == MS_DOMAIN and op in OTHER_MS_ACTIVATIONS:
+        return Activation(None, node.inputs[0], _other(f"{MS_DOMAIN} {op}"), other=True)
+    if not _standard(node) or not node.inputs or node.inputs[0] is None:
+        return None
+    if op == "Sigmoid":
+        found = Activation(SIGMOID, node.inputs[0])
+    elif op == "Swish":
+        alpha = float(attribute(node, "alpha", 1.0))
+        found = Activation(SILU, node.inputs[0])
+        if alpha != 1.0:
+            found = Activation(
+                None, node.inputs[0], _other(f"Swish with alpha {alpha}"), other=True
+            )
+    elif op == "Mul" and len(node.inputs) == 2:
+        for g, other in (node.inputs, reversed(node.inputs)):
+            inner = other.producer() if other is not None else None
+            if _standard(inner) and inner.inputs and inner.inputs[0] is g and g is not None:
+                if inner.op_type == "Sigmoid":
+                    found = Activation(SILU, g)
+                elif inner.op_type in OTHER_ACTIVATIONS:
+                    found = Activation(None, g, _other(f"g * {inner.op_type}(g)"), other=True)
+                if found is not None:
+                    break
+        if found is None:
+            return None
+    elif op in OTHER_ACTIVATIONS:
+        return Activation(None, node.inputs[0], _other(op), other=True)
+    else:
+        return None
+    t = value.dtype
+    if found.kind is not None and t is not None and t != FLOAT:
+        return Activation(
+            None,
+            found.gate,
+            f"the gate's {ACTIVATIONS[found.kind]} is computed in {t.name}; GatedRMSNorm "
+            "computes it in float32",
+        )
+    return found
+
+
+def _other(what: str) -> str:
+    return f"the gate's activation is {what}; GatedRMSNorm takes SiLU or sigmoid"
+
+
+def _gate_of(value: ir.Value, x: ir.Value) -> Activation:
+    """The activation of a gate of X's shape that computes ``value``: NotThisPattern where
+    ``value`` is no activation or broadcasts against X as a weight would (lower rank), Rejected
+    where it is not a gate the op takes."""
+    act = activation(value)
+    if act is None:
+        raise NotThisPattern(f"{value.name!r} is no gate activation")
+    rank = act.gate.shape.rank() if act.gate.shape is not None else None
+    x_rank = x.shape.rank() if x.shape is not None else None
+    if rank is not None and x_rank is not None and rank < x_rank:
+        raise NotThisPattern(f"{act.gate.name!r} has a lower rank than X: a weight, not a gate")
+    if act.problem:
+        if act.other:
+            # another activation of a tensor of X's very shape is a near miss; of another shape
+            # it is some other computation
+            try:
+                _same_shape(act.gate, x, "the gate and X", "Mul")
+            except Rejected:
+                raise NotThisPattern(act.problem) from None
+        raise Rejected(act.problem)
+    _same_shape(act.gate, x, "the gate and X", "Mul")
+    return act
+
+
+def as_gated(node: ir.Node) -> Replacement:
+    """An onnxnorm RMSNorm or GatedRMSNorm without a gate, as a GatedRMSNorm to grow."""
+    norm = Replacement.of(node)
+    attrs = dict(norm.attributes)
+    if norm.op == GATED:
+        if norm.inputs.get("Gate") is not None:
+            raise Rejected("the norm has a gate already")
+        return norm
+    if norm.inputs.get("Bias") is not None:
+        raise Rejected("the norm adds a Bias, which GatedRMSNorm does not take")
+    if attrs.pop("y_float32", 0):
+        raise Rejected("the norm gives a float32 Y of a half-precision X")
+    defaults = catalogue.get(GATED).defaults
+    attrs = {**defaults, **{k: v for k, v in attrs.items() if k in defaults}}
+    return Replacement(GATED, {"X": norm.inputs["X"], "Scale": norm.inputs.get("Scale")}, attrs)
+
+
+def _cast_source(value: ir.Value, t: ir.DataType) -> ir.Value | None:
+    """``v`` where ``value`` is ``Cast(v, FLOAT)`` and v is of type ``t``."""
+    node = value.producer()
+    if _standard(node) and node.op_type == "Cast" and node.inputs and node.inputs[0] is not None:
+        source = node.inputs[0]
+        if source.dtype == t and dtype(value, "the cast") == FLOAT:
+            return source
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the gate
+
+
+class GateAfter(FusionRule):
+    """``norm(X) * act(G)`` (float32) or, in half precision, ``Cast(Cast(norm(X), float32) *
+    act(Cast(G, float32)), X's type)`` (``cast``): a GatedRMSNorm with ``norm_before_gate =
+    1``. The half-precision form rounds the norm's output before the gate: the op's order A
+    (a norm that scales in float32 and rounds, order B, would round twice: a near miss)."""
+
+    title = "GatedRMSNorm (norm, then gate)"
+
+    def __init__(self, tracker: Tracker, op_name: str, cast: bool) -> None:
+        self.op_name, self.cast = op_name, cast
+        super().__init__(tracker, f"GateAfter{op_name}{'Cast' if cast else ''}")
+
+    def pattern(self, op, x, a):
+        norm = getattr(op, self.op_name)(
+            x, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["norm"]
+        )
+        if not self.cast:
+            return op.Mul(norm, a, _outputs=["y"])
+        widened = op.Cast(norm, _outputs=["widened"])
+        return op.Cast(op.Mul(widened, a, _outputs=["gated"]), _outputs=["y"])
+
+    def inspect(self, context, x, a, norm, y, widened=None, **_):
+        act = _gate_of(a, x)
+        base = as_gated(norm.producer())
+        t = dtype(x, "X")
+        attrs = dict(base.attributes, activation=act.kind, norm_before_gate=1)
+        gate = act.gate
+        if self.cast:
+            if t not in _HALF or dtype(widened, "the widened norm") != FLOAT:
+                raise NotThisPattern("no half-precision norm widened to float32")
+            check_type(t, Y=y)
+            gate = _cast_source(act.gate, t)
+            if gate is None:
+                raise Rejected(
+                    f"the gate ({act.gate.name!r}) is not X's {t.name} cast to float32; "
+                    "GatedRMSNorm takes the gate in X's type"
+                )
+            scaled = base.inputs.get("Scale") is not None or attrs["scale_offset"]
+            if scaled and not attrs["cast_before_scale"]:
+                raise Rejected(
+                    "the norm scales in float32 and rounds (order B), then the gate multiplies "
+                    "in float32 and rounds again; GatedRMSNorm rounds once in order B"
+                )
+            attrs["cast_before_scale"] = 1
+        elif t != FLOAT:
+            raise Rejected(
+                f"the gate multiplies the norm in {t.name}; GatedRMSNorm multiplies it in "
+                "float32 and rounds once"
+            )
+        return Replacement(GATED, {**base.inputs, "Gate": gate}, attrs)
+
+
+class GateFirst(FusionRule):
+    """``norm(X * act(G))``: a GatedRMSNorm with ``norm_before_gate = 0``, the product in float32
+    and not rounded (Mamba2's ``hidden_states * silu(gate.to(float32))``). The product may be
+    read elsewhere: it stays computed for that reader."""
+
+    title = "GatedRMSNorm (gate, then norm)"
+    shared = ("product",)
+
+    def __init__(self, tracker: Tracker, op_name: str) -> None:
+        self.op_name = op_name
+        super().__init__(tracker, f"GateFirst{op_name}")
+
+    def pattern(self, op, p, q):
+        product = op.Mul(p, q, _outputs=["product"])
+        return getattr(op, self.op_name)(
+            product, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["y"]
+        )
+
+    def inspect(self, context, p, q, product, y, **_):
+        act = _gate_of(q, p)
+        base = as_gated(y.producer())
+        t = dtype(product, "X * act(gate)")
+        if t != FLOAT:
+            raise Rejected(
+                f"X * act(gate) is computed in {t.name}; GatedRMSNorm multiplies in float32 "
+                "without rounding"
+            )
+        attrs = dict(base.attributes, activation=act.kind, norm_before_gate=0)
+        return Replacement(GATED, {**base.inputs, "X": p, "Gate": act.gate}, attrs)
+
+
+# ---------------------------------------------------------------------------------------------
+# groups, casts and scale
+
+
+class GroupAbsorb(FusionRule):
+    """``Reshape(RMSNorm(Reshape(z, [..., g])), z's shape)``: the RMS statistics of each run of
+    g values (Mamba2's ``view(*prefix, groups, group_size)``, Falcon-H1's ``view(batch, seq,
+    n_groups, dim // n_groups)``). Any reshape whose last dim g divides z's last dim groups the
+    same values, so that is what is proved: the norm over the view's last axis, g static and a
+    divisor of z's last dim, the outer reshape back to z's shape. A Scale of the view ([g], or
+    [groups, g] over one row of z) stays the op's Scale."""
+
+    title = "GatedRMSNorm (groups: Reshape around the norm)"
+    shared = ("view",)
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(tracker, "GatedRMSNormGroups")
+
+    def pattern(self, op, z, s1, s2):
+        view = op.Reshape(z, s1, _outputs=["view"])
+        norm = op.RMSNorm(
+            view, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["norm"]
+        )
+        return op.Reshape(norm, s2, _outputs=["y"])
+
+    def inspect(self, context, z, view, norm, y, s2, **_):
+        if not _gated_nearby(z, y):
+            raise NotThisPattern("no gate next to the norm: a per-head norm between reshapes")
+        base = as_gated(norm.producer())
+        attrs = dict(base.attributes)
+        rank = view.shape.rank() if view.shape is not None else None
+        if rank is None or attrs["axis"] not in (-1, rank - 1):
+            raise Rejected(
+                f"the norm of the grouped view normalizes from axis {attrs['axis']}, not over "
+                "its last axis alone"
+            )
+        size = view.shape.dims[-1]
+        width = z.shape.dims[-1] if z.shape is not None and z.shape.rank() else None
+        if not isinstance(size, int) or not isinstance(width, int):
+            raise Rejected(
+                f"the group size (the view's last dim, {_dim(size)}) or X's last dim "
+                f"({_dim(width)}) is not static"
+            )
+        if width % size:
+            raise Rejected(
+                f"groups of {size} (the reshape's last dim) do not divide X's last dim {width}: "
+                "a group would span two rows"
+            )
+        why = _not_same_dims(z, y) and _not_restored(z, view, s2)
+        if why:
+            raise Rejected(f"the reshape after the norm does not restore X's shape: {why}")
+        flatten: tuple[str, ...] = ()
+        scale = base.inputs.get("Scale")
+        if scale is not None:
+            dims = list(scale.shape.dims) if scale.shape is not None else None
+            while dims and len(dims) > 1 and dims[0] == 1:
+                dims.pop(0)
+            if dims is None or not all(isinstance(d, int) for d in dims):
+                raise Rejected(f"the shape of Scale ({scale.name!r}) is not static")
+            if len(dims) == 2 and dims[0] * dims[1] == width and dims[1] == size:
+                flatten = ("Scale",)  # [groups, g]: one row of z
+            elif dims != [size]:
+                raise Rejected(
+                    f"Scale of shape {dims} over groups of {size} does not map onto X's rows "
+                    f"of {width}"
+                )
+        attrs["group_size"] = 0 if size == width else size
+        attrs["axis"] = -1
+        return Replacement(GATED, {**base.inputs, "X": z}, attrs, flatten=flatten)
+
+
+def _gated_nearby(z: ir.Value, y: ir.Value) -> bool:
+    """Whether a grouped norm of ``z`` with output ``y`` is gated: z is a product with an
+    activation (the gate first), or y reaches a Mul by an activation through casts and weights
+    (the gate after). A Q/K norm over the heads, which model builders write between two
+    reshapes, is not: it stays an RMSNorm."""
+    node = z.producer()
+    if (
+        _standard(node)
+        and node.op_type == "Mul"
+        and any(v is not None and activation(v) is not None for v in node.inputs)
+    ):
+        return True
+    frontier = [y]
+    for _ in range(3):
+        following = []
+        for value in frontier:
+            for user in value.consumers():
+                if not _standard(user):
+                    continue
+                others = [v for v in user.inputs if v is not value and v is not None]
+                if user.op_type == "Mul" and any(activation(v) is not None for v in others):
+                    return True
+                if user.op_type in ("Cast", "Mul"):
+                    following.extend(user.outputs)
+        frontier = following
+    return False
+
+
+class GatedCasts(FusionRule):
+    """``Cast(GatedRMSNorm(Cast(X, float32), Scale, Cast(G, float32)), X's type)``: the op of X
+    and G, in float32 and rounded once (order B). The casts may be read elsewhere."""
+
+    title = "GatedRMSNorm input/output casts absorbed"
+    shared = ("xf",)
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(tracker, "GatedRMSNormCasts")
+
+    def pattern(self, op, x):
+        xf = op.Cast(x, _outputs=["xf"])
+        norm = op.GatedRMSNorm(
+            xf, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["norm"]
+        )
+        return op.Cast(norm, _outputs=["y"])
+
+    def inspect(self, context, x, xf, norm, y, **_):
+        base = Replacement.of(norm.producer())
+        t = dtype(x, "X")
+        if dtype(xf, "the cast X") != FLOAT:
+            raise Rejected("the inner Cast is not to FLOAT")
+        if t not in _HALF:
+            raise NotThisPattern(f"X is {t.name}")
+        check_type(t, Y=y)
+        gate = base.inputs.get("Gate")
+        if gate is not None:
+            source = _cast_source(gate, t)
+            if source is None:
+                raise Rejected(
+                    f"the gate ({gate.name!r}) is computed in FLOAT, not cast from X's "
+                    f"{t.name}; GatedRMSNorm takes the gate in X's type"
+                )
+            gate = source
+        scale = base.inputs.get("Scale")
+        if scale is not None and dtype(scale, "Scale") not in (FLOAT, t):
+            raise Rejected("Scale is neither FLOAT nor X's type")
+        attrs = dict(base.attributes, cast_before_scale=0)
+        return Replacement(GATED, {**base.inputs, "X": x, "Gate": gate}, attrs)
+
+
+class GatedScale(FusionRule):
+    """``Mul(GatedRMSNorm(...), w)`` (``Mul(..., w + c)`` with ``offset``) becomes its Scale
+    (and scale offset) where the op scales there: without a gate, or with the gate before the
+    norm. In float16/bfloat16 the Mul runs after the rounding: order A."""
+
+    def __init__(self, tracker: Tracker, offset: bool) -> None:
+        self.offset = offset
+        self.title = f"GatedRMSNorm scale{' + offset' if offset else ''} absorbed"
+        super().__init__(tracker, f"GatedRMSNormScale{'Offset' if offset else ''}")
+
+    def pattern(self, op, x, scale, c):
+        norm = op.GatedRMSNorm(
+            x, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["norm"]
+        )
+        factor = op.Add(scale, c) if self.offset else scale
+        return op.Mul(norm, factor, _outputs=["y"])
+
+    def inspect(self, context, x, scale, norm, y, c=None, **_):
+        base = Replacement.of(norm.producer())
+        attrs = dict(base.attributes)
+        check_weight(scale, x, "Scale", attrs["axis"])
+        if base.inputs.get("Scale") is not None or attrs["scale_offset"]:
+            raise NotThisPattern("the norm already has a Scale")
+        if base.inputs.get("Gate") is not None and attrs["norm_before_gate"]:
+            raise Rejected(
+                "the weight multiplies after the gate; GatedRMSNorm scales the normalized value, "
+                "then gates it"
+            )
+        t = dtype(x, "X")
+        check_type(t, Scale=scale, Y=y)
+        check_scale(scale, x, attrs["axis"])
+        if self.offset:
+            attrs["scale_offset"] = scalar(c, "the scale offset")
+            if dtype(c, "the scale offset") != t:
+                raise Rejected("the scale offset is not of X's type")
+        attrs["cast_before_scale"] = int(t != FLOAT)
+        return Replacement(GATED, {**base.inputs, "Scale": scale}, attrs)
+
+
+# ---------------------------------------------------------------------------------------------
+# single ops of other tools
+
+
+class MsGatedRMSNorm(FusionRule):
+    """ONNX Runtime's ``com.microsoft GatedRMSNorm(X, scale [C], gate)``: the RMS statistics of
+    each run of C values, times scale, times the activation of gate, all in float32 and rounded
+    once (order B, the gate after the norm)."""
+
+    title = "GatedRMSNorm (ORT com.microsoft GatedRMSNorm)"
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(tracker, "MsGatedRMSNorm")
+
+    def pattern(self, op, x, scale, gate):
+        return op.GatedRMSNorm(x, scale, gate, _domain=MS_DOMAIN, _outputs=["y"])
+
+    def inspect(self, context, x, scale, gate, y, **_):
+        node = y.producer()
+        t = dtype(x, "X")
+        check_type(t, Scale=scale, Gate=gate, Y=y)
+        name = str(attribute(node, "activation", "silu"))
+        if name not in MS_ACTIVATIONS:
+            raise Rejected(f"activation {name!r}; GatedRMSNorm takes silu, swish or sigmoid")
+        dims = _dims(scale)
+        if dims is None or len(dims) != 1 or not isinstance(dims[0], int):
+            raise Rejected(f"scale ({scale.name!r}) is not 1-D of a static length")
+        size = dims[0]
+        width = x.shape.dims[-1] if x.shape is not None and x.shape.rank() else None
+        if isinstance(width, int) and width % size:
+            raise Rejected(f"scale of length {size} does not divide X's last dim {width}")
+        _same_shape(gate, x, "the gate and X", "GatedRMSNorm")
+        return Replacement(
+            GATED,
+            {"X": x, "Scale": scale, "Gate": gate},
+            {
+                "axis": -1,
+                "epsilon": epsilon(float(attribute(node, "epsilon", 1e-5))),
+                "cast_before_scale": 0,
+                "group_size": 0 if size == width else size,
+                "activation": MS_ACTIVATIONS[name],
+                "norm_before_gate": 1,
+            },
+        )
+
+
+class LpNormalization(FusionRule):
+    """ONNX ``LpNormalization``, which onnxruntime-genai writes for Qwen3.5's q/k L2 norm: found
+    and left as it is. It divides by the norm without an epsilon, and for an all-zero row gives
+    0 in ONNX Runtime where the division (ONNX's reference, L2Norm with epsilon 0) gives NaN."""
+
+    title = "L2Norm (ONNX LpNormalization)"
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(tracker, "LpNormalization")
+
+    def pattern(self, op, x):
+        return op.LpNormalization(x, _outputs=["y"])
+
+    def inspect(self, context, x, y, **_):
+        p = attribute(y.producer(), "p", 2)
+        if p != 2:
+            raise Rejected(f"p = {p}: not an L2 norm")
+        raise Rejected(
+            "LpNormalization has no epsilon and gives 0 for an all-zero row in ONNX Runtime, "
+            "where L2Norm (epsilon 0) gives NaN, as the division does: no onnxnorm op "
+            "computes it exactly"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# the L2 norm
+
+
+#: how an L2 norm sums the squares: ``ReduceSum`` of ``Mul(x, x)`` / ``Pow(x, 2)``; the same
+#: with the squares cast to float32 and the sum back to X's type (PyTorch's dynamo exporter,
+#: which sums half-precision values in float32); ``ReduceSumSquare``
+SUMS = ("sum", "widened", "sumsquare")
+
+
+class L2Core(FusionRule):
+    """``x / sqrt(sum(x^2) + eps)`` over trailing axes, divided as ``form`` says
+    (``norms.FORMS``), the squares summed as ``sum`` says (:data:`SUMS`)."""
+
+    title = "L2Norm (decomposed)"
+
+    def __init__(
+        self, tracker: Tracker, form: str, sum: str, strict_precision: bool = False
+    ) -> None:
+        self.form, self.sum = form, sum
+        name = f"L2Core{form.capitalize()}{sum.capitalize()}"
+        super().__init__(tracker, name, strict_precision)
+
+    def total(self, op, x, two):
+        if self.sum == "sumsquare":
+            return op.ReduceSumSquare(x, _allow_other_inputs=True, _outputs=["total"])
+        squares = square(op, x, two)
+        if self.sum == "widened":
+            squares = op.Cast(squares, _outputs=["wide"])
+        total = op.ReduceSum(squares, _allow_other_inputs=True, _outputs=["total"])
+        return op.Cast(total, _outputs=["narrow"]) if self.sum == "widened" else total
+
+    def pattern(self, op, x, eps, two, one, half):
+        return divide(op, x, op.Add(self.total(op, x, two), eps), one, half, self.form)
+
+    def inspect(self, context, x, eps, total, two=None, one=None, half=None, **bindings):
+        note, axis = core_checks(x, total.producer(), two, one, half, self.strict_precision)
+        if self.sum == "widened":
+            t = dtype(x, "X")
+            if (
+                dtype(bindings["wide"], "the squares") != FLOAT
+                or dtype(bindings["narrow"], "the sum") != t
+            ):
+                raise Rejected(
+                    f"the squares are not summed in float32 and rounded back to X's {t.name}"
+                )
+        return Replacement(
+            "L2Norm", {"X": x}, {"axis": axis, "epsilon": epsilon(scalar(eps, "epsilon"))}, note
+        )
+
+
+class L2ScaledSum(L2Core):
+    """A near miss: the sum of squares divided or multiplied by a constant before epsilon is
+    added (an RMS statistic spelled with ReduceSum), which is neither L2Norm's sum + epsilon
+    nor the ReduceMean the RMSNorm rules take."""
+
+    def __init__(self, tracker: Tracker, form: str) -> None:
+        self.form, self.sum = form, "sum"
+        FusionRule.__init__(self, tracker, f"L2ScaledSum{form.capitalize()}")
+
+    def pattern(self, op, x, eps, two, one, half, k):
+        total = self.total(op, x, two)
+        scaled = pattern.OrValue([op.Div(total, k), op.Mul(total, k)], tag_var="how")
+        return divide(op, x, op.Add(scaled, eps), one, half, self.form)
+
+    def inspect(self, context, x, total, k, how=None, **_):
+        try:
+            factor = f" {scalar(k, 'the factor'):g}"
+        except Rejected:
+            raise NotThisPattern(f"{k.name!r} is not a constant") from None
+        verb = "divided by" if how == 0 else "multiplied by"
+        raise Rejected(
+            f"the sum of squares is {verb}{factor} before epsilon is added: not L2Norm's "
+            "sum + epsilon, and not the ReduceMean of an RMSNorm"
+        )
+
+
+def _dims(value: ir.Value) -> list | None:
+    return list(value.shape.dims) if value.shape is not None else None
+
+
+def _dim(d) -> str:
+    if d is None:
+        return "unknown"
+    return str(d) if isinstance(d, int) else (d.value or "unknown")
+
+
+def _not_same_dims(a: ir.Value, b: ir.Value) -> str:
+    """ "" where the shapes of ``a`` and ``b`` are proved equal (equal integers, or one symbol of
+    one inference: onnx's or ORT's symbolic), else why not."""
+    reasons = []
+    for shape_a, shape_b in ((a.shape, b.shape), (_symbolic(a), _symbolic(b))):
+        if shape_a is None or shape_b is None:
+            continue
+        dims_a, dims_b = list(shape_a.dims), list(shape_b.dims)
+        if len(dims_a) == len(dims_b) and all(
+            (isinstance(da, int) and da == db)
+            or (isinstance(da, ir.SymbolicDim) and da.value is not None and da == db)
+            for da, db in zip(dims_a, dims_b)
+        ):
+            return ""
+        reasons.append(
+            f"X is [{', '.join(map(_dim, dims_a))}], the output [{', '.join(map(_dim, dims_b))}]"
+        )
+    return reasons[0] if reasons else "the shapes are unknown"
+
+
+def _not_restored(z: ir.Value, view: ir.Value, shape: ir.Value) -> str:
+    """ "" where the Reshape of ``view`` by ``shape`` (a small integer computation on static
+    dims, as TorchScript writes it) gives z's static shape, else why not."""
+    dims = _dims(z)
+    source = _dims(view)
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return "X's shape is not static"
+    try:
+        target = [int(d) for d in int_values(shape, "the reshape's shape").reshape(-1)]
+    except Rejected as e:
+        return str(e)
+    for i, d in enumerate(target):
+        if d == 0 and source is not None and i < len(source) and isinstance(source[i], int):
+            target[i] = source[i]  # allowzero = 0: the input's dim
+    if target.count(-1) == 1 and source is not None and all(isinstance(d, int) for d in source):
+        known = int(np.prod([d for d in target if d != -1]))
+        target[target.index(-1)] = int(np.prod(source)) // known if known else -1
+    if target != dims:
+        return f"X is {dims}, the reshape gives {target}"
+    return ""
+
+
+def gated_rules(tracker: Tracker, strict_precision: bool = False) -> list[pattern.RewriteRule]:
+    """The gated and L2 norms (apply to a fixpoint after the norm stage, whose RMSNorm nodes
+    they start from). ``strict_precision``: an L2 norm whose statistics the original computes
+    in float16 or bfloat16 stays as it is."""
+    strict = strict_precision
+    rules = [MsGatedRMSNorm.rule(tracker), LpNormalization.rule(tracker)]
+    for form in FORMS:
+        rules += [L2ScaledSum.rule(tracker, form=form)]
+        rules += [
+            L2Core.rule(tracker, form=form, sum=total, strict_precision=strict) for total in SUMS
+        ]
+    rules += [CastAbsorb.rule(tracker, op_name="L2Norm"), GroupAbsorb.rule(tracker)]
+    for name in ("RMSNorm", GATED):
+        rules += [GateFirst.rule(tracker, op_name=name)]
+        rules += [GateAfter.rule(tracker, op_name=name, cast=cast) for cast in (False, True)]
+    rules += [GatedCasts.rule(tracker)]
+    rules += [GatedScale.rule(tracker, offset=offset) for offset in (True, False)]
+    return rules
