@@ -1,18 +1,21 @@
 """onnxnorm.convert: norm modules of existing models replaced by onnxnorm's, outputs unchanged.
 
 The Hugging Face models are tiny and random, built from configs in code: nothing is downloaded.
+The gated norms of the hybrid models and Llama 4's L2 norm are instantiated from their classes.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import importlib
 
 import pytest
 import torch
 
 import onnxnorm
 from onnxnorm import OnnxNormError, ops
-from onnxnorm.nn import LayerNorm, RMSNorm
+from onnxnorm.nn import GatedRMSNorm, L2Norm, LayerNorm, RMSNorm, decoder, families
 from onnxnorm.nn.converter import convert
 from onnxnorm.testing import hf
 
@@ -244,3 +247,254 @@ def test_inexact_rounding_is_reported():
     assert report.replaced[0].how == (
         "probe (not bit-exact in bfloat16/float16: 1 of 6144 elements differ)"
     )
+
+
+# --- the gated norms of hybrid models, Llama 4's L2 norm ---------------------------------------
+
+#: transformers class -> (its module, constructor keywords, the replacement)
+GATED = {
+    "Qwen3NextRMSNormGated": (
+        "qwen3_next",
+        dict(hidden_size=32, eps=1e-6),
+        "GatedRMSNorm([32], eps=1e-06, silu, norm then gate, order A)",
+    ),
+    "Qwen3_5RMSNormGated": (
+        "qwen3_5",
+        dict(hidden_size=32, eps=1e-6),
+        "GatedRMSNorm([32], eps=1e-06, silu, norm then gate, order A)",
+    ),
+    "KimiLinearRMSNormGated": (
+        "kimi_linear",
+        dict(hidden_size=32, eps=1e-6),
+        "GatedRMSNorm([32], eps=1e-06, sigmoid, norm then gate, order B)",
+    ),
+    "MambaRMSNormGated": (
+        "mamba2",
+        dict(hidden_size=64, group_size=8, eps=1e-5),
+        "GatedRMSNorm([64], eps=1e-05, group_size=8, silu, gate then norm, order A)",
+    ),
+    "NemotronHRMSNormGated": (
+        "nemotron_h",
+        dict(hidden_size=64, group_size=16, eps=1e-5),
+        "GatedRMSNorm([64], eps=1e-05, group_size=16, silu, gate then norm, order A)",
+    ),
+    "BambaRMSNormGated": (
+        "bamba",
+        dict(hidden_size=64, group_size=32, eps=1e-6),
+        "GatedRMSNorm([64], eps=1e-06, group_size=32, silu, gate then norm, order A)",
+    ),
+    "Zamba2RMSNormGated": (
+        "zamba2",
+        dict(hidden_size=64, group_size=64, eps=1e-5),
+        "GatedRMSNorm([64], eps=1e-05, silu, gate then norm, order A)",
+    ),
+    "GraniteMoeHybridRMSNormGated": (
+        "granitemoehybrid",
+        dict(hidden_size=64, group_size=16, eps=1e-6),
+        "GatedRMSNorm([64], eps=1e-06, group_size=16, silu, gate then norm, order A)",
+    ),
+    "FalconH1RMSNormGated": (
+        "falcon_h1",
+        dict(hidden_size=64, eps=1e-6, n_groups=4, norm_before_gate=True),
+        "GatedRMSNorm([64], eps=1e-06, group_size=16, silu, norm then gate, order B)",
+    ),
+    "FalconH1RMSNormGated-gate-first": (
+        "falcon_h1",
+        dict(hidden_size=64, eps=1e-6, n_groups=4, norm_before_gate=False),
+        "GatedRMSNorm([64], eps=1e-06, group_size=16, silu, gate then norm, order B)",
+    ),
+}
+
+
+def _hf_class(module: str, name: str):
+    return getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
+
+
+class Holder(torch.nn.Module):
+    """Calls its norm as the hybrid models do: ``self.norm(hidden_states, gate)``."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x, gate):
+        return self.norm(x, gate)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(GATED))
+def test_gated_norm_classes_convert_bit_for_bit(name, dtype):
+    module, kwargs, replacement = GATED[name]
+    norm = _hf_class(module, name.split("-")[0])(**kwargs)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.5 * torch.randn(norm.weight.shape, generator=generator))
+    model = Holder(norm).to(dtype)
+    width = norm.weight.shape[0]
+    x = (2 * torch.randn(2, 5, width, generator=generator)).to(dtype)
+    gate = (2 * torch.randn(2, 5, width, generator=generator)).to(dtype)
+    with torch.no_grad():
+        before = model(x, gate)
+    report = convert(model)
+    assert [(r.name, r.replacement, r.how) for r in report.replaced] == [
+        ("norm", replacement, "probe")  # no note: bit for bit in bfloat16 and float16
+    ]
+    assert isinstance(model.norm, GatedRMSNorm) and model.norm.weight is norm.weight
+    assert list(model.state_dict()) == ["norm.weight"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, gate), before, rtol=0, atol=0)
+
+
+def test_llama4_l2_norm_becomes_a_weightless_rms_norm_of_any_size():
+    norm = _hf_class("llama4", "Llama4TextL2Norm")(1e-5)
+    model = torch.nn.Sequential(norm)
+    report = convert(model)
+    assert [(r.replacement, r.how) for r in report.replaced] == [
+        ("RMSNorm(last dim, eps=1e-05, no weight, order B)", "probe")
+    ]
+    assert isinstance(model[0], RMSNorm) and model[0].weight is None
+    for dtype in (torch.float32, torch.bfloat16):
+        for head_dim in (16, 128):
+            x = (3 * torch.randn(2, 3, 4, head_dim)).to(dtype)
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), norm(x), rtol=0, atol=0)
+
+
+class TanhGatedNorm(torch.nn.Module):
+    """A gate no GatedRMSNorm configuration computes."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(n))
+        self.eps = 1e-6
+
+    def forward(self, hidden_states, gate=None):
+        x = hidden_states * torch.rsqrt(hidden_states.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x * torch.tanh(gate)
+
+
+def test_unknown_gated_norm_is_left_with_the_reason():
+    model = Holder(TanhGatedNorm(16))
+    report = convert(model)
+    assert not report.replaced and isinstance(model.norm, TanhGatedNorm)
+    assert report.left[0].reason.startswith(
+        "its forward matches no onnxnorm configuration (GatedRMSNorm: SiLU or sigmoid gate"
+    )
+
+
+@pytest.mark.parametrize("family", ["qwen3next", "mamba2"])
+def test_decomposed_hybrid_decoder_converts_bit_for_bit(family):
+    """The hybrid decoders with their norms spelled out as Hugging Face writes them (Qwen3-Next's
+    zero-centred RMSNorm, Qwen3NextRMSNormGated / MambaRMSNormGated, FLA's l2norm): every norm is
+    found by its probe and the bfloat16 output stays the same to the bit."""
+    config = families.decoder_config(
+        family, hidden=32, heads=2, intermediate=64, layers=2, impl="decomposed"
+    )
+    if family == "qwen3next":
+        config = dataclasses.replace(config, linear_head_dim=16)
+    model = decoder.build(config).bfloat16()
+    x = decoder.example_input(config, seq=5).bfloat16()
+    with torch.no_grad():
+        before = model(x)
+    report = convert(model)
+    assert not report.left, str(report)
+    # FLA's l2norm takes its statistics in the input's type: not the op's in half precision,
+    # which the report says; the hybrid calls it on float32 queries and keys only
+    for r in report.replaced:
+        if r.original == "DecomposedL2Norm":
+            assert r.how.startswith("probe (not bit-exact in bfloat16/float16: "), r.how
+        else:
+            assert r.how == "probe", r
+    found = collections.Counter((r.original, r.replacement) for r in report.replaced)
+    if family == "qwen3next":
+        assert found == {
+            ("DecomposedNorm", "RMSNorm([32], eps=1e-06, scale_offset=1, order B)"): 5,
+            ("DecomposedNorm", "RMSNorm([16], eps=1e-06, scale_offset=1, order B)"): 2,
+            (
+                "DecomposedGatedNorm",
+                "GatedRMSNorm([16], eps=1e-06, silu, norm then gate, order A)",
+            ): 1,
+            ("DecomposedL2Norm", "L2Norm(eps=1e-06)"): 2,
+        }
+    else:
+        assert found == {
+            ("DecomposedNorm", "RMSNorm([32], eps=1e-05, order A)"): 3,
+            (
+                "DecomposedGatedNorm",
+                "GatedRMSNorm([64], eps=1e-05, group_size=8, silu, gate then norm, order A)",
+            ): 2,
+        }
+    assert sum(isinstance(m, (GatedRMSNorm, L2Norm)) for m in model.modules()) == (
+        3 if family == "qwen3next" else 2
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before, rtol=0, atol=0)
+
+
+def _tiny_hybrid(name: str):
+    """A tiny Qwen3-Next or Mamba2 with its LM head, every norm weight random."""
+    if name == "qwen3_next":
+        config = transformers.Qwen3NextConfig(
+            hidden_size=64,
+            num_hidden_layers=4,  # three linear-attention layers, then attention
+            vocab_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+        )
+        cls = transformers.Qwen3NextForCausalLM
+    else:
+        config = transformers.Mamba2Config(
+            hidden_size=64,
+            num_hidden_layers=2,
+            vocab_size=128,
+            num_heads=4,
+            head_dim=32,
+            n_groups=2,
+            state_size=16,
+            chunk_size=8,
+        )
+        cls = transformers.Mamba2ForCausalLM
+    torch.manual_seed(0)
+    model = hf.randomize_norms(cls(config).eval())
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # the gated norms' classes end in "Gated": not hf.is_norm
+        for name_, parameter in model.named_parameters():
+            if name_.endswith(("mixer.norm.weight", "linear_attn.norm.weight")):
+                parameter.copy_(0.6 + 0.8 * torch.rand(parameter.shape, generator=generator))
+    return model
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2"])
+def test_hybrid_hf_model_outputs_unchanged(name):
+    """A whole hybrid model in bfloat16: its RMSNorms and gated norms replaced, the logits the
+    same to the bit (Mamba2 hands its gated norm a float32 input with a bfloat16 gate)."""
+    model = _tiny_hybrid(name).bfloat16()
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids, use_cache=False).logits
+    report = convert(model)
+    assert not report.left, str(report)
+    gated = [r for r in report.replaced if r.replacement.startswith("GatedRMSNorm")]
+    if name == "qwen3_next":
+        assert len(report.replaced) == 14 and len(gated) == 3
+        assert (
+            gated[0].replacement == "GatedRMSNorm([16], eps=1e-06, silu, norm then gate, order A)"
+        )
+    else:
+        assert len(report.replaced) == 5 and len(gated) == 2
+        assert gated[0].replacement == (
+            "GatedRMSNorm([128], eps=1e-05, group_size=64, silu, gate then norm, order A)"
+        )
+    assert all(r.how == "probe" for r in report.replaced), str(report)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, use_cache=False).logits, before, rtol=0, atol=0)

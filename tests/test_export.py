@@ -1,9 +1,11 @@
 """onnxnorm.export: one node per norm module (or per residual add fused with a norm) in every
-mode, dynamic batch and sequence axes, external data, parity with eager, clear errors."""
+mode, dynamic batch and sequence axes, external data, parity with eager, clear errors; the gated
+and L2 norms of hybrid LLMs and the hybrid decoders."""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import ml_dtypes
 import numpy as np
@@ -13,9 +15,11 @@ import pytest
 import torch
 
 import onnxnorm
-from onnxnorm import OnnxNormError, ops, runtime
+from onnxnorm import OnnxNormError, _native, ops, runtime
 from onnxnorm.nn import (
     DeepNormBlock,
+    GatedRMSNorm,
+    L2Norm,
     LayerNorm,
     PostNormBlock,
     PreNormBlock,
@@ -24,6 +28,7 @@ from onnxnorm.nn import (
     SandwichBlock,
     add_norm,
     decoder,
+    families,
     sandwich_norm,
 )
 from onnxnorm.nn.exporter import count_norm_nodes
@@ -409,3 +414,172 @@ def test_block_helpers_export_one_node_per_add_and_norm():
     np.testing.assert_allclose(
         sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0], want, rtol=1e-5, atol=1e-5
     )
+
+
+# --- the gated and L2 norms of hybrid LLMs ------------------------------------------------------
+
+
+def _library_has(*op_types: str) -> bool:
+    """Whether the built onnxnorm library has kernels for these ops."""
+    try:
+        names = {op["name"] for op in _native.manifest()["ops"]}
+    except Exception:  # noqa: BLE001 - no library built: no kernels
+        return False
+    return set(op_types) <= names
+
+
+class HybridNorms(torch.nn.Module):
+    """Every kind of gated norm and the L2 and weightless norms, as the hybrids use them."""
+
+    def __init__(self):
+        super().__init__()
+        self.mamba = GatedRMSNorm(64, group_size=16, eps=1e-5, norm_before_gate=False)
+        self.kimi = GatedRMSNorm(64, activation="sigmoid", cast_before_scale=0)
+        self.heads = GatedRMSNorm(16, group_size=16, scale_offset=1.0)  # shared by 4 heads
+        self.plain = GatedRMSNorm(64, group_size=32)  # no gate: a grouped RMSNorm
+        self.l2 = L2Norm()
+        self.llama4 = RMSNorm(None, eps=1e-5, elementwise_affine=False)
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+
+    def forward(self, x, gate):
+        y = self.heads(self.kimi(self.mamba(x, gate), gate), gate)
+        b, t, _ = y.shape
+        heads = self.llama4(self.l2(self.plain(y).view(b, t, 4, 16)))
+        return heads.reshape(b, t, 64)
+
+
+#: (op, attributes) of each node of HybridNorms' export, in order
+HYBRID_NODES = [
+    ("GatedRMSNorm", dict(group_size=16, activation=0, norm_before_gate=0, cast_before_scale=1)),
+    ("GatedRMSNorm", dict(group_size=0, activation=1, norm_before_gate=1, cast_before_scale=0)),
+    ("GatedRMSNorm", dict(group_size=16, activation=0, norm_before_gate=1, scale_offset=1.0)),
+    ("GatedRMSNorm", dict(group_size=32)),
+    ("L2Norm", dict(axis=-1)),
+    ("RMSNorm", dict(axis=-1)),
+]
+
+
+@pytest.mark.parametrize("mode", ["function", "fused"])
+def test_gated_and_l2_norms_export_one_node_each(mode):
+    model = HybridNorms()
+    x, gate = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+    proto = onnxnorm.export(model, (x, gate), mode=mode)
+    nodes = [n for n in proto.graph.node if n.domain == ops.DOMAIN]
+    assert [n.op_type for n in nodes] == [op for op, _ in HYBRID_NODES]
+    for node, (_, want) in zip(nodes, HYBRID_NODES):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert {k: attrs[k] for k in want} == want, node.op_type
+    assert [len([i for i in n.input if i]) for n in nodes[:4]] == [3, 3, 3, 2]  # no gate last
+    assert count_norm_nodes(proto) == {"GatedRMSNorm": 4, "L2Norm": 1, "RMSNorm": 1}
+    assert bool(proto.functions) == (mode == "function")
+    assert not any(n.op_type in ("Sigmoid", "ReduceSumSquare", "Sqrt") for n in proto.graph.node)
+
+
+class InType(torch.nn.Module):
+    """``inner`` run in ``dtype`` between float32 inputs and outputs (casts in the graph), so
+    that ONNX Runtime's Python API, which has no bfloat16 arrays, can feed and read it."""
+
+    def __init__(self, inner, dtype):
+        super().__init__()
+        self.inner, self.dtype = inner.to(dtype), dtype
+
+    def forward(self, x, gate):
+        return self.inner(x.to(self.dtype), gate.to(self.dtype)).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_gated_and_l2_norms_parity_with_eager(dtype):
+    """The function bodies in plain ONNX Runtime (and the kernels, where the built library has
+    them) against eager torch at other shapes, within the reference's tolerance."""
+    model = InType(HybridNorms(), dtype)
+    proto = onnxnorm.export(model, (torch.randn(2, 5, 64), torch.randn(2, 5, 64)))
+    x, gate = torch.randn(3, 7, 64), torch.randn(3, 7, 64)
+    with torch.no_grad():
+        want = model(x, gate).numpy()
+    rtol, atol = reference.tolerance(NP[dtype])
+    libraries = [False] + ([True] if _library_has("GatedRMSNorm", "L2Norm") else [])
+    for with_library in libraries:
+        sess = _session(proto, with_library=with_library)
+        got = sess.run(None, {i.name: v.numpy() for i, v in zip(sess.get_inputs(), (x, gate))})
+        np.testing.assert_allclose(got[0], want, rtol, atol, err_msg=f"{with_library=}")
+
+
+@pytest.mark.parametrize("mode,opset", [("ort", 18), ("onnx", 23)])
+def test_gated_and_l2_norms_lowered(mode, opset):
+    """Modes ort and onnx: no onnxnorm node left, the same outputs in plain ONNX Runtime."""
+    model = HybridNorms()
+    x, gate = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+    proto = onnxnorm.export(model, (x, gate), mode=mode, opset_version=opset)
+    assert not any(n.domain == ops.DOMAIN for n in proto.graph.node) and not proto.functions
+    x, gate = torch.randn(3, 7, 64), torch.randn(3, 7, 64)
+    with torch.no_grad():
+        want = model(x, gate).numpy()
+    sess = _session(proto)
+    got = sess.run(None, {i.name: v.numpy() for i, v in zip(sess.get_inputs(), (x, gate))})
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_hf_gated_norm_needs_convert():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
+
+    class Mixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = MambaRMSNormGated(64, group_size=8)
+
+        def forward(self, x, gate):
+            return self.norm(x, gate)
+
+    assert transformers
+    args = (torch.randn(2, 3, 64), torch.randn(2, 3, 64))
+    with pytest.raises(OnnxNormError, match=r"not onnxnorm modules \(norm \(MambaRMSNormGated\)"):
+        onnxnorm.export(Mixer(), args)
+    proto = onnxnorm.export(Mixer(), args, convert=True)
+    assert count_norm_nodes(proto) == {"GatedRMSNorm": 1}
+
+
+@pytest.fixture(scope="module", params=["qwen3next", "mamba2"])
+def hybrid(request):
+    """A hybrid family's decoder (2 layers: Qwen3-Next's a linear-attention and an attention
+    layer), exported once in mode function."""
+    config = families.decoder_config(request.param, hidden=32, heads=2, intermediate=64, layers=2)
+    if request.param == "qwen3next":
+        config = dataclasses.replace(config, linear_head_dim=32)
+    model = decoder.build(config)
+    proto = onnxnorm.export(model, (decoder.example_input(config, seq=6),))
+    return model, proto
+
+
+def test_hybrid_decoder_one_node_per_norm(hybrid):
+    model, proto = hybrid
+    expected = model.expected_nodes()
+    if model.config.mixer == "mamba2":
+        # one sublayer per layer: first norm, a fused add + norm per layer, a gated norm in each
+        assert expected == {"RMSNorm": 1, "SkipRMSNorm": 2, "GatedRMSNorm": 2}
+    else:
+        # Q/K norms in the attention layer, L2Norms of q and k and the gated norm in the other
+        assert expected == {"RMSNorm": 3, "SkipRMSNorm": 4, "GatedRMSNorm": 1, "L2Norm": 2}
+    ours = collections.Counter(n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN)
+    assert ours == expected == count_norm_nodes(proto)
+    held = sum(n * (2 if op.startswith("Sandwich") else 1) for op, n in expected.items())
+    assert held == model.count_norms()
+    onnx.checker.check_model(proto, full_check=True)
+
+
+def test_hybrid_decoder_parity_with_eager(hybrid):
+    model, proto = hybrid
+    x = decoder.example_input(model.config, batch=3, seq=5, seed=7)
+    with torch.no_grad():
+        want = model(x).numpy()
+    rtol, atol = reference.tolerance(np.float32)
+    libraries = [False]
+    if _library_has(*(op for op in model.expected_nodes())):
+        libraries.append(True)
+    for with_library in libraries:
+        sess = _session(proto, with_library=with_library)
+        got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+        np.testing.assert_allclose(got, want, rtol=10 * rtol, atol=10 * atol)

@@ -1,5 +1,5 @@
-"""`onnxnorm export` on the command line: model families, local Hugging Face models
-(a directory or a config file, nothing downloaded), every kind of bad input."""
+"""`onnxnorm export` on the command line: model families (the hybrids' included), local Hugging
+Face models (a directory or a config file, nothing downloaded), every kind of bad input."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from onnxnorm import cli, ops
+from onnxnorm.nn import decoder, families
 from onnxnorm.testing import hf
 
 transformers = pytest.importorskip("transformers")
@@ -124,7 +125,12 @@ def test_hf_config_file_encoder_decoder(tmp_path, capsys):
             "nosuch: not a directory or .json file, and unknown family 'nosuch'; known: llama",
         ),
         (["missing/config.json"], "missing/config.json: no such file or directory"),
-        (["llama", "--norm", "layer"], "--norm and --position are for MODEL 'decoder'"),
+        (["llama", "--norm", "layer"], "--norm, --position and --mixer are for MODEL 'decoder'"),
+        (["qwen3next", "--mixer", "mamba2"], "--norm, --position and --mixer are for MODEL"),
+        (
+            ["decoder", "--mixer", "mamba2", "--norm", "layer"],
+            "bad decoder configuration: mixer 'mamba2' is for Pre-Norm RMSNorm decoders",
+        ),
         (["decoder", "--position", "middle"], "bad decoder configuration: position must be one of"),
         (["llama", "--seq", "0"], "--seq must be >= 1, got 0"),
         (["llama", "--batch", "1"], "with dynamic axes --batch and --seq must be >= 2"),
@@ -226,3 +232,38 @@ def test_output_checked_before_the_model_is_built(tmp_path, capsys):
     assert captured.out == "" and "r.json: folder" in captured.err
     assert cli.main(["export", "llama", "-o", str(tmp_path)]) == 1
     assert "it is a directory" in capsys.readouterr().err
+
+
+#: hybrid family -> the norm nodes of its 2-layer decoder
+HYBRIDS = {
+    "qwen3next": {"RMSNorm": 3, "SkipRMSNorm": 4, "GatedRMSNorm": 1, "L2Norm": 2},
+    "mamba2": {"RMSNorm": 1, "SkipRMSNorm": 2, "GatedRMSNorm": 2},
+}
+
+
+@pytest.mark.parametrize("family", list(HYBRIDS))
+def test_hybrid_family_matches_torch(family, tmp_path, capsys):
+    """The hybrid families' decoders: one node per norm, and the exported model in plain ONNX
+    Runtime (function bodies) gives what the decoder gives in torch."""
+    out, report = tmp_path / f"{family}.onnx", tmp_path / "report.json"
+    sizes = ["--hidden", "32", "--heads", "2", "--layers", "2"]
+    assert cli.main(["export", family, "-o", str(out), "--json", str(report), *sizes]) == 0
+    assert f"{families.get(family).name}-style decoder" in capsys.readouterr().out
+    assert _norm_ops(out) == HYBRIDS[family]
+    assert json.loads(report.read_text())["norm_nodes"] == HYBRIDS[family]
+    # the command builds the family's decoder from seed 0: the same model here
+    config = families.decoder_config(family, hidden=32, heads=2, layers=2, intermediate=64)
+    model = decoder.build(config)
+    x = decoder.example_input(config, batch=3, seq=5, seed=3)
+    with torch.no_grad():
+        want = model(x).numpy()
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_configurable_decoder_with_a_hybrid_mixer(tmp_path):
+    out = tmp_path / "mixer.onnx"
+    argv = ["export", "decoder", "--mixer", "gated_deltanet", "--layers", "1", "--mode", "fused"]
+    assert cli.main([*argv, "-o", str(out), "--hidden", "32", "--heads", "2"]) == 0
+    assert _norm_ops(out) == {"RMSNorm": 1, "SkipRMSNorm": 2, "GatedRMSNorm": 1, "L2Norm": 2}

@@ -1,5 +1,6 @@
 """onnxnorm.nn modules and residual helpers in eager mode: drop-in for torch.nn, equal to the
-numpy reference, DeepNorm's constants and initialization, clear errors."""
+numpy reference (the gated and L2 norms of hybrid LLMs included), DeepNorm's constants and
+initialization, clear errors."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+import onnxnorm
+from onnxnorm import nn as onnxnorm_nn
 from onnxnorm.nn import (
     DeepNormBlock,
+    GatedRMSNorm,
+    L2Norm,
     LayerNorm,
     PostNormBlock,
     PreNormBlock,
@@ -241,3 +246,125 @@ def test_bad_inputs_are_clear():
         add_norm(RMSNorm(16), torch.randn(2, 16), torch.randn(3, 16))
     with pytest.raises(TypeError, match=r"expected a torch\.Tensor or ResidualStream"):
         PreNormBlock(RMSNorm(16), Sub())("x")
+
+
+# --- the gated and L2 norms of hybrid LLMs ------------------------------------------------------
+
+#: (GatedRMSNorm keywords, input width): every activation, gate placement, grouping, rounding
+#: order and offset, and one head's weight shared by the heads of a flattened input
+GATED = {
+    "qwen3next": (dict(hidden_size=32, eps=1e-6), 32),
+    "kimi": (dict(hidden_size=32, activation="sigmoid", cast_before_scale=0), 32),
+    "mamba2": (dict(hidden_size=64, group_size=16, eps=1e-5, norm_before_gate=False), 64),
+    "falcon_h1": (dict(hidden_size=64, group_size=32, cast_before_scale=0), 64),
+    "offset": (dict(hidden_size=64, group_size=8, scale_offset=1.0, norm_before_gate=False), 64),
+    "shared": (dict(hidden_size=16, group_size=16, activation="sigmoid"), 64),
+}
+
+
+def _gated_reference(norm: GatedRMSNorm, x: torch.Tensor, gate: torch.Tensor | None):
+    return reference.run(
+        "GatedRMSNorm", to_np(x), to_np(norm.weight), to_np(gate), **norm.attributes(x)
+    )[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(GATED))
+def test_gated_rms_norm_matches_reference(case, dtype):
+    kwargs, width = GATED[case]
+    norm = randomized(GatedRMSNorm(**kwargs)).to(dtype)
+    if kwargs.get("scale_offset"):
+        assert torch.equal(GatedRMSNorm(**kwargs).weight, torch.zeros(kwargs["hidden_size"]))
+    x = (2 * torch.randn(2, 5, width) + 0.5).to(dtype)
+    gate = (2 * torch.randn(2, 5, width)).to(dtype)
+    assert_matches_reference(norm(x, gate), _gated_reference(norm, x, gate))
+    assert_matches_reference(norm(x), _gated_reference(norm, x, None))
+
+
+def test_gated_norm_attributes_and_grouping():
+    """Without a gate it is RMSNorm over each group; the node's group_size is 0 where one group
+    covers the input's last dim, the group's size where the weight is one group's."""
+    norm = randomized(GatedRMSNorm(64, group_size=16, eps=1e-5))
+    x = torch.randn(3, 64)
+    grouped = RMSNorm(16, eps=1e-5, elementwise_affine=False, cast_before_scale=1)
+    want = grouped(x.view(3, 4, 16)).view(3, 64) * norm.weight
+    torch.testing.assert_close(norm(x), want)
+    assert norm.attributes(x)["group_size"] == 16
+    whole = GatedRMSNorm(16)
+    assert whole.attributes(torch.randn(2, 16))["group_size"] == 0
+    assert whole.attributes(torch.randn(2, 64))["group_size"] == 16  # shared by 4 heads
+    attrs = GatedRMSNorm(8, activation="sigmoid", norm_before_gate=False).attributes(x[:, :8])
+    assert attrs["activation"] == 1 and attrs["norm_before_gate"] == 0
+    assert attrs["cast_before_scale"] == 1 and attrs["axis"] == -1
+    assert "group_size=16" in repr(norm) and "activation='silu'" in repr(norm)
+
+
+def test_float32_input_with_a_half_gate_and_weight():
+    """Mamba2's scan output is float32 and its gate and weight of the model's type: both are
+    taken to float32 exactly, and the output is float32, as in the Hugging Face class."""
+    half = randomized(GatedRMSNorm(64, group_size=8, norm_before_gate=False)).bfloat16()
+    full = GatedRMSNorm(64, group_size=8, norm_before_gate=False)
+    full.load_state_dict({"weight": half.weight.float()})
+    x, gate = torch.randn(2, 3, 64), torch.randn(2, 3, 64).bfloat16()
+    got = half(x, gate)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, full(x, gate.float()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("axis", [-1, -2])
+def test_l2_norm_matches_reference(dtype, axis):
+    norm = L2Norm(eps=1e-6, axis=axis)
+    x = (3 * torch.randn(2, 5, 4, 16)).to(dtype)
+    want = reference.run("L2Norm", to_np(x), axis=axis, epsilon=1e-6)[0]
+    assert_matches_reference(norm(x), want)
+    assert not list(norm.parameters())
+    # FLA's l2norm, as Qwen3-Next's modeling code writes it, bit for bit in float32
+    xf = x.float()
+    fla = xf * torch.rsqrt((xf * xf).sum(dim=tuple(range(axis, 0)), keepdim=True) + 1e-6)
+    torch.testing.assert_close(norm(xf), fla, rtol=0, atol=0)
+
+
+def test_weightless_rms_norm_of_any_size():
+    """Llama 4's Q/K norm: RMSNorm without weight over the last dim, whatever its size."""
+    norm = RMSNorm(None, eps=1e-5, elementwise_affine=False)
+    for width in (8, 16, 128):
+        x = torch.randn(2, 3, width)
+        torch.testing.assert_close(norm(x), torch.nn.functional.rms_norm(x, (width,), eps=1e-5))
+    two = LayerNorm(None, elementwise_affine=False, axis=-2)
+    x = torch.randn(2, 3, 4, 8)
+    torch.testing.assert_close(two(x), torch.nn.functional.layer_norm(x, (4, 8)))
+    with pytest.raises(ValueError, match="may be None only for a norm without weights"):
+        RMSNorm(None)
+    with pytest.raises(ValueError, match=r"over the last 2 dimension\(s\) got an input"):
+        two(torch.randn(8))
+
+
+def test_new_modules_are_public():
+    for name in ("GatedRMSNorm", "L2Norm", "RMSNorm", "LayerNorm"):
+        assert name in onnxnorm.__all__ and name in onnxnorm_nn.__all__
+        assert getattr(onnxnorm, name) is getattr(onnxnorm_nn, name)
+    assert set(onnxnorm.__all__) <= set(dir(onnxnorm))
+
+
+def test_gated_and_l2_bad_inputs_are_clear():
+    norm = GatedRMSNorm(64, group_size=16)
+    with pytest.raises(ValueError, match="the gate must have the input's shape and type"):
+        norm(torch.randn(2, 64), torch.randn(2, 32))
+    with pytest.raises(ValueError, match="the gate must have the input's shape and type"):
+        norm(torch.randn(2, 64).half(), torch.randn(2, 64))
+    with pytest.raises(ValueError, match=r"over 64 \(groups of 16\) got an input of shape"):
+        norm(torch.randn(2, 128))
+    with pytest.raises(ValueError, match="group_size must be a positive divisor of hidden_size"):
+        GatedRMSNorm(64, group_size=24)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        GatedRMSNorm(64, activation="gelu")
+    with pytest.raises(TypeError, match=r"float32, float16 or bfloat16 gate, got torch\.int64"):
+        norm(torch.randn(2, 64), torch.ones(2, 64, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"L2Norm expects float32, float16 or bfloat16 input"):
+        L2Norm()(torch.ones(2, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="axis must be negative"):
+        L2Norm(axis=1)
+    # no residual op fuses them
+    with pytest.raises(TypeError, match=r"onnxnorm\.nn\.RMSNorm or LayerNorm .*got GatedRMSNorm"):
+        PreNormBlock(GatedRMSNorm(16), Sub())

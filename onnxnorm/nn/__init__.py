@@ -14,6 +14,8 @@ from onnxnorm import _lazy
 _WHERE = {
     "TRANSLATION_TABLE": "functional",
     "call": "functional",
+    "GatedRMSNorm": "modules",
+    "L2Norm": "modules",
     "LayerNorm": "modules",
     "RMSNorm": "modules",
     "convert": "converter",

@@ -32,7 +32,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Export a model with torch.onnx.export (dynamo), every norm (and every "
         "residual add fused with a norm) as one node of the chosen target. MODEL is "
         f"a model family ({', '.join(families.BY_KEY)}: a small random decoder "
-        "normalized like that family), 'decoder' (the configurable decoder), "
+        "normalized like that family; the hybrids' linear-attention and state-space cores are "
+        "simplified stand-ins around their real norms), 'decoder' (the configurable decoder), "
         "or a Hugging Face model given as a local directory (config.json, with or "
         "without weights) or a config .json file. Nothing is downloaded: without "
         "weights the model gets random ones.",
@@ -72,6 +73,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     group.add_argument("--norm", choices=("rms", "layer"), help="'decoder': the norm kind")
     group.add_argument("--position", help="'decoder': pre, post, sandwich, deepnorm or reordered")
+    group.add_argument(
+        "--mixer",
+        choices=families.MIXERS,
+        help="'decoder': the token mixer (default attention; gated_deltanet and mamba2 are the "
+        "hybrids' linear mixers, with their gated and L2 norms)",
+    )
     export.add_argument(
         "--json",
         metavar="PATH",
@@ -92,13 +99,14 @@ def _reference_model(args: argparse.Namespace) -> tuple[Any, tuple, str]:
     )
     try:
         if args.model == "decoder":
-            extra = {k: v for k, v in (("norm", args.norm), ("position", args.position)) if v}
+            chosen = (("norm", args.norm), ("position", args.position), ("mixer", args.mixer))
+            extra = {k: v for k, v in chosen if v}
             config = decoder.DecoderConfig(**sizes, **extra)
             label = "configurable decoder"
         else:
-            if args.norm or args.position:
+            if args.norm or args.position or args.mixer:
                 raise OnnxNormError(
-                    "--norm and --position are for MODEL 'decoder'; a family fixes them"
+                    "--norm, --position and --mixer are for MODEL 'decoder'; a family fixes them"
                 )
             family = families.get(args.model)
             config = families.decoder_config(family, **sizes)

@@ -18,6 +18,22 @@ Norm placements (``position``), each for the attention and the MLP sublayer of e
 * ``sandwich``: x + Norm_post(F(Norm_pre(x))), with a final norm (Gemma 2/3, CogView);
 * ``deepnorm``: LN(alpha * x + F(x)), DeepNet's alpha and beta-scaled initialization;
 * ``reordered``: x + Norm(F(x)), with a final norm (OLMo 2).
+
+Token mixers (``mixer``), for the norms of hybrid LLMs:
+
+* ``attention``: softmax attention in every layer;
+* ``gated_deltanet``: Qwen3-Next's hybrid. Every ``full_attention_interval``-th layer is
+  softmax attention with Q/K norms and an output gate, the others linear attention
+  (:class:`GatedDeltaNet`) whose queries and keys go through L2Norm and whose output goes
+  through a gated RMSNorm over each value head (norm, then SiLU of the gate; weight
+  ``[linear_head_dim]``, group size ``linear_head_dim``);
+* ``mamba2``: Mamba2's stack, one sublayer per layer (norm, :class:`Mamba2Mixer`, residual
+  add; no MLP), the mixer's output through a gated RMSNorm in ``mamba_groups`` groups with the
+  gate applied first.
+
+The linear-attention and state-space cores are simplified stand-ins (see their classes): the
+norms sit where the real models put them, with the real shapes, but the recurrences are not the
+models' own, so the outputs are not those of a Qwen3-Next or Mamba2 checkpoint.
 """
 
 from __future__ import annotations
@@ -30,9 +46,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onnxnorm.nn import families
+
 POSITIONS = ("pre", "post", "sandwich", "deepnorm", "reordered")
 NORMS = ("rms", "layer")
 IMPLS = ("onnxnorm", "decomposed")
+MIXERS = families.MIXERS
 
 
 @dataclasses.dataclass
@@ -54,6 +73,16 @@ class DecoderConfig:
     embedding_norm: bool = False  # a norm right after the embedding (BLOOM, BERT)
     final_norm: bool | None = None  # None: yes for pre, sandwich and reordered
     impl: str = "onnxnorm"
+    mixer: str = "attention"  # a value of MIXERS
+    #: gated_deltanet: every n-th layer is softmax attention (Qwen3-Next: every 4th), and the
+    #: head size of the linear attention's queries, keys and values (Qwen3-Next: 128)
+    full_attention_interval: int = 2
+    linear_head_dim: int = 128
+    #: mamba2: the groups of the gated norm (and of B and C), and the state size; the mixer's
+    #: inner size is ``intermediate`` (Mamba2's expand * hidden), with ``heads`` heads
+    mamba_groups: int = 8
+    mamba_state: int = 16
+    conv_kernel: int = 4  # the causal depthwise convolution of both linear mixers
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -68,10 +97,37 @@ class DecoderConfig:
             raise ValueError("scale_offset is for RMSNorm only")
         if self.bias and self.norm != "layer":
             raise ValueError("bias is for LayerNorm only")
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {MIXERS}, got {self.mixer!r}")
+        if self.mixer != "attention" and (self.norm != "rms" or self.position != "pre"):
+            raise ValueError(f"mixer {self.mixer!r} is for Pre-Norm RMSNorm decoders")
+        if (
+            self.mixer == "gated_deltanet"
+            and min(self.full_attention_interval, self.linear_head_dim) < 1
+        ):
+            raise ValueError("full_attention_interval and linear_head_dim must be >= 1")
+        if self.mixer == "mamba2" and (
+            self.mamba_groups < 1
+            or self.intermediate % self.mamba_groups
+            or self.intermediate % self.heads
+        ):
+            raise ValueError(
+                "mamba2: intermediate (the mixer's inner size) must be a multiple of "
+                "mamba_groups and of heads"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    def layer_kind(self, index: int) -> str:
+        """What mixes the tokens in layer ``index``: "attention", "linear_attention" or
+        "mamba2"."""
+        if self.mixer == "mamba2":
+            return "mamba2"
+        if self.mixer == "gated_deltanet" and (index + 1) % self.full_attention_interval:
+            return "linear_attention"
+        return "attention"
 
     @property
     def has_final_norm(self) -> bool:
@@ -147,6 +203,72 @@ def make_norm(shape: int, config: DecoderConfig) -> nn.Module:
     return norm
 
 
+class DecomposedGatedNorm(nn.Module):
+    """A gated RMSNorm spelled out as Hugging Face writes it: Qwen3NextRMSNormGated's (norm,
+    then SiLU gate) or MambaRMSNormGated's (SiLU gate on float32(x), then the norm in groups),
+    both rounding in order A. A weight of one group's size is shared by every group (Qwen3-Next
+    reshapes its heads to rows for that)."""
+
+    def __init__(self, hidden: int, group_size: int, eps: float, norm_before_gate: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.variance_epsilon = eps
+        self.group_size = group_size
+        self.norm_before_gate = norm_before_gate
+
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None):
+        dtype = hidden_states.dtype
+        h = hidden_states.to(torch.float32)
+        if gate is not None and not self.norm_before_gate:
+            h = h * F.silu(gate.to(torch.float32))
+        *prefix, last = h.shape
+        groups = h.view(*prefix, last // self.group_size, self.group_size)
+        variance = groups.pow(2).mean(-1, keepdim=True)
+        groups = groups * torch.rsqrt(variance + self.variance_epsilon)
+        if self.weight.numel() == self.group_size:
+            h = (self.weight * groups.to(dtype)).view(*prefix, last)
+        else:
+            h = self.weight * groups.view(*prefix, last).to(dtype)
+        if gate is not None and self.norm_before_gate:
+            h = (h * F.silu(gate.to(torch.float32))).to(dtype)
+        return h
+
+
+class DecomposedL2Norm(nn.Module):
+    """FLA's ``l2norm`` as Qwen3-Next's modeling code writes it (``x * rsqrt(sum(x*x) +
+    eps)``), as a module so that :func:`onnxnorm.convert` finds it."""
+
+    def __init__(self, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + self.eps)
+
+
+def make_gated_norm(
+    hidden: int, group_size: int, config: DecoderConfig, norm_before_gate: bool
+) -> nn.Module:
+    """The gated RMSNorm of the hybrid mixers (SiLU, order A, weight at 1: as Qwen3-Next's and
+    Mamba2's are, whatever the decoder's other norms do)."""
+    if config.impl == "decomposed":
+        return DecomposedGatedNorm(hidden, group_size, config.eps, norm_before_gate)
+    from onnxnorm.nn import GatedRMSNorm
+
+    return GatedRMSNorm(
+        hidden, group_size=group_size, eps=config.eps, norm_before_gate=norm_before_gate
+    )
+
+
+def make_l2_norm(config: DecoderConfig) -> nn.Module:
+    """The L2 norm of linear attention's queries and keys (epsilon 1e-6, as FLA's)."""
+    if config.impl == "decomposed":
+        return DecomposedL2Norm(1e-6)
+    from onnxnorm.nn import L2Norm
+
+    return L2Norm(1e-6)
+
+
 class DecomposedStream:
     """The residual stream for ``impl="decomposed"``: the same interface as
     :class:`onnxnorm.nn.ResidualStream`, with every add and norm as separate torch ops."""
@@ -176,11 +298,16 @@ class DecomposedStream:
 
 
 class Attention(nn.Module):
+    """Softmax attention, with Q/K norms over head_dim (``qk_norm``) and, in Qwen3-Next's
+    hybrid (``mixer="gated_deltanet"``), its output gate: q_proj gives each head's query and
+    gate, and the output is multiplied by the gate's sigmoid before o_proj."""
+
     def __init__(self, config: DecoderConfig):
         super().__init__()
         self.heads, self.kv_heads = config.heads, config.kv_heads or config.heads
         d = config.head_dim
-        self.q_proj = nn.Linear(config.hidden, self.heads * d, bias=False)
+        self.output_gate = config.mixer == "gated_deltanet"
+        self.q_proj = nn.Linear(config.hidden, self.heads * d * (1 + self.output_gate), bias=False)
         self.k_proj = nn.Linear(config.hidden, self.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(config.hidden, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, config.hidden, bias=False)
@@ -190,6 +317,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         q = self.q_proj(x).view(batch, seq, self.heads, -1)
+        if self.output_gate:
+            q, gate = q.chunk(2, dim=-1)
         k = self.k_proj(x).view(batch, seq, self.kv_heads, -1)
         v = self.v_proj(x).view(batch, seq, self.kv_heads, -1)
         if self.q_norm is not None:
@@ -199,7 +328,122 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        out = out.transpose(1, 2).reshape(batch, seq, -1)
+        if self.output_gate:
+            out = out * torch.sigmoid(gate.reshape(batch, seq, -1))
+        return self.o_proj(out)
+
+
+def _causal_conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """The depthwise causal convolution of the linear mixers, then SiLU: [batch, seq, ch]."""
+    seq = x.shape[1]
+    return F.silu(conv(x.transpose(1, 2))[..., :seq].transpose(1, 2))
+
+
+def gated_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor
+) -> torch.Tensor:
+    """Causal linear attention with a per-head decay, in quadratic form:
+    ``o_t = sum_{s <= t} exp(G_t - G_s) (q_t . k_s) v_s`` with ``G = cumsum(log_decay)``.
+    q, k, v: [batch, seq, heads, dim]; log_decay: [batch, seq, heads] (<= 0)."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    cumulative = log_decay.transpose(1, 2).cumsum(-1)
+    positions = torch.arange(q.shape[2], device=q.device)
+    causal = positions[:, None] >= positions[None, :]
+    difference = cumulative[..., :, None] - cumulative[..., None, :]
+    decay = torch.where(causal, difference, torch.full_like(difference, float("-inf"))).exp()
+    scores = (q @ k.transpose(-1, -2)) * decay
+    return (scores @ v).transpose(1, 2)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3-Next's linear attention layer with its norms where Qwen3-Next has them, and its
+    projections' shapes: ``in_proj_qkvz`` and ``in_proj_ba``, a causal depthwise convolution
+    over q, k and v, then (in float32) L2Norm of the queries and keys over each head
+    (``q_norm``, ``k_norm``: FLA's l2norm, epsilon 1e-6), and the core's output through a gated
+    RMSNorm over each value head (``norm``: Qwen3NextRMSNormGated, norm then SiLU of z, weight
+    ``[linear_head_dim]`` shared by the heads, group size ``linear_head_dim``) before
+    ``out_proj``.
+
+    The core is a stand-in for the gated delta rule: gated linear attention (decay ``exp(g)``
+    per head from ``a``, values weighted by ``beta``) without the delta rule's correction,
+    computed in quadratic form (:func:`gated_linear_attention`)."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.heads, self.head_dim = config.heads, config.linear_head_dim
+        width = self.heads * self.head_dim  # key_dim = value_dim
+        self.split = [width] * 4
+        self.in_proj_qkvz = nn.Linear(config.hidden, 4 * width, bias=False)
+        self.in_proj_ba = nn.Linear(config.hidden, 2 * self.heads, bias=False)
+        k = config.conv_kernel
+        self.conv1d = nn.Conv1d(
+            3 * width, 3 * width, k, groups=3 * width, padding=k - 1, bias=False
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.heads))
+        self.A_log = nn.Parameter(torch.log(torch.linspace(1.0, 16.0, self.heads)))
+        self.q_norm, self.k_norm = make_l2_norm(config), make_l2_norm(config)
+        self.norm = make_gated_norm(self.head_dim, self.head_dim, config, norm_before_gate=True)
+        self.out_proj = nn.Linear(width, config.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        heads = (batch, seq, self.heads, self.head_dim)
+        q, k, v, z = self.in_proj_qkvz(x).split(self.split, dim=-1)
+        b, a = self.in_proj_ba(x).chunk(2, dim=-1)
+        q, k, v = _causal_conv(self.conv1d, torch.cat([q, k, v], dim=-1)).split(
+            self.split[:3], dim=-1
+        )
+        q = self.q_norm(q.reshape(heads).float())
+        k = self.k_norm(k.reshape(heads).float())
+        beta = torch.sigmoid(b.float())
+        log_decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        core = gated_linear_attention(
+            q * self.head_dim**-0.5, k, v.reshape(heads).float() * beta[..., None], log_decay
+        )
+        core = core.to(x.dtype).reshape(batch, seq, -1)
+        return self.out_proj(self.norm(core, z))
+
+
+class Mamba2Mixer(nn.Module):
+    """Mamba2's mixer with its norm where Mamba2 has it, and its projections' shapes:
+    ``in_proj`` to the gate z, x, B, C (``mamba_groups`` groups of ``mamba_state``) and dt per
+    head, a causal depthwise convolution over x, B and C, the scan, then a gated RMSNorm
+    (``norm``: MambaRMSNormGated, SiLU of z multiplied into float32 of the scan's output first,
+    then RMSNorm over ``mamba_groups`` groups, weight ``[intermediate]``) before ``out_proj``.
+
+    The selective scan is a stand-in: per head a causal running mean of x weighted by
+    ``softplus(dt + dt_bias)``, scaled per group by ``sigmoid(B . C)``, plus ``D * x``."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.inner, self.heads = config.intermediate, config.heads
+        self.groups, state = config.mamba_groups, config.mamba_state
+        self.conv_dim = self.inner + 2 * self.groups * state
+        self.in_proj = nn.Linear(config.hidden, self.inner + self.conv_dim + self.heads, bias=False)
+        k = config.conv_kernel
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, k, groups=self.conv_dim, padding=k - 1
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.heads))
+        self.D = nn.Parameter(torch.ones(self.heads))
+        self.norm = make_gated_norm(
+            self.inner, self.inner // self.groups, config, norm_before_gate=False
+        )
+        self.out_proj = nn.Linear(self.inner, config.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], dim=-1)
+        xbc = _causal_conv(self.conv1d, xbc)
+        bc = self.conv_dim - self.inner
+        hs, b, c = xbc.split([self.inner, bc // 2, bc // 2], dim=-1)
+        hs = hs.float().reshape(batch, seq, self.heads, -1)
+        dt = F.softplus(dt.float() + self.dt_bias)[..., None]
+        y = (hs * dt).cumsum(1) / dt.cumsum(1) + self.D[:, None] * hs
+        readout = torch.sigmoid((b * c).float().reshape(batch, seq, self.groups, -1).sum(-1))
+        y = y.reshape(batch, seq, self.groups, -1) * readout[..., None]
+        return self.out_proj(self.norm(y.reshape(batch, seq, -1).to(x.dtype), z))
 
 
 class MLP(nn.Module):
@@ -214,15 +458,21 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """An attention and an MLP sublayer with their norms at ``config.position``."""
+    """A token mixer (attention, or linear attention in Qwen3-Next's hybrid) and an MLP
+    sublayer with their norms at ``config.position``."""
 
-    def __init__(self, config: DecoderConfig):
+    def __init__(self, config: DecoderConfig, index: int = 0):
         super().__init__()
         self.position = config.position
         pre = config.position in ("pre", "sandwich")
         post = config.position != "pre"
         self.input_layernorm = make_norm(config.hidden, config) if pre else None
-        self.self_attn = Attention(config)
+        if config.layer_kind(index) == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config)
+            self.mixer_name = "linear_attn"
+        else:
+            self.self_attn = Attention(config)
+            self.mixer_name = "self_attn"
         self.post_attention_layernorm = make_norm(config.hidden, config) if post else None
         self.pre_feedforward_layernorm = make_norm(config.hidden, config) if pre else None
         self.mlp = MLP(config)
@@ -231,12 +481,17 @@ class DecoderLayer(nn.Module):
         if config.position == "deepnorm":
             from onnxnorm.nn import deepnorm_init_
 
-            a, m = self.self_attn, self.mlp
+            a, m = self.mixer, self.mlp
             deepnorm_init_(
                 [m.gate_proj, m.up_proj, m.down_proj, a.v_proj, a.o_proj],
                 config.deepnorm.beta,
                 unscaled=[a.q_proj, a.k_proj],
             )
+
+    @property
+    def mixer(self) -> nn.Module:
+        """The token mixer: ``self_attn`` or ``linear_attn``."""
+        return getattr(self, self.mixer_name)
 
     def _sublayer(
         self, stream: Any, pre: nn.Module | None, sublayer: nn.Module, post: nn.Module | None
@@ -250,11 +505,30 @@ class DecoderLayer(nn.Module):
 
     def forward(self, stream: Any) -> Any:
         stream = self._sublayer(
-            stream, self.input_layernorm, self.self_attn, self.post_attention_layernorm
+            stream, self.input_layernorm, self.mixer, self.post_attention_layernorm
         )
         return self._sublayer(
             stream, self.pre_feedforward_layernorm, self.mlp, self.post_feedforward_layernorm
         )
+
+
+class MambaLayer(nn.Module):
+    """Mamba2's block: x + Mixer(Norm(x)), no MLP."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.norm = make_norm(config.hidden, config)
+        self.mixer = Mamba2Mixer(config)
+
+    def forward(self, stream: Any) -> Any:
+        h, stream = stream.normalize(self.norm)
+        return stream.add(self.mixer(h))
+
+
+def make_layer(config: DecoderConfig, index: int) -> nn.Module:
+    if config.layer_kind(index) == "mamba2":
+        return MambaLayer(config)
+    return DecoderLayer(config, index)
 
 
 class Decoder(nn.Module):
@@ -265,7 +539,7 @@ class Decoder(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab, config.hidden) if config.vocab else None
         self.embedding_norm = make_norm(config.hidden, config) if config.embedding_norm else None
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.layers))
+        self.layers = nn.ModuleList(make_layer(config, i) for i in range(config.layers))
         self.norm = make_norm(config.hidden, config) if config.has_final_norm else None
         self.lm_head = nn.Linear(config.hidden, config.vocab, bias=False) if config.vocab else None
 
@@ -286,7 +560,7 @@ class Decoder(nn.Module):
         return self.lm_head(x) if self.lm_head is not None else x
 
     def norm_modules(self) -> list[nn.Module]:
-        kinds = (DecomposedNorm,)
+        kinds = (DecomposedNorm, DecomposedGatedNorm, DecomposedL2Norm)
         try:
             from onnxnorm.nn.modules import NORM_TYPES
 
@@ -303,9 +577,13 @@ class Decoder(nn.Module):
         per norm, or per residual add fused with the norm after it."""
         c = self.config
         kind = "RMSNorm" if c.norm == "rms" else "LayerNorm"
+        kinds = [c.layer_kind(i) for i in range(c.layers)]
         nodes: collections.Counter = collections.Counter()
-        nodes[kind] += int(c.embedding_norm) + 2 * c.layers * int(c.qk_norm)
-        sublayers = 2 * c.layers
+        nodes[kind] += int(c.embedding_norm) + 2 * kinds.count("attention") * int(c.qk_norm)
+        # a gated norm in each linear-attention and Mamba2 layer, L2Norms of q and k in the first
+        nodes["GatedRMSNorm"] += kinds.count("linear_attention") + kinds.count("mamba2")
+        nodes["L2Norm"] += 2 * kinds.count("linear_attention")
+        sublayers = 2 * c.layers - kinds.count("mamba2")  # a Mamba2 layer has no MLP
         if c.position == "pre":
             nodes[kind] += 1  # the first norm has no residual add before it
             nodes["Skip" + kind] += sublayers - 1 + int(c.has_final_norm)
@@ -331,14 +609,14 @@ def build(config: DecoderConfig | None = None, seed: int = 0) -> Decoder:
     model = Decoder(config).eval()
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            owner = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
-            if owner.endswith("norm"):
+        for name, module in model.named_modules():
+            if not name.rsplit(".", 1)[-1].endswith("norm"):
+                continue
+            # each norm's own offset: the gated norms of the hybrids have none
+            offset = getattr(module, "scale_offset", getattr(module, "offset", 0.0))
+            for parameter_name, parameter in module.named_parameters(recurse=False):
                 noise = 0.1 * torch.randn(parameter.shape, generator=generator)
-                if name.endswith("weight"):
-                    parameter.copy_(1.0 - config.scale_offset + noise)
-                else:
-                    parameter.copy_(noise)
+                parameter.copy_(1.0 - offset + noise if parameter_name == "weight" else noise)
     return model
 
 
@@ -365,12 +643,19 @@ def size_in_parameters(config: DecoderConfig) -> int:
 __all__ = [
     "Decoder",
     "DecoderConfig",
+    "DecomposedGatedNorm",
+    "DecomposedL2Norm",
     "DecomposedNorm",
+    "GatedDeltaNet",
     "IMPLS",
+    "MIXERS",
+    "Mamba2Mixer",
     "NORMS",
     "POSITIONS",
     "build",
     "example_input",
+    "make_gated_norm",
+    "make_l2_norm",
     "make_norm",
     "size_in_parameters",
 ]

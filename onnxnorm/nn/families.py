@@ -10,6 +10,12 @@ way the family is.
 Epsilons are those of the families' published configs (the usual sizes; a few checkpoints
 differ). "order A" rounds the normalized value to the input type before the scale (Llama, T5);
 "order B" scales in float32 and rounds once (Gemma, Cohere, OLMo 2, and torch's own LayerNorm).
+
+The hybrid families (``mixer``) add the norms of their linear mixers: Qwen3-Next's linear
+attention has a gated RMSNorm on its output and L2Norms of its queries and keys, Mamba2's mixer a
+grouped gated RMSNorm; the row's other fields describe the decoder's own norms. The decoder
+built from such a row has simplified stand-ins for the linear-attention and state-space cores
+(:mod:`onnxnorm.nn.decoder`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the decoder needs torch; this table does not
     from onnxnorm.nn.decoder import DecoderConfig
+
+
+#: the token mixers of onnxnorm.nn.decoder: softmax attention, Qwen3-Next's hybrid of gated
+#: DeltaNet linear attention and attention, Mamba2's state-space mixer
+MIXERS = ("attention", "gated_deltanet", "mamba2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +47,8 @@ class Family:
     order: str = "A"  # rounding order in float16/bfloat16
     hf_norm_class: str = ""
     note: str = ""
+    #: the token mixer of onnxnorm.nn.decoder (a value of MIXERS)
+    mixer: str = "attention"
 
     @property
     def key(self) -> str:
@@ -232,6 +245,35 @@ FAMILIES: tuple[Family, ...] = (
         hf_norm_class="torch.nn.LayerNorm",
         note="LN(alpha * x + F(x)), beta-scaled init; arXiv:2203.00555",
     ),
+    Family(
+        "Qwen3-Next",
+        "Qwen3-Next, Qwen3.5",
+        "rms",
+        "pre",
+        1e-6,
+        scale_offset=1.0,
+        qk_norm="head",
+        order="B",
+        hf_norm_class="Qwen3NextRMSNorm",
+        note="hybrid: 3 of 4 layers are linear attention (gated DeltaNet), their q and k through "
+        "L2Norm, their output through a GatedRMSNorm over each value head "
+        "(`Qwen3NextRMSNormGated`: norm, then SiLU gate; order A); attention layers with "
+        "Q/K norm and an output gate",
+        mixer="gated_deltanet",
+    ),
+    Family(
+        "Mamba2",
+        "Mamba2, Codestral Mamba",
+        "rms",
+        "pre",
+        1e-5,
+        order="A",
+        hf_norm_class="Mamba2RMSNorm",
+        note="state-space mixer and no MLP in each layer; the mixer's output through a "
+        "GatedRMSNorm in 8 groups, the SiLU gate first (`MambaRMSNormGated`; also "
+        "Nemotron-H, Bamba, Zamba2, Granite 4)",
+        mixer="mamba2",
+    ),
 )
 
 BY_KEY = {family.key: family for family in FAMILIES}
@@ -248,7 +290,7 @@ def get(name: str) -> Family:
 def decoder_config(family: Family | str, **overrides) -> DecoderConfig:
     """A :class:`onnxnorm.nn.decoder.DecoderConfig` normalized the way ``family`` is (needs
     torch). Placements the decoder does not build (``parallel``) become ``pre`` with the same
-    norms."""
+    norms. A hybrid family's decoder gets the family's token mixer."""
     from onnxnorm.nn.decoder import DecoderConfig
 
     if isinstance(family, str):
@@ -264,6 +306,7 @@ def decoder_config(family: Family | str, **overrides) -> DecoderConfig:
         qk_norm=bool(family.qk_norm),
         embedding_norm=family.embedding_norm,
         cast_before_scale=1 if family.order == "A" else 0,
+        mixer=family.mixer,
     )
     fields.update(overrides)
     return DecoderConfig(**fields)

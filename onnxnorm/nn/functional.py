@@ -11,6 +11,7 @@ from the catalogue.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from typing import Any
 
@@ -37,6 +38,13 @@ def _eager(spec: catalogue.OpSpec, args: dict[str, Any]) -> tuple[torch.Tensor, 
     if not -rank <= args["axis"] < rank:
         raise ValueError(f"{spec.name}: axis {args['axis']} is out of range for rank {rank}")
     dims = tuple(range(args["axis"] % rank, rank))
+    if spec.gated:
+        return (_gated(spec, x, args["axis"] % rank, args, args["Scale"], args["Gate"]),)
+    if spec.norm == "l2":
+        zf = x.float()
+        return (
+            (zf * torch.rsqrt(zf.pow(2).sum(dims, keepdim=True) + args["epsilon"])).to(x.dtype),
+        )
     if not spec.has_residual:
         return (_norm(spec, x, dims, args, args["Scale"], args["Bias"]),)
     if spec.residual == "skip":
@@ -74,6 +82,62 @@ def _norm(
     if bias is not None:
         y = y + bias.to(work)
     return y.to(z.dtype)
+
+
+def activation(gate: torch.Tensor, kind: int) -> torch.Tensor:
+    """A GatedRMSNorm gate's activation of float32(gate), in float32: 0 SiLU, 1 sigmoid (torch's
+    own kernels, as the Hugging Face classes call them)."""
+    g = gate.float()
+    return torch.sigmoid(g) if kind == 1 else torch.nn.functional.silu(g)
+
+
+def _gated(
+    spec: catalogue.OpSpec,
+    x: torch.Tensor,
+    axis: int,
+    args: dict[str, Any],
+    scale: torch.Tensor | None,
+    gate: torch.Tensor | None,
+) -> torch.Tensor:
+    """GatedRMSNorm as torch math: the gate's activation multiplied into float32(X) before the
+    statistics (norm_before_gate = 0, not rounded) or into the scaled result after them; RMS
+    statistics over each group of group_size values of the extent [axis, rank); the scale in
+    the rounding order of cast_before_scale (order A: the normalized value, the scale and their
+    product rounded to X's type, then the gate in float32 and one more rounding)."""
+    shape = tuple(x.shape)
+    extent = math.prod(shape[axis:])
+    group = args["group_size"] or extent
+    if group <= 0 or extent % group:
+        raise ValueError(
+            f"{spec.name}: group_size {group} does not divide the normalized extent {extent} of "
+            f"X of shape {shape} from axis {axis}"
+        )
+    if gate is not None and (gate.shape != x.shape or gate.dtype != x.dtype):
+        raise ValueError(
+            f"{spec.name}: Gate must have X's type and shape, got {gate.dtype} "
+            f"{tuple(gate.shape)} for X {x.dtype} {shape}"
+        )
+    act = activation(gate, args["activation"]) if gate is not None else None
+    gate_first = act is not None and not args["norm_before_gate"]
+    z = x.float() * act if gate_first else x.float()
+    groups = z.reshape(shape[:axis] + (extent // group, group))
+    normalized = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + args["epsilon"])
+    # order A rounds to X's type before the scale, order B stays in float32 to the end
+    work = x.dtype if args["cast_before_scale"] else torch.float32
+    y = normalized.reshape(shape).to(work)
+    offset = args["scale_offset"]
+    if scale is not None:
+        s = scale.to(work) + offset if offset else scale.to(work)
+        if s.numel() == group and group != extent and shape[-1] != group:
+            # one group's weight, shared by every group
+            y = (y.reshape(-1, group) * s.reshape(group)).reshape(shape)
+        else:
+            y = y * s
+    elif offset:
+        y = y * (1.0 + offset)
+    if act is not None and not gate_first:
+        y = y.float() * act
+    return y.to(x.dtype)
 
 
 def _schema(spec: catalogue.OpSpec) -> str:

@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from onnxnorm.nn.functional import call
-from onnxnorm.nn.modules import NORM_TYPES, _Norm
+from onnxnorm.nn.modules import RESIDUAL_NORM_TYPES, _Norm
 
 
 def _check_norm(norm: Any, role: str = "norm") -> _Norm:
-    if not isinstance(norm, NORM_TYPES):
+    if not isinstance(norm, RESIDUAL_NORM_TYPES):
         raise TypeError(
             f"{role} must be an onnxnorm.nn.RMSNorm or LayerNorm (convert the model "
             f"with onnxnorm.convert first), got {type(norm).__name__}"
