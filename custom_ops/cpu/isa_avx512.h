@@ -25,6 +25,7 @@ struct Isa {
   static V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V MulAdd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static float HSum(V a) {
     const __m256 h =
         _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));

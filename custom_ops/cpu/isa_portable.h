@@ -2,12 +2,15 @@
 // whatever vector unit the target has (SSE2, NEON, ...). Used on CPUs without AVX2 + FMA + F16C,
 // and on non-x86 machines. float16 and bfloat16 are converted a block at a time with the
 // branch-free integer conversions of cpu_internal.h, which vectorize like the arithmetic. The
-// results are bit for bit those of the AVX2 and AVX-512 kernels (norm_rows.h).
+// results are bit for bit those of the AVX2 and AVX-512 kernels (norm_rows.h). MulAdd is
+// std::fma, a fused multiply-add instruction where the target has one (else a slower library
+// call, used by GatedRMSNorm's activation only).
 //
 // The instruction-set struct Isa of this unit (norm_rows.h documents what it holds), in a header
 // of its own so that the quantized ops' unit (quant_portable.cc) builds on the same vectors.
 #pragma once
 
+#include <cmath>
 #include <cstring>
 
 // Plain inline: forced inlining of these vector structs everywhere made this file take minutes to
@@ -46,6 +49,11 @@ struct Isa {
   }
   static V Mul(V a, V b) {
     for (int k = 0; k < W; ++k) a.v[k] *= b.v[k];
+    return a;
+  }
+  // a * b + c rounded once (fused), as the x86 FMA instructions compute it
+  static V MulAdd(V a, V b, V c) {
+    for (int k = 0; k < W; ++k) a.v[k] = std::fma(a.v[k], b.v[k], c.v[k]);
     return a;
   }
   // Halving folds (lane k + lane k + 4, then + 2, then + 1), as the x86 kernels add.

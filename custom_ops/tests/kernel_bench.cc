@@ -4,12 +4,14 @@
 //
 //   onnxnorm_kernel_bench --op RMSNorm --dtype float32 --shape 2048x4096 [--threads 2]
 //       [--isa avx512_bf16|avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds 0.5] [--calls N]
+//       [--activation 0|1] [--norm-before-gate 0|1]
 //
 // Prints, per call: the median microseconds of the kernel over the tensors (rows split into the
 // same blocks as the ORT glue's, claimed by the threads from a shared counter, as ORT's pool
 // does), the bytes it moves per microsecond, and the same for memcpy of the same bytes on the same
-// threads (X [and Residual] into Y [and Sum]). Threads spin between calls, so the hand-off costs
-// next to nothing here: the difference to `onnxnorm bench kernels` is ORT's.
+// threads (X [and Residual] into Y [and Sum]; GatedRMSNorm, which gets a Gate like X: X into Y
+// and half of Gate into a second buffer, as many bytes as the op reads and writes). Threads spin between calls, so the
+// hand-off costs next to nothing here: the difference to `onnxnorm bench kernels` is ORT's.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -153,7 +155,8 @@ int Usage(const char* argv0) {
   std::fprintf(
       stderr,
       "usage: %s --op NAME --dtype float32|float16|bfloat16 --shape ROWSxCOLS [--threads N] "
-      "[--isa avx512_bf16|avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds S] [--calls N]\n",
+      "[--isa avx512_bf16|avx512|avx2|portable] [--stream-min BYTES] [--block-elements N] [--seconds S] [--calls N] "
+      "[--activation 0|1] [--norm-before-gate 0|1]\n",
       argv0);
   return 2;
 }
@@ -165,6 +168,7 @@ int main(int argc, char** argv) {
   int threads = 1;
   double seconds = 0.5;
   int64_t calls = 0, stream_min = -1;
+  int activation = 0, norm_before_gate = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) return Usage(argv[0]);
@@ -187,6 +191,10 @@ int main(int argc, char** argv) {
       kBlockElements = std::atoll(value);
     } else if (arg == "--calls") {
       calls = std::atoll(value);
+    } else if (arg == "--activation") {
+      activation = std::atoi(value);
+    } else if (arg == "--norm-before-gate") {
+      norm_before_gate = std::atoi(value);
     } else {
       return Usage(argv[0]);
     }
@@ -218,8 +226,11 @@ int main(int argc, char** argv) {
   const size_t elem = t == ElemType::kFloat32 ? 4 : 2;
   const size_t tensor = static_cast<size_t>(rows) * static_cast<size_t>(cols) * elem;
   const bool residual = op->residual != onnxnorm::ResidualKind::kNone;
+  bool gated = false;
+  for (const auto& input : op->inputs) gated = gated || std::string(input.name) == "Gate";
   std::mt19937 rng(1);
-  Buffer x(tensor), r(residual ? tensor : 64), y(tensor), sum(residual ? tensor : 64);
+  // (r: Residual or Gate; sum: Sum, or where the copy writes the half of Gate)
+  Buffer x(tensor), r(residual || gated ? tensor : 64), y(tensor), sum(residual || gated ? tensor : 64);
   Buffer scale(static_cast<size_t>(cols) * elem), bias(static_cast<size_t>(cols) * elem);
   Fill(x, t, rng);
   Fill(r, t, rng);
@@ -242,8 +253,11 @@ int main(int argc, char** argv) {
     const bool layer = op->norm == onnxnorm::NormKind::kLayer;
     if (layer && (name == "Bias" || name == "InnerBias")) (name == "Bias" ? a.bias : a.inner_bias) = bias.data;
     if (name == "Residual") a.residual = r.data;
+    if (name == "Gate") a.gate = r.data;
   }
   if (residual) a.sum = sum.data;
+  a.activation = activation;
+  a.norm_before_gate = norm_before_gate;
 
   // The glue's blocks, claimed from a shared counter as ORT's pool does.
   const int64_t elements = static_cast<int64_t>(rows) * cols;
@@ -282,10 +296,11 @@ int main(int argc, char** argv) {
                            : tensor / 64 * static_cast<size_t>(i + 1) / static_cast<size_t>(copy_threads) * 64;
     std::memcpy(y.data + begin, x.data + begin, end - begin);
     if (residual) std::memcpy(sum.data + begin, r.data + begin, end - begin);
+    if (gated) std::memcpy(sum.data + begin / 2, r.data + begin / 2, (end - begin) / 2);
   };
   const Timing copy = TimeCalls([&] { team.Run(copy_job); }, seconds, calls, copy_threads);
 
-  const double moved = static_cast<double>(tensor) * (residual ? 4 : 2);
+  const double moved = static_cast<double>(tensor) * (residual ? 4 : gated ? 3 : 2);
   auto gbs = [&](double us) { return moved / us / 1e3; };
   std::printf("%s %s %lldx%lld %s threads=%d, %.0f MB moved\n", op_name.c_str(), dtype.c_str(), rows, cols,
               cpu::IsaName(isa), threads, moved / 1e6);
