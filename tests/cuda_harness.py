@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import itertools
 import os
@@ -198,6 +199,10 @@ def cases(quick: bool = False) -> list[Case]:
 GATES: list[tuple[int, int] | None] = [None, (0, 1), (1, 1), (0, 0), (1, 0)]
 
 
+def _gated_case(dt, wt, attrs, shape, present, extra=None, **kw) -> Case:
+    return Case("GatedRMSNorm", dt, wt, shape, present, {**attrs, **(extra or {})}, **kw)
+
+
 def gated_cases(quick: bool = False) -> list[Case]:
     """GatedRMSNorm's matrix: every (T, S) x rounding order x gate x shape. A shape is X's shape,
     group_size and Scale's shape (None: X.shape[axis:], the whole extent)."""
@@ -233,54 +238,20 @@ def gated_cases(quick: bool = False) -> list[Case]:
         if gate is not None:
             attrs.update(activation=gate[0], norm_before_gate=gate[1])
             present = ("Scale", "Gate")
+        case = functools.partial(_gated_case, dt, wt, attrs)
         for shape, group, wshape in shapes:
-            out.append(
-                Case(
-                    "GatedRMSNorm",
-                    dt,
-                    wt,
-                    shape,
-                    present,
-                    {**attrs, "group_size": group},
-                    weight_shape=wshape,
-                )
-            )
+            out.append(case(shape, present, {"group_size": group}, weight_shape=wshape))
         without_scale = tuple(n for n in present if n != "Scale")
-        out.append(
-            Case("GatedRMSNorm", dt, wt, (3, 512), without_scale, {**attrs, "group_size": 64})
-        )
+        out.append(case((3, 512), without_scale, {"group_size": 64}))
         # per-head weights (group_size 0: Scale spans the heads), axis -2 in groups, unaligned
-        out.append(
-            Case(
-                "GatedRMSNorm", dt, wt, (2, 3, 4, 128), present, dict(attrs), weight_shape=(4, 128)
-            )
-        )
-        out.append(
-            Case(
-                "GatedRMSNorm",
-                dt,
-                wt,
-                (3, 4, 64),
-                present,
-                {**attrs, "group_size": 64},
-                axis=-2,
-                weight_shape=(64,),
-            )
-        )
-        out.append(Case("GatedRMSNorm", dt, wt, (3, 512), present, dict(attrs), unaligned=True))
+        out.append(case((2, 3, 4, 128), present, weight_shape=(4, 128)))
+        out.append(case((3, 4, 64), present, {"group_size": 64}, axis=-2, weight_shape=(64,)))
+        out.append(case((3, 512), present, unaligned=True))
         if wt == dt:  # NaN and infinities in X and in the Gate: the general and a register kernel
             for shape, group in (((2, 31), 0), ((4, 64), 32)):
+                wshape = (group,) if group else None
                 out.append(
-                    Case(
-                        "GatedRMSNorm",
-                        dt,
-                        wt,
-                        shape,
-                        present,
-                        {**attrs, "group_size": group},
-                        weight_shape=(group,) if group else None,
-                        kind="nan",
-                    )
+                    case(shape, present, {"group_size": group}, weight_shape=wshape, kind="nan")
                 )
     return out
 

@@ -542,6 +542,51 @@ def test_bench_cuda_is_a_command_and_a_module(capsys):
         )
 
 
+def test_bench_cuda_rows_count_every_byte_the_kernel_moves(monkeypatch):
+    """A bandwidth row counts what the launch reads (every input given) and writes (Y, and Sum
+    for the residual ops), and judges % of copy against its target; timing and launches faked."""
+    import torch
+
+    from onnxnorm.bench import cuda_bandwidth
+
+    launched = []
+
+    class FakeKernels:
+        def args(self, op, inputs, y, sum_=None, **attrs):
+            return (op, sorted(inputs), sum_ is not None, attrs)
+
+        def launch(self, args):
+            launched.append(args)
+
+        def kernel_name(self, args):
+            return "fake<" + args[0] + ">"
+
+    monkeypatch.setattr(cuda_bandwidth.timing, "cuda_ms", lambda fn, flush, reps: 0.002)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)  # 2 KiB
+    scale = torch.zeros(256, dtype=torch.bfloat16)
+    skip = cuda_bandwidth._measure(
+        FakeKernels(), "SkipRMSNorm", "bfloat16", "4x256",
+        {"X": x, "Residual": x.clone(), "Scale": scale}, torch.empty_like(x),
+        torch.empty_like(x), {}, copy_gbs=4.0, flush=None, reps=3, target=90,
+    )  # fmt: skip
+    # X, Residual and Scale read, Y and Sum written: 4 * 2048 + 512 bytes in 2 microseconds
+    assert skip["gbs"] == pytest.approx((4 * 2048 + 512) / 0.002 / 1e6)
+    assert skip["pct_of_copy"] == pytest.approx(100 * skip["gbs"] / 4.0)
+    assert skip["kernel"] == "fake<SkipRMSNorm>" and skip["met"] is True and skip["target"] == 90
+    gated = cuda_bandwidth._measure(
+        FakeKernels(), "GatedRMSNorm", "bfloat16", "4x256", {"X": x, "Gate": x.clone()},
+        torch.empty_like(x), None, {"activation": 0, "norm_before_gate": 0},
+        copy_gbs=100.0, flush=None, reps=3, target=None,
+    )  # fmt: skip
+    assert gated["gbs"] == pytest.approx(3 * 2048 / 0.002 / 1e6)
+    assert gated["met"] is None and gated["target"] is None
+    # a warm-up launch and the attributes passed through
+    attrs = {"activation": 0, "norm_before_gate": 0}
+    assert launched[-1] == ("GatedRMSNorm", ["Gate", "X"], False, attrs)
+    assert launched[0][2] is True
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU machine
 # ---------------------------------------------------------------------------------------------

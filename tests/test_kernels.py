@@ -392,41 +392,31 @@ def test_bfloat16_helpers_agree_with_ml_dtypes():
     assert np.dtype(ml_dtypes.bfloat16) == BF16
 
 
-def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
+def _bench_kernels(tmp_path, capsys, *options: str) -> tuple[str, dict]:
+    """Runs ``onnxnorm bench kernels`` briefly (2 repeats of 0.5 ms samples) with ``options``;
+    returns its printed table and the JSON it wrote."""
+    import argparse
     import json
 
-    from onnxnorm.bench import cli, kernels
+    from onnxnorm.bench import cli
 
-    parser = __import__("argparse").ArgumentParser()
+    parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command", required=True))
-    from onnxnorm import runtime
-
-    args = parser.parse_args(
-        [
-            "bench",
-            "kernels",
-            "--ops",
-            "SkipRMSNorm",
-            "--shapes",
-            "1x1x4096",
-            "--dtypes",
-            "float16",
-            "--repeats",
-            "2",
-            "--min-sample",
-            "0.0005",
-            "--compare-library",
-            f"same={runtime.library_path()}",
-            "--json",
-            str(tmp_path / "run.json"),
-            "--plot",
-            str(tmp_path / "run.png"),
-        ]
-    )
+    brief = ["--repeats", "2", "--min-sample", "0.0005", "--json", str(tmp_path / "run.json")]
+    args = parser.parse_args(["bench", "kernels", *options, *brief])
     assert args.run(args) == 0
-    out = capsys.readouterr().out
+    return capsys.readouterr().out, json.loads((tmp_path / "run.json").read_text())
+
+
+def test_bench_kernels_quick_run_writes_table_json_and_plot(tmp_path, capsys):
+    from onnxnorm import runtime
+    from onnxnorm.bench import kernels
+
+    out, data = _bench_kernels(
+        tmp_path, capsys, "--ops", "SkipRMSNorm", "--shapes", "1x1x4096", "--dtypes", "float16",
+        "--compare-library", f"same={runtime.library_path()}", "--plot", str(tmp_path / "run.png"),
+    )  # fmt: skip
     assert "| SkipRMSNorm | 1x1x4096 | float16 |" in out
-    data = json.loads((tmp_path / "run.json").read_text())
     (row,) = data["results"]
     assert (
         row["median_seconds"]["onnxnorm"] > 0
@@ -448,35 +438,11 @@ def test_bench_kernels_gated_and_l2_norms_on_their_shapes(tmp_path, capsys):
     """GatedRMSNorm and L2Norm run on their models' shapes against ORT's built-in forms (n/a
     where ORT has none: Mamba2's gate first), the decomposed graph, torch and the copy; with
     --shapes, each op runs the shapes it has."""
-    import json
-
-    from onnxnorm.bench import cli
-
-    parser = __import__("argparse").ArgumentParser()
-    cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(
-        [
-            "bench",
-            "kernels",
-            "--ops",
-            "GatedRMSNorm,L2Norm,RMSNorm",
-            "--shapes",
-            "qwen3next-1x1x2048,mamba2-1x1x4096,qk-l2-1x1x16x128,1x1x4096",
-            "--dtypes",
-            "float16",
-            "--repeats",
-            "2",
-            "--min-sample",
-            "0.0005",
-            "--json",
-            str(tmp_path / "run.json"),
-        ]
-    )
-    assert args.run(args) == 0
-    out = capsys.readouterr().out
-    rows = {
-        (r["op"], r["shape"]): r for r in json.loads((tmp_path / "run.json").read_text())["results"]
-    }
+    out, data = _bench_kernels(
+        tmp_path, capsys, "--ops", "GatedRMSNorm,L2Norm,RMSNorm", "--dtypes", "float16",
+        "--shapes", "qwen3next-1x1x2048,mamba2-1x1x4096,qk-l2-1x1x16x128,1x1x4096",
+    )  # fmt: skip
+    rows = {(r["op"], r["shape"]): r for r in data["results"]}
     assert set(rows) == {
         ("GatedRMSNorm", "qwen3next-1x1x2048"),
         ("GatedRMSNorm", "mamba2-1x1x4096"),
@@ -600,38 +566,13 @@ def test_bench_kernels_quick_run_float8(tmp_path, capsys):
     """--quant-type float8e4m3fn: the static quantized ops quantize to float8, against ORT's norm
     and its QuantizeLinear to float8 (for bfloat16 only after Casts to float32: ORT's CPU
     QuantizeLinear has no bfloat16 kernel)."""
-    import json
-
-    from onnxnorm.bench import cli
-
-    parser = __import__("argparse").ArgumentParser()
-    cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(
-        [
-            "bench",
-            "kernels",
-            "--ops",
-            "RMSNormQuantizeLinear,RMSNorm",
-            "--shapes",
-            "1x1x4096",
-            "--dtypes",
-            "float16,bfloat16",
-            "--quant-type",
-            "float8e4m3fn",
-            "--repeats",
-            "2",
-            "--min-sample",
-            "0.0005",
-            "--json",
-            str(tmp_path / "run.json"),
-        ]
-    )
-    assert args.run(args) == 0
-    out = capsys.readouterr().out
+    out, data = _bench_kernels(
+        tmp_path, capsys, "--ops", "RMSNormQuantizeLinear,RMSNorm", "--shapes", "1x1x4096",
+        "--dtypes", "float16,bfloat16", "--quant-type", "float8e4m3fn",
+    )  # fmt: skip
     for dtype in ("float16", "bfloat16"):
         assert f"| RMSNormQuantizeLinear | 1x1x4096 | {dtype} -> float8e4m3fn |" in out
         assert f"| RMSNorm | 1x1x4096 | {dtype} |" in out  # (the float ops have no Y type)
-    data = json.loads((tmp_path / "run.json").read_text())
     assert data["environment"]["quant_type"] == "float8e4m3fn"
     rows = {(r["op"], r["dtype"]): r for r in data["results"]}
     for dtype in ("float16", "bfloat16"):

@@ -69,6 +69,47 @@ def _torch_dtype(dtype: str):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 
+def _measure(
+    kernels: _native.Kernels,
+    op: str,
+    dtype: str,
+    label: str,
+    inputs: dict[str, Any],
+    y,
+    s,
+    attrs: dict[str, Any],
+    copy_gbs: float,
+    flush,
+    reps: int,
+    target: float | None,
+) -> dict[str, Any]:
+    """Times one launch of op on inputs (writing y, and s for Sum when not None) and returns its
+    result row: the bytes it reads and writes per second, against copy_gbs and target (% of copy,
+    or None)."""
+    import torch
+
+    args = kernels.args(op, inputs, y, s, **attrs)
+    kernels.launch(args)  # warm-up, and errors surface here
+    torch.cuda.synchronize()
+    ms = timing.cuda_ms(lambda: kernels.launch(args), flush, reps)
+    moved = sum(t.numel() * t.element_size() for t in inputs.values())
+    moved += y.numel() * y.element_size() * (2 if s is not None else 1)
+    gbs = moved / ms / 1e6
+    pct = 100 * gbs / copy_gbs
+    return dict(
+        op=op,
+        dtype=dtype,
+        shape=label,
+        kernel=kernels.kernel_name(args),
+        ms=ms,
+        gbs=gbs,
+        copy_gbs=copy_gbs,
+        pct_of_copy=pct,
+        target=target,
+        met=None if target is None else pct >= target,
+    )
+
+
 def bench(
     kernels: _native.Kernels,
     ops: Iterable[str] | None = None,
@@ -97,31 +138,11 @@ def bench(
                     inputs[name] = torch.randn(cols, device="cuda", dtype=tdt)
             y = torch.empty_like(src)
             s = torch.empty_like(src) if spec.has_residual else None
-            args = kernels.args(op, inputs, y, s)
-            kernels.launch(args)  # warm-up, and errors surface here
-            torch.cuda.synchronize()
-            ms = timing.cuda_ms(lambda: kernels.launch(args), flush, reps)  # noqa: B023 - called in this iteration
-            moved = sum(
-                t.numel() * t.element_size() for t in inputs.values()
-            ) + y.numel() * y.element_size() * (2 if s is not None else 1)
-            gbs = moved / ms / 1e6
             target = (
                 QK_TARGET if qk and spec.residual == "none" else (None if qk else TARGETS.get(op))
             )
-            pct = 100 * gbs / copy_gbs
             results.append(
-                dict(
-                    op=op,
-                    dtype=dtype,
-                    shape=label,
-                    kernel=kernels.kernel_name(args),
-                    ms=ms,
-                    gbs=gbs,
-                    copy_gbs=copy_gbs,
-                    pct_of_copy=pct,
-                    target=target,
-                    met=None if target is None else pct >= target,
-                )
+                _measure(kernels, op, dtype, label, inputs, y, s, {}, copy_gbs, flush, reps, target)
             )
             del y, s
         del src
@@ -151,25 +172,8 @@ def bench_hybrid(
             inputs["Gate"] = torch.randn_like(x)
             attrs.update(activation=gate[0], norm_before_gate=gate[1])
         y = torch.empty_like(x)
-        args = kernels.args(op, inputs, y, **attrs)
-        kernels.launch(args)  # warm-up, and errors surface here
-        torch.cuda.synchronize()
-        ms = timing.cuda_ms(lambda: kernels.launch(args), flush, reps)  # noqa: B023 - called in this iteration
-        moved = sum(t.numel() * t.element_size() for t in inputs.values())
-        gbs = (moved + y.numel() * y.element_size()) / ms / 1e6
         results.append(
-            dict(
-                op=op,
-                dtype=dtype,
-                shape=label,
-                kernel=kernels.kernel_name(args),
-                ms=ms,
-                gbs=gbs,
-                copy_gbs=copy_gbs,
-                pct_of_copy=100 * gbs / copy_gbs,
-                target=None,
-                met=None,
-            )
+            _measure(kernels, op, dtype, label, inputs, y, None, attrs, copy_gbs, flush, reps, None)
         )
         del x, inputs, y
     torch.cuda.empty_cache()

@@ -26,6 +26,32 @@ def _shape(
     return shape
 
 
+def _check_float(module: torch.nn.Module, x: Any, role: str = "input") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{type(module).__name__} expects a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"{type(module).__name__} expects float32, float16 or bfloat16 {role}, got {x.dtype}"
+        )
+
+
+def _add_weight(
+    module: torch.nn.Module, name: str, shape: tuple[int, ...] | None, present: bool, device, dtype
+) -> None:
+    """Registers parameter ``name`` of ``shape`` (uninitialized: reset_parameters sets it), or
+    None when the module has none (as torch's norms register their absent weights)."""
+    if present:
+        setattr(module, name, torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
+    else:
+        module.register_parameter(name, None)
+
+
+def _reset_offset_weight(module: torch.nn.Module) -> None:
+    """An RMS norm's weight at 1 - scale_offset, so that the scale it applies starts at 1."""
+    if module.weight is not None:
+        torch.nn.init.constant_(module.weight, 1.0 - module.scale_offset)
+
+
 class _Norm(torch.nn.Module):
     """What the onnxnorm norm modules share: the catalogue op they run and its attributes.
 
@@ -65,16 +91,7 @@ class _Norm(torch.nn.Module):
         self.axis = axis
 
     def check_input(self, x: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{type(self).__name__} expects a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point() or x.dtype not in (
-            torch.float32,
-            torch.float16,
-            torch.bfloat16,
-        ):
-            raise TypeError(
-                f"{type(self).__name__} expects float32, float16 or bfloat16 input, got {x.dtype}"
-            )
+        _check_float(self, x)
         if self.normalized_shape is None:
             if x.dim() < -self.axis:
                 raise ValueError(
@@ -153,17 +170,11 @@ class RMSNorm(_Norm):
         self.scale_offset = float(scale_offset)
         self.cast_before_scale = int(cast_before_scale)
         self._set_axis(axis)
-        if elementwise_affine:
-            self.weight = torch.nn.Parameter(
-                torch.empty(self.normalized_shape, device=device, dtype=dtype)
-            )
-        else:
-            self.register_parameter("weight", None)
+        _add_weight(self, "weight", self.normalized_shape, elementwise_affine, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.weight is not None:
-            torch.nn.init.constant_(self.weight, 1.0 - self.scale_offset)
+        _reset_offset_weight(self)
 
     def parameters_for_op(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return self.weight, None
@@ -204,19 +215,8 @@ class LayerNorm(_Norm):
         self.elementwise_affine = elementwise_affine
         self.cast_before_scale = int(cast_before_scale)
         self._set_axis(axis)
-        if elementwise_affine:
-            self.weight = torch.nn.Parameter(
-                torch.empty(self.normalized_shape, device=device, dtype=dtype)
-            )
-            if bias:
-                self.bias = torch.nn.Parameter(
-                    torch.empty(self.normalized_shape, device=device, dtype=dtype)
-                )
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _add_weight(self, "weight", self.normalized_shape, elementwise_affine, device, dtype)
+        _add_weight(self, "bias", self.normalized_shape, elementwise_affine and bias, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -233,15 +233,6 @@ class LayerNorm(_Norm):
 
 
 ACTIVATIONS = ("silu", "sigmoid")
-
-
-def _check_float(module: torch.nn.Module, x: Any, role: str = "input") -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{type(module).__name__} expects a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(
-            f"{type(module).__name__} expects float32, float16 or bfloat16 {role}, got {x.dtype}"
-        )
 
 
 class GatedRMSNorm(torch.nn.Module):
@@ -304,17 +295,11 @@ class GatedRMSNorm(torch.nn.Module):
         self.elementwise_affine = elementwise_affine
         self.scale_offset = float(scale_offset)
         self.cast_before_scale = int(cast_before_scale)
-        if elementwise_affine:
-            self.weight = torch.nn.Parameter(
-                torch.empty(self.hidden_size, device=device, dtype=dtype)
-            )
-        else:
-            self.register_parameter("weight", None)
+        _add_weight(self, "weight", (self.hidden_size,), elementwise_affine, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.weight is not None:
-            torch.nn.init.constant_(self.weight, 1.0 - self.scale_offset)
+        _reset_offset_weight(self)
 
     def check_input(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> None:
         _check_float(self, x)
