@@ -7,8 +7,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from onnxnorm.bench import common
+
 DTYPES = ("float32", "float16", "bfloat16")
-DESCRIPTION = "CUDA kernel bandwidth: the onnxnorm CUDA kernels against a device-to-device copy."
+#: the dtypes measured unless --dtypes or --dtype says otherwise (cuda_bandwidth.DEFAULT_DTYPES)
+DEFAULT_DTYPES = ("bfloat16", "float16")
+DESCRIPTION = (
+    "CUDA kernel bandwidth: the onnxnorm CUDA kernels against a device-to-device copy, torch "
+    "and ONNX Runtime's CUDA ops."
+)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -19,8 +26,26 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         default=30,
         help="timed repetitions of each kernel and copy (default 30)",
     )
-    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    parser.add_argument("--json", help="write the bandwidth rows here")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--dtypes",
+        type=common.choices_list(DTYPES),
+        help=f"comma-separated, of {', '.join(DTYPES)} (default {','.join(DEFAULT_DTYPES)})",
+    )
+    which.add_argument("--dtype", choices=DTYPES, help="one dtype (as --dtypes D)")
+    parser.add_argument(
+        "--no-ort",
+        action="store_true",
+        help="leave out ONNX Runtime's CUDA ops (n/a in their columns)",
+    )
+    parser.add_argument("--json", help="write the rows and the environment here")
+
+
+def dtypes_of(args: argparse.Namespace) -> list[str]:
+    """The dtypes to measure: --dtypes, else --dtype, else DEFAULT_DTYPES."""
+    if args.dtypes:
+        return list(args.dtypes)
+    return [args.dtype] if args.dtype else list(DEFAULT_DTYPES)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -29,8 +54,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "cuda",
         help="CUDA kernels' bandwidth against a device-to-device copy (needs a GPU)",
         description=DESCRIPTION + " Drives the CUDA library's C launcher on torch CUDA tensors "
-        "(no onnxruntime-gpu needed) and prints a markdown table with "
-        "each op's target.",
+        "(onnxruntime-gpu only for ORT's own ops) and prints a markdown table per dtype with "
+        "each op's targets.",
     )
     add_options(cuda)
     cuda.set_defaults(run=run)
@@ -54,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         raise OnnxNormError("onnxnorm bench cuda: torch sees no CUDA device")
     from onnxnorm.bench import cuda_bandwidth as bandwidth
 
-    bandwidth.report(args.library, args.dtype, args.reps, args.json)
+    bandwidth.report(args.library, dtypes_of(args), args.reps, args.json, ort=not args.no_ort)
     return 0
 
 
@@ -70,5 +95,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from onnxnorm.bench import cuda_bandwidth as bandwidth
 
-    bandwidth.report(args.library, args.dtype, args.reps, args.json)
+    bandwidth.report(args.library, dtypes_of(args), args.reps, args.json, ort=not args.no_ort)
     return 0
