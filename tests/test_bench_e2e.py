@@ -492,3 +492,11 @@ def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path):
     assert message in err.strip().splitlines()[-1] and "Traceback" not in err
     if not message.startswith("argument"):  # argparse's own errors come after its usage lines
         assert len(err.strip().splitlines()) == 1
+
+
+def test_genai_takes_the_builders_float16_precision():
+    """--genai fp16: the model builder's float16 folders (the CUDA provider's; norms wrapped in
+    float32 casts by the builder), beside the default fp32 and int4."""
+    parse = cli.parser("bench").parse_args
+    assert parse(["bench", "e2e", "--genai", "fp16,int4"]).genai == ["fp16", "int4"]
+    assert parse(["bench", "e2e"]).genai == ["fp32", "int4"]

@@ -491,29 +491,70 @@ def test_cuda_glue_in_host_emulation(tmp_path):
     ), out
 
 
-def test_gpu_check_script_dry_run(tmp_path):
-    """tools/gpu_check.sh with GPU_CHECK_DRY_RUN=1: every step up to the first that needs a GPU
-    runs, the build commands are printed, the GPU tests are collected (not run) and the
-    benchmark's command line is parsed, so the script stays runnable between GPU sessions."""
+def _gpu_check(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """tools/gpu_check.sh in a dry run (GPU_CHECK_DRY_RUN=1), OUT=tmp_path/out."""
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "GPU_CHECK_DRY_RUN": "1", "PYTHON": sys.executable}
-    result = subprocess.run(
-        ["bash", str(root / "tools" / "gpu_check.sh"), str(tmp_path / "build")],
+    env = {
+        **os.environ,
+        "GPU_CHECK_DRY_RUN": "1",
+        "PYTHON": sys.executable,
+        "OUT": str(tmp_path / "out"),
+        **env,
+    }
+    return subprocess.run(
+        ["bash", str(root / "tools" / "gpu_check.sh"), *args],
         capture_output=True,
         text=True,
         env=env,
         cwd=tmp_path,
         timeout=300,
     )
+
+
+def test_gpu_check_script_dry_run(tmp_path):
+    """tools/gpu_check.sh with GPU_CHECK_DRY_RUN=1: every step up to the first that needs a GPU
+    runs, the build commands are printed, the GPU tests are collected (not run) and the
+    benchmarks' command lines are parsed, so the script stays runnable between GPU sessions."""
+    result = _gpu_check(tmp_path, str(tmp_path / "build"))
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
-    for step in ("machine", "build", "tests", "bandwidth", "done: status 0"):
+    for step in ("machine", "build", "correctness", "bandwidth", "ort", "e2e", "summary"):
         assert f"=== {step}" in out, out
     assert "dry run: cmake -S . -B" in out and "-DONNXNORM_CUDA=ON" in out
-    collected = [line for line in out.splitlines() if "tests/test_cuda.py" in line]
-    assert collected and " tests collected" in collected[-1], out
+    collected = [
+        line
+        for line in out.splitlines()
+        if line.startswith("dry run: ") and "tests/test_cuda.py" in line
+    ]
+    assert len(collected) == 2 and all(" tests collected" in line for line in collected), out
+    assert "tests/test_cuda_ort.py" in collected[1]
     assert "dry run: " + sys.executable + " -m onnxnorm.bench.cuda --reps 30" in out
+    assert " -m onnxnorm bench e2e --models llama,gemma2 --dtypes float16 " in out
+    assert "--devices cuda,cuda-graph --genai fp16 " in out
     assert not (tmp_path / "build" / "onnxnorm").exists()  # nothing built
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    steps = [line.split("|")[1:3] for line in summary.splitlines()[2:]]
+    assert [(s.strip(), o.strip()) for s, o in steps] == [
+        (step, "ok (dry run)")
+        for step in ("machine", "build", "correctness", "bandwidth", "ort", "e2e")
+    ]
+
+
+def test_gpu_check_steps_run_on_after_a_failure(tmp_path):
+    """A step that fails does not stop the next ones; the exit status says one failed; --steps
+    runs a selection, in the script's order; an unknown step is refused."""
+    result = _gpu_check(
+        tmp_path, "--steps", "e2e,bandwidth", GPU_CHECK_E2E_ARGS="--models no-such-family"
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = (tmp_path / "out" / "summary.md").read_text().splitlines()[2:]
+    assert [line.split("|")[1:3] for line in summary] == [
+        [" bandwidth ", " ok (dry run) "],
+        [" e2e ", " FAILED (options) "],
+    ]
+    assert "no-such-family" in result.stderr
+    result = _gpu_check(tmp_path, "--steps", "nothing")
+    assert result.returncode == 2 and "unknown step nothing" in result.stderr
 
 
 def test_bench_cuda_is_a_command_and_a_module(capsys):

@@ -10,6 +10,7 @@ from onnxnorm.bench.e2e_config import (
     DEVICES,
     DTYPES,
     FAMILIES,
+    GENAI_CHOICES,
     GENAI_PRECISIONS,
     QUANTIZATIONS,
     VARIANTS,
@@ -65,10 +66,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     )
     e2e.add_argument(
         "--genai",
-        type=choices_list(GENAI_PRECISIONS + ("none",)),
+        type=choices_list(GENAI_CHOICES + ("none",)),
         default=list(GENAI_PRECISIONS),
-        help="comma-separated model builder precisions for the onnxruntime-genai "
-        "rows, or none (default: fp32,int4)",
+        help="comma-separated model builder precisions (fp32, fp16, int4) for the "
+        "onnxruntime-genai rows, or none (default: fp32,int4)",
     )
     e2e.add_argument(
         "--devices",

@@ -25,6 +25,9 @@ VARIANTS = {
 }
 ONNXNORM_VARIANTS = ("onnxnorm-ort", "onnxnorm-fused", "onnxnorm-export")
 GENAI_PRECISIONS = ("fp32", "int4")
+#: every model builder precision the genai rows take (fp16: for the CUDA provider, where the
+#: builder wraps its norms in float32 casts)
+GENAI_CHOICES = ("fp32", "fp16", "int4")
 GENAI_VARIANTS = {
     "genai": "the model builder's folder, as it is",
     "genai+onnxnorm": "onnxnorm genai (+ the library, registered in genai_config.json)",

@@ -369,7 +369,11 @@ def genai_group(
     result = run_group(
         rows, make, profile, memory, config, prompt, ("genai+onnxnorm",), log, lockstep=False
     )
-    dtype = {"fp32": "float32", "int4": "int4 (MatMulNBits), float32"}[precision]
+    dtype = {
+        "fp32": "float32",
+        "fp16": "float16",
+        "int4": "int4 (MatMulNBits), float32",
+    }[precision]
     return {
         "engine": "onnxruntime-genai",
         "family": family,
