@@ -136,7 +136,8 @@ fi
 
 # pytest with xdist's workers where it is installed
 pytest_args=(-m pytest -q -rs -p no:cacheprovider)
-"$python" -c "import xdist" 2>/dev/null && pytest_args+=(-n 4)
+# (not in a dry run, which only collects)
+[[ "$dry" != 1 ]] && "$python" -c "import xdist" 2>/dev/null && pytest_args+=(-n 4)
 # runs a test selection: collected only in a dry run; its log kept
 tests() {
   local name="$1"; shift
