@@ -117,7 +117,12 @@ def run(
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    sess = runtime.session(model, options, with_library=with_library)
+    return run_session(runtime.session(model, options, with_library=with_library), arrays)
+
+
+def run_session(sess: ort.InferenceSession, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Runs ``sess`` on ``arrays`` (by input name, lowercased): bfloat16 and float8 inputs go in
+    as their bits; float8 outputs come back as float8 arrays."""
     feeds = {}
     for name, value in arrays.items():
         if value.dtype in _AS_BITS:

@@ -614,14 +614,15 @@ def test_bench_cuda_rows_count_every_byte_the_kernel_moves(monkeypatch):
     # X, Residual and Scale read, Y and Sum written: 4 * 2048 + 512 bytes in 2 microseconds
     assert skip["gbs"] == pytest.approx((4 * 2048 + 512) / 0.002 / 1e6)
     assert skip["pct_of_copy"] == pytest.approx(100 * skip["gbs"] / 4.0)
-    assert skip["kernel"] == "fake<SkipRMSNorm>" and skip["met"] is True and skip["target"] == 90
+    assert skip["kernel"] == "fake<SkipRMSNorm>" and skip["target"] == 90
+    assert cuda_bandwidth.judge(skip)["met"] is True
     gated = cuda_bandwidth._measure(
         FakeKernels(), "GatedRMSNorm", "bfloat16", "4x256", {"X": x, "Gate": x.clone()},
         torch.empty_like(x), None, {"activation": 0, "norm_before_gate": 0},
         copy_gbs=100.0, flush=None, reps=3, target=None,
     )  # fmt: skip
     assert gated["gbs"] == pytest.approx(3 * 2048 / 0.002 / 1e6)
-    assert gated["met"] is None and gated["target"] is None
+    assert cuda_bandwidth.judge(gated)["met"] is None and gated["target"] is None
     # a warm-up launch and the attributes passed through
     attrs = {"activation": 0, "norm_before_gate": 0}
     assert launched[-1] == ("GatedRMSNorm", ["Gate", "X"], False, attrs)
@@ -719,11 +720,9 @@ def _run_on_cuda_provider(op, arrays, attrs=None, y_dtype=None):
     """A one-node model of op (Y of y_dtype, default X's type, for a float op) run on ORT's CUDA
     provider with the onnxnorm library; its outputs, after checking from ORT's profile that the
     node ran on the CUDA provider."""
-    import onnx
     import onnxruntime as ort
 
-    from helpers import BF16, single_node_model
-    from test_quantized import F8
+    from helpers import run_session, single_node_model
 
     if op in ops.catalogue.FLOAT_OPS:
         model = cuda_harness.norm_model(op, arrays, attrs, y_dtype)
@@ -734,21 +733,7 @@ def _run_on_cuda_provider(op, arrays, attrs=None, y_dtype=None):
     with tempfile.TemporaryDirectory() as folder:
         options.profile_file_prefix = os.path.join(folder, "p")
         sess = runtime.session(model, options, providers=runtime.CUDA_PROVIDERS)
-        feeds = {}
-        for name, value in arrays.items():
-            if value.dtype in (BF16, F8):
-                bf16 = value.dtype == BF16
-                feeds[name.lower()] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                    value.view(np.uint16 if bf16 else np.uint8),
-                    onnx.TensorProto.BFLOAT16 if bf16 else onnx.TensorProto.FLOAT8E4M3FN,
-                )
-            else:
-                feeds[name.lower()] = ort.OrtValue.ortvalue_from_numpy(value)
-        got = [v.numpy() for v in sess.run_with_ort_values(None, feeds)]
-        got = [
-            v.view(F8) if info.type == "tensor(float8e4m3fn)" else v
-            for v, info in zip(got, sess.get_outputs())
-        ]
+        got = run_session(sess, arrays)
         with open(sess.end_profiling()) as f:
             events = json.load(f)
     providers = {

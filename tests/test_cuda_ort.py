@@ -27,7 +27,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import cuda_harness
-from helpers import BF16
+from helpers import BF16, run_session
 from onnxnorm import OnnxNormError, ops, runtime
 from test_cuda import _run_on_cuda_provider, needs_ort_cuda
 
@@ -236,18 +236,6 @@ def _body_model(op: str, arrays, attrs) -> onnx.ModelProto:
     model = ops.attach_functions(cuda_harness.norm_model(op, arrays, attrs))
     assert [(f.domain, f.name) for f in model.functions] == [(ops.DOMAIN, op)], op
     return model
-
-
-def _run_bf16(sess, arrays) -> list[np.ndarray]:
-    import onnxruntime as ort
-
-    feeds = {
-        name.lower(): ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-            np.ascontiguousarray(value).view(np.uint16), onnx.TensorProto.BFLOAT16
-        )
-        for name, value in arrays.items()
-    }
-    return [v.numpy() for v in sess.run_with_ort_values(None, feeds)]
 
 
 def _check_against_reference(op: str, arrays, attrs, got) -> None:
@@ -473,7 +461,7 @@ def test_function_body_fallback_in_bfloat16_on_cuda(op, attrs, tmp_path):
         sess = runtime.session(
             model, _profiling(tmp_path), providers=runtime.CUDA_PROVIDERS, with_library=False
         )
-        got = _run_bf16(sess, arrays)
+        got = run_session(sess, arrays)
     except Exception as error:  # noqa: BLE001 - ORT's message is the finding
         pytest.fail(
             f"{op}: the bfloat16 body on the CUDA provider: {type(error).__name__}: {error}"
@@ -589,7 +577,7 @@ def test_function_body_fallback_in_bfloat16_on_cpu(op, attrs, tmp_path):
     profile classifier sees the body's floating-point kernels there."""
     arrays = _bf16_arrays(op)
     sess = runtime.session(_body_model(op, arrays, attrs), _profiling(tmp_path), with_library=False)
-    got = _run_bf16(sess, arrays)
+    got = run_session(sess, arrays)
     _check_against_reference(op, arrays, attrs, got)
     kernels = _kernels(sess)
     assert kernels and op not in {k.op for k in kernels}, _body_placement(kernels, op)

@@ -209,7 +209,8 @@ int main(int argc, char** argv) {
                                            : static_cast<ElemType>(-1);
   long long rows = 0, cols = 0;
   if (op == nullptr || static_cast<int>(t) < 0 || std::sscanf(shape.c_str(), "%lldx%lld", &rows, &cols) != 2 ||
-      rows <= 0 || cols <= 0 || threads < 1) {
+      rows <= 0 || cols <= 0 || threads < 1 || (activation != 0 && activation != 1) ||
+      (norm_before_gate != 0 && norm_before_gate != 1)) {
     return Usage(argv[0]);
   }
   cpu::Isa isa = cpu::SupportedIsa();

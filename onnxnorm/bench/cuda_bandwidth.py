@@ -160,7 +160,8 @@ def _measure(
 ) -> dict[str, Any]:
     """Times one launch of op on inputs (writing y, and s for Sum when not None) and returns its
     result row: the bytes it reads and writes per second, against copy_gbs and target (% of copy,
-    or None); ``decode``: back to back, without flushing L2 (:func:`_back_to_back_ms`)."""
+    or None; :func:`judge` says whether it was met); ``decode``: back to back, without flushing L2
+    (:func:`_back_to_back_ms`)."""
     args = kernels.args(op, inputs, y, s, **attrs)
     kernels.launch(args)  # warm-up, and errors surface here
     _synchronize(y)
@@ -192,8 +193,15 @@ def _measure(
         copy_gbs=copy_gbs,
         pct_of_copy=pct,
         target=target,
-        met=None if target is None else pct >= target,
     )
+
+
+def _failed_row(op, dtype, label, inputs, y, s, copy_gbs, target, error) -> dict[str, Any]:
+    """The row of a kernel that failed: its error, no time (the run goes on)."""
+    row = dict(op=op, dtype=dtype, shape=label, kernel="", bytes=_bytes(inputs, y, s))
+    row.update(us=None, ms=None, copy_gbs=copy_gbs, target=target)
+    row["error"] = common.short_error(error)
+    return row
 
 
 def bench_inputs(op: str, x, residual=None) -> dict[str, Any]:
@@ -486,9 +494,7 @@ def bench(
                     decode=decode,
                 )  # fmt: skip
             except Exception as error:  # noqa: BLE001 - one failed kernel must not end the run
-                row = dict(op=op, dtype=dtype, shape=label, kernel="", bytes=_bytes(inputs, y, s))
-                row.update(us=None, ms=None, copy_gbs=copy_gbs, target=target)
-                row["error"] = common.short_error(error)
+                row = _failed_row(op, dtype, label, inputs, y, s, copy_gbs, target, error)
             row["kind"] = kind
             _blank(row)
             if row["us"] is not None:
@@ -540,8 +546,7 @@ def bench_hybrid(
                 kernels, op, dtype, label, inputs, y, None, attrs, copy_gbs, flush, reps, None
             )
         except Exception as error:  # noqa: BLE001 - one failed kernel must not end the run
-            row = dict(op=op, dtype=dtype, shape=label, kernel="", us=None, ms=None)
-            row.update(copy_gbs=copy_gbs, target=None, error=common.short_error(error))
+            row = _failed_row(op, dtype, label, inputs, y, None, copy_gbs, None, error)
         row["kind"] = "hybrid"
         results.append(judge(_blank(row)))
         if on_row:
