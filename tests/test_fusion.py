@@ -473,3 +473,49 @@ def test_ort_target_writes_skip_ops_whatever_the_size_of_the_weights(hidden, rng
     have = ort.InferenceSession(lowered.SerializeToString()).run(None, {"x": x, "r": r})
     for a, b in zip(have, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_sequence_values_keep_their_type():
+    """A norm on an element of a sequence (SplitToSequence, then SequenceAt: Kimi Linear's
+    TorchScript export splits its heads so). Shape inference types the sequence; the fused model
+    must not write it as a tensor (ONNX Runtime then refuses to load it: "Type (tensor(float))
+    ... does not match expected type (seq(tensor(float)))"): it loads, and matches."""
+    f = TensorProto.FLOAT
+    weight = np.linspace(0.5, 1.5, 16, dtype=np.float32)
+    nodes = [
+        helper.make_node("SplitToSequence", ["x"], ["pieces"], axis=0),
+        helper.make_node("SequenceAt", ["pieces", "first"], ["x0"]),
+        helper.make_node("Pow", ["x0", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["rms"]),
+        helper.make_node("Div", ["x0", "rms"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["y"]),
+    ]
+    inits = {
+        "first": np.array(0, np.int64),
+        "two": np.array(2.0, np.float32),
+        "axes": np.array([-1], np.int64),
+        "eps": np.array(1e-6, np.float32),
+        "w": weight,
+    }
+    graph = helper.make_graph(
+        nodes,
+        "sequence",
+        [helper.make_tensor_value_info("x", f, [2, 3, 16])],
+        [helper.make_tensor_value_info("y", f, [1, 3, 16])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    fused, _ = fuse(model)
+    assert [n.op_type for n in fused.graph.node if n.domain == catalogue.DOMAIN] == ["RMSNorm"]
+    typed = {v.name: v.type for v in list(fused.graph.value_info) + list(fused.graph.output)}
+    assert "pieces" not in typed or typed["pieces"].HasField("sequence_type")
+    x = np.random.default_rng(0).standard_normal((2, 3, 16)).astype(np.float32)
+    want = reference.run("RMSNorm", x[:1], weight, epsilon=1e-6)[0]
+    for target in ("function", "ort", "onnx"):
+        model_out = fused if target == "function" else fuse(model, target)[0]
+        session = ort.InferenceSession(
+            model_out.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-6)

@@ -224,6 +224,38 @@ def _quiet(logger: str, level: int):
         log.setLevel(before)
 
 
+def _sequence_outputs(domain: str, op_type: str, version: int | None) -> list[bool]:
+    """For each output of the op: whether its type can only be a sequence or an optional
+    (SplitToSequence's, SequenceConstruct's, Optional's, ...); [] for an op onnx does not know."""
+    try:
+        schema = onnx.defs.get_schema(op_type, version or onnx.defs.onnx_opset_version(), domain)
+    except onnx.defs.SchemaError:
+        return []
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    return [
+        all(t.startswith(("seq(", "optional(")) for t in allowed.get(o.type_str, [o.type_str]))
+        for o in schema.outputs
+    ]
+
+
+def untype_sequences(model: ir.Model) -> None:
+    """onnx-ir's ShapeInferencePass merges a value that onnx infers as a sequence (the output of
+    SplitToSequence, ...) into the model as a tensor of its element type, and a model written
+    so does not load in ONNX Runtime ("does not match expected type (seq(tensor(float)))").
+    Each output of an op whose outputs can only be sequences or optionals gets its type back
+    to unknown here, as the exporter left it; ONNX Runtime infers it on load."""
+    imports = model.opset_imports
+    for graph in model.graphs():
+        for node in graph:
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            kinds = _sequence_outputs("", node.op_type, node.version or imports.get(""))
+            for output, sequence in zip(node.outputs, kinds):
+                if sequence and isinstance(output.type, ir.TensorType):
+                    output.type = None
+                    output.shape = None
+
+
 def symbolic_shapes(model: ir.Model) -> bool:
     """ONNX Runtime's symbolic shape inference (``_ort_symbolic``), which proves dims equal
     where onnx's own inference leaves them unknown (TorchScript exports), run on a copy without
@@ -280,6 +312,7 @@ def fuse_ir(
     # onnx's inference fails, the rules say which type or shape they missed: no traceback)
     with _quiet(common_passes.ShapeInferencePass.__module__, logging.CRITICAL):
         common_passes.ShapeInferencePass(strict_mode=False)(model)
+    untype_sequences(model)
     symbolic_shapes(model)
     # exporters cast one value to float32 twice; the rules want one value per computation
     remove_noop_casts(model)
