@@ -273,6 +273,19 @@ def _looks_like_norm(module: torch.nn.Module) -> bool:
     return bool(names) and names <= {"weight", "bias"} and _eps_of(module) is not None
 
 
+def _named_like_norm(module: torch.nn.Module) -> bool:
+    return type(module).__name__.lower().endswith(("norm", "normgated"))
+
+
+def _holds_layers(module: torch.nn.Module) -> str:
+    """Why a module named like a norm that holds other layers is left as it is."""
+    kinds = sorted({type(child).__name__ for child in module.children()})
+    return (
+        f"it holds other layers ({', '.join(kinds)}): not one norm op (an adaptive or "
+        "modulated norm, or a block); the norms inside it are converted on their own"
+    )
+
+
 def _eps_of(module: torch.nn.Module) -> float | None:
     for name in EPS_ATTRIBUTES:
         value = getattr(module, name, None)
@@ -306,9 +319,15 @@ def _takes_gate(module: torch.nn.Module) -> bool:
         return False
 
 
+def _has_parameter(module: torch.nn.Module, name: str) -> bool:
+    """Whether ``name`` is a parameter of ``module`` itself (a buffer of that name, such as
+    Falcon-Mamba's unused all-ones ``weight``, is not: the replacement could not share it)."""
+    return name in dict(module.named_parameters(recurse=False))
+
+
 def _candidates(module: torch.nn.Module, shape: tuple[int, ...]) -> Iterable[Config]:
-    weight = isinstance(getattr(module, "weight", None), torch.Tensor)
-    bias = isinstance(getattr(module, "bias", None), torch.Tensor)
+    weight = _has_parameter(module, "weight")
+    bias = _has_parameter(module, "bias")
     eps = _eps_of(module)
     name = type(module).__name__.lower()
     kinds = ("layer", "rms") if "layer" in name and "rms" not in name else ("rms", "layer")
@@ -328,7 +347,7 @@ def _candidates(module: torch.nn.Module, shape: tuple[int, ...]) -> Iterable[Con
 def _gated_candidates(module: torch.nn.Module, shape: tuple[int, ...]) -> Iterable[Config]:
     """GatedRMSNorm configurations, the ones the module's attributes name first."""
     hidden = shape[0]
-    weight = isinstance(getattr(module, "weight", None), torch.Tensor)
+    weight = _has_parameter(module, "weight")
     eps = _eps_of(module)
     groups = []
     size, count = getattr(module, "group_size", None), getattr(module, "n_groups", None)
@@ -522,6 +541,8 @@ def convert(model: torch.nn.Module, *, seed: int = 0) -> ConversionReport:
         config, how = _direct(module), "direct"
         if config is None:
             if not _looks_like_norm(module):
+                if _named_like_norm(module) and list(module.children()):
+                    report.left.append(Left(name, type(module).__name__, _holds_layers(module)))
                 continue
             how = "probe"
             try:
