@@ -3,6 +3,7 @@ onnxruntime) against the reference, and the onnx schemas."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -163,75 +164,59 @@ def test_reference_reproduces_hugging_face_rounding(style, dtype, rng):
     assert exact_fraction(1 - right) < 0.9
 
 
-def _gated_class(module_name, class_name):
-    module = pytest.importorskip(f"transformers.models.{module_name}.modeling_{module_name}")
-    return getattr(module, class_name)
+def _exact_fraction(x, scale, z, attrs, want, order) -> float:
+    """The share of GatedRMSNorm's reference outputs (rounding ``order``) equal to ``want``."""
+    ours = reference.run(
+        "GatedRMSNorm",
+        _numpy(x),
+        scale,
+        _numpy(z),
+        **{**attrs, "cast_before_scale": order},
+    )[0]
+    assert_close(ours, want.astype(ours.dtype))
+    return (ours.astype(np.float32) == want).mean()
 
 
-#: transformers' gated norms -> (constructor arguments, GatedRMSNorm attributes reproducing it)
-GATED_CLASSES = {
-    "Qwen3NextRMSNormGated": ("qwen3_next", {}, {"cast_before_scale": 1}),
-    "Qwen3_5RMSNormGated": ("qwen3_5", {}, {"cast_before_scale": 1}),
-    "KimiLinearRMSNormGated": ("kimi_linear", {}, {"activation": 1}),
-    "MambaRMSNormGated": (
-        "mamba2",
-        {"group_size": 64},
-        {"cast_before_scale": 1, "group_size": 64, "norm_before_gate": 0},
-    ),
-    "NemotronHRMSNormGated": (
-        "nemotron_h",
-        {"group_size": 32},
-        {"cast_before_scale": 1, "group_size": 32, "norm_before_gate": 0},
-    ),
-    "FalconH1RMSNormGated": (
-        "falcon_h1",
-        {"n_groups": 4, "norm_before_gate": False},
-        {"group_size": 64, "norm_before_gate": 0},
-    ),
-    "FalconH1RMSNormGated-norm-first": (
-        "falcon_h1",
-        {"n_groups": 2, "norm_before_gate": True},
-        {"group_size": 128},
-    ),
-}
+def _gated_classes() -> list:
+    pytest.importorskip("transformers")
+    from onnxnorm.testing import hf
+
+    return [n for n in hf.norms.norm_classes() if n.gated]
 
 
-@pytest.mark.parametrize("name", GATED_CLASSES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_reference_reproduces_transformers_gated_norms(name, dtype, rng):
-    """GatedRMSNorm's attributes for each family reproduce transformers' module: in float16
-    and bfloat16 bit for bit but for rare ties (torch takes rsqrt and the sigmoid in float32,
-    the reference in float64), and the other rounding order misses a large share of the
-    values; in float32 within tolerance."""
-    module_name, kwargs, attrs = GATED_CLASSES[name]
-    cls = _gated_class(module_name, name.split("-")[0])
-    module = cls(256, eps=1e-6, **kwargs).to(dtype)
-    with torch.no_grad():
-        module.weight.copy_(torch.from_numpy(1 + 0.3 * rng.standard_normal(256)))
-    x, z = (
-        torch.from_numpy(rng.standard_normal((64, 256)).astype(np.float32)).to(dtype)
-        for _ in range(2)
-    )
-    with torch.no_grad():
-        want = module(x, z).float().numpy()
+def test_reference_reproduces_transformers_gated_norms(dtype, rng):
+    """Every gated norm class of the installed transformers (found by reading its model
+    modules), each way it builds: GatedRMSNorm with the attributes convert's probe finds for it
+    reproduces the module, in float16 and bfloat16 bit for bit but for rare ties (torch takes
+    rsqrt and the sigmoid in float32, the reference in float64), and the other rounding order
+    misses a large share of the values; in float32 within tolerance."""
+    from onnxnorm.nn.converter import probe
+    from onnxnorm.testing import hf
 
-    def exact_fraction(order):
-        ours = reference.run(
-            "GatedRMSNorm",
-            _numpy(x),
-            _numpy(module.weight.detach()),
-            _numpy(z),
-            epsilon=1e-6,
-            **{**attrs, "cast_before_scale": order},
-        )[0]
-        assert_close(ours, want.astype(ours.dtype))
-        return (ours.astype(np.float32) == want).mean()
+    checked = 0
+    for norm in _gated_classes():
+        for variant in hf.norms.variants(norm):
+            module = hf.norms.build(variant, 256)
+            config = probe(module)
+            attrs = config.attributes(torch.zeros(256))
+            module = module.to(dtype)
+            x, z = (
+                torch.from_numpy(rng.standard_normal((64, 256)).astype(np.float32)).to(dtype)
+                for _ in range(2)
+            )
+            with torch.no_grad():
+                want = module(x, z).float().numpy()
+            scale = _numpy(module.weight.detach()) if config.weight else None
+            exact_fraction = functools.partial(_exact_fraction, x, scale, z, attrs, want)
 
-    right = attrs.get("cast_before_scale", 0)
-    fraction = exact_fraction(right)  # (float32: close, its last bits are float64's)
-    if dtype != torch.float32:
-        assert fraction >= 0.995
-        assert exact_fraction(1 - right) < 0.95
+            right = attrs["cast_before_scale"]
+            fraction = exact_fraction(right)  # (float32: close, its last bits are float64's)
+            if dtype != torch.float32:
+                assert fraction >= 0.995, variant
+                assert exact_fraction(1 - right) < 0.95, variant
+            checked += 1
+    assert checked >= len(_gated_classes())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -242,10 +227,24 @@ def test_reference_l2_norm_matches_fla_and_llama4(dtype, rng):
     xf = x.float()
     fla = (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + 1e-6)).to(dtype)
     assert_close(reference.run("L2Norm", _numpy(x), epsilon=1e-6)[0], _numpy(fla))
-    llama4 = _gated_class("llama4", "Llama4TextL2Norm")(eps=1e-6)
-    with torch.no_grad():
-        want = llama4(x)
-    assert_close(reference.run("RMSNorm", _numpy(x), epsilon=1e-6)[0], _numpy(want))
+    from onnxnorm.nn.converter import _ProbeFailure, probe
+    from onnxnorm.testing import hf
+
+    # the weightless classes convert finds an RMSNorm without Scale (Llama 4's L2 norm, ...)
+    for norm in hf.norms.norm_classes():
+        if not norm.weightless or norm.gated:
+            continue
+        try:
+            module = hf.norms.build(norm, 128)
+            config = probe(module)
+        except (hf.norms.NotBuildable, _ProbeFailure):  # test_convert's concern
+            continue
+        if config.kind != "rms" or config.weight:
+            continue
+        with torch.no_grad():
+            want = module(x)
+        got = reference.run("RMSNorm", _numpy(x), epsilon=config.eps)[0]
+        assert_close(got, _numpy(want))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

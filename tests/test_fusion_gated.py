@@ -11,7 +11,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import importlib
+import inspect
 import io
+import re
 import warnings
 
 import numpy as np
@@ -19,7 +22,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T, helper, numpy_helper
+from onnxruntime.capi import onnxruntime_pybind11_state as state
 
+from onnxnorm.errors import first_line
 from onnxnorm.fusion import fuse
 from onnxnorm.fusion.lowering import lower_with_notes, ms_gated_rms_norm_problem
 from onnxnorm.ops import catalogue, reference
@@ -92,46 +97,76 @@ def _onnxnorm(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 # ---------------------------------------------------------------------------------------------
 # each norm class alone
 
+#: the norm classes of hybrid and linear-attention models in the installed transformers (read
+#: from its model modules, no name typed: hf.norms): gated, l2norm functions, weightless
+HYBRID_CLASSES = [n for n in hf.norms.norm_classes() if n.hybrid]
 
-def _expected(name: str, half: bool) -> tuple[str, dict, tuple[str, ...]]:
-    """(op, attributes, inputs) the fused node of ``hf.NORM_MODULES[name]`` has."""
-    order_a = int(half)  # the weight multiplies the normalized value rounded to X's type
-    if name in ("Qwen3NextRMSNormGated", "Qwen3_5RMSNormGated"):
-        attrs = {"activation": 0, "norm_before_gate": 1, "group_size": 0}
-        return GATED, {**attrs, "cast_before_scale": order_a}, ("X", "Scale", "Gate")
-    if name == "KimiLinearRMSNormGated":  # float32 throughout: order B
-        attrs = {"activation": 1, "norm_before_gate": 1, "group_size": 0, "cast_before_scale": 0}
-        return GATED, attrs, ("X", "Scale", "Gate")
-    if name.startswith("FalconH1"):  # float32 throughout, the weight over the groups: order B
-        first = int(name.endswith("norm-first"))
-        attrs = {"activation": 0, "norm_before_gate": first, "group_size": H // 2}
-        return GATED, {**attrs, "cast_before_scale": 0}, ("X", "Scale", "Gate")
-    if name.endswith("RMSNormGated"):  # Mamba2's: the gate first, in groups, order A
-        attrs = {"activation": 0, "norm_before_gate": 0, "group_size": H // 2}
-        return GATED, {**attrs, "cast_before_scale": order_a}, ("X", "Scale", "Gate")
-    if name == "Gemma3nRMSNorm":  # x * pow(mean(x^2) + eps, -0.5) * weight, in float32
-        return "RMSNorm", {"cast_before_scale": 0, "scale_offset": 0.0}, ("X", "Scale")
-    if name == "l2norm":
-        return L2, {}, ("X",)
-    return "RMSNorm", {"cast_before_scale": 0}, ("X",)  # without a weight
+
+@functools.cache
+def _probed() -> tuple[list, dict, dict]:
+    """(the variants convert's probe reproduces, variant key -> its Config, class -> why it
+    has none): the variants of hf.norms.hybrid_variants, each probed once."""
+    from onnxnorm.nn.converter import _ProbeFailure, probe
+
+    kept, configs, left = [], {}, collections.defaultdict(list)
+    for variant in hf.norms.hybrid_variants():
+        try:
+            module = hf.norms.build(variant, H)
+            configs[variant.key] = probe(module)
+        except (hf.norms.NotBuildable, _ProbeFailure) as why:
+            left[str(variant.norm)].append(f"{variant}: {why}")
+            continue
+        kept.append(variant)
+    return kept, configs, dict(left)
+
+
+def _inexact_in_half(variant) -> bool:
+    """A norm class that rounds in half precision where no onnxnorm op does (DeepSeek-V4's
+    unweighted RMSNorm multiplies x by its inverse root rounded to x's type): convert's probe
+    says so. Its float16 export stays decomposed (test_inexact_in_half_stays_decomposed). An
+    l2norm function is not one: its statistics in float16 are what the pass computes in float32
+    on purpose (the report's note)."""
+    note = _probed()[1][variant.key].note
+    return "not bit-exact" in note and not variant.norm.function
+
+
+def _variants(dtype: str) -> list:
+    """The variants exported side by side in ``dtype``."""
+    return [v for v in _probed()[0] if dtype == "float32" or not _inexact_in_half(v)]
+
+
+def _expected(variant, half: bool) -> tuple[str, dict, tuple[str, ...]]:
+    """(op, attributes, inputs) the fused node of ``variant`` has: what convert's probe found
+    the class computes (an independent reading: the probe runs the module, the fusion reads
+    its graph). The rounding order shows in float16 only (float32 rounds nowhere)."""
+    from onnxnorm.nn.converter import OPS
+
+    config = _probed()[1][variant.key]
+    attrs = config.attributes(torch.zeros(H))
+    attrs.pop("epsilon")
+    if not half:
+        attrs.pop("cast_before_scale", None)
+    inputs = ("X",) + ("Scale",) * config.weight + ("Gate",) * (config.kind == "gated")
+    return OPS[config.kind], attrs, inputs
 
 
 class _SideBySide(torch.nn.Module):
-    """Every norm of ``hf.NORM_MODULES`` on inputs of its own (x_i, and gate_i for a gated
-    one), each output its own: each class is exported alone, in one export per exporter and
-    dtype (an export's fixed cost is most of its time)."""
+    """Every norm of ``_probed()`` on inputs of its own (x_i, and gate_i for a gated one), each
+    output its own: each class is exported alone, in one export per exporter and dtype (an
+    export's fixed cost is most of its time)."""
 
     def __init__(self, dtype):
         super().__init__()
-        self.names = list(hf.NORM_MODULES)
+        self.variants = _variants(str(dtype).removeprefix("torch."))
+        self.names = [v.key for v in self.variants]
         self.norms = torch.nn.ModuleList(
-            hf.norm_module(name, H, seed=i + 1).to(dtype) for i, name in enumerate(self.names)
+            hf.norms.build(v, H, seed=i + 1).to(dtype) for i, v in enumerate(self.variants)
         )
 
     def forward(self, *inputs):
         outputs, k = [], 0
-        for name, norm in zip(self.names, self.norms):
-            if hf.NORM_MODULES[name].gated:
+        for variant, norm in zip(self.variants, self.norms):
+            if variant.gated:
                 outputs.append(norm(inputs[k], inputs[k + 1]))
                 k += 2
             else:
@@ -142,8 +177,8 @@ class _SideBySide(torch.nn.Module):
     def inputs(self, dtype) -> tuple[list[str], tuple]:
         generator = torch.Generator().manual_seed(3)
         names, values = [], []
-        for i, name in enumerate(self.names):
-            for what in ("x", "gate")[: 1 + hf.NORM_MODULES[name].gated]:
+        for i, variant in enumerate(self.variants):
+            for what in ("x", "gate")[: 1 + variant.gated]:
                 names.append(f"{what}{i}")
                 scale, shift = (2.0, 0.5) if what == "x" else (1.0, 0.0)
                 values.append((torch.randn(2, 3, H, generator=generator) * scale + shift).to(dtype))
@@ -204,27 +239,37 @@ def test_norm_classes_fuse_and_nothing_else_is_left(exporter, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("exporter", EXPORTERS)
-@pytest.mark.parametrize("name", hf.NORM_MODULES)
-def test_norm_class_fuses_into_one_node(name, exporter, dtype):
+@pytest.mark.parametrize("norm", HYBRID_CLASSES, ids=str)
+def test_norm_class_fuses_into_one_node(norm, exporter, dtype):
+    """Each way to build the class (its variants convert's probe reproduces; the others are
+    left by convert with the reason, test_convert's concern) fuses into one node with the
+    attributes the probe found, on the class's own input (and gate), matching the original."""
     module, feeds, original, fused, report, torch_outputs = _side_by_side(exporter, dtype)
-    i = module.names.index(name)
-    output = fused.graph.output[i].name
-    node = _producer(fused, output)
-    op, want, inputs = _expected(name, dtype == "float16")
-    assert (node.domain, node.op_type) == (catalogue.DOMAIN, op), str(report)
-    attrs = _attrs(node)
-    assert {k: attrs[k] for k in want} == want
-    assert attrs["axis"] == -1
-    # the epsilon as the graph adds it (TorchScript's float16 l2norm adds it in float16)
-    assert attrs["epsilon"] in (float(np.float32(EPS)), float(np.float16(EPS)))
-    present = [p.name for p, v in zip(catalogue.get(op).inputs, node.input) if v]
-    assert present == list(inputs)
-    assert node.input[0] == f"x{i}"
-    if hf.NORM_MODULES[name].gated:
-        assert node.input[2] == f"gate{i}"
-    got = _session(fused).run([output], feeds)[0]
-    _close(got, _session(original).run([original.graph.output[i].name], feeds)[0])
-    _close(got, torch_outputs[i])
+    mine = [i for i, v in enumerate(module.variants) if v.norm == norm]
+    if not mine:
+        inexact = [v for v in _probed()[0] if v.norm == norm]
+        if inexact:  # float16 only
+            pytest.skip(f"{norm}: rounds where no onnxnorm op does in half precision")
+        pytest.skip("; ".join(_probed()[2].get(str(norm), [f"{norm}: does not import"])))
+    for i in mine:
+        variant = module.variants[i]
+        output = fused.graph.output[i].name
+        node = _producer(fused, output)
+        op, want, inputs = _expected(variant, dtype == "float16")
+        assert (node.domain, node.op_type) == (catalogue.DOMAIN, op), (variant, str(report))
+        attrs = _attrs(node)
+        assert {k: attrs[k] for k in want} == want, variant
+        # the epsilon as the graph adds it (TorchScript's float16 l2norm adds it in float16)
+        eps = _probed()[1][variant.key].eps
+        assert attrs["epsilon"] in (float(np.float32(eps)), float(np.float16(eps))), variant
+        present = [p.name for p, v in zip(catalogue.get(op).inputs, node.input) if v]
+        assert present == list(inputs), variant
+        assert node.input[0] == f"x{i}"
+        if variant.gated:
+            assert node.input[2] == f"gate{i}"
+        got = _session(fused).run([output], feeds)[0]
+        _close(got, _session(original).run([original.graph.output[i].name], feeds)[0])
+        _close(got, torch_outputs[i])
 
 
 @functools.cache
@@ -239,26 +284,60 @@ def _lowered(target: str, dtype: str):
 def test_norm_classes_lowered(target, dtype):
     """The ``ort`` and ``onnx`` targets run in plain ONNX Runtime and match the original; ``ort``
     writes ONNX Runtime's GatedRMSNorm exactly where it computes the node (the gate after the
-    norm, in float32 or rounded once, one group's Scale): Qwen3-Next's and Qwen3.5's in float32,
-    Kimi Linear's in both types; the body elsewhere, with the reason."""
+    norm, in float32 or rounded once, one group's Scale: Qwen3-Next's and Qwen3.5's in float32,
+    Kimi Linear's in both types, as convert's probe finds them); the body elsewhere, with the
+    reason."""
     module = _side_by_side("dynamo", dtype)[0]
     lowered, report, got, want = _lowered(target, dtype)
     assert not _onnxnorm(lowered) and not lowered.functions
     for g, w in zip(got, want):
         _close(g, w)
     ms = [n for n in lowered.graph.node if (n.domain, n.op_type) == ("com.microsoft", GATED)]
-    exact = {
+    configs = _probed()[1]
+
+    def takes_ms(name: str) -> bool:  # the gate after the norm, rounded once, one group
+        c = configs[name]
+        return (
+            c.kind == "gated"
+            and c.norm_before_gate
+            and (dtype == "float32" or not c.cast_before_scale)
+            and c.group_size in (0, H)
+        )
+
+    candidates = {
         name
         for name in module.names
         if target == "ort"
-        and (name == "KimiLinearRMSNormGated" or (dtype == "float32" and "Qwen3" in name))
+        and takes_ms(name)
         and ms_gated_rms_norm_problem(T.FLOAT if dtype == "float32" else T.FLOAT16) is None
     }
-    assert len(ms) == len(exact), str(report)
     outputs = {o.name: i for i, o in enumerate(lowered.graph.output)}
-    assert {module.names[outputs[n.output[0]]] for n in ms} == exact
-    gated = sum(1 for n in module.names if hf.NORM_MODULES[n].gated)
-    assert sum("inlined function body" in line for line in report.lowering) >= gated - len(exact)
+    written = {module.names[outputs[n.output[0]]] for n in ms}
+    # written only where the probe says the node is ONNX Runtime's op; where such a node is
+    # not (a Scale the graph reshapes: Falcon-H1's), the report says why
+    assert written <= candidates and len(written) == len(ms), str(report)
+    assert written or not candidates, str(report)
+    why_not = [line for line in report.lowering if "not ONNX Runtime's GatedRMSNorm: its" in line]
+    assert len(why_not) >= len(candidates - written), str(report)
+    gated = sum(1 for v in module.variants if v.gated)
+    assert sum("inlined function body" in line for line in report.lowering) >= gated - len(ms)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_inexact_in_half_stays_decomposed(exporter):
+    """The classes that round where no onnxnorm op does in half precision (convert's probe
+    says "not bit-exact"): their float16 export is left as it is, and still matches."""
+    inexact = [v for v in _probed()[0] if _inexact_in_half(v)]
+    if not inexact:
+        pytest.skip("no such class in this transformers")
+    for variant in inexact:
+        norm = hf.norms.build(variant, H).half()
+        x = (torch.randn(2, 3, H, generator=torch.Generator().manual_seed(5)) * 2).half()
+        original = _export(norm, (x,), exporter, ["x"])
+        fused, _ = fuse(original)
+        assert not _onnxnorm(fused), variant
+        feeds = {"x": x.numpy()}
+        np.testing.assert_array_equal(_run(fused, feeds), _run(original, feeds))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -672,26 +751,18 @@ def test_gated_scale_offset_folds_into_onnxruntime_s_scale():
 # ---------------------------------------------------------------------------------------------
 # whole models
 
-#: (family, exporter) -> why the transformers model does not export (the exporter's words)
-EXPORT_FAILS = {
-    ("qwen3_next", "torchscript"): "aten::linalg_solve_triangular",
-    ("qwen3_5", "torchscript"): "aten::linalg_solve_triangular",
-}
-#: the linear-attention families: each such layer has a q and a k L2 norm
-_LINEAR = {"qwen3_next", "qwen3_5_text", "kimi_linear"}
-FAMILIES = [
-    "qwen3_next",
-    "qwen3_5",
-    "mamba2",
-    "nemotron_h",
-    "bamba",
-    "zamba2",
-    "granitemoehybrid",
-    "falcon_h1",
-    "kimi_linear",
-    "gemma3n",
-]
-WHOLE = [(f, e) for f in FAMILIES for e in EXPORTERS if (f, e) not in EXPORT_FAILS]
+#: the hybrid and linear-attention families of the installed transformers (hf.norms: the
+#: model modules with a gated norm class or an l2norm function), and the families with a norm
+#: built with or without its scale that hf.FAMILIES builds (Gemma 3n's Pow(-0.5) RMSNorm)
+FAMILIES = sorted(
+    {n.model_type for n in hf.norms.norm_classes() if n.gated or n.function}
+    | {
+        n.model_type
+        for n in hf.norms.norm_classes()
+        if n.optional_scale and n.model_type in hf.FAMILIES
+    }
+)
+WHOLE = [(f, e) for f in FAMILIES for e in EXPORTERS]
 
 
 class _Logits(torch.nn.Module):
@@ -706,51 +777,79 @@ class _Logits(torch.nn.Module):
 
 
 def _norm_calls(model, ids, mask) -> collections.Counter:
-    """The norm modules' calls by kind ("gated" or "plain"), and the L2 norms the linear
-    attention computes (two a layer)."""
+    """The norm modules' calls by kind ("gated" or "plain"), and the calls of the model
+    module's l2norm functions ("l2"; the linear attention's queries and keys)."""
     calls: collections.Counter = collections.Counter()
     hooks = [
         m.register_forward_hook(
-            lambda m, *_: calls.update(["gated" if type(m).__name__.endswith("Gated") else "plain"])
+            lambda m, *_: calls.update(["gated" if _takes_gate(m) else "plain"])
         )
         for m in model.modules()
         if hf.is_norm(m)
     ]
-    with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, use_cache=False)
-    for hook in hooks:
-        hook.remove()
-    if model.config.model_type in _LINEAR:
-        calls["l2"] = 2 * model.config.layer_types.count("linear_attention")
+    patched = []
+    for norm in hf.norms.norm_classes():
+        if norm.function and type(model).__module__ == norm.module:
+            source, original = importlib.import_module(norm.module), norm.load()
+
+            def counted(*args, _original=original, **kwargs):
+                calls.update(["l2"])
+                return _original(*args, **kwargs)
+
+            setattr(source, norm.name, counted)
+            patched.append((source, norm.name, original))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for source, name, original in patched:
+            setattr(source, name, original)
     return calls
 
 
+def _takes_gate(module) -> bool:
+    return "gate" in inspect.signature(module.forward).parameters
+
+
+def _tiny_model(family: str):
+    """hf.FAMILIES' tiny model of ``family``, else hf.generic's; a skip that says why where
+    the generic rules do not give a model that runs."""
+    if family in hf.FAMILIES:
+        return hf.model(hf.config(family))
+    try:
+        return hf.model(hf.generic.config(family))
+    except Exception as why:  # noqa: BLE001 - the reason goes in the skip
+        pytest.skip(
+            f"{family}: no tiny model ({type(why).__name__}: {first_line(why, '')}); "
+            "give it a family of its own in hf.FAMILIES"
+        )
+
+
 def _whole(family: str, exporter: str):
-    model = hf.model(hf.config(family))
+    model = _tiny_model(family)
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(4))
     mask = torch.ones(1, 6, dtype=torch.int64)
-    return (
-        model,
-        ids,
-        mask,
-        _export(_Logits(model), (ids, mask), exporter, ["input_ids", "attention_mask"]),
-    )
+    try:
+        exported = _export(_Logits(model), (ids, mask), exporter, ["input_ids", "attention_mask"])
+    except torch.onnx.errors.UnsupportedOperatorError as why:
+        # TorchScript has no translation for the chunked delta rule's linalg_solve_triangular
+        # (the linear-attention families): nothing to fuse
+        assert exporter == "torchscript", why
+        pytest.skip(f"{family}: the {exporter} exporter cannot export it ({first_line(why, '')})")
+    return model, ids, mask, exported
 
 
-#: (family, exporter) -> (GatedRMSNorm with its gate, L2Norm, other norms) the fused model holds
-#: where the gates are fewer than the gated norm calls (docs/fusion.md's table). TorchScript
-#: loses the static dims of the mixer's gate (a Split or a Reshape of a computed shape): the
-#: rule cannot prove the gate of X's shape, so the gate's Mul stays outside a norm that is
-#: fused without it, and the report says so
-PARTIAL = {
-    ("mamba2", "torchscript"): (0, 0, 5),
-    ("nemotron_h", "torchscript"): (0, 0, 4),
-    ("bamba", "torchscript"): (0, 0, 6),
-    ("zamba2", "torchscript"): (0, 0, 7),
-    ("granitemoehybrid", "torchscript"): (0, 0, 6),
-    ("falcon_h1", "torchscript"): (0, 0, 7),
-    ("kimi_linear", "torchscript"): (0, 2, 7),
-}
+#: why a gated norm of a whole model is fused without its gate: the rule cannot prove the gate
+#: of X's shape (TorchScript writes the mixer's output through a Reshape of a computed shape,
+#: whose dims onnx's and ONNX Runtime's inference leave unknown, and the gate may broadcast),
+#: or the group Reshape around the norm cannot be proved to restore X's shape
+GATE_LEFT_OUT = (
+    "the gate and X",
+    "cannot prove that the gate and X have the same shape",
+    "X's shape is not static",
+)
 
 
 @pytest.mark.slow
@@ -767,19 +866,39 @@ def test_whole_model(family, exporter):
     l2 = sum(1 for n in nodes if n.op_type == L2)
     held = (gated, l2, count_norms(fused)[0] - gated - l2)
     print(f"{family} {exporter}: calls {dict(calls)}, fused {held}")
-    expected = PARTIAL.get((family, exporter), (calls["gated"], calls["l2"], calls["plain"]))
-    assert held == expected, str(report)
-    assert sum(held) == sum(calls.values())  # every norm is fused, gated or not
-    if (family, exporter) in PARTIAL:
-        reasons = [s.reason for r in report.rules if r.rule.startswith(GATED) for s in r.skips]
-        assert any("the gate and X" in reason for reason in reasons), str(report)
+    # every norm is fused, gated or not, and every L2 norm
+    assert sum(held) == sum(calls.values()), str(report)
+    assert (l2, gated <= calls["gated"]) == (calls["l2"], True), str(report)
+    # a gated norm is fused with its gate unless the report says, for its node, why the gate
+    # could not be proved of X's shape (what the exporter leaves static decides which: the
+    # counts are read from the export, not from a table of what one release wrote)
+    without_gate = {
+        s.node
+        for r in report.rules
+        if r.rule.startswith(GATED)
+        for s in r.skips
+        if any(words in s.reason for words in GATE_LEFT_OUT)
+    }
+    assert len(without_gate) >= calls["gated"] - gated, str(report)
+    if exporter == "dynamo":  # the dynamo exporter keeps every static dim: nothing is left out
+        assert gated == calls["gated"], str(report)
     feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
     problem = load_problem(original)
     if problem is not None:
         # the TorchScript exports of the Mamba2 mixers: ONNX Runtime refuses their Transpose
         assert "Transpose" in problem and exporter == "torchscript", problem
         return
-    want = _run(original, feeds)
+    try:
+        want = _run(original, feeds)
+    except (state.Fail, state.InvalidArgument, state.RuntimeException) as error:
+        # the export fails in ONNX Runtime outside its norms (Kimi Linear's TorchScript export
+        # with transformers 5.25: a Tile whose repeats are not 1-D): the fused model fails at
+        # the same node, having changed nothing there
+        assert exporter == "torchscript", error
+        node = re.search(r"Name:'([^']+)'", str(error)).group(1)
+        with pytest.raises(type(error), match=re.escape(node)):
+            _run(fused, feeds)
+        return
     _close(_run(fused, feeds), want)
     with torch.no_grad():
         np.testing.assert_allclose(
@@ -788,15 +907,6 @@ def test_whole_model(family, exporter):
             rtol=1e-4,
             atol=1e-4,
         )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "family,exporter", list(EXPORT_FAILS), ids=[f"{f}-{e}" for f, e in EXPORT_FAILS]
-)
-def test_whole_model_that_does_not_export(family, exporter):
-    with pytest.raises(Exception, match=EXPORT_FAILS[family, exporter]):
-        _whole(family, exporter)
 
 
 @pytest.mark.slow

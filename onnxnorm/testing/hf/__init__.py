@@ -3,7 +3,7 @@ code with seeded random weights (nothing is downloaded), and what is made from t
 
     config = hf.config("gemma2", hidden=64, heads=4, sliding_window=32)
     model = hf.model(config)                      # Gemma2ForCausalLM, its norm weights random
-    norm = hf.norm_module("MambaRMSNormGated")    # one norm class alone, weights random
+    norm = hf.norms.build(hf.norms.norm_classes()[0])  # a norm class of transformers alone
     proto = hf.export_with_cache(model, limit=28)  # past keys and values as inputs and outputs
     hf.save_checkpoint(model, folder)             # save_pretrained, with a word-level tokenizer
     hf.genai_build(folder, out, "int4")           # onnxruntime-genai's model builder
@@ -27,6 +27,8 @@ import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from onnxnorm.testing.hf import generic, norms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,8 +325,11 @@ def model(
     transformers = _require("transformers", "a tiny Hugging Face model")
     torch = _require("torch", "a tiny Hugging Face model")
     if kind in ("causal", "base"):
-        spec = FAMILIES[family_of(hf_config)]
-        kind = spec.causal if kind == "causal" else spec.base
+        try:
+            spec = FAMILIES[family_of(hf_config)]
+            kind = spec.causal if kind == "causal" else spec.base
+        except ValueError:  # a family FAMILIES does not list (generic.config's)
+            kind = generic.model_class(hf_config, kind)
     if attention is not None:
         hf_config._attn_implementation = attention
     if experts is not None and hasattr(hf_config, "_experts_implementation"):
@@ -411,92 +416,6 @@ def randomize_norms(model, seed: int = 1):
                 drawn = torch.rand(parameter.shape, generator=generator) * WIDTH + shift
                 parameter.copy_(drawn)
     return model
-
-
-# --- norm classes alone ----------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class NormModule:
-    """A transformers norm class (or norm function) and how to build a tiny one of it."""
-
-    #: the module of transformers.models that defines it
-    module: str
-    #: the class (or, with ``function``, the function)
-    name: str
-    #: forward takes (x, gate)
-    gated: bool
-    #: its constructor's arguments beside the width (``hidden``: the width itself, where the
-    #: class takes it)
-    kwargs: tuple[tuple[str, Any], ...] = (("hidden_size", "hidden"),)
-    function: bool = False
-
-
-#: the gated and L2 norms of the hybrid families, and Gemma 3n's and Llama 4's RMS norms, by a
-#: name for each way of building one (the class name, with a suffix for a second way)
-NORM_MODULES: dict[str, NormModule] = {
-    "Qwen3NextRMSNormGated": NormModule("qwen3_next", "Qwen3NextRMSNormGated", True),
-    "Qwen3_5RMSNormGated": NormModule("qwen3_5", "Qwen3_5RMSNormGated", True),
-    "KimiLinearRMSNormGated": NormModule("kimi_linear", "KimiLinearRMSNormGated", True),
-    # Mamba2's and the families that copy it: 2 groups
-    **{
-        name: NormModule(
-            module, name, True, (("hidden_size", "hidden"), ("group_size", "hidden // 2"))
-        )
-        for module, name in (
-            ("mamba2", "MambaRMSNormGated"),
-            ("nemotron_h", "NemotronHRMSNormGated"),
-            ("bamba", "BambaRMSNormGated"),
-            ("zamba2", "Zamba2RMSNormGated"),
-            ("granitemoehybrid", "GraniteMoeHybridRMSNormGated"),
-        )
-    },
-    **{
-        f"FalconH1RMSNormGated-{which}": NormModule(
-            "falcon_h1",
-            "FalconH1RMSNormGated",
-            True,
-            (
-                ("hidden_size", "hidden"),
-                ("n_groups", 2),
-                ("norm_before_gate", which == "norm-first"),
-            ),
-        )
-        for which in ("norm-first", "gate-first")
-    },
-    "Gemma3nRMSNorm": NormModule("gemma3n", "Gemma3nRMSNorm", False, (("dim", "hidden"),)),
-    "Gemma3nRMSNorm-without-scale": NormModule(
-        "gemma3n", "Gemma3nRMSNorm", False, (("dim", "hidden"), ("with_scale", False))
-    ),
-    "Llama4TextL2Norm": NormModule("llama4", "Llama4TextL2Norm", False, ()),
-    # FLA's l2norm, Qwen3-Next's q/k norm of its gated delta rule (a function)
-    "l2norm": NormModule("qwen3_next", "l2norm", False, (), function=True),
-}
-
-
-def norm_module(name: str, hidden: int = 16, *, seed: int = 1):
-    """A tiny norm of :data:`NORM_MODULES` in eval mode, its weights (if it has any) drawn by
-    :func:`randomize_norms` from ``seed``; a norm function as a module. ``forward(x, gate)`` for
-    the gated ones, ``forward(x)`` for the others."""
-    torch = _require("torch", "a tiny Hugging Face norm")
-    _require("transformers", "a tiny Hugging Face norm")
-    try:
-        spec = NORM_MODULES[name]
-    except KeyError:
-        raise ValueError(f"unknown norm {name!r}; known: {', '.join(NORM_MODULES)}") from None
-    source = importlib.import_module(f"transformers.models.{spec.module}.modeling_{spec.module}")
-    built = getattr(source, spec.name)
-    if spec.function:
-
-        class Function(torch.nn.Module):
-            def forward(self, x):
-                return built(x)
-
-        Function.__name__ = Function.__qualname__ = spec.name
-        return Function().eval()
-    sizes = {"hidden": hidden, "hidden // 2": hidden // 2}
-    kwargs = {k: sizes.get(v, v) if isinstance(v, str) else v for k, v in spec.kwargs}
-    return randomize_norms(built(**kwargs).eval(), seed)
 
 
 #: the chunked delta rules of the linear-attention families (their PyTorch reference, which the
@@ -752,9 +671,8 @@ __all__ = [
     "genai_build",
     "is_norm",
     "model",
-    "norm_module",
-    "NORM_MODULES",
-    "NormModule",
+    "generic",
+    "norms",
     "past_names",
     "present_names",
     "quantize",
