@@ -184,8 +184,8 @@ def _parameters(cls) -> list[inspect.Parameter]:
 
 def variants(norm: NormClass) -> list[Variant]:
     """The ways to build ``norm``: its defaults, then each boolean constructor argument with a
-    default flipped, one at a time, and each group argument that defaults to None set to two
-    groups (a function has one way). Imports the class."""
+    default flipped, one at a time, and each group argument that defaults to one group (None, or
+    a count of 1) set to two groups (a function has one way). Imports the class."""
     if norm.function:
         return [Variant(norm)]
     cls = norm.load()
@@ -193,7 +193,9 @@ def variants(norm: NormClass) -> list[Variant]:
     for parameter in _parameters(cls):
         if isinstance(parameter.default, bool):
             found.append(Variant(norm, ((parameter.name, not parameter.default),)))
-        elif parameter.default is None and parameter.name in _GROUP_SIZE + _GROUP_COUNT:
+        elif (parameter.name in _GROUP_SIZE and parameter.default is None) or (
+            parameter.name in _GROUP_COUNT and parameter.default in (None, 1)
+        ):
             found.append(Variant(norm, ((parameter.name, GROUPS),)))
     return found
 
