@@ -76,7 +76,9 @@ demo: $(VENV)/.installed
 	$(PY) -m models.demo
 
 # Lint (docs/development.md): ruff's rules and ruff format over the Python, clang-format
-# (.clang-format) over the C++ and CUDA of custom_ops/; each only checks here.
+# (.clang-format) over the C++ and CUDA of custom_ops/, and the layout test (tests/test_layout.py:
+# no import circle, no private name across modules, no arrow up from the pass or into the
+# tooling); each only checks here.
 RUFF := $(VENV)/bin/ruff
 CLANG_FORMAT := $(VENV)/bin/clang-format
 CXX_SOURCES = $(shell find custom_ops -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) | sort)
@@ -84,6 +86,7 @@ lint: $(VENV)/.deps
 	$(RUFF) check .
 	$(RUFF) format --check .
 	$(CLANG_FORMAT) --dry-run --Werror $(CXX_SOURCES)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_layout.py
 
 # Every generated file, from one command (tools/generate.py lists them): the native op table,
 # docs/ops.md and docs/norms.md. check-generated writes nothing and fails when one is stale.

@@ -486,10 +486,10 @@ def measure_genai(families=GENAI_FAMILIES, precisions=GENAI_PRECISIONS, log=prin
 def count_all(model: onnx.ModelProto) -> tuple[int, int]:
     """:func:`models.compare.count` over every graph, the branches of a merged decoder's If
     included."""
-    from onnxnorm.ops.functions import _all_graphs
+    from onnxnorm.ops.functions import all_graphs
 
     norms = adds = 0
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for node in graph.node:
             domain = "" if node.domain == "ai.onnx" else node.domain
             n, a = compare.NORM_OPS.get((domain, node.op_type), (0, 0))

@@ -35,7 +35,7 @@ SMALL_TENSOR = 1024
 _CHUNK = 1 << 24
 
 
-def _external_tensors(model: onnx.ModelProto) -> Iterable[TensorProto]:
+def external_tensors(model: onnx.ModelProto) -> Iterable[TensorProto]:
     return (
         t
         for t in external_data_helper._get_all_tensors(model)
@@ -90,7 +90,7 @@ def _fields(buf, start: int, end: int):
 _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
 
 
-def _load_weights_as_references(path: Path) -> onnx.ModelProto:
+def load_weights_as_references(path: Path) -> onnx.ModelProto:
     """Parses ``path`` without copying the raw data of its initializers: each initializer's
     raw data of 1 KiB or more becomes an external-data reference into ``path`` itself (its
     offset in the file), so that the weights are read from disk only when written out."""
@@ -214,7 +214,7 @@ def check_output_folder(
 def external_files(model: onnx.ModelProto, folder: str | os.PathLike) -> set[Path]:
     """The resolved paths of the external data files ``model`` (read from ``folder``) names."""
     files = set()
-    for tensor in _external_tensors(model):
+    for tensor in external_tensors(model):
         for entry in tensor.external_data:
             if entry.key == "location":
                 files.add((Path(folder) / entry.value).resolve())
@@ -267,7 +267,7 @@ def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.Model
         if load_weights or path.stat().st_size == 0:
             model = onnx.load(path, load_external_data=False)
         else:
-            model = _load_weights_as_references(path)
+            model = load_weights_as_references(path)
     except (DecodeError, RuntimeError, ValueError, OSError, IndexError) as error:
         raise OnnxNormError(f"{path}: not a readable ONNX model ({_first_line(error)})") from None
     if not model.ir_version or not model.HasField("graph"):
@@ -280,7 +280,7 @@ def load_model(path: str | os.PathLike, load_weights: bool = True) -> onnx.Model
     except ModelProblem as problem:
         raise OnnxNormError(f"{path}: {problem}") from None
     try:
-        for tensor in list(_external_tensors(model)):
+        for tensor in list(external_tensors(model)):
             if load_weights or _nbytes(tensor) < SMALL_TENSOR:
                 _read_external(tensor, path.parent)
                 tensor.data_location = TensorProto.DEFAULT
@@ -296,14 +296,14 @@ def has_external_data(model: onnx.ModelProto, source: str | os.PathLike | None =
     """Whether ``model`` has tensors in external data files (references into ``source`` itself,
     which :func:`load_model` makes for inline weights, do not count)."""
     own = Path(source).name if source else None
-    return any(_location(t)[0] != own for t in _external_tensors(model))
+    return any(external_location(t)[0] != own for t in external_tensors(model))
 
 
 def _read_external(tensor: TensorProto, folder: Path) -> None:
     """Reads an external tensor's bytes into its raw data, from the file that
     :func:`onnxnorm._validate.check_external_data` let through (onnx's own reader refuses every
     symbolic link, a Hugging Face cache snapshot's among them)."""
-    location, start, length = _location(tensor)
+    location, start, length = external_location(tensor)
     with open(folder / location, "rb") as f:
         f.seek(start)
         data = f.read() if length is None else f.read(length)
@@ -312,7 +312,7 @@ def _read_external(tensor: TensorProto, folder: Path) -> None:
     tensor.raw_data = data
 
 
-def _location(tensor: TensorProto) -> tuple[str, int, int | None]:
+def external_location(tensor: TensorProto) -> tuple[str, int, int | None]:
     info = {e.key: e.value for e in tensor.external_data}
     return (
         info["location"],
@@ -373,7 +373,7 @@ def save_model(
             ]
             with os.fdopen(fd, "wb") as f:
                 if referenced:
-                    main = _shell(model)
+                    main = weightless_shell(model)
                     main.graph.initializer.extend(
                         t
                         for t in model.graph.initializer
@@ -397,7 +397,7 @@ def save_model(
             return path
         data_name = path.name + ".data"
         fd, tmp_data = temp(".data.tmp")
-        out = _shell(model)
+        out = weightless_shell(model)
         tensors = list(itertools.chain(model.graph.initializer, extra))
         with os.fdopen(fd, "wb") as data:
             # the unchanged tensors' data file shared (or copied) whole: they keep their offsets
@@ -406,7 +406,7 @@ def save_model(
             for theirs in tensors:
                 mine = out.graph.initializer.add()
                 if external_data_helper.uses_external_data(theirs):
-                    location, start, length = _location(theirs)
+                    location, start, length = external_location(theirs)
                     file = source_dir / location
                     if base is not None and file.resolve() == base:
                         if length is None:
@@ -488,7 +488,7 @@ def _base_data(tensors: list[TensorProto], source_dir: Path, data) -> Path | Non
     ranges: dict[Path, list[tuple[int, int]]] = {}
     for tensor in tensors:
         if external_data_helper.uses_external_data(tensor):
-            location, start, length = _location(tensor)
+            location, start, length = external_location(tensor)
             file = (source_dir / location).resolve()
             if length is None:
                 length = os.path.getsize(file) - start
@@ -578,7 +578,7 @@ def _write_referenced(f, tensor: TensorProto, source_dir: Path) -> None:
     """Appends ``tensor`` to the model being written to ``f`` as one more graph initializer
     with its raw data streamed from its external-data reference: a ModelProto holding a
     GraphProto holding the TensorProto, length prefixes computed, the data copied in chunks."""
-    location, start, length = _location(tensor)
+    location, start, length = external_location(tensor)
     if length is None:
         length = os.path.getsize(source_dir / location) - start
     meta = TensorProto()
@@ -600,13 +600,13 @@ def _size(model: onnx.ModelProto, extra: list[TensorProto]) -> int:
     """The size of the model written inline: referenced tensors counted at their length."""
     total = model.ByteSize() + sum(t.ByteSize() + 8 for t in extra)
     for tensor in itertools.chain(
-        _external_tensors(model), (t for t in extra if external_data_helper.uses_external_data(t))
+        external_tensors(model), (t for t in extra if external_data_helper.uses_external_data(t))
     ):
         total += _nbytes(tensor)
     return total
 
 
-def _shell(model: onnx.ModelProto) -> onnx.ModelProto:
+def weightless_shell(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` without its main graph's initializers (and so without its weights)."""
     out = onnx.ModelProto()
     for field, value in model.ListFields():

@@ -72,9 +72,9 @@ class Repair:
 def graphs(model: onnx.ModelProto):
     """The model's main graph and its subgraphs, depth first, in a fixed order: graph numbers
     of :class:`Repair` count in it (``_Checker.graph`` visits them in this order)."""
-    from onnxnorm.ops.functions import _all_graphs
+    from onnxnorm.ops.functions import all_graphs
 
-    return _all_graphs(model.graph)
+    return all_graphs(model.graph)
 
 
 @functools.lru_cache(maxsize=1)
@@ -671,7 +671,7 @@ def apply_repairs(
 ) -> None:
     """Applies :func:`check_model`'s repairs to ``model`` in place: the model they were found
     in, or a copy with the same graphs. ``main_initializers`` False: the copy has none in its
-    main graph (``_io._shell``), where the caller leaves out the dropped ones itself
+    main graph (``_io.weightless_shell``), where the caller leaves out the dropped ones itself
     (:func:`dropped_initializers`)."""
     if any(r.kind == "alias" for r in repairs):
         version = next(o.version for o in model.opset_import if o.domain == DEFAULT_ALIAS)

@@ -175,13 +175,13 @@ def _check_external_data(path: str) -> None:
     """Refuses a model file whose external data would be read from outside its folder or does
     not fit its file, before ORT opens anything (ONNX Runtime 1.21 follows ``..``, absolute
     paths and symbolic links). A file that does not parse is left to ORT, which says so."""
-    from onnxnorm._io import _load_weights_as_references
+    from onnxnorm._io import load_weights_as_references
     from onnxnorm._validate import ModelProblem, check_external_data
 
     if not Path(path).is_file():
         return
     try:
-        model = _load_weights_as_references(Path(path))
+        model = load_weights_as_references(Path(path))
     except Exception:  # noqa: BLE001 - not a model: ORT's own error names the problem
         return
     try:

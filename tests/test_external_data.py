@@ -31,7 +31,7 @@ def _sha(path: Path) -> str:
 def _offsets(path: Path) -> dict[str, tuple[str, int, int]]:
     model = onnx.load(path, load_external_data=False)
     return {
-        t.name: _io._location(t)
+        t.name: _io.external_location(t)
         for t in model.graph.initializer
         if external_data_helper.uses_external_data(t)
     }

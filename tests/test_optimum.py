@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 from models import pipelines
 from onnxnorm.fusion.folder import fuse_folder
-from onnxnorm.ops.functions import _all_graphs
+from onnxnorm.ops.functions import all_graphs
 
 #: (family, file) -> (norms, residual adds): every norm, and every residual add that feeds a
 #: norm (Gemma 2's as Sandwich ops; Whisper's decoder also its token + position add, while its
@@ -54,7 +54,7 @@ def _files(folder: Path) -> dict[str, str]:
 
 def _ops(path: Path) -> list[str]:
     model = onnx.load(path, load_external_data=False)
-    return [n.op_type for g in _all_graphs(model.graph) for n in g.node]
+    return [n.op_type for g in all_graphs(model.graph) for n in g.node]
 
 
 @pytest.mark.slow

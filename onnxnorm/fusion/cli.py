@@ -102,7 +102,7 @@ def _problems(model, folder) -> list[str]:
 
     from onnxnorm.errors import first_line
     from onnxnorm.ops import catalogue
-    from onnxnorm.ops.functions import _all_graphs
+    from onnxnorm.ops.functions import all_graphs
 
     notes = []
     try:
@@ -115,7 +115,7 @@ def _problems(model, folder) -> list[str]:
     unknown = sorted(
         {
             f"{n.domain}::{n.op_type}"
-            for g in _all_graphs(model.graph)
+            for g in all_graphs(model.graph)
             for n in g.node
             if n.domain not in known and (n.domain, n.op_type) not in local
         }
@@ -218,8 +218,8 @@ def run_folder(args: argparse.Namespace) -> int:
 def _genai_sizes(source, model) -> dict[str, int] | None:
     """For a model in an onnxruntime-genai folder, the sizes of the KV cache's dims from its
     genai_config.json (generated inputs cannot guess the head size)."""
+    from onnxnorm._genai_config import CONFIG, dim_sizes, read_config
     from onnxnorm._io import model_dir
-    from onnxnorm.genai import CONFIG, dim_sizes, read_config
 
     if not (model_dir(source) / CONFIG).is_file():
         return None

@@ -54,18 +54,10 @@ from onnxnorm.fusion._base import (
     int_values,
     scalar,
 )
-from onnxnorm.fusion.norms import (
-    FORMS,
-    MS_DOMAIN,
-    CastAbsorb,
-    check_type,
-    check_weight,
-    core_checks,
-    divide,
-    square,
-)
+from onnxnorm.fusion.checks import check_type, check_weight, square
+from onnxnorm.fusion.norms import FORMS, MS_DOMAIN, CastAbsorb, core_checks, divide
 from onnxnorm.fusion.report import Tracker
-from onnxnorm.fusion.residual import _same_shape, _symbolic
+from onnxnorm.fusion.residual import same_shape, symbolic
 from onnxnorm.ops import catalogue
 
 GATED = "GatedRMSNorm"
@@ -187,11 +179,11 @@ def _gate_of(value: ir.Value, x: ir.Value) -> Activation:
             # another activation of a tensor of X's very shape is a near miss; of another shape
             # it is some other computation
             try:
-                _same_shape(act.gate, x, "the gate and X", "Mul")
+                same_shape(act.gate, x, "the gate and X", "Mul")
             except Rejected:
                 raise NotThisPattern(act.problem) from None
         raise Rejected(act.problem)
-    _same_shape(act.gate, x, "the gate and X", "Mul")
+    same_shape(act.gate, x, "the gate and X", "Mul")
     return act
 
 
@@ -519,7 +511,7 @@ class MsGatedRMSNorm(FusionRule):
         width = x.shape.dims[-1] if x.shape is not None and x.shape.rank() else None
         if isinstance(width, int) and width % size:
             raise Rejected(f"scale of length {size} does not divide X's last dim {width}")
-        _same_shape(gate, x, "the gate and X", "GatedRMSNorm")
+        same_shape(gate, x, "the gate and X", "GatedRMSNorm")
         return Replacement(
             GATED,
             {"X": x, "Scale": scale, "Gate": gate},
@@ -649,7 +641,7 @@ def _not_same_dims(a: ir.Value, b: ir.Value) -> str:
     """ "" where the shapes of ``a`` and ``b`` are proved equal (equal integers, or one symbol of
     one inference: onnx's or ORT's symbolic), else why not."""
     reasons = []
-    for shape_a, shape_b in ((a.shape, b.shape), (_symbolic(a), _symbolic(b))):
+    for shape_a, shape_b in ((a.shape, b.shape), (symbolic(a), symbolic(b))):
         if shape_a is None or shape_b is None:
             continue
         dims_a, dims_b = list(shape_a.dims), list(shape_b.dims)

@@ -581,6 +581,6 @@ class _Lowerer(functions.OpsetWriter):
 
 def op_types(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:
     """(domain, op_type) of every node in the model's graphs."""
-    for graph in functions._all_graphs(model.graph):
+    for graph in functions.all_graphs(model.graph):
         for node in graph.node:
             yield node.domain, node.op_type

@@ -340,19 +340,19 @@ def fuse_ir(
 def drop_unused_sums(model: onnx.ModelProto, outputs: tuple[str, ...] = ("Sum",)) -> None:
     """Removes the Sum output of Skip/Sandwich nodes where nothing reads it (Post-Norm); with
     ``outputs``, those optional outputs instead (a quantized op's Y_float)."""
-    from onnxnorm.ops.functions import _all_graphs
+    from onnxnorm.ops.functions import all_graphs
 
     used: set[str] = set()
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         used.update(o.name for o in graph.output)
         for node in graph.node:
             used.update(node.input)
             for attr in node.attribute:  # subgraphs read outer values by name
                 for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                    for inner in _all_graphs(g):
+                    for inner in all_graphs(g):
                         for n in inner.node:
                             used.update(n.input)
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for node in graph.node:
             if node.domain != catalogue.DOMAIN:
                 continue
@@ -390,10 +390,10 @@ def _deserialize_apart(
     made in the copy."""
     from onnx import external_data_helper
 
-    from onnxnorm._io import SMALL_TENSOR, _shell
+    from onnxnorm._io import SMALL_TENSOR, weightless_shell
     from onnxnorm._validate import apply_repairs, dropped_initializers
 
-    shell = _shell(model)
+    shell = weightless_shell(model)
     apply_repairs(shell, list(repairs), main_initializers=False)
     dropped = dropped_initializers(list(repairs))
     originals: dict[str, onnx.TensorProto] = {}

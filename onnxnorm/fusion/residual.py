@@ -21,7 +21,7 @@ from onnxnorm.fusion._base import (
     dtype,
     scalar,
 )
-from onnxnorm.fusion.norms import check_type, check_weight
+from onnxnorm.fusion.checks import check_type, check_weight
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
 
@@ -34,7 +34,7 @@ def _dim(d) -> str:
     return str(d) if isinstance(d, int) or d.value is not None else "unknown"
 
 
-def _symbolic(value: ir.Value) -> ir.Shape | None:
+def symbolic(value: ir.Value) -> ir.Shape | None:
     """The shape ORT's symbolic inference gave ``value`` (``pipeline.symbolic_shapes``); for an
     output of an onnxnorm node written since, the shape of that node's X, which its Y and Sum
     have."""
@@ -76,13 +76,13 @@ def _compare(dims_a: list, dims_b: list, what: str, op: str = "Add") -> str | No
     return None
 
 
-def _same_shape(a: ir.Value, b: ir.Value, what: str, op: str = "Add") -> None:
+def same_shape(a: ir.Value, b: ir.Value, what: str, op: str = "Add") -> None:
     """Proves that an Add (``op``) of ``a`` and ``b`` does not broadcast, or says exactly why
     not. Dims are equal when they are equal integers or the same symbol of one inference:
     onnx's (the values' shapes) or ORT's symbolic inference (which never merges two dims that
     an op broadcasts, see ``fusion._ort_symbolic``)."""
     reasons = []
-    for dims_a, dims_b in ((a.shape, b.shape), (_symbolic(a), _symbolic(b))):
+    for dims_a, dims_b in ((a.shape, b.shape), (symbolic(a), symbolic(b))):
         if dims_a is not None and dims_b is not None:
             reason = _compare(list(dims_a.dims), list(dims_b.dims), what, op)
             if reason is None:
@@ -128,7 +128,7 @@ class SkipFusion(FusionRule):
         attrs = norm.attributes
         t = dtype(total, "the sum")
         check_type(t, a=a, b=b)
-        _same_shape(a, b, "the residual add's operands")
+        same_shape(a, b, "the residual add's operands")
         if self.deep:
             value = scalar(alpha, "alpha")
             check_type(t, alpha=alpha)
@@ -169,7 +169,7 @@ class CastSkipFusion(SkipFusion):
 
     def inspect(self, context, a, b, total, cast, y, **_):
         t, norm_type = dtype(total, "the sum"), dtype(cast, "the norm's input")
-        _same_shape(a, b, "the residual add's operands")
+        same_shape(a, b, "the residual add's operands")
         if t == norm_type:  # a Cast to the type it has (``rules()`` without the pipeline)
             return super().inspect(context, a=a, b=b, total=total, y=y)
         if t.itemsize < norm_type.itemsize:
@@ -230,7 +230,7 @@ class SandwichFusion(FusionRule):
         ia, ib = inner_norm.inputs, outer_norm.inputs
         t = dtype(x, "X")
         check_type(t, Residual=r, Sum=total)
-        _same_shape(x, r, "the sublayer output and the residual")
+        same_shape(x, r, "the sublayer output and the residual")
         for name in ("axis", "scale_offset"):
             if name in a and a[name] != b[name]:
                 raise Rejected(f"the two norms differ in {name}: {a[name]} and {b[name]}")
@@ -321,7 +321,7 @@ class XBiasAbsorb(FusionRule):
             raise Rejected(f"{t.name}: the original rounds X + bias before the residual add")
         check_type(t, bias=bias, Residual=other)
         check_scale(bias, m, -1)
-        _same_shape(m, other, "X and the residual")
+        same_shape(m, other, "X and the residual")
         return Replacement(self.op_name, dict(skip.inputs, X=m, Residual=other, XBias=bias), attrs)
 
 

@@ -4,7 +4,7 @@ writes for Keras' LayerNormalization. Each computes the same function as onnxnor
 in another arrangement of float32 arithmetic, which the report notes.
 
 (ONNX's function body of RMSNormalization needs no rule of its own: it is the decomposed RMSNorm
-of ``norms.RMSCore`` with axes computed from X's rank, which ``norms.mean_axis`` evaluates.)
+of ``norms.RMSCore`` with axes computed from X's rank, which ``checks.mean_axis`` evaluates.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from onnxnorm.fusion._base import (
     scalar,
     statistics_type,
 )
-from onnxnorm.fusion.norms import check_type, check_weight, mean_axis, square
+from onnxnorm.fusion.checks import check_type, check_weight, mean_axis, square
 
 #: the report's note on the one-pass variance of ONNX's function body
 ONE_PASS = (

@@ -19,7 +19,7 @@ import onnx
 from onnx import helper
 
 from onnxnorm.errors import first_line
-from onnxnorm.ops.functions import _all_graphs
+from onnxnorm.ops.functions import all_graphs
 
 #: (rtol, atol) for whole models: a few norm-op tolerances, since errors add up through layers
 TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2), "bfloat16": (6e-2, 6e-2)}
@@ -65,7 +65,7 @@ def _named_size(name: str, sizes: dict[str, int]) -> int:
 def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     """For graph inputs used as Gather indices into a constant table: the table's size."""
     tables = {}
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for init in graph.initializer:
             if init.dims:
                 tables[init.name] = init.dims[0]
@@ -75,9 +75,9 @@ def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
                     if attr.name == "value" and attr.t.dims:
                         tables[node.output[0]] = attr.t.dims[0]
     inputs = {i.name for i in model.graph.input}
-    producers = {o: n for g in _all_graphs(model.graph) for n in g.node for o in n.output}
+    producers = {o: n for g in all_graphs(model.graph) for n in g.node for o in n.output}
     bounds: dict[str, int] = {}
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for node in graph.node:
             if node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in tables:
                 index = node.input[1]
@@ -178,7 +178,7 @@ def _computed_in(model: onnx.ModelProto) -> str:
     model computes in that type inside (a float16 conversion that kept float32 inputs and
     outputs casts to it), else "float32"."""
     found = set()
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         found.update(t.data_type for t in graph.initializer)
         for node in graph.node:
             if node.op_type == "Cast":
@@ -194,7 +194,7 @@ def uses_onnxnorm(model: onnx.ModelProto) -> bool:
     from onnxnorm.ops import catalogue
 
     return any(
-        node.domain == catalogue.DOMAIN for graph in _all_graphs(model.graph) for node in graph.node
+        node.domain == catalogue.DOMAIN for graph in all_graphs(model.graph) for node in graph.node
     )
 
 
@@ -295,9 +295,9 @@ def _weightless(model: onnx.ModelProto, weights=()) -> bytes:
     that nothing is read and the graph, its types, opsets and kernels are still checked."""
     from onnx import external_data_helper
 
-    from onnxnorm._io import SMALL_TENSOR, _shell
+    from onnxnorm._io import SMALL_TENSOR, weightless_shell
 
-    shell = _shell(model)
+    shell = weightless_shell(model)
     declared = {i.name for i in shell.graph.input}
     for tensor in [*model.graph.initializer, *weights]:
         if tensor.ByteSize() < SMALL_TENSOR and not external_data_helper.uses_external_data(tensor):

@@ -3,9 +3,9 @@
 Each row says which norm a family uses and how: kind, placement, epsilon, scale offset, bias,
 Q/K norm, embedding norm and the rounding order of its Hugging Face implementation in
 float16/bfloat16. docs/norms.md renders this table (``tools/gen_norms_doc.py``) and
-:func:`decoder_config` turns a row into a :class:`onnxnorm.nn.decoder.DecoderConfig`, so that the
-tests, the benchmarks and ``onnxnorm export <family>`` can build a small decoder normalized the
-way the family is.
+:func:`decoder_config` turns a row into a :class:`DecoderConfig` (which
+:mod:`onnxnorm.nn.decoder` builds), so that the tests, the benchmarks and ``onnxnorm export
+<family>`` can build a small decoder normalized the way the family is.
 
 Epsilons are those of the families' published configs (the usual sizes; a few checkpoints
 differ). "order A" rounds the normalized value to the input type before the scale (Llama, T5);
@@ -21,11 +21,6 @@ built from such a row has simplified stand-ins for the linear-attention and stat
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the decoder needs torch; this table does not
-    from onnxnorm.nn.decoder import DecoderConfig
-
 
 #: the token mixers of onnxnorm.nn.decoder: softmax attention, Qwen3-Next's hybrid of gated
 #: DeltaNet linear attention and attention, Mamba2's state-space mixer
@@ -287,12 +282,106 @@ def get(name: str) -> Family:
         raise KeyError(f"unknown family {name!r}; known: {', '.join(BY_KEY)}") from None
 
 
+# --- the reference decoder's configuration (torch-free: onnxnorm.nn.decoder builds it) ---
+
+POSITIONS = ("pre", "post", "sandwich", "deepnorm", "reordered")
+NORMS = ("rms", "layer")
+IMPLS = ("onnxnorm", "decomposed")
+
+
+@dataclasses.dataclass
+class DecoderConfig:
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int | None = None  # grouped-query attention; None: as many as heads
+    intermediate: int = 128
+    layers: int = 2
+    vocab: int | None = None  # None: the model takes hidden states; else token ids
+    norm: str = "rms"  # "rms" or "layer"
+    position: str = "pre"
+    eps: float = 1e-6
+    scale_offset: float = 0.0  # Gemma's (1 + weight); RMSNorm only
+    cast_before_scale: int = 0  # rounding order: 1 = A (Llama, T5), 0 = B (Gemma, torch)
+    weight: bool = True  # False: non-parametric norms (OLMo)
+    bias: bool = False  # LayerNorm bias
+    qk_norm: bool = False  # norms of the queries and keys over head_dim (Qwen3, Gemma 3)
+    embedding_norm: bool = False  # a norm right after the embedding (BLOOM, BERT)
+    final_norm: bool | None = None  # None: yes for pre, sandwich and reordered
+    impl: str = "onnxnorm"
+    mixer: str = "attention"  # a value of MIXERS
+    #: gated_deltanet: every n-th layer is softmax attention (Qwen3-Next: every 4th), and the
+    #: head size of the linear attention's queries, keys and values (Qwen3-Next: 128)
+    full_attention_interval: int = 2
+    linear_head_dim: int = 128
+    #: mamba2: the groups of the gated norm (and of B and C), and the state size; the mixer's
+    #: inner size is ``intermediate`` (Mamba2's expand * hidden), with ``heads`` heads
+    mamba_groups: int = 8
+    mamba_state: int = 16
+    conv_kernel: int = 4  # the causal depthwise convolution of both linear mixers
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        if self.hidden % self.heads or self.heads % (self.kv_heads or self.heads):
+            raise ValueError("hidden must be a multiple of heads, and heads of kv_heads")
+        if self.scale_offset and self.norm != "rms":
+            raise ValueError("scale_offset is for RMSNorm only")
+        if self.bias and self.norm != "layer":
+            raise ValueError("bias is for LayerNorm only")
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {MIXERS}, got {self.mixer!r}")
+        if self.mixer != "attention" and (self.norm != "rms" or self.position != "pre"):
+            raise ValueError(f"mixer {self.mixer!r} is for Pre-Norm RMSNorm decoders")
+        if (
+            self.mixer == "gated_deltanet"
+            and min(self.full_attention_interval, self.linear_head_dim) < 1
+        ):
+            raise ValueError("full_attention_interval and linear_head_dim must be >= 1")
+        if self.mixer == "mamba2" and (
+            self.mamba_groups < 1
+            or self.intermediate % self.mamba_groups
+            or self.intermediate % self.heads
+        ):
+            raise ValueError(
+                "mamba2: intermediate (the mixer's inner size) must be a multiple of "
+                "mamba_groups and of heads"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def layer_kind(self, index: int) -> str:
+        """What mixes the tokens in layer ``index``: "attention", "linear_attention" or
+        "mamba2"."""
+        if self.mixer == "mamba2":
+            return "mamba2"
+        if self.mixer == "gated_deltanet" and (index + 1) % self.full_attention_interval:
+            return "linear_attention"
+        return "attention"
+
+    @property
+    def has_final_norm(self) -> bool:
+        if self.final_norm is not None:
+            return self.final_norm
+        return self.position in ("pre", "sandwich", "reordered")
+
+    @property
+    def deepnorm(self):
+        """DeepNorm's alpha and beta for this decoder-only stack (arXiv:2203.00555)."""
+        from onnxnorm.nn import deepnorm_constants
+
+        return deepnorm_constants("decoder", decoder_layers=self.layers)["decoder"]
+
+
 def decoder_config(family: Family | str, **overrides) -> DecoderConfig:
     """A :class:`onnxnorm.nn.decoder.DecoderConfig` normalized the way ``family`` is (needs
     torch). Placements the decoder does not build (``parallel``) become ``pre`` with the same
     norms. A hybrid family's decoder gets the family's token mixer."""
-    from onnxnorm.nn.decoder import DecoderConfig
-
     if isinstance(family, str):
         family = get(family)
     position = "pre" if family.position == "parallel" else family.position

@@ -52,7 +52,7 @@ def _reset_offset_weight(module: torch.nn.Module) -> None:
         torch.nn.init.constant_(module.weight, 1.0 - module.scale_offset)
 
 
-class _Norm(torch.nn.Module):
+class NormBase(torch.nn.Module):
     """What the onnxnorm norm modules share: the catalogue op they run and its attributes.
 
     ``normalized_shape`` is the shape of the parameters (as in torch); statistics are taken
@@ -139,7 +139,7 @@ class _Norm(torch.nn.Module):
         return text
 
 
-class RMSNorm(_Norm):
+class RMSNorm(NormBase):
     """``torch.nn.RMSNorm`` with the same parameters and state_dict (``weight``), plus the
     catalogue's ``scale_offset`` (Gemma's ``1 + weight``: the weight starts at 0 then) and
     ``cast_before_scale`` (rounding order for float16/bfloat16, see docs/ops.md). Without
@@ -186,7 +186,7 @@ class RMSNorm(_Norm):
         )
 
 
-class LayerNorm(_Norm):
+class LayerNorm(NormBase):
     """``torch.nn.LayerNorm`` with the same parameters and state_dict (``weight``, ``bias``;
     ``elementwise_affine`` and ``bias`` flags as in torch), plus ``cast_before_scale``
     (rounding order for float16/bfloat16; 0, torch's own order, by default) and ``axis``.

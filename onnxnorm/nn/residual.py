@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from onnxnorm.nn.functional import call
-from onnxnorm.nn.modules import RESIDUAL_NORM_TYPES, _Norm
+from onnxnorm.nn.modules import RESIDUAL_NORM_TYPES, NormBase
 
 
-def _check_norm(norm: Any, role: str = "norm") -> _Norm:
+def _check_norm(norm: Any, role: str = "norm") -> NormBase:
     if not isinstance(norm, RESIDUAL_NORM_TYPES):
         raise TypeError(
             f"{role} must be an onnxnorm.nn.RMSNorm or LayerNorm (convert the model "
@@ -43,7 +43,7 @@ def _check_norm(norm: Any, role: str = "norm") -> _Norm:
 
 
 def add_norm(
-    norm: _Norm,
+    norm: NormBase,
     x: torch.Tensor,
     residual: torch.Tensor,
     *,
@@ -77,7 +77,7 @@ def add_norm(
     )
 
 
-def _same_attributes(inner: _Norm, outer: _Norm, dtype: torch.dtype) -> bool:
+def _same_attributes(inner: NormBase, outer: NormBase, dtype: torch.dtype) -> bool:
     return (
         type(inner) is type(outer)
         and inner.normalized_shape == outer.normalized_shape
@@ -86,7 +86,7 @@ def _same_attributes(inner: _Norm, outer: _Norm, dtype: torch.dtype) -> bool:
 
 
 def sandwich_norm(
-    inner: _Norm, outer: _Norm, x: torch.Tensor, residual: torch.Tensor
+    inner: NormBase, outer: NormBase, x: torch.Tensor, residual: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``Sum = residual + inner(x)``, ``Y = outer(Sum)``; returns (Y, Sum).
 
@@ -122,7 +122,7 @@ class ResidualStream:
 
     x: torch.Tensor
     pending: torch.Tensor | None = None
-    pending_norm: _Norm | None = None
+    pending_norm: NormBase | None = None
 
     @classmethod
     def of(cls, value: torch.Tensor | ResidualStream) -> ResidualStream:
@@ -134,7 +134,7 @@ class ResidualStream:
             )
         return cls(value)
 
-    def normalize(self, norm: _Norm) -> tuple[torch.Tensor, ResidualStream]:
+    def normalize(self, norm: NormBase) -> tuple[torch.Tensor, ResidualStream]:
         """Adds what is pending into the stream and normalizes it for the next sublayer, in one
         node; returns (the norm's output, the stream with nothing pending)."""
         if self.pending is None:
@@ -145,7 +145,7 @@ class ResidualStream:
             y, total = sandwich_norm(self.pending_norm, norm, self.pending, self.x)
         return y, ResidualStream(total)
 
-    def add(self, delta: torch.Tensor, norm: _Norm | None = None) -> ResidualStream:
+    def add(self, delta: torch.Tensor, norm: NormBase | None = None) -> ResidualStream:
         """The stream plus ``delta`` (normalized by ``norm`` first, when given), left pending."""
         stream = self.settle()
         return ResidualStream(stream.x, delta, norm)
@@ -158,7 +158,7 @@ class ResidualStream:
         delta = self.pending if self.pending_norm is None else self.pending_norm(self.pending)
         return ResidualStream(self.x + delta)
 
-    def post_norm(self, delta: torch.Tensor, norm: _Norm, alpha: float = 1.0) -> ResidualStream:
+    def post_norm(self, delta: torch.Tensor, norm: NormBase, alpha: float = 1.0) -> ResidualStream:
         """Post-Norm / DeepNorm: the stream becomes ``norm(alpha * x + delta)``, one Skip node."""
         x = self.value()
         return ResidualStream(add_norm(norm, delta, x, alpha=alpha)[0])
@@ -166,7 +166,7 @@ class ResidualStream:
     def value(self) -> torch.Tensor:
         return self.settle().x
 
-    def finish(self, norm: _Norm | None = None) -> torch.Tensor:
+    def finish(self, norm: NormBase | None = None) -> torch.Tensor:
         """The final output: ``norm`` of the stream (fused with the pending add), or the stream."""
         if norm is None:
             return self.value()
@@ -177,7 +177,7 @@ class PreNormBlock(torch.nn.Module):
     """Pre-Norm: ``x + sublayer(norm(x))``. The add is fused into the next block's norm (or the
     final norm): one SkipRMSNorm / SkipLayerNorm node per residual add + norm."""
 
-    def __init__(self, norm: _Norm, sublayer: torch.nn.Module):
+    def __init__(self, norm: NormBase, sublayer: torch.nn.Module):
         super().__init__()
         self.norm = _check_norm(norm)
         self.sublayer = sublayer
@@ -194,7 +194,7 @@ class SandwichBlock(torch.nn.Module):
     fused with the next block's pre-norm (or the final norm) into one SandwichRMSNorm /
     SandwichLayerNorm node."""
 
-    def __init__(self, pre_norm: _Norm, sublayer: torch.nn.Module, post_norm: _Norm):
+    def __init__(self, pre_norm: NormBase, sublayer: torch.nn.Module, post_norm: NormBase):
         super().__init__()
         self.pre_norm = _check_norm(pre_norm, "pre_norm")
         self.sublayer = sublayer
@@ -211,7 +211,7 @@ class PostNormBlock(torch.nn.Module):
     """Post-Norm: ``norm(alpha * x + sublayer(x))`` (``alpha = 1``: the original Transformer,
     BERT), as one SkipRMSNorm / SkipLayerNorm node without the Sum output."""
 
-    def __init__(self, sublayer: torch.nn.Module, norm: _Norm, alpha: float = 1.0):
+    def __init__(self, sublayer: torch.nn.Module, norm: NormBase, alpha: float = 1.0):
         super().__init__()
         self.sublayer = sublayer
         self.norm = _check_norm(norm)
@@ -298,7 +298,7 @@ class DeepNormBlock(PostNormBlock):
     one SkipLayerNorm (or SkipRMSNorm) node with ``alpha``. Initialize the sublayers with
     :func:`deepnorm_init_` and the matching beta."""
 
-    def __init__(self, sublayer: torch.nn.Module, norm: _Norm, alpha: float):
+    def __init__(self, sublayer: torch.nn.Module, norm: NormBase, alpha: float):
         if not (math.isfinite(alpha) and alpha > 0):
             raise ValueError(f"DeepNorm alpha must be a finite number > 0, got {alpha!r}")
         super().__init__(sublayer, norm, alpha)

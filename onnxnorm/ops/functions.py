@@ -567,20 +567,20 @@ def _quantize(b: _Body, spec: catalogue.OpSpec, y: str, with_zero_point: bool) -
     b("QuantizeLinear", *inputs, out="Y")
 
 
-def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     yield graph
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_graphs(attr.g)
+                yield from all_graphs(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    yield from _all_graphs(g)
+                    yield from all_graphs(g)
 
 
 def onnxnorm_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
     """Every onnxnorm node of the model's graphs (subgraphs included)."""
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for node in graph.node:
             if node.domain == catalogue.DOMAIN:
                 yield node
@@ -635,7 +635,7 @@ def _declared(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list]]:
     value_info, initializers and Constant outputs (subgraphs included)."""
     types: dict[str, int] = {}
     dims: dict[str, list] = {}
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for info in list(graph.input) + list(graph.output) + list(graph.value_info):
             t = info.type.tensor_type
             if t.elem_type:

@@ -179,14 +179,14 @@ def bind(
 def _model_args(items: Sequence[str]) -> list[tuple[str, str]]:
     from pathlib import Path
 
-    from onnxnorm.serve.triton import _NAME, _model_name
+    from onnxnorm.serve.triton import MODEL_NAME_PATTERN, triton_model_name
 
     models = []
     for item in items:
         name, sep, path = item.partition("=")
         if not sep:
-            name, path = _model_name(Path(item)), item
-        if not _NAME.fullmatch(name):
+            name, path = triton_model_name(Path(item)), item
+        if not MODEL_NAME_PATTERN.fullmatch(name):
             raise OnnxNormError(
                 f"model name {name!r}: use letters, digits, '_', '.' and '-' (not first)"
             )

@@ -49,7 +49,7 @@ TRITON_ONNXRUNTIME = (
 DEFAULT_MAX_BATCH_SIZE = 8
 MODEL_FILE = "model.onnx"
 VERSION = "1"
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+MODEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 def first_triton_release(api_version: int) -> tuple[str, str] | None:
@@ -232,7 +232,7 @@ def config_text(
     return "\n".join(lines) + "\n"
 
 
-def _model_name(path: Path) -> str:
+def triton_model_name(path: Path) -> str:
     stem = path.stem
     if stem == "model" and path.parent.name:  # a folder's model.onnx: the folder's name
         stem = path.absolute().parent.name
@@ -255,9 +255,9 @@ def _sources(source: Path, name: str | None) -> list[tuple[Path, str]]:
             )
     else:
         files = [source]
-    found = [(f, name or _model_name(f)) for f in files]
+    found = [(f, name or triton_model_name(f)) for f in files]
     for _path, model_name in found:
-        if not _NAME.fullmatch(model_name):
+        if not MODEL_NAME_PATTERN.fullmatch(model_name):
             raise OnnxNormError(
                 f"model name {model_name!r}: use letters, digits, '_', '.' and '-' (not first)"
             )
@@ -271,12 +271,12 @@ def _copy_model(source: Path, version_dir: Path) -> None:
     """The model file as it is, as ``model.onnx``, and its external data files under the same
     relative names (the model names them so; :func:`onnxnorm._io.load_model` has checked that
     they lie in its folder)."""
-    from onnxnorm._io import _external_tensors, _load_weights_as_references, _location
+    from onnxnorm._io import external_location, external_tensors, load_weights_as_references
 
-    references = _load_weights_as_references(source)  # no weight read
+    references = load_weights_as_references(source)  # no weight read
     version_dir.mkdir(parents=True)
     shutil.copyfile(source, version_dir / MODEL_FILE)
-    for location in sorted({_location(t)[0] for t in _external_tensors(references)}):
+    for location in sorted({external_location(t)[0] for t in external_tensors(references)}):
         if (source.parent / location).resolve() == source.resolve():
             continue  # references to the file's own inline weights
         target = version_dir / location
@@ -311,7 +311,7 @@ def write_repository(
         raise OnnxNormError(f"--instances must be 1 or more, got {instances}")
     if max_batch_size is not None and max_batch_size < 0:
         raise OnnxNormError(f"--max-batch-size must be 0 or more, got {max_batch_size}")
-    if name is not None and not _NAME.fullmatch(name):
+    if name is not None and not MODEL_NAME_PATTERN.fullmatch(name):
         raise OnnxNormError(f"--name {name!r}: use letters, digits, '_', '.' and '-' (not first)")
     found = _sources(source, name)
     if repository.exists() and not repository.is_dir():

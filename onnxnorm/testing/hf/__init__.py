@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from onnxnorm.testing.hf import generic, norms
+from onnxnorm.testing.hf import generic, norms, weights
+from onnxnorm.testing.hf.weights import LOW, WIDTH, is_norm, randomize_norms, scale_offset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,9 +244,6 @@ FAMILIES: dict[str, Family] = {
 #: the special tokens of :func:`tokenizer`, for a config whose model is saved with it
 TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 
-#: the scales :func:`randomize_norms` draws from: uniform in [LOW, LOW + WIDTH)
-LOW, WIDTH = 0.6, 0.8
-
 
 def _require(module: str, purpose: str):
     from onnxnorm._deps import require
@@ -364,58 +362,6 @@ def qwen3_5_for_genai(hf_config, *, seed: int = 0):
     torch.manual_seed(seed)
     built = transformers.Qwen3_5ForConditionalGeneration(composite).eval()
     return randomize_norms(built, seed + 1)
-
-
-def is_norm(module) -> bool:
-    """Whether ``module`` is a norm: its class name ends in "Norm" (torch's LayerNorm and
-    RMSNorm, transformers' LlamaRMSNorm, T5LayerNorm, ..., onnxnorm's modules) or "NormGated"
-    (the gated norms of hybrid models: Qwen3NextRMSNormGated, MambaRMSNormGated, ...)."""
-    return type(module).__name__.endswith(("Norm", "NormGated"))
-
-
-def scale_offset(module) -> float:
-    """What the norm ``module`` adds to its weight before scaling: 1 for Gemma's norms (the
-    families of :mod:`onnxnorm.nn.families` with a scale offset) and onnxnorm's norms built
-    with ``scale_offset=1``, else 0."""
-    offset = getattr(module, "scale_offset", None)  # onnxnorm.nn.RMSNorm
-    if offset is None and type(module).__name__ == "DecomposedNorm":  # onnxnorm.nn.decoder's
-        offset = module.offset
-    if offset is None and type(module).__name__ in _OFFSET_NORMS:
-        offset = _OFFSET_NORMS[type(module).__name__]
-    if offset is None:
-        from onnxnorm.nn import families
-
-        offset = next(
-            (f.scale_offset for f in families.FAMILIES if f.hf_norm_class == type(module).__name__),
-            0.0,
-        )
-    return float(offset)
-
-
-#: norm classes that scale by ``1 + weight`` beside those of :mod:`onnxnorm.nn.families`
-_OFFSET_NORMS = {"Qwen3_5RMSNorm": 1.0}
-
-
-def randomize_norms(model, seed: int = 1):
-    """Sets the parameters of every norm module of ``model`` (:func:`is_norm`, ``model`` itself
-    included) to random values drawn from ``seed`` (not from torch's global generator), and
-    returns ``model``. A weight gets the values that make the norm's scale uniform in
-    [0.6, 1.4) (:data:`LOW`, :data:`WIDTH`): a norm that scales by ``1 + weight`` (Gemma's,
-    :func:`scale_offset`) gets a weight uniform in [-0.4, 0.4). A bias is uniform in
-    [-0.4, 0.4). The modules are visited in ``model.modules()`` order, each one's parameters in
-    their own order."""
-    torch = _require("torch", "randomizing norm weights")
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if not is_norm(module):
-                continue
-            offset = scale_offset(module)
-            for name, parameter in module.named_parameters(recurse=False):
-                shift = LOW - 1.0 if "bias" in name else LOW - offset
-                drawn = torch.rand(parameter.shape, generator=generator) * WIDTH + shift
-                parameter.copy_(drawn)
-    return model
 
 
 #: the chunked delta rules of the linear-attention families (their PyTorch reference, which the
@@ -673,6 +619,7 @@ __all__ = [
     "model",
     "generic",
     "norms",
+    "weights",
     "past_names",
     "present_names",
     "quantize",

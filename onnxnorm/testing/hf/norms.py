@@ -247,13 +247,14 @@ def arguments(variant: Variant, hidden: int) -> dict[str, Any]:
 
 def build(variant: Variant | NormClass, hidden: int = 16, *, seed: int = 1):
     """A tiny ``variant`` in eval mode, its weights (if any) drawn by
-    :func:`~onnxnorm.testing.hf.randomize_norms` from ``seed``; an l2norm function as a module.
+    :func:`~onnxnorm.testing.hf.weights.randomize_norms` from ``seed``; an l2norm function as
+    a module.
     ``forward(x, gate)`` for a gated one, ``forward(x)`` for the others. Raises
     :class:`NotBuildable` (with the reason) where the constructor cannot be filled in or
     refuses the arguments."""
     import torch
 
-    from onnxnorm.testing.hf import randomize_norms
+    from onnxnorm.testing.hf.weights import randomize_norms
 
     if isinstance(variant, NormClass):
         variant = Variant(variant)

@@ -1,0 +1,164 @@
+"""The package's import structure keeps its shape (docs/design.md, "Layout"): `make lint` runs
+this file, so that a feature cannot bring back what the redesign removed.
+
+Read from the source (every import statement, those inside functions included, since a lazy
+import is an arrow all the same):
+
+- no import circle among onnxnorm's modules;
+- no private name (``_name``) imported from another module: what crosses a module is public;
+- the fusion pass and the op catalogue (``onnxnorm.fusion``, ``onnxnorm.ops``) import no
+  pipeline package (``onnxnorm.genai``, ``onnxnorm.olive``, ``onnxnorm.serve``) and not the
+  torch side (``onnxnorm.nn``);
+- no library module imports the tooling packages (``onnxnorm.bench``, ``onnxnorm.testing``),
+  which import the library like any user.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "onnxnorm"
+PIPELINES = ("onnxnorm.genai", "onnxnorm.olive", "onnxnorm.serve")
+TOOLING = ("onnxnorm.bench", "onnxnorm.testing")
+PASS = ("onnxnorm.fusion", "onnxnorm.ops")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrow:
+    source: str  # the importing module
+    target: str  # the imported module
+    name: str | None  # the name taken from it (``from target import name``), if any
+    line: int
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _within(name: str, modules: dict[str, Path]) -> str:
+    """The module ``name`` lives in (a dotted name may end in an attribute)."""
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+@functools.cache
+def arrows() -> tuple[Arrow, ...]:
+    """Every import of an onnxnorm module by an onnxnorm module."""
+    modules = _modules()
+    found = []
+    for source, path in modules.items():
+        package = source if path.name == "__init__.py" else source.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "onnxnorm":
+                        found.append(Arrow(source, _within(alias.name, modules), None, node.lineno))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                if base.split(".")[0] != "onnxnorm":
+                    continue
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    if full in modules:  # a module taken from its package
+                        found.append(Arrow(source, full, None, node.lineno))
+                    else:
+                        found.append(Arrow(source, _within(base, modules), alias.name, node.lineno))
+    return tuple(a for a in found if a.target != a.source)
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def _where(arrow: Arrow) -> str:
+    taken = f" ({arrow.name})" if arrow.name else ""
+    return f"{arrow.source}:{arrow.line} -> {arrow.target}{taken}"
+
+
+def test_the_reader_sees_the_imports():
+    """The reader finds the arrows it must (a broken reader would pass every rule)."""
+    found = {(a.source, a.target) for a in arrows()}
+    assert ("onnxnorm.fusion.pipeline", "onnxnorm.fusion.norms") in found
+    assert ("onnxnorm.nn.decoder", "onnxnorm.nn.families") in found
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circle():
+    edges: dict[str, set[str]] = {}
+    for arrow in arrows():
+        edges.setdefault(arrow.source, set()).add(arrow.target)
+    circles = _circles(edges)
+    assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_private_name_crosses_a_module():
+    crossing = [
+        _where(a)
+        for a in arrows()
+        if a.name and a.name.startswith("_") and not a.name.startswith("__")
+    ]
+    assert not crossing, "private names imported from another module: " + "; ".join(crossing)
+
+
+def test_the_pass_imports_no_pipeline_and_no_torch_side():
+    upward = [
+        _where(a)
+        for a in arrows()
+        if a.source.startswith(PASS) and a.target.startswith(PIPELINES + ("onnxnorm.nn",))
+    ]
+    assert not upward, "the pass reaches up: " + "; ".join(upward)
+
+
+def test_the_library_imports_no_tooling():
+    upward = [
+        _where(a)
+        for a in arrows()
+        if not a.source.startswith(TOOLING) and a.target.startswith(TOOLING)
+    ]
+    assert not upward, "library code imports bench or testing: " + "; ".join(upward)
