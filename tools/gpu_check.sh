@@ -36,7 +36,7 @@
 # rot between the rare sessions that have a GPU).
 # Exit status: non-zero when a step failed (a skipped step is no failure).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root="$PWD"
 start=$SECONDS
 all_steps="machine,build,correctness,bandwidth,ort,e2e"

@@ -21,7 +21,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${ONNXNORM_SANITIZE_BUILD:-$root/build/sanitize}
 python=${PYTHON:-$root/.venv/bin/python}
 # cmake, ninja and ctest as pip installs them next to the interpreter, else from PATH
-export PATH="$(dirname "$python"):$PATH"
+PATH="$(dirname "$python"):$PATH"
+export PATH
 jobs=$(nproc 2>/dev/null || echo 2)
 
 generator=()
