@@ -225,3 +225,44 @@ def test_the_benchmark_s_moved_names_warn_and_are_these():
                 assert getattr(module, name) is getattr(hf, name)
     assert hf.past_names(2)[-1] == "past_key_values.1.value"
     assert hf.present_names(1) == ["present.0.key", "present.0.value"]
+
+
+def test_the_family_table_is_what_transformers_computes():
+    """onnxnorm.nn.families says, for each LLM family, which norm its transformers class
+    computes; hf.FAMILIES builds tiny models of the same families under transformers'
+    model_type. The two are tied here, through the installed transformers:
+
+    - each family's ``hf_norm_class`` (a transformers class; torch's own LayerNorm aside)
+      exists, found by reading transformers (a release that renames it fails here);
+    - convert's probe of that class finds the family's norm kind, scale offset, rounding order,
+      weight and bias (the table's facts are the code's);
+    - its model type names the family in both tables (``families.get`` takes transformers'
+      spelling), and the tiny model hf builds of it holds that class.
+    hf.weights' table of offset norms names existing classes too."""
+    from onnxnorm.nn import families
+    from onnxnorm.nn.converter import probe
+    from onnxnorm.testing.hf.weights import OFFSET_NORMS
+
+    found = {n.name: n for n in hf.norms.norm_classes()}
+    tied = 0
+    for family in families.FAMILIES:
+        if family.hf_norm_class.startswith("torch."):
+            continue
+        assert family.hf_norm_class in found, (family.name, family.hf_norm_class)
+        norm = found[family.hf_norm_class]
+        config = probe(hf.norms.build(norm, 16))
+        order = "A" if config.cast_before_scale else "B"
+        assert (config.kind, config.scale_offset, order, config.weight, config.bias) == (
+            family.norm,
+            family.scale_offset,
+            family.order,
+            family.weight,
+            family.bias,
+        ), family.name
+        assert families.get(norm.model_type) is family
+        assert norm.model_type in hf.FAMILIES, (family.name, norm.model_type)
+        model = hf.model(hf.config(norm.model_type))
+        assert any(type(m).__name__ == family.hf_norm_class for m in model.modules())
+        tied += 1
+    assert tied >= 12
+    assert set(OFFSET_NORMS) <= set(found)

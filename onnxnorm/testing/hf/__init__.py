@@ -93,6 +93,7 @@ FAMILIES: dict[str, Family] = {
     "phi": Family("PhiConfig", "PhiForCausalLM", "PhiModel"),
     "cohere": Family("CohereConfig", "CohereForCausalLM", "CohereModel"),
     "olmo": Family("OlmoConfig", "OlmoForCausalLM", "OlmoModel"),
+    "olmo2": Family("Olmo2Config", "Olmo2ForCausalLM", "Olmo2Model"),
     "gpt2": Family("GPT2Config", "GPT2LMHeadModel", "GPT2Model", grouped=False),
     "gpt_neox": Family("GPTNeoXConfig", "GPTNeoXForCausalLM", "GPTNeoXModel", grouped=False),
     "bert": Family("BertConfig", "BertLMHeadModel", "BertModel", grouped=False),

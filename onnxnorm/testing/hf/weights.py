@@ -22,8 +22,8 @@ def scale_offset(module) -> float:
     offset = getattr(module, "scale_offset", None)  # onnxnorm.nn.RMSNorm
     if offset is None and type(module).__name__ == "DecomposedNorm":  # onnxnorm.nn.decoder's
         offset = module.offset
-    if offset is None and type(module).__name__ in _OFFSET_NORMS:
-        offset = _OFFSET_NORMS[type(module).__name__]
+    if offset is None and type(module).__name__ in OFFSET_NORMS:
+        offset = OFFSET_NORMS[type(module).__name__]
     if offset is None:
         from onnxnorm.nn import families
 
@@ -35,7 +35,7 @@ def scale_offset(module) -> float:
 
 
 #: norm classes that scale by ``1 + weight`` beside those of :mod:`onnxnorm.nn.families`
-_OFFSET_NORMS = {"Qwen3_5RMSNorm": 1.0}
+OFFSET_NORMS = {"Qwen3_5RMSNorm": 1.0}
 
 
 def randomize_norms(model, seed: int = 1):
