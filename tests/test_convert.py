@@ -369,7 +369,7 @@ def test_unknown_gated_norm_is_left_with_the_reason():
     )
 
 
-@pytest.mark.parametrize("family", ["qwen3next", "mamba2"])
+@pytest.mark.parametrize("family", ["qwen3_next", "mamba2"])
 def test_decomposed_hybrid_decoder_converts_bit_for_bit(family):
     """The hybrid decoders with their norms spelled out as Hugging Face writes them (Qwen3-Next's
     zero-centred RMSNorm, Qwen3NextRMSNormGated / MambaRMSNormGated, FLA's l2norm): every norm is
@@ -377,7 +377,7 @@ def test_decomposed_hybrid_decoder_converts_bit_for_bit(family):
     config = families.decoder_config(
         family, hidden=32, heads=2, intermediate=64, layers=2, impl="decomposed"
     )
-    if family == "qwen3next":
+    if family == "qwen3_next":
         config = dataclasses.replace(config, linear_head_dim=16)
     model = decoder.build(config).bfloat16()
     x = decoder.example_input(config, seq=5).bfloat16()
@@ -393,7 +393,7 @@ def test_decomposed_hybrid_decoder_converts_bit_for_bit(family):
         else:
             assert r.how == "probe", r
     found = collections.Counter((r.original, r.replacement) for r in report.replaced)
-    if family == "qwen3next":
+    if family == "qwen3_next":
         assert found == {
             ("DecomposedNorm", "RMSNorm([32], eps=1e-06, scale_offset=1, order B)"): 5,
             ("DecomposedNorm", "RMSNorm([16], eps=1e-06, scale_offset=1, order B)"): 2,
@@ -412,7 +412,7 @@ def test_decomposed_hybrid_decoder_converts_bit_for_bit(family):
             ): 2,
         }
     assert sum(isinstance(m, (GatedRMSNorm, L2Norm)) for m in model.modules()) == (
-        3 if family == "qwen3next" else 2
+        3 if family == "qwen3_next" else 2
     )
     with torch.no_grad():
         torch.testing.assert_close(model(x), before, rtol=0, atol=0)

@@ -544,12 +544,12 @@ def test_hf_gated_norm_needs_convert():
     assert count_norm_nodes(proto) == {"GatedRMSNorm": 1}
 
 
-@pytest.fixture(scope="module", params=["qwen3next", "mamba2"])
+@pytest.fixture(scope="module", params=["qwen3_next", "mamba2"])
 def hybrid(request):
     """A hybrid family's decoder (2 layers: Qwen3-Next's a linear-attention and an attention
     layer), exported once in mode function."""
     config = families.decoder_config(request.param, hidden=32, heads=2, intermediate=64, layers=2)
-    if request.param == "qwen3next":
+    if request.param == "qwen3_next":
         config = dataclasses.replace(config, linear_head_dim=32)
     model = decoder.build(config)
     proto = onnxnorm.export(model, (decoder.example_input(config, seq=6),))

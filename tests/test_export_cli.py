@@ -236,7 +236,7 @@ def test_output_checked_before_the_model_is_built(tmp_path, capsys):
 
 #: hybrid family -> the norm nodes of its 2-layer decoder
 HYBRIDS = {
-    "qwen3next": {"RMSNorm": 3, "SkipRMSNorm": 4, "GatedRMSNorm": 1, "L2Norm": 2},
+    "qwen3_next": {"RMSNorm": 3, "SkipRMSNorm": 4, "GatedRMSNorm": 1, "L2Norm": 2},
     "mamba2": {"RMSNorm": 1, "SkipRMSNorm": 2, "GatedRMSNorm": 2},
 }
 

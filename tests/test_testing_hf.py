@@ -236,8 +236,8 @@ def test_the_family_table_is_what_transformers_computes():
       exists, found by reading transformers (a release that renames it fails here);
     - convert's probe of that class finds the family's norm kind, scale offset, rounding order,
       weight and bias (the table's facts are the code's);
-    - its model type names the family in both tables (``families.get`` takes transformers'
-      spelling), and the tiny model hf builds of it holds that class.
+    - its model type is the family's key in both tables, and the tiny model hf builds of it
+      holds that class; every family transformers has a model of is keyed by its model_type.
     hf.weights' table of offset norms names existing classes too."""
     from onnxnorm.nn import families
     from onnxnorm.nn.converter import probe
@@ -259,10 +259,18 @@ def test_the_family_table_is_what_transformers_computes():
             family.weight,
             family.bias,
         ), family.name
-        assert families.get(norm.model_type) is family
+        assert family.key == norm.model_type and families.get(norm.model_type) is family
         assert norm.model_type in hf.FAMILIES, (family.name, norm.model_type)
         model = hf.model(hf.config(norm.model_type))
         assert any(type(m).__name__ == family.hf_norm_class for m in model.modules())
         tied += 1
     assert tied >= 12
     assert set(OFFSET_NORMS) <= set(found)
+    # one key per family: transformers' model_type, in both tables (a family transformers has
+    # no model of, DeepNet, keeps its name); the spellings from before still name the families
+    from transformers import CONFIG_MAPPING
+
+    for family in families.FAMILIES:
+        assert family.key in hf.FAMILIES or family.key not in CONFIG_MAPPING, family.key
+    assert families.get("qwen3next").key == "qwen3_next"
+    assert families.get("gptneox").key == "gpt_neox"

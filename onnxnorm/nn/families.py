@@ -27,6 +27,10 @@ import dataclasses
 MIXERS = ("attention", "gated_deltanet", "mamba2")
 
 
+def _spelled(name: str) -> str:
+    return "".join(c for c in name.lower() if c not in " .-_")
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str
@@ -44,11 +48,17 @@ class Family:
     note: str = ""
     #: the token mixer of onnxnorm.nn.decoder (a value of MIXERS)
     mixer: str = "attention"
+    #: transformers' ``model_type`` where the name's spelling (lower case, no spaces, dots or
+    #: dashes) is not it
+    model_type: str = ""
 
     @property
     def key(self) -> str:
-        """The name used on the command line: lower case, no spaces or dots."""
-        return self.name.lower().replace(" ", "").replace(".", "").replace("-", "")
+        """The family's one key, on the command line and in ``onnxnorm.testing.hf.FAMILIES``:
+        transformers' ``model_type`` ("qwen3_next", "gpt_neox", "llama"), or the name in lower
+        case without spaces, dots or dashes for a family transformers has no model of
+        ("deepnet")."""
+        return self.model_type or _spelled(self.name)
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -137,6 +147,7 @@ FAMILIES: tuple[Family, ...] = (
         order="B",
         hf_norm_class="torch.nn.LayerNorm",
         note="parallel residual: x + Attn(LN1(x)) + MLP(LN2(x))",
+        model_type="gpt_neox",
     ),
     Family(
         "BERT",
@@ -255,6 +266,7 @@ FAMILIES: tuple[Family, ...] = (
         "(`Qwen3NextRMSNormGated`: norm, then SiLU gate; order A); attention layers with "
         "Q/K norm and an output gate",
         mixer="gated_deltanet",
+        model_type="qwen3_next",
     ),
     Family(
         "Mamba2",
@@ -272,12 +284,15 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 BY_KEY = {family.key: family for family in FAMILIES}
+#: every key without its underscores too: the spellings before the keys were transformers'
+#: (``qwen3next``, ``gptneox``) keep working
+_BY_SPELLING = {_spelled(key): family for key, family in BY_KEY.items()}
 
 
 def get(name: str) -> Family:
-    key = name.lower().replace(" ", "").replace(".", "").replace("-", "").replace("_", "")
+    """The family of key ``name`` (any case; spaces, dots, dashes and underscores ignored)."""
     try:
-        return BY_KEY[key]
+        return _BY_SPELLING[_spelled(name)]
     except KeyError:
         raise KeyError(f"unknown family {name!r}; known: {', '.join(BY_KEY)}") from None
 
