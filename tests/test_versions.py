@@ -154,30 +154,6 @@ def test_readme_names_the_declared_lower_bounds():
         )
 
 
-def _lock() -> dict[str, str]:
-    """requirements/dev.lock: normalized name -> pinned version."""
-    pins = {}
-    for line in (ROOT / "requirements" / "dev.lock").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, version = line.split("==")
-            pins[_normalized(name)] = version
-    return pins
-
-
-def test_readme_names_the_locked_versions():
-    """The supported-versions table names, for every package it lists that the lock pins,
-    the locked version as "X (the lock": what a fresh machine and CI test with."""
-    pins = _lock()
-    text = (ROOT / "docs" / "development.md").read_text()
-    for name, (row, _) in _readme_table().items():
-        if name in pins:
-            assert f"{pins[name]} (the lock" in row, (
-                f"docs/development.md row {row!r}: requirements/dev.lock pins {name}=={pins[name]}"
-            )
-    assert "requirements/dev.lock" in text
-
-
 def test_the_lock_pins_every_input_exactly():
     """tools/lock.py --check: every package the environments' inputs name is pinned by its
     lock, each line of which is name==version (no range, no local label)."""

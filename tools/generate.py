@@ -54,6 +54,10 @@ def _norms_page() -> str:
     return _tool("gen_norms_doc").render()
 
 
+def _development_page() -> str:
+    return _tool("gen_development_doc").render()
+
+
 #: every generated file, relative to the repository root: the command that writes it alone, and
 #: the function that renders its content
 GENERATED: dict[str, tuple[str, Callable[[], str]]] = {
@@ -63,6 +67,8 @@ GENERATED: dict[str, tuple[str, Callable[[], str]]] = {
     ),
     "docs/ops.md": ("python -m onnxnorm.ops.docs docs/ops.md", _ops_page),
     "docs/norms.md": ("python tools/gen_norms_doc.py", _norms_page),
+    # its sections between <!-- generated: NAME --> marks; the rest is written by hand
+    "docs/development.md": ("python tools/gen_development_doc.py", _development_page),
 }
 
 #: pages written by measuring, each by its own command: dated, minutes long, not checked here
