@@ -12,6 +12,7 @@ The rest of the page is written by hand. A section stands between
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 import tomllib
@@ -38,18 +39,15 @@ NOTES = {
 EXTRAS = ("cpu", "gpu", "torch")
 
 
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _lock() -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / "requirements" / "dev.lock").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, version = line.split("==")
-            pins[_normalized(name)] = version
-    return pins
+def _lock():
+    """(requirements/dev.lock as tools/lock.py reads it, normalized name -> version; its name
+    normalization)."""
+    spec = importlib.util.spec_from_file_location(
+        "_onnxnorm_tools_lock", ROOT / "tools" / "lock.py"
+    )
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    return lock.read_lock(ROOT / "requirements" / "dev.lock"), lock.normalized
 
 
 def _requirements() -> list[tuple[str, str, str]]:
@@ -67,7 +65,7 @@ def _requirements() -> list[tuple[str, str, str]]:
 
 def versions() -> str:
     """The supported-versions table."""
-    pins = _lock()
+    pins, normalized = _lock()
     python = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     rows = [
         "| package | required | tested by CI |",
@@ -75,7 +73,7 @@ def versions() -> str:
         f"| Python | {python} | 3.11 |",
     ]
     for name, extra, required in _requirements():
-        key = _normalized(name)
+        key = normalized(name)
         lower = re.search(r">=\s*([0-9][0-9A-Za-z.]*)", required)
         tested = []
         if lower and extra in ("", "cpu"):

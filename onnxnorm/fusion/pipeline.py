@@ -20,6 +20,7 @@ onnxnorm nodes lowered to the target (``lowering.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 
@@ -224,18 +225,20 @@ def _quiet(logger: str, level: int):
         log.setLevel(before)
 
 
-def _sequence_outputs(domain: str, op_type: str, version: int | None) -> list[bool]:
-    """For each output of the op: whether its type can only be a sequence or an optional
-    (SplitToSequence's, SequenceConstruct's, Optional's, ...); [] for an op onnx does not know."""
+@functools.cache
+def _sequence_outputs(op_type: str, version: int | None) -> tuple[bool, ...]:
+    """For each output of the ONNX op: whether its type can only be a sequence or an optional
+    (SplitToSequence's, SequenceConstruct's, Optional's, ...); () for an op onnx does not know.
+    Asked once per op and version, however many nodes a model has."""
     try:
-        schema = onnx.defs.get_schema(op_type, version or onnx.defs.onnx_opset_version(), domain)
+        schema = onnx.defs.get_schema(op_type, version or onnx.defs.onnx_opset_version(), "")
     except onnx.defs.SchemaError:
-        return []
+        return ()
     allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
-    return [
+    return tuple(
         all(t.startswith(("seq(", "optional(")) for t in allowed.get(o.type_str, [o.type_str]))
         for o in schema.outputs
-    ]
+    )
 
 
 def untype_sequences(model: ir.Model) -> None:
@@ -249,7 +252,7 @@ def untype_sequences(model: ir.Model) -> None:
         for node in graph:
             if node.domain not in ("", "ai.onnx"):
                 continue
-            kinds = _sequence_outputs("", node.op_type, node.version or imports.get(""))
+            kinds = _sequence_outputs(node.op_type, node.version or imports.get(""))
             for output, sequence in zip(node.outputs, kinds):
                 if sequence and isinstance(output.type, ir.TensorType):
                     output.type = None
