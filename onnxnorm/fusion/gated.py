@@ -1,4 +1,4 @@
-"""Rules for the norms of hybrid and linear-attention LLMs: the gated RMSNorm and the L2 norm.
+"""Rules for the gated RMSNorm of hybrid and linear-attention LLMs.
 
 A gated norm multiplies by the gate's activation, computed in float32 from float32(gate):
 
@@ -21,21 +21,15 @@ rules start from the ``RMSNorm`` nodes the norm stage wrote (core, Scale and cas
 4. :class:`GatedScale`: ``Mul(GatedRMSNorm(...), w)`` becomes its Scale where the op scales
    there: no gate, or the gate before the norm (order A in half precision).
 
-The activation is recognised by :func:`activation` whatever nodes the exporter wrote for it
-(``Sigmoid``; SiLU as ``Mul(g, Sigmoid(g))`` or ONNX's ``Swish`` with alpha 1) and is never part
-of a match: where another node reads it, it stays computed for that reader. Single ops of other
-tools: ONNX Runtime's ``com.microsoft GatedRMSNorm`` (:class:`MsGatedRMSNorm`). An
-``LpNormalization`` is reported and left as it is (:class:`LpNormalization`).
+The activation is recognised by ``activations.activation`` whatever nodes the exporter wrote
+for it and is never part of a match: where another node reads it, it stays computed for that
+reader. Single ops of other tools: ONNX Runtime's ``com.microsoft GatedRMSNorm``
+(:class:`MsGatedRMSNorm`).
 
-The L2 norm ``x / sqrt(sum(x^2) + eps)`` (FLA's ``l2norm``, the q/k norm of gated delta-rule
-attention) has a core rule of its own (:class:`L2Core`); the same with the mean is an RMSNorm
-(``norms.RMSCore``), and a sum of squares scaled before epsilon is a near miss of both
-(:class:`L2ScaledSum`).
+The stage also holds the L2 norm's rules (``l2.py``): :func:`gated_rules` lists both.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import onnx_ir as ir
@@ -54,137 +48,35 @@ from onnxnorm.fusion._base import (
     int_values,
     scalar,
 )
-from onnxnorm.fusion.checks import check_type, check_weight, square
-from onnxnorm.fusion.norms import FORMS, MS_DOMAIN, CastAbsorb, core_checks, divide
+
+# ``X as X``: names of this module before activations.py and l2.py, importable from here as before
+from onnxnorm.fusion.activations import (
+    ACTIVATIONS as ACTIVATIONS,
+    MS_ACTIVATIONS,
+    OTHER_ACTIVATIONS as OTHER_ACTIVATIONS,
+    OTHER_MS_ACTIVATIONS as OTHER_MS_ACTIVATIONS,
+    SIGMOID as SIGMOID,
+    SILU as SILU,
+    Activation as Activation,
+    activation,
+    gate_of,
+    is_standard,
+)
+from onnxnorm.fusion.checks import check_type, check_weight
+from onnxnorm.fusion.l2 import (
+    SUMS as SUMS,
+    L2Core as L2Core,
+    L2ScaledSum as L2ScaledSum,
+    LpNormalization as LpNormalization,
+    l2_rules,
+)
+from onnxnorm.fusion.norms import MS_DOMAIN
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.fusion.residual import same_shape, symbolic
 from onnxnorm.ops import catalogue
 
 GATED = "GatedRMSNorm"
-#: the catalogue's ``activation`` values
-SILU, SIGMOID = 0, 1
-ACTIVATIONS = {SILU: "SiLU", SIGMOID: "sigmoid"}
-#: ONNX Runtime's GatedRMSNorm ``activation`` attribute -> the catalogue's
-MS_ACTIVATIONS = {"silu": SILU, "swish": SILU, "sigmoid": SIGMOID}
-#: unary ops that are an activation, but not one a GatedRMSNorm takes: a gate through one of
-#: them is a near miss
-OTHER_ACTIVATIONS = frozenset(
-    {
-        "Celu",
-        "Elu",
-        "Gelu",
-        "HardSigmoid",
-        "HardSwish",
-        "LeakyRelu",
-        "Mish",
-        "Relu",
-        "Selu",
-        "Softplus",
-        "Softsign",
-        "Tanh",
-        "ThresholdedRelu",
-    }
-)
-#: ONNX Runtime's activation ops, other than a GatedRMSNorm takes
-OTHER_MS_ACTIVATIONS = frozenset({"BiasGelu", "FastGelu", "Gelu", "QuickGelu"})
 _HALF = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-
-
-def _standard(node: ir.Node | None) -> bool:
-    return node is not None and node.domain in ("", "ai.onnx")
-
-
-@dataclasses.dataclass(frozen=True)
-class Activation:
-    """A gate's activation as the graph computes it."""
-
-    #: SILU or SIGMOID (None: one a GatedRMSNorm does not take; ``problem`` says why)
-    kind: int | None
-    #: the value the activation is of
-    gate: ir.Value | None
-    #: why a GatedRMSNorm cannot take it ("": it can)
-    problem: str = ""
-    #: another activation than SiLU or sigmoid
-    other: bool = False
-
-
-def activation(value: ir.Value) -> Activation | None:
-    """The activation that computes ``value``, or None where ``value`` is no activation at all
-    (a weight, a rotary table, another tensor: not a gate). SiLU is ``Mul(g, Sigmoid(g))``
-    (both exporters) or ``Swish(g)`` with alpha 1 (ONNX opset 24); sigmoid is ``Sigmoid(g)``.
-    Computed in another type than float32, or through another activation, it is returned with
-    the ``problem``."""
-    node = value.producer()
-    if node is None:
-        return None
-    op = node.op_type
-    found: Activation | None = None
-    if node.domain == MS_DOMAIN and op in OTHER_MS_ACTIVATIONS:
-        return Activation(None, node.inputs[0], _other(f"{MS_DOMAIN} {op}"), other=True)
-    if not _standard(node) or not node.inputs or node.inputs[0] is None:
-        return None
-    if op == "Sigmoid":
-        found = Activation(SIGMOID, node.inputs[0])
-    elif op == "Swish":
-        alpha = float(attribute(node, "alpha", 1.0))
-        found = Activation(SILU, node.inputs[0])
-        if alpha != 1.0:
-            found = Activation(
-                None, node.inputs[0], _other(f"Swish with alpha {alpha}"), other=True
-            )
-    elif op == "Mul" and len(node.inputs) == 2:
-        for g, other in (node.inputs, reversed(node.inputs)):
-            inner = other.producer() if other is not None else None
-            if _standard(inner) and inner.inputs and inner.inputs[0] is g and g is not None:
-                if inner.op_type == "Sigmoid":
-                    found = Activation(SILU, g)
-                elif inner.op_type in OTHER_ACTIVATIONS:
-                    found = Activation(None, g, _other(f"g * {inner.op_type}(g)"), other=True)
-                if found is not None:
-                    break
-        if found is None:
-            return None
-    elif op in OTHER_ACTIVATIONS:
-        return Activation(None, node.inputs[0], _other(op), other=True)
-    else:
-        return None
-    t = value.dtype
-    if found.kind is not None and t is not None and t != FLOAT:
-        return Activation(
-            None,
-            found.gate,
-            f"the gate's {ACTIVATIONS[found.kind]} is computed in {t.name}; GatedRMSNorm "
-            "computes it in float32",
-        )
-    return found
-
-
-def _other(what: str) -> str:
-    return f"the gate's activation is {what}; GatedRMSNorm takes SiLU or sigmoid"
-
-
-def _gate_of(value: ir.Value, x: ir.Value) -> Activation:
-    """The activation of a gate of X's shape that computes ``value``: NotThisPattern where
-    ``value`` is no activation or broadcasts against X as a weight would (lower rank), Rejected
-    where it is not a gate the op takes."""
-    act = activation(value)
-    if act is None:
-        raise NotThisPattern(f"{value.name!r} is no gate activation")
-    rank = act.gate.shape.rank() if act.gate.shape is not None else None
-    x_rank = x.shape.rank() if x.shape is not None else None
-    if rank is not None and x_rank is not None and rank < x_rank:
-        raise NotThisPattern(f"{act.gate.name!r} has a lower rank than X: a weight, not a gate")
-    if act.problem:
-        if act.other:
-            # another activation of a tensor of X's very shape is a near miss; of another shape
-            # it is some other computation
-            try:
-                same_shape(act.gate, x, "the gate and X", "Mul")
-            except Rejected:
-                raise NotThisPattern(act.problem) from None
-        raise Rejected(act.problem)
-    same_shape(act.gate, x, "the gate and X", "Mul")
-    return act
 
 
 def as_gated(node: ir.Node) -> Replacement:
@@ -207,7 +99,7 @@ def as_gated(node: ir.Node) -> Replacement:
 def _cast_source(value: ir.Value, t: ir.DataType) -> ir.Value | None:
     """``v`` where ``value`` is ``Cast(v, FLOAT)`` and v is of type ``t``."""
     node = value.producer()
-    if _standard(node) and node.op_type == "Cast" and node.inputs and node.inputs[0] is not None:
+    if is_standard(node) and node.op_type == "Cast" and node.inputs and node.inputs[0] is not None:
         source = node.inputs[0]
         if source.dtype == t and dtype(value, "the cast") == FLOAT:
             return source
@@ -240,7 +132,7 @@ class GateAfter(FusionRule):
         return op.Cast(op.Mul(widened, a, _outputs=["gated"]), _outputs=["y"])
 
     def inspect(self, context, x, a, norm, y, widened=None, **_):
-        act = _gate_of(a, x)
+        act = gate_of(a, x)
         base = as_gated(norm.producer())
         t = dtype(x, "X")
         attrs = dict(base.attributes, activation=act.kind, norm_before_gate=1)
@@ -289,7 +181,7 @@ class GateFirst(FusionRule):
         )
 
     def inspect(self, context, p, q, product, y, **_):
-        act = _gate_of(q, p)
+        act = gate_of(q, p)
         base = as_gated(y.producer())
         t = dtype(product, "X * act(gate)")
         if t != FLOAT:
@@ -379,7 +271,7 @@ def _gated_nearby(z: ir.Value, y: ir.Value) -> bool:
     reshapes, is not: it stays an RMSNorm."""
     node = z.producer()
     if (
-        _standard(node)
+        is_standard(node)
         and node.op_type == "Mul"
         and any(v is not None and activation(v) is not None for v in node.inputs)
     ):
@@ -389,7 +281,7 @@ def _gated_nearby(z: ir.Value, y: ir.Value) -> bool:
         following = []
         for value in frontier:
             for user in value.consumers():
-                if not _standard(user):
+                if not is_standard(user):
                     continue
                 others = [v for v in user.inputs if v is not value and v is not None]
                 if user.op_type == "Mul" and any(activation(v) is not None for v in others):
@@ -526,107 +418,6 @@ class MsGatedRMSNorm(FusionRule):
         )
 
 
-class LpNormalization(FusionRule):
-    """ONNX ``LpNormalization``, which onnxruntime-genai writes for Qwen3.5's q/k L2 norm: found
-    and left as it is. It divides by the norm without an epsilon, and for an all-zero row gives
-    0 in ONNX Runtime where the division (ONNX's reference, L2Norm with epsilon 0) gives NaN."""
-
-    title = "L2Norm (ONNX LpNormalization)"
-
-    def __init__(self, tracker: Tracker) -> None:
-        super().__init__(tracker, "LpNormalization")
-
-    def pattern(self, op, x):
-        return op.LpNormalization(x, _outputs=["y"])
-
-    def inspect(self, context, x, y, **_):
-        p = attribute(y.producer(), "p", 2)
-        if p != 2:
-            raise Rejected(f"p = {p}: not an L2 norm")
-        raise Rejected(
-            "LpNormalization has no epsilon and gives 0 for an all-zero row in ONNX Runtime, "
-            "where L2Norm (epsilon 0) gives NaN, as the division does: no onnxnorm op "
-            "computes it exactly"
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# the L2 norm
-
-
-#: how an L2 norm sums the squares: ``ReduceSum`` of ``Mul(x, x)`` / ``Pow(x, 2)``; the same
-#: with the squares cast to float32 and the sum back to X's type (PyTorch's dynamo exporter,
-#: which sums half-precision values in float32); ``ReduceSumSquare``
-SUMS = ("sum", "widened", "sumsquare")
-
-
-class L2Core(FusionRule):
-    """``x / sqrt(sum(x^2) + eps)`` over trailing axes, divided as ``form`` says
-    (``norms.FORMS``), the squares summed as ``sum`` says (:data:`SUMS`)."""
-
-    title = "L2Norm (decomposed)"
-
-    def __init__(
-        self, tracker: Tracker, form: str, sum: str, strict_precision: bool = False
-    ) -> None:
-        self.form, self.sum = form, sum
-        name = f"L2Core{form.capitalize()}{sum.capitalize()}"
-        super().__init__(tracker, name, strict_precision)
-
-    def total(self, op, x, two):
-        if self.sum == "sumsquare":
-            return op.ReduceSumSquare(x, _allow_other_inputs=True, _outputs=["total"])
-        squares = square(op, x, two)
-        if self.sum == "widened":
-            squares = op.Cast(squares, _outputs=["wide"])
-        total = op.ReduceSum(squares, _allow_other_inputs=True, _outputs=["total"])
-        return op.Cast(total, _outputs=["narrow"]) if self.sum == "widened" else total
-
-    def pattern(self, op, x, eps, two, one, half):
-        return divide(op, x, op.Add(self.total(op, x, two), eps), one, half, self.form)
-
-    def inspect(self, context, x, eps, total, two=None, one=None, half=None, **bindings):
-        note, axis = core_checks(x, total.producer(), two, one, half, self.strict_precision)
-        if self.sum == "widened":
-            t = dtype(x, "X")
-            if (
-                dtype(bindings["wide"], "the squares") != FLOAT
-                or dtype(bindings["narrow"], "the sum") != t
-            ):
-                raise Rejected(
-                    f"the squares are not summed in float32 and rounded back to X's {t.name}"
-                )
-        return Replacement(
-            "L2Norm", {"X": x}, {"axis": axis, "epsilon": epsilon(scalar(eps, "epsilon"))}, note
-        )
-
-
-class L2ScaledSum(L2Core):
-    """A near miss: the sum of squares divided or multiplied by a constant before epsilon is
-    added (an RMS statistic spelled with ReduceSum), which is neither L2Norm's sum + epsilon
-    nor the ReduceMean the RMSNorm rules take."""
-
-    def __init__(self, tracker: Tracker, form: str) -> None:
-        self.form, self.sum = form, "sum"
-        FusionRule.__init__(self, tracker, f"L2ScaledSum{form.capitalize()}")
-
-    def pattern(self, op, x, eps, two, one, half, k):
-        total = self.total(op, x, two)
-        scaled = pattern.OrValue([op.Div(total, k), op.Mul(total, k)], tag_var="how")
-        return divide(op, x, op.Add(scaled, eps), one, half, self.form)
-
-    def inspect(self, context, x, total, k, how=None, **_):
-        try:
-            factor = f" {scalar(k, 'the factor'):g}"
-        except Rejected:
-            raise NotThisPattern(f"{k.name!r} is not a constant") from None
-        verb = "divided by" if how == 0 else "multiplied by"
-        raise Rejected(
-            f"the sum of squares is {verb}{factor} before epsilon is added: not L2Norm's "
-            "sum + epsilon, and not the ReduceMean of an RMSNorm"
-        )
-
-
 def _dims(value: ir.Value) -> list | None:
     return list(value.shape.dims) if value.shape is not None else None
 
@@ -683,14 +474,8 @@ def gated_rules(tracker: Tracker, strict_precision: bool = False) -> list[patter
     """The gated and L2 norms (apply to a fixpoint after the norm stage, whose RMSNorm nodes
     they start from). ``strict_precision``: an L2 norm whose statistics the original computes
     in float16 or bfloat16 stays as it is."""
-    strict = strict_precision
-    rules = [MsGatedRMSNorm.rule(tracker), LpNormalization.rule(tracker)]
-    for form in FORMS:
-        rules += [L2ScaledSum.rule(tracker, form=form)]
-        rules += [
-            L2Core.rule(tracker, form=form, sum=total, strict_precision=strict) for total in SUMS
-        ]
-    rules += [CastAbsorb.rule(tracker, op_name="L2Norm"), GroupAbsorb.rule(tracker)]
+    rules = [MsGatedRMSNorm.rule(tracker), *l2_rules(tracker, strict_precision)]
+    rules += [GroupAbsorb.rule(tracker)]
     for name in ("RMSNorm", GATED):
         rules += [GateFirst.rule(tracker, op_name=name)]
         rules += [GateAfter.rule(tracker, op_name=name, cast=cast) for cast in (False, True)]

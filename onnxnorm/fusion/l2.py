@@ -1,0 +1,139 @@
+"""Rules for the L2 norm ``x / sqrt(sum(x^2) + eps)`` (FLA's ``l2norm``, the q/k norm of gated
+delta-rule attention). They run in the stage of the gated norms: ``gated.gated_rules`` lists
+them with its own.
+
+:class:`L2Core` finds the norm's core in each of the divisions of ``norms.FORMS`` and each way
+of summing the squares (:data:`SUMS`); ``norms.CastAbsorb`` then takes the casts around it, as
+for the other norms. The same with the mean is an RMSNorm (``norms.RMSCore``), and a sum of
+squares scaled before epsilon is a near miss of both (:class:`L2ScaledSum`). ONNX's
+``LpNormalization`` is reported and left as it is (:class:`LpNormalization`): it has no epsilon.
+"""
+
+from __future__ import annotations
+
+from onnxscript.rewriter import pattern
+
+from onnxnorm.fusion._base import (
+    FLOAT,
+    FusionRule,
+    NotThisPattern,
+    Rejected,
+    Replacement,
+    attribute,
+    dtype,
+    epsilon,
+    scalar,
+)
+from onnxnorm.fusion.checks import square
+from onnxnorm.fusion.norms import FORMS, CastAbsorb, core_checks, divide
+from onnxnorm.fusion.report import Tracker
+
+#: how an L2 norm sums the squares: ``ReduceSum`` of ``Mul(x, x)`` / ``Pow(x, 2)``; the same
+#: with the squares cast to float32 and the sum back to X's type (PyTorch's dynamo exporter,
+#: which sums half-precision values in float32); ``ReduceSumSquare``
+SUMS = ("sum", "widened", "sumsquare")
+
+
+class L2Core(FusionRule):
+    """``x / sqrt(sum(x^2) + eps)`` over trailing axes, divided as ``form`` says
+    (``norms.FORMS``), the squares summed as ``sum`` says (:data:`SUMS`)."""
+
+    title = "L2Norm (decomposed)"
+
+    def __init__(
+        self, tracker: Tracker, form: str, sum: str, strict_precision: bool = False
+    ) -> None:
+        self.form, self.sum = form, sum
+        name = f"L2Core{form.capitalize()}{sum.capitalize()}"
+        super().__init__(tracker, name, strict_precision)
+
+    def total(self, op, x, two):
+        if self.sum == "sumsquare":
+            return op.ReduceSumSquare(x, _allow_other_inputs=True, _outputs=["total"])
+        squares = square(op, x, two)
+        if self.sum == "widened":
+            squares = op.Cast(squares, _outputs=["wide"])
+        total = op.ReduceSum(squares, _allow_other_inputs=True, _outputs=["total"])
+        return op.Cast(total, _outputs=["narrow"]) if self.sum == "widened" else total
+
+    def pattern(self, op, x, eps, two, one, half):
+        return divide(op, x, op.Add(self.total(op, x, two), eps), one, half, self.form)
+
+    def inspect(self, context, x, eps, total, two=None, one=None, half=None, **bindings):
+        note, axis = core_checks(x, total.producer(), two, one, half, self.strict_precision)
+        if self.sum == "widened":
+            t = dtype(x, "X")
+            if (
+                dtype(bindings["wide"], "the squares") != FLOAT
+                or dtype(bindings["narrow"], "the sum") != t
+            ):
+                raise Rejected(
+                    f"the squares are not summed in float32 and rounded back to X's {t.name}"
+                )
+        return Replacement(
+            "L2Norm", {"X": x}, {"axis": axis, "epsilon": epsilon(scalar(eps, "epsilon"))}, note
+        )
+
+
+class L2ScaledSum(L2Core):
+    """A near miss: the sum of squares divided or multiplied by a constant before epsilon is
+    added (an RMS statistic spelled with ReduceSum), which is neither L2Norm's sum + epsilon
+    nor the ReduceMean the RMSNorm rules take."""
+
+    def __init__(self, tracker: Tracker, form: str) -> None:
+        self.form, self.sum = form, "sum"
+        FusionRule.__init__(self, tracker, f"L2ScaledSum{form.capitalize()}")
+
+    def pattern(self, op, x, eps, two, one, half, k):
+        total = self.total(op, x, two)
+        scaled = pattern.OrValue([op.Div(total, k), op.Mul(total, k)], tag_var="how")
+        return divide(op, x, op.Add(scaled, eps), one, half, self.form)
+
+    def inspect(self, context, x, total, k, how=None, **_):
+        try:
+            factor = f" {scalar(k, 'the factor'):g}"
+        except Rejected:
+            raise NotThisPattern(f"{k.name!r} is not a constant") from None
+        verb = "divided by" if how == 0 else "multiplied by"
+        raise Rejected(
+            f"the sum of squares is {verb}{factor} before epsilon is added: not L2Norm's "
+            "sum + epsilon, and not the ReduceMean of an RMSNorm"
+        )
+
+
+class LpNormalization(FusionRule):
+    """ONNX ``LpNormalization``, which onnxruntime-genai writes for Qwen3.5's q/k L2 norm: found
+    and left as it is. It divides by the norm without an epsilon, and for an all-zero row gives
+    0 in ONNX Runtime where the division (ONNX's reference, L2Norm with epsilon 0) gives NaN."""
+
+    title = "L2Norm (ONNX LpNormalization)"
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(tracker, "LpNormalization")
+
+    def pattern(self, op, x):
+        return op.LpNormalization(x, _outputs=["y"])
+
+    def inspect(self, context, x, y, **_):
+        p = attribute(y.producer(), "p", 2)
+        if p != 2:
+            raise Rejected(f"p = {p}: not an L2 norm")
+        raise Rejected(
+            "LpNormalization has no epsilon and gives 0 for an all-zero row in ONNX Runtime, "
+            "where L2Norm (epsilon 0) gives NaN, as the division does: no onnxnorm op "
+            "computes it exactly"
+        )
+
+
+def l2_rules(tracker: Tracker, strict_precision: bool = False) -> list[pattern.RewriteRule]:
+    """The L2 norm's rules: ``LpNormalization`` reported, the near misses and the cores in every
+    form, then the casts around an ``L2Norm`` absorbed. ``strict_precision``: an L2 norm whose
+    statistics the original computes in float16 or bfloat16 stays as it is."""
+    rules = [LpNormalization.rule(tracker)]
+    for form in FORMS:
+        rules += [L2ScaledSum.rule(tracker, form=form)]
+        rules += [
+            L2Core.rule(tracker, form=form, sum=total, strict_precision=strict_precision)
+            for total in SUMS
+        ]
+    return rules + [CastAbsorb.rule(tracker, op_name="L2Norm")]
