@@ -1,6 +1,6 @@
 """The op catalogue and everything derived from it."""
 
-from onnxnorm.ops import catalogue, functions, reference, schemas
+from onnxnorm.ops import bodies, catalogue, functions, opsets, overloads, reference, schemas
 from onnxnorm.ops.catalogue import DOMAIN, OPS, VERSION, OpSpec
 from onnxnorm.ops.functions import attach_functions, strip_functions
 
@@ -12,8 +12,11 @@ __all__ = [
     "VERSION",
     "OpSpec",
     "attach_functions",
+    "bodies",
     "catalogue",
     "functions",
+    "opsets",
+    "overloads",
     "reference",
     "schemas",
     "strip_functions",
