@@ -36,14 +36,8 @@ Where a target has no op at all (RMSNorm at opset < 23 for ``onnx``), the functi
 inlined. The norms of hybrid models have no standard op: ``onnx`` inlines the body of
 GatedRMSNorm and L2Norm (an ``LpNormalization`` has no epsilon and gives 0 for an all-zero row
 in ONNX Runtime, where the division gives NaN), and so does ``ort`` for L2Norm. ``ort`` writes
-ONNX Runtime's ``com.microsoft GatedRMSNorm`` (RMS statistics over runs of len(scale) values of
-the last dim, times scale, times the gate's SiLU or sigmoid, all in float32 and rounded once)
-for a GatedRMSNorm it computes exactly: the gate after the norm, float32 or order B, over the
-last axis, a Gate, a Scale of X's type of one group's length (or a constant Scale, with its
-offset, exactly of X's type: folded into a new one; no Scale: ones), and only where the
-installed onnxruntime has the op and runs it on CPU (measured once per process, the way
-``fuse`` checks that its output loads: ``ms_gated_rms_norm_problem``). Anything else inlines
-the function body, with the reason.
+ONNX Runtime's ``com.microsoft GatedRMSNorm`` for a GatedRMSNorm it computes exactly
+(``ort_gated.py`` says where), and inlines the function body elsewhere, with the reason.
 
 A quantized op becomes its norm, lowered as above, and the QuantizeLinear or
 DynamicQuantizeLinear it stands for (after a Cast to float32 for a float16 / bfloat16 X, where
@@ -55,7 +49,6 @@ why.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -63,68 +56,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxnorm import targets
+from onnxnorm.fusion import ort_gated
+from onnxnorm.fusion.ort_gated import MS_DOMAIN, ms_gated_rms_norm_problem
 from onnxnorm.ops import catalogue, functions
 from onnxnorm.ops.functions import Note
 
 __all__ = ["Note", "lower", "lower_with_notes", "ms_gated_rms_norm_problem", "op_types"]
 
-MS_DOMAIN = "com.microsoft"
 _FLOAT = TensorProto.FLOAT
-#: GatedRMSNorm's ``activation`` -> ONNX Runtime's GatedRMSNorm ``activation``
-_MS_ACTIVATIONS = {0: "silu", 1: "sigmoid"}
-
-
-@functools.cache
-def ms_gated_rms_norm_problem(elem_type: int = _FLOAT) -> str | None:
-    """Why the installed onnxruntime cannot run ``com.microsoft GatedRMSNorm`` for an X of
-    ``elem_type`` in a CPU session (None: it can): it has no schema of it, or no CPU kernel
-    for that type. ``fuse`` proves on CPU that its output loads, so the ``ort`` target writes
-    the op only where this is None."""
-    import onnxruntime as ort
-    from onnxruntime.capi import onnxruntime_pybind11_state as state
-
-    version = f"onnxruntime {ort.__version__}"
-    if not any(
-        s.domain == MS_DOMAIN and s.name == "GatedRMSNorm" for s in state.get_all_operator_schema()
-    ):
-        return f"{version} has no {MS_DOMAIN} GatedRMSNorm"
-    names = ("x", "scale", "gate")
-    shapes = ([1, 4], [4], [1, 4])
-    model = helper.make_model(
-        helper.make_graph(
-            [helper.make_node("GatedRMSNorm", list(names), ["y"], domain=MS_DOMAIN)],
-            "probe",
-            [helper.make_tensor_value_info(n, elem_type, d) for n, d in zip(names, shapes)],
-            [helper.make_tensor_value_info("y", elem_type, [1, 4])],
-        ),
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS_DOMAIN, 1)],
-        ir_version=8,
-    )
-    numpy_type = helper.tensor_dtype_to_np_dtype(elem_type)
-    bits = np.uint16 if elem_type == TensorProto.BFLOAT16 else None
-    try:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        session = ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
-        feeds = {}
-        for name, dims in zip(names, shapes):
-            array = np.ones(dims, numpy_type)
-            feeds[name] = (
-                ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(bits), elem_type)
-                if bits
-                else ort.OrtValue.ortvalue_from_numpy(array)
-            )
-        session.run_with_ort_values(None, feeds)
-    except Exception as error:  # noqa: BLE001 - ORT's own words go in the note
-        from onnxnorm.errors import first_line
-
-        return (
-            f"{version} has {MS_DOMAIN} GatedRMSNorm but does not run it on CPU "
-            f"({first_line(error)})"
-        )
-    return None
 
 
 def lower(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
@@ -446,64 +385,23 @@ class _Lowerer(functions.OpsetWriter):
             )
         if self.target == "onnx":
             return self._inline(node, "ONNX has no gated RMS norm")
-        why, scale = self._ms_gated(attrs, args)
+        why, scale = ort_gated.scale_for(
+            attrs, args, self.t, self.dims, self.types, self._initializer
+        )
         if why:
             return self._inline(node, f"not ONNX Runtime's GatedRMSNorm: {why}")
+        if isinstance(scale, np.ndarray):  # ones, or Scale + scale_offset: a new initializer
+            scale = self._constant_scale(scale, f"{args['Scale']}_ort" if args["Scale"] else "ones")
         self.emit(
             "GatedRMSNorm",
             [args["X"], scale, args["Gate"]],
             outs=[outs["Y"]],
             domain=MS_DOMAIN,
-            activation=_MS_ACTIVATIONS[int(attrs["activation"])],
+            activation=ort_gated.MS_ACTIVATION_NAMES[int(attrs["activation"])],
             epsilon=float(attrs["epsilon"]),
         )
         self.uses_ms = True
         return f"{MS_DOMAIN}.GatedRMSNorm", ""
-
-    def _ms_gated(self, attrs, args) -> tuple[str, str | None]:
-        """Why ONNX Runtime's GatedRMSNorm does not compute this node exactly ("": it does),
-        and the scale it takes then."""
-        t, x = self.t, args["X"]
-        problem = ms_gated_rms_norm_problem(t)
-        if problem:
-            return problem, None
-        if args["Gate"] is None:
-            return "it takes a gate, the node has none", None
-        if not attrs["norm_before_gate"]:
-            return "it gates after the norm, the node before it (norm_before_gate 0)", None
-        if t != _FLOAT and attrs["cast_before_scale"]:
-            return "it rounds once (order B), the node before the gate (order A)", None
-        rank = self._rank(x)
-        if attrs["axis"] not in (-1, (rank or 0) - 1):
-            return "it normalizes the last dim alone", None
-        width = self.dims[x][-1] if rank else None
-        width = width if isinstance(width, int) else None
-        group = int(attrs["group_size"])
-        scale, offset = args["Scale"], float(attrs["scale_offset"])
-        if scale is None:
-            length = group or width
-            if length is None:
-                return "the node has no Scale and X's last dim is not static", None
-            return "", self._constant_scale(np.ones([length], np.float32), "ones")
-        dims = self.dims.get(scale)
-        if dims is None or len(dims) != 1 or not isinstance(dims[0], int):
-            return "its scale is 1-D of a static length; the node's Scale is not", None
-        if group and dims[0] != group:
-            return (
-                f"its scale is one group's ({group}); the node's Scale spans {dims[0]} values",
-                None,
-            )
-        if not offset and self.types.get(scale) == t:
-            return "", scale
-        values = self._initializer(scale)
-        if values is None:
-            why = "a scale offset" if offset else "a Scale of another type than X's"
-            return f"the node has {why} and its Scale is not a constant to fold it into", None
-        folded = values.astype(np.float32) + np.float32(offset)
-        exact = folded.astype(helper.tensor_dtype_to_np_dtype(t)).astype(np.float32)
-        if not np.array_equal(exact, folded, equal_nan=True):
-            return "Scale + offset is not exactly of X's type", None
-        return "", self._constant_scale(folded, f"{scale}_ort")
 
     def _initializer(self, name: str) -> np.ndarray | None:
         """The values of the initializer ``name`` held in the model's file (None: not an
