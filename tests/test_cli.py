@@ -12,10 +12,10 @@ import onnx
 import pytest
 import torch
 
-from helpers import fuse_peak_rss
 from onnxnorm import cli, ops
 from onnxnorm.nn import decoder, families
 from onnxnorm.nn.exporter import quiet_export
+from tests.support.helpers import fuse_peak_rss
 
 
 def _run(*args, cwd=None):

@@ -19,10 +19,10 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-import helpers
 from onnxnorm import runtime
 from onnxnorm.fusion import fuse
 from onnxnorm.ops import catalogue
+from tests.support import helpers
 
 TARGETS = ("function", "fused", "ort", "onnx")
 PREFIXES = {"test_layer_normalization": "LayerNorm", "test_rms_normalization": "RMSNorm"}

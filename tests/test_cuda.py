@@ -3,9 +3,9 @@
 On any machine: the CUDA library is built when nvcc is (without a runtime dependency on
 libcudart), the CUDA sources compile with nvcc, importing onnxnorm and running CPU ops loads no
 CUDA library (even with the CUDA kernels registered), the kernels' logic passes the correctness
-matrix in a host emulation (custom_ops/cuda/emulation, tests/cuda_harness.py), and the ORT glue
-of the CUDA kernels (the CPU library's: CUDA rows of its kernel table, the CUDA library loaded on
-first use, its launcher) runs end to end in a CPU session against that emulation. On a GPU
+matrix in a host emulation (custom_ops/cuda/emulation, tests/support/cuda_harness.py), and the
+ORT glue of the CUDA kernels (the CPU library's: CUDA rows of its kernel table, the CUDA library
+loaded on first use, its launcher) runs end to end in a CPU session against that emulation. On a GPU
 machine (torch.cuda available and the library built): the correctness matrix through the C
 launcher, bad arguments refused before launch, launches on the given stream, and, where
 onnxruntime offers the CUDA execution provider, the ORT custom ops on it. The CUDA library is
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import cuda_harness
 from onnxnorm import OnnxNormError, _native, ops, runtime
+from tests.support import cuda_harness
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_DIR = ROOT / "custom_ops" / "cuda"
@@ -198,7 +198,7 @@ def test_cuda_kernel_logic_in_host_emulation():
     if cuda_harness.host_compiler() is None:
         pytest.skip("no host C++ compiler")
     run = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "cuda_harness.py"), "--emulation", "--quick"],
+        [sys.executable, str(cuda_harness.__file__), "--emulation", "--quick"],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -270,9 +270,9 @@ import itertools
 import sys
 import numpy as np
 import onnxruntime as ort
-sys.path.insert(0, "tests")
-from cuda_harness import norm_model
-from helpers import BF16, run, single_node_model
+sys.path.insert(0, ".")  # the checkout (the test runs this in it): tests.support
+from tests.support.cuda_harness import norm_model
+from tests.support.helpers import BF16, run, single_node_model
 from test_quantized import F8, F8_ZERO_POINT, assert_float8_equal
 from onnxnorm import _native, ops, runtime
 
@@ -588,7 +588,8 @@ def test_bench_cuda_rows_count_every_byte_the_kernel_moves(monkeypatch):
     for the residual ops), and judges % of copy against its target; timing and launches faked."""
     import torch
 
-    from onnxnorm.bench import cuda_bandwidth
+    from onnxnorm.bench import timing
+    from onnxnorm.bench.cuda import measure
 
     launched = []
 
@@ -602,11 +603,11 @@ def test_bench_cuda_rows_count_every_byte_the_kernel_moves(monkeypatch):
         def kernel_name(self, args):
             return "fake<" + args[0] + ">"
 
-    monkeypatch.setattr(cuda_bandwidth.timing, "cuda_ms", lambda fn, flush, reps: 0.002)
+    monkeypatch.setattr(timing, "cuda_ms", lambda fn, flush, reps: 0.002)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     x = torch.zeros(4, 256, dtype=torch.bfloat16)  # 2 KiB
     scale = torch.zeros(256, dtype=torch.bfloat16)
-    skip = cuda_bandwidth._measure(
+    skip = measure._measure(
         FakeKernels(), "SkipRMSNorm", "bfloat16", "4x256",
         {"X": x, "Residual": x.clone(), "Scale": scale}, torch.empty_like(x),
         torch.empty_like(x), {}, copy_gbs=4.0, flush=None, reps=3, target=90,
@@ -615,14 +616,14 @@ def test_bench_cuda_rows_count_every_byte_the_kernel_moves(monkeypatch):
     assert skip["gbs"] == pytest.approx((4 * 2048 + 512) / 0.002 / 1e6)
     assert skip["pct_of_copy"] == pytest.approx(100 * skip["gbs"] / 4.0)
     assert skip["kernel"] == "fake<SkipRMSNorm>" and skip["target"] == 90
-    assert cuda_bandwidth.judge(skip)["met"] is True
-    gated = cuda_bandwidth._measure(
+    assert measure.judge(skip)["met"] is True
+    gated = measure._measure(
         FakeKernels(), "GatedRMSNorm", "bfloat16", "4x256", {"X": x, "Gate": x.clone()},
         torch.empty_like(x), None, {"activation": 0, "norm_before_gate": 0},
         copy_gbs=100.0, flush=None, reps=3, target=None,
     )  # fmt: skip
     assert gated["gbs"] == pytest.approx(3 * 2048 / 0.002 / 1e6)
-    assert cuda_bandwidth.judge(gated)["met"] is None and gated["target"] is None
+    assert measure.judge(gated)["met"] is None and gated["target"] is None
     # a warm-up launch and the attributes passed through
     attrs = {"activation": 0, "norm_before_gate": 0}
     assert launched[-1] == ("GatedRMSNorm", ["Gate", "X"], False, attrs)
@@ -722,7 +723,7 @@ def _run_on_cuda_provider(op, arrays, attrs=None, y_dtype=None):
     node ran on the CUDA provider."""
     import onnxruntime as ort
 
-    from helpers import run_session, single_node_model
+    from tests.support.helpers import run_session, single_node_model
 
     if op in ops.catalogue.FLOAT_OPS:
         model = cuda_harness.norm_model(op, arrays, attrs, y_dtype)

@@ -25,11 +25,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-
-import cuda_harness
-from helpers import BF16, run_session
-from onnxnorm import OnnxNormError, ops, runtime
 from test_cuda import _run_on_cuda_provider, needs_ort_cuda
+
+from onnxnorm import OnnxNormError, ops, runtime
+from tests.support import cuda_harness
+from tests.support.helpers import BF16, run_session
 
 CUDA = runtime.CUDA_PROVIDER
 CPU = "CPUExecutionProvider"

@@ -20,11 +20,11 @@ from onnx.backend.test.case.node import function_testcase_helper
 from onnx.reference import ReferenceEvaluator
 from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
 
-import helpers
 from onnxnorm import runtime
 from onnxnorm.fusion import fuse
 from onnxnorm.fusion.standard import FOLDED, ONE_PASS
 from onnxnorm.ops import catalogue, functions, reference
+from tests.support import helpers
 
 EXPANDED = "LayerNorm (ONNX LayerNormalization function body)"
 KERAS = "LayerNorm (TensorFlow/Keras: scale folded into the reciprocal)"

@@ -18,9 +18,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from helpers import BF16, run, single_node_model
 from onnxnorm import ops
 from onnxnorm._native import active_isa
+from tests.support.helpers import BF16, run, single_node_model
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 TYPE_PAIRS = [(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)]
@@ -468,7 +468,7 @@ def test_bench_gated_and_l2_contenders_agree(dtype):
     models' torch code."""
     from onnxnorm import runtime
     from onnxnorm.bench import kernels
-    from onnxnorm.bench.kernels_contenders import decomposed_model
+    from onnxnorm.bench.kernels.contenders import decomposed_model
 
     rng = np.random.default_rng(5)
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 4e-3, "atol": 4e-3}

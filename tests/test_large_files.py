@@ -24,8 +24,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import fuse_peak_rss
 from onnxnorm import ops
+from tests.support.helpers import fuse_peak_rss
 
 HIDDEN, WIDE = 1024, 32768  # each weight: 1024 x 32768 float32 = 128 MiB
 SMALL_LAYERS, LARGE_LAYERS = 2, 9

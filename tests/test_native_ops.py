@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import BF16, assert_close, reference_outputs, run, single_node_model
 from onnxnorm import _native
 from onnxnorm.ops import catalogue
+from tests.support.helpers import BF16, assert_close, reference_outputs, run, single_node_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "custom_ops" / "include" / "onnxnorm" / "ops_generated.h"
@@ -164,26 +164,6 @@ def test_norm_args_mirror_has_the_library_layout():
     assert layout == _native.layout()
     assert [f for f, _, _ in layout["fields"]] == [f for f, _ in _native.NormArgs._fields_]
     assert layout["size"] == ctypes.sizeof(_native.NormArgs) == 184
-
-
-def test_the_binding_keeps_its_old_names_in_bench():
-    """The binding lived in onnxnorm.bench.cuda (active_isa in onnxnorm.bench.kernels): the old
-    names still give it, with a DeprecationWarning that names the new place."""
-    from onnxnorm.bench import cuda, kernels
-
-    for module, old, new in (
-        (cuda, "NormArgs", "NormArgs"),
-        (cuda, "OP_IDS", "OP_IDS"),
-        (cuda, "Kernels", "Kernels"),
-        (cuda, "layout", "layout"),
-        (cuda, "library_path", "cuda_library_path"),
-        (kernels, "active_isa", "active_isa"),
-    ):
-        with pytest.warns(
-            DeprecationWarning,
-            match=f"{module.__name__}.{old} is deprecated: use onnxnorm._native.{new}",
-        ):
-            assert getattr(module, old) is getattr(_native, new)
 
 
 # ---------------------------------------------------------------------------------------------

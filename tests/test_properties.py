@@ -47,9 +47,9 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from helpers import BF16, run, single_node_model
 from onnxnorm import ops
 from onnxnorm.ops import reference
+from tests.support.helpers import BF16, run, single_node_model
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 DTYPES = {"tensor(float)": F32, "tensor(float16)": F16, "tensor(bfloat16)": BF16}
@@ -237,7 +237,7 @@ def calls(draw, op: str) -> Call:
         attrs["group_size"] = group_size
     for a in spec.attributes:
         # (the mixed form, y_float32 = 1, is held to the reference by the kernel tests, ctest
-        # and tests/cuda_harness.py, over every width and both rounding orders)
+        # and tests/support/cuda_harness.py, over every width and both rounding orders)
         if a.name in ("axis", "y_float32", "group_size") or not draw(st.booleans()):
             continue
         attrs[a.name] = draw(

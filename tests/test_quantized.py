@@ -23,7 +23,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import (
+from onnxnorm import ops, runtime
+from onnxnorm.ops import catalogue, reference
+from tests.support.helpers import (
     BF16,
     _float8_nan,
     assert_close,
@@ -32,8 +34,6 @@ from helpers import (
     run,
     single_node_model,
 )
-from onnxnorm import ops, runtime
-from onnxnorm.ops import catalogue, reference
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 STATIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "static"]
@@ -617,8 +617,9 @@ def test_bench_contenders_agree(op, dtype, rng):
     """`onnxnorm bench kernels` times the fused op against ORT's norm followed by ORT's
     quantizer: both give the same quantized values (one step apart at most, where the float
     norms round differently), so the rows compare like with like."""
-    from onnxnorm.bench import kernels
     from test_kernels import BENCH_SHAPE, bench_arrays
+
+    from onnxnorm.bench import kernels
 
     shape, d = BENCH_SHAPE, BENCH_SHAPE[-1]
     arrays = bench_arrays(op, dtype, kernels.zero_point("int8"), rng)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import onnxnorm
-from helpers import reference_outputs, run, single_node_model
 from onnxnorm import OnnxNormError, ops, runtime
+from tests.support.helpers import reference_outputs, run, single_node_model
 
 BODY_OPS = {"ReduceMean", "Sqrt", "Div", "Flatten", "LayerNormalization", "RMSNormalization"}
 

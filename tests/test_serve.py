@@ -27,7 +27,9 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from serve_harness import (
+
+from onnxnorm import runtime
+from tests.support.serve_harness import (
     ROOT,
     SEQ,
     build_models,
@@ -42,8 +44,6 @@ from serve_harness import (
     serve_python,
     specs,
 )
-
-from onnxnorm import runtime
 
 pytest.importorskip("transformers")
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_harness import (
+
+from onnxnorm.cli import main
+from tests.support.serve_harness import (
     SERVE_VENV,
     build_models,
     children,
@@ -33,8 +35,6 @@ from serve_harness import (
     serve_python,
     specs,
 )
-
-from onnxnorm.cli import main
 
 pytest.importorskip("transformers")
 

@@ -13,11 +13,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from serve_harness import run_client
 
 from onnxnorm import ops, runtime
 from onnxnorm.serve import signature
 from onnxnorm.serve.triton import api_requirement, first_triton_release
+from tests.support.serve_harness import run_client
 
 HIDDEN = 16
 

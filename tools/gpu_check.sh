@@ -7,7 +7,7 @@
 #   build        the CPU and CUDA libraries into the build folder (cmake, ONNXNORM_CUDA=ON; for
 #                the GPU present only, unless ONNXNORM_CUDA_ARCHITECTURES says otherwise);
 #   correctness  tests/test_cuda.py but its ONNX Runtime tests: the correctness matrix of
-#                tests/cuda_harness.py (every op x dtype x rounding order x optional input
+#                tests/support/cuda_harness.py (every op x dtype x rounding order x optional input
 #                against the numpy reference through the C launcher; the quantized ops' values,
 #                scale and zero point exactly the reference's; GatedRMSNorm's gates and groups,
 #                L2Norm's per-head rows), bad arguments, streams;

@@ -1,5 +1,5 @@
 // Host emulation of the onnxnorm CUDA kernels, for testing their logic on machines without a GPU
-// (tests/test_cuda.py, tests/cuda_harness.py): the kernels of norm_kernels.cuh and the real
+// (tests/test_cuda.py, tests/support/cuda_harness.py): the kernels of norm_kernels.cuh and the real
 // launcher (launch.cu, with its launch table) compiled by the host C++ compiler, with this
 // folder's stand-ins for the CUDA headers; only the launch itself is emulated.
 //
@@ -9,7 +9,7 @@
 // has passed. Switching fibers costs no kernel scheduling, where OS threads spent most of the
 // emulation's time in futex waits and thread creation. On x86-64 a switch saves and restores only
 // the callee-saved registers: swapcontext (the fallback elsewhere) also saves the signal mask, a
-// system call per switch, and the quick matrix of tests/cuda_harness.py ran 3.7 times longer with
+// system call per switch, and the quick matrix of tests/support/cuda_harness.py ran 3.7 times longer with
 // it. A launch in which every unfinished fiber waits on a barrier that cannot complete (a lane
 // that skipped a barrier) ends the process with a message instead of hanging. Not part of the
 // package build. Build:

@@ -24,9 +24,9 @@ On a GPU (tests/test_cuda.py, tools/gpu_check.sh) it drives the built CUDA libra
 kernel templates, launch table and launcher, compiled by the host C++ compiler, a block's threads as
 fibers) and runs the matrix on the CPU:
 
-    python tests/cuda_harness.py --emulation          # the full matrix, about half a minute
-    python tests/cuda_harness.py --emulation --quick  # what tests/test_cuda.py runs
-    python tests/cuda_harness.py [--library PATH]     # on a GPU
+    python tests/support/cuda_harness.py --emulation          # the full matrix, half a minute
+    python tests/support/cuda_harness.py --emulation --quick  # what tests/test_cuda.py runs
+    python tests/support/cuda_harness.py [--library PATH]     # on a GPU
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 

@@ -1,6 +1,6 @@
 """The serve venv (.venv-serve: Debian's Python 3.11 with PyTriton and tritonclient, made by
 `make serve-venv`, which `make test` runs) as the tests reach it: its interpreter, Triton's
-clients run in it (tests/triton_client.py), free loopback ports."""
+clients run in it (tests/support/triton_client.py), free loopback ports."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: the serve venv: make sets ONNXNORM_SERVE_VENV (make test-latest makes one of its own)
 SERVE_VENV = Path(os.environ.get("ONNXNORM_SERVE_VENV") or ROOT / ".venv-serve")
 CLIENT = Path(__file__).with_name("triton_client.py")
@@ -40,7 +40,8 @@ def serve_env(**extra: str) -> dict[str, str]:
 
 
 def run_client(plan: list[dict], folder: Path, timeout: float = 300) -> list:
-    """Runs tests/triton_client.py on ``plan`` in the serve venv; its results, one per action."""
+    """Runs triton_client.py (beside this file) on ``plan`` in the serve venv; its results, one
+    per action."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"plan_{len(list(folder.glob('plan_*.json')))}.json"
     path.write_text(json.dumps(plan))
@@ -117,7 +118,7 @@ def save(folder: Path, arrays: dict[str, np.ndarray]) -> Path:
 
 
 def specs(folder: Path, arrays: dict[str, np.ndarray]) -> list[dict]:
-    """``arrays`` saved as a request's inputs for tests/triton_client.py."""
+    """``arrays`` saved as a request's inputs for tests/support/triton_client.py."""
     types = {
         np.dtype(np.int64): "INT64",
         np.dtype(np.float32): "FP32",

@@ -2,7 +2,7 @@
 the serve venv's interpreter (.venv-serve, made by `make serve-venv`), which has tritonclient;
 the main venv does not (it would pin protobuf and ml_dtypes to older releases).
 
-    .venv-serve/bin/python tests/triton_client.py PLAN.json
+    .venv-serve/bin/python tests/support/triton_client.py PLAN.json
 
 PLAN.json is a list of actions; the results, one per action, are printed as one JSON list.
 Arrays travel in .npy files. Actions:
