@@ -106,7 +106,7 @@ HYBRID_CLASSES = [n for n in hf.norms.norm_classes() if n.hybrid]
 def _probed() -> tuple[list, dict, dict]:
     """(the variants convert's probe reproduces, variant key -> its Config, class -> why it
     has none): the variants of hf.norms.hybrid_variants, each probed once."""
-    from onnxnorm.nn.converter import _ProbeFailure, probe
+    from onnxnorm.nn.probe import ProbeFailure as _ProbeFailure, probe
 
     kept, configs, left = [], {}, collections.defaultdict(list)
     for variant in hf.norms.hybrid_variants():
