@@ -1,8 +1,9 @@
 """``onnxnorm bench cuda`` without a GPU: the rows, columns, bytes and targets of the bandwidth
-benchmark (cuda_bandwidth) on CPU torch tensors, with a fake launcher that computes the op in
-torch and a fake timer per contender; the torch contender for real, and ONNX Runtime's contender
-for real on the CPU provider, bound to the torch tensors' memory (what the CUDA session does with
-CUDA tensors); a contender that is absent or fails is n/a with its reason; the options."""
+benchmark (``onnxnorm.bench.cuda``) on CPU torch tensors, with a fake launcher that computes the
+op in torch and a fake timer per contender; the torch contender for real, and ONNX Runtime's
+contender for real on the CPU provider, bound to the torch tensors' memory (what the CUDA
+session does with CUDA tensors); a contender that is absent or fails is n/a with its reason; the
+options."""
 
 from __future__ import annotations
 
@@ -10,8 +11,18 @@ import json
 
 import pytest
 
-from onnxnorm.bench import cuda_bandwidth as cb, cuda_cli
-from onnxnorm.bench.kernels_contenders import torch_fn
+from onnxnorm import _native
+from onnxnorm.bench import timing
+from onnxnorm.bench.cuda import (
+    cases,
+    cli as cuda_cli,
+    clock,
+    contenders,
+    measure,
+    runner,
+    table,
+)
+from onnxnorm.bench.kernels.contenders import torch_fn
 
 torch = pytest.importorskip("torch")
 
@@ -71,12 +82,14 @@ def timer(monkeypatch):
         timed.append((who, decode, reps))
         return US[(decode, who)] / 1000
 
-    monkeypatch.setattr(cb, "_time", fake)
+    monkeypatch.setattr(clock, "time_ms", fake)
     return timed
 
 
 def _bench(ops, dtype="float32", shapes=SHAPES, kernels=None, **kw):
-    return cb.bench(kernels or FakeKernels(), ops, dtype, reps=3, shapes=shapes, device="cpu", **kw)
+    return measure.bench(
+        kernels or FakeKernels(), ops, dtype, reps=3, shapes=shapes, device="cpu", **kw
+    )
 
 
 def _row(rows, op, shape):
@@ -134,7 +147,7 @@ def test_targets_judged_met_and_missed(timer, monkeypatch):
     assert rms["targets"][0]["detail"] == "112.5%"
     assert rms["targets"][1]["detail"] == "2.00x, ORT 4.0 us"
     # Q/K rows: 75% for the ops without a residual, no copy target for the others
-    assert _row(rows, "RMSNorm", "qk 8x64")["target"] == cb.QK_TARGET
+    assert _row(rows, "RMSNorm", "qk 8x64")["target"] == cases.QK_TARGET
     assert _row(rows, "SkipLayerNorm", "qk 8x64")["target"] is None
     assert _row(rows, "SkipLayerNorm", "4x256")["target"] == 85
     # decode: at most 5 us (met at 4), no copy target, faster than ORT (12 us)
@@ -151,7 +164,7 @@ def test_targets_judged_met_and_missed(timer, monkeypatch):
         fn()
         return US_SLOW[(decode, who)] / 1000
 
-    monkeypatch.setattr(cb, "_time", slow)
+    monkeypatch.setattr(clock, "time_ms", slow)
     rows = _bench(["RMSNorm"], shapes=[SHAPES[0], SHAPES[2]])
     rms = _row(rows, "RMSNorm", "4x256")
     assert rms["pct_of_copy"] == pytest.approx(75.0)
@@ -162,47 +175,47 @@ def test_targets_judged_met_and_missed(timer, monkeypatch):
         ("faster than ORT", False),
     ]
     assert decode["targets"][0]["detail"] == "13.00 us"
-    line = cb.markdown_row(decode)
+    line = table.markdown_row(decode)
     assert "<= 5 us: MISSED (13.00 us); faster than ORT: MISSED (0.92x, ORT 12.0 us)" in line
     assert line.endswith("| **no** |")
-    summary = cb.summary(rows)
+    summary = table.summary(rows)
     assert summary.startswith("0 of 2 rows with targets met them all; missed: ")
     assert "RMSNorm 4x256 (>= 90% of copy)" in summary
     assert "RMSNorm decode 2x256 (<= 5 us, faster than ORT)" in summary
 
 
 def test_ort_absent_is_na_with_its_reason(timer, monkeypatch):
-    monkeypatch.setattr(cb, "ort_unavailable", lambda device: "onnxruntime offers no CUDA")
+    monkeypatch.setattr(contenders, "ort_unavailable", lambda device: "onnxruntime offers no CUDA")
     rows = _bench(["LayerNorm"], shapes=SHAPES[:1])
     (row,) = rows
     assert row["ort_us"] is None and row["ort_note"] == "onnxruntime offers no CUDA"
     assert "ort" not in row  # no session tried
     assert [t["target"] for t in row["targets"]] == [">= 85% of copy"]
     assert [w for w, _, _ in timer] == ["copy", "onnxnorm", "torch"]
-    assert "| n/a: onnxruntime offers no CUDA | - |" in cb.markdown_row(row)
+    assert "| n/a: onnxruntime offers no CUDA | - |" in table.markdown_row(row)
     (row,) = _bench(["LayerNorm"], shapes=SHAPES[:1], ort=False)
     assert row["ort_note"] == "skipped (--no-ort)"
 
 
 def test_ort_unavailable_says_why():
     ort = pytest.importorskip("onnxruntime")
-    assert cb.ort_unavailable("cpu") is None
+    assert contenders.ort_unavailable("cpu") is None
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        reason = cb.ort_unavailable("cuda")
+        reason = contenders.ort_unavailable("cuda")
         assert reason == (
             f"onnxruntime {ort.__version__} offers no CUDAExecutionProvider (not -gpu)"
         )
 
 
 def test_ort_failure_is_na_and_the_other_builtin_still_runs(timer, monkeypatch):
-    real = cb.ort_call
+    real = contenders.ort_call
 
     def flaky(label, *args, **kwargs):
         if label == "RMSNormalization-23":
             raise RuntimeError("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : no bfloat16\nmore")
         return real(label, *args, **kwargs)
 
-    monkeypatch.setattr(cb, "ort_call", flaky)
+    monkeypatch.setattr(contenders, "ort_call", flaky)
     (row,) = _bench(["RMSNorm"], shapes=SHAPES[:1])
     assert row["ort"]["RMSNormalization-23"] == {
         "error": "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : no bfloat16"
@@ -214,7 +227,7 @@ def test_ort_failure_is_na_and_the_other_builtin_still_runs(timer, monkeypatch):
             return real(label, *args, **kwargs)
         raise RuntimeError(f"{label} has no CUDA kernel | for bfloat16")
 
-    monkeypatch.setattr(cb, "ort_call", broken)
+    monkeypatch.setattr(contenders, "ort_call", broken)
     (row,) = _bench(["RMSNorm"], shapes=SHAPES[:1])
     assert row["ort_us"] is None and row["ort_speedup"] is None
     assert row["ort_note"] == (
@@ -223,8 +236,8 @@ def test_ort_failure_is_na_and_the_other_builtin_still_runs(timer, monkeypatch):
         "bfloat16"
     )
     assert [t["target"] for t in row["targets"]] == [">= 90% of copy"]  # no ORT target
-    cells = cb.markdown_row(row).split(" | ")
-    ort_cell = cells[cb.COLUMNS.index(("ORT CUDA (us)", "r"))]
+    cells = table.markdown_row(row).split(" | ")
+    ort_cell = cells[table.COLUMNS.index(("ORT CUDA (us)", "r"))]
     assert ort_cell.startswith("n/a: RMSNormalization-23: RMSNormalization-23 has no CUDA kernel /")
     assert ort_cell.endswith("...") and len(ort_cell) == 90  # one cell, no column bar
 
@@ -236,7 +249,7 @@ def test_ort_that_fails_its_probe_is_na_on_every_row(timer, monkeypatch):
         tried.append(label)
         raise RuntimeError("the session has ['CPUExecutionProvider']: the CUDA EP did not load")
 
-    monkeypatch.setattr(cb, "ort_call", no_ep)
+    monkeypatch.setattr(contenders, "ort_call", no_ep)
     rows = _bench(["RMSNorm", "SkipRMSNorm"])
     assert tried == ["LayerNormalization-17"]  # one probe, no session per row
     for row in rows:
@@ -265,8 +278,8 @@ def test_a_failing_kernel_is_a_row_and_the_run_goes_on(timer):
     assert failed["met"] is None and failed["targets"] == []
     assert "torch_max_diff" not in failed and failed["ort_us"] is None  # contenders not timed
     assert rms["us"] == pytest.approx(2.0) and rms["met"] is True
-    assert "| n/a: LayerNorm: no kernel for this | - | - | - |" in cb.markdown_row(failed)
-    assert "not measured: LayerNorm 4x256" in cb.summary(rows)
+    assert "| n/a: LayerNorm: no kernel for this | - | - | - |" in table.markdown_row(failed)
+    assert "not measured: LayerNorm 4x256" in table.summary(rows)
 
 
 def test_bfloat16_rows_bind_ort_by_pointer(timer):
@@ -280,8 +293,8 @@ def test_bfloat16_rows_bind_ort_by_pointer(timer):
 
 
 def test_markdown_table():
-    row = cb.judge(
-        cb._blank(
+    row = measure.judge(
+        measure._blank(
             dict(
                 op="RMSNorm", dtype="bfloat16", shape="4096x4096", kernel="lib/rms<8x512>",
                 bytes=1, ms=0.02, us=20.0, gbs=3400.0, copy_gbs=3600.0, pct_of_copy=94.44,
@@ -290,40 +303,42 @@ def test_markdown_table():
             )
         )
     )  # fmt: skip
-    table = cb.markdown([row], "NVIDIA H200").splitlines()
-    assert table[0] == "CUDA kernels on NVIDIA H200" and table[1] == ""
-    assert table[2] == (
+    lines = table.markdown([row], "NVIDIA H200").splitlines()
+    assert lines[0] == "CUDA kernels on NVIDIA H200" and lines[1] == ""
+    assert lines[2] == (
         "| op | dtype | shape | kernel | time (us) | GB/s | copy GB/s | % of copy | torch (us) "
         "| vs torch | ORT CUDA (us) | vs ORT | targets | met? |"
     )
-    assert table[3] == "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
-    assert table[4] == (
+    assert lines[3] == "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    assert lines[4] == (
         "| RMSNorm | bfloat16 | 4096x4096 | rms<8x512> | 20.0 | 3400 | 3600 | 94.4% | 30.0 "
         "| 1.50x | 25.0 (SimplifiedLayerNormalization) | 1.25x "
         "| >= 90% of copy: met (94.4%); faster than ORT: met (1.25x, ORT 25.0 us) | yes |"
     )
-    hybrid = cb.judge(cb._blank(dict(row, kind="hybrid", target=None, torch_us=None, ort_us=None)))
-    assert cb.markdown_row(hybrid).endswith("| - | - | - | - | - | - |")
+    hybrid = measure.judge(
+        measure._blank(dict(row, kind="hybrid", target=None, torch_us=None, ort_us=None))
+    )
+    assert table.markdown_row(hybrid).endswith("| - | - | - | - | - | - |")
 
 
 def test_time_is_flushed_events_or_back_to_back(monkeypatch):
     calls = []
     monkeypatch.setattr(
-        cb.timing, "cuda_ms", lambda fn, flush, reps: calls.append(("events", flush, reps)) or 1.0
+        timing, "cuda_ms", lambda fn, flush, reps: calls.append(("events", flush, reps)) or 1.0
     )
     monkeypatch.setattr(
-        cb, "_back_to_back_ms", lambda fn, reps: calls.append(("back to back", reps)) or 2.0
+        clock, "back_to_back_ms", lambda fn, reps: calls.append(("back to back", reps)) or 2.0
     )
     flush = object()
-    assert cb._time("ort", lambda: None, flush, 7, decode=False) == 1.0
-    assert cb._time("ort", lambda: None, flush, 7, decode=True) == 2.0
+    assert clock.time_ms("ort", lambda: None, flush, 7, decode=False) == 1.0
+    assert clock.time_ms("ort", lambda: None, flush, 7, decode=True) == 2.0
     assert calls == [("events", flush, 7), ("back to back", 7)]
 
 
 def test_report_prints_each_dtype_and_writes_json(monkeypatch, tmp_path, capsys):
     """report() on CPU: the launcher, the stream and the flush faked, the bench on CPU tensors;
     each dtype's table printed as measured, the JSON rewritten after each dtype."""
-    real_bench = cb.bench
+    real_bench = measure.bench
     seen = []
 
     class Kernels(FakeKernels):
@@ -343,15 +358,15 @@ def test_report_prints_each_dtype_and_writes_json(monkeypatch, tmp_path, capsys)
         kw.update(ops=["RMSNorm"], shapes=SHAPES[:1], device="cpu")
         return real_bench(kernels, **kw)
 
-    monkeypatch.setattr(cb._native, "Kernels", Kernels)
+    monkeypatch.setattr(_native, "Kernels", Kernels)
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(cb, "_flusher", lambda: lambda: None)
-    monkeypatch.setattr(cb, "bench", bench)
-    monkeypatch.setattr(cb, "bench_hybrid", lambda *a, **kw: [])
-    monkeypatch.setattr(cb, "_time", lambda who, fn, flush, reps, decode: (fn(), 0.002)[1])
+    monkeypatch.setattr(clock, "flusher", lambda: lambda: None)
+    monkeypatch.setattr(measure, "bench", bench)
+    monkeypatch.setattr(measure, "bench_hybrid", lambda *a, **kw: [])
+    monkeypatch.setattr(clock, "time_ms", lambda who, fn, flush, reps, decode: (fn(), 0.002)[1])
     out = tmp_path / "bench.json"
-    results = cb.report(None, "bfloat16,float16", 3, str(out), ort=False)
+    results = runner.report(None, "bfloat16,float16", 3, str(out), ort=False)
     assert seen == [("bfloat16", 1234, False), ("float16", 1234, False)]
     assert [r["dtype"] for r in results] == ["bfloat16", "float16"]
     printed = capsys.readouterr().out
@@ -370,13 +385,25 @@ def test_report_prints_each_dtype_and_writes_json(monkeypatch, tmp_path, capsys)
     assert data["results"][0]["ort_note"] == "skipped (--no-ort)"
 
 
+def test_the_package_names_are_its_modules():
+    """The names of ``onnxnorm.bench.cuda`` (imported on first use) are its modules'; the
+    binding of the library is onnxnorm._native's alone."""
+    import onnxnorm.bench.cuda as package
+
+    assert package.report is runner.report and package.bench is measure.bench
+    assert package.main is cuda_cli.main and package.TARGETS is cases.TARGETS
+    assert sorted(set(dir(package)) & {"Kernels", "NormArgs", "library_path"}) == []
+    with pytest.raises(AttributeError):
+        package.Kernels  # noqa: B018
+
+
 def test_options_dtypes():
     import argparse
 
     parser = argparse.ArgumentParser()
     cuda_cli.add_options(parser)
     assert cuda_cli.dtypes_of(parser.parse_args([])) == ["bfloat16", "float16"]
-    assert list(cuda_cli.DEFAULT_DTYPES) == list(cb.DEFAULT_DTYPES)
+    assert cuda_cli.DEFAULT_DTYPES is cases.DEFAULT_DTYPES  # one default for both entry points
     args = parser.parse_args(["--dtypes", "float32, bfloat16", "--no-ort", "--reps", "5"])
     assert cuda_cli.dtypes_of(args) == ["float32", "bfloat16"] and args.no_ort and args.reps == 5
     assert cuda_cli.dtypes_of(parser.parse_args(["--dtype", "float16"])) == ["float16"]

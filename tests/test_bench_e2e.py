@@ -241,16 +241,16 @@ def test_quantized_groups_take_the_variants_named():
     assert e2e.quantized_variants(["export", "onnxnorm-fused"]) == ["quantized", "onnxnorm-fused"]
 
 
-def test_old_private_names_still_work_with_a_warning():
-    """The names tests and scripts reached into when the benchmark was one module."""
-    for old, new in (
-        ("_collect", e2e.collect),
-        ("_interleave", e2e.interleave),
-        ("add_parser", e2e.register),
-        ("_memory_child", e2e.memory_child),
-    ):
-        with pytest.warns(DeprecationWarning, match=f"onnxnorm.bench.e2e.{old} is deprecated"):
-            assert getattr(e2e, old) is new
+def test_the_package_names_are_its_modules():
+    """The package's names (imported on first use) are those of its modules; the names the
+    benchmark had as one module are gone."""
+    from onnxnorm.bench.e2e import generation, groups
+
+    assert e2e.collect is generation.collect and e2e.interleave is groups.interleave
+    for name in dir(e2e):
+        assert getattr(e2e, name) is not None, name
+    for old in ("_collect", "_interleave", "add_parser", "with_cache"):
+        assert not hasattr(e2e, old), old
 
 
 def _torch_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:

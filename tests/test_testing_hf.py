@@ -213,16 +213,7 @@ def test_genai_build_without_onnxruntime_genai_says_what_to_install(monkeypatch,
         hf.genai_build(tmp_path / "ckpt", tmp_path / "out", "fp32")
 
 
-def test_the_benchmark_s_moved_names_warn_and_are_these():
-    from onnxnorm.bench import e2e, e2e_models
-
-    for module in (e2e, e2e_models):
-        for name in ("with_cache", "past_names", "present_names"):
-            with pytest.warns(
-                DeprecationWarning,
-                match=f"{module.__name__}.{name} is deprecated: use onnxnorm.testing.hf.{name}",
-            ):
-                assert getattr(module, name) is getattr(hf, name)
+def test_the_kv_cache_names():
     assert hf.past_names(2)[-1] == "past_key_values.1.value"
     assert hf.present_names(1) == ["present.0.key", "present.0.value"]
 

@@ -1,10 +1,10 @@
 """Benchmarks: kernels (CPU, CUDA) and end-to-end; each prints a markdown table of medians and
 ratios.
 
-Each benchmark is a subcommand of ``onnxnorm bench`` (:mod:`.cli`) and a set of small modules
-named after it: ``<name>.py`` gathers its public names (imported on first use) and says what it
-measures, ``<name>_cli.py`` declares its options and registers it, the other ``<name>_*.py``
-are its parts, one concern each.
+Each benchmark is a subcommand of ``onnxnorm bench`` (:mod:`.cli`) and a subpackage of that
+name: its ``__init__.py`` says what it measures and gathers its public names (imported on first
+use, :mod:`onnxnorm._lazy`), its ``cli.py`` declares its options and registers it (importing
+nothing heavy), its other modules are its parts, one concern each.
 
 - ``kernels``: the CPU kernels against ORT's built-in ops, the decomposed graph, torch and a
   memory copy;

@@ -1,5 +1,5 @@
 """``onnxnorm bench``: the benchmarks, each a subcommand that registers itself from its own
-module (``onnxnorm/bench/<name>_cli.py``: ``register(subcommands)`` adds its options and sets
+module (``onnxnorm/bench/<name>/cli.py``: ``register(subcommands)`` adds its options and sets
 ``run``), the way the top-level commands do. Registering imports nothing heavy (no torch, no
 onnx), so every ``--help`` stays fast; a command's ``run`` imports what it measures with."""
 
@@ -8,13 +8,11 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from onnxnorm.bench.common import exports
-
 #: subcommand -> the module that registers it, in the order ``onnxnorm bench --help`` lists them
 SUBCOMMANDS = {
-    "kernels": "onnxnorm.bench.kernels_cli",  # the CPU kernels against ORT, torch and a copy
-    "e2e": "onnxnorm.bench.e2e_cli",  # generation with a KV cache, end to end
-    "cuda": "onnxnorm.bench.cuda_cli",  # the CUDA kernels' bandwidth, on a GPU machine
+    "kernels": "onnxnorm.bench.kernels.cli",  # the CPU kernels against ORT, torch and a copy
+    "e2e": "onnxnorm.bench.e2e.cli",  # generation with a KV cache, end to end
+    "cuda": "onnxnorm.bench.cuda.cli",  # the CUDA kernels' bandwidth, on a GPU machine
 }
 
 
@@ -28,15 +26,3 @@ def register(commands: argparse._SubParsersAction) -> None:
     subcommands = bench.add_subparsers(dest="bench", required=True)
     for module in SUBCOMMANDS.values():
         importlib.import_module(module).register(subcommands)
-
-
-# the names these had when the kernels' options were declared here
-__getattr__, __dir__ = exports(
-    __name__,
-    {},
-    globals(),
-    {
-        "_csv": ("onnxnorm.bench.common", "choices_list"),
-        "_run_kernels": ("onnxnorm.bench.kernels_cli", "run"),
-    },
-)

@@ -1,15 +1,12 @@
 """What the benchmarks share: comma-separated options, the JSON file, markdown table rows, the
-machine a run measured on, a tool's output silenced and its failure as one line, and a
-benchmark's names gathered in one module, imported on first use (so that importing it loads
-nothing heavy) or kept for a while under their old names. Imports nothing heavy itself: the
-commands' options use it."""
+machine a run measured on, a tool's output silenced and its failure as one line. Imports nothing
+heavy: the commands' options use it."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import datetime
-import importlib
 import io
 import json
 import logging
@@ -133,37 +130,3 @@ def environment(threads: int, warmup: float | None = None) -> dict[str, Any]:
         }
     )
     return env
-
-
-def exports(
-    module: str,
-    names: dict[str, str],
-    namespace: dict[str, Any],
-    old: dict[str, tuple[str, str]] | None = None,
-):
-    """``__getattr__`` and ``__dir__`` (PEP 562) for ``module``, whose globals are
-    ``namespace``: a name of ``names`` (name -> the module that defines it) is imported from
-    there on first use and kept, so that importing ``module`` loads none of the modules behind
-    it; a name of ``old`` (old name -> (module, name)) is the name it became, with a
-    DeprecationWarning."""
-    old = old or {}
-
-    def __getattr__(name: str) -> Any:
-        if name in names:
-            value = getattr(importlib.import_module(names[name]), name)
-            namespace[name] = value
-            return value
-        if name in old:
-            where, new = old[name]
-            warnings.warn(
-                f"{module}.{name} is deprecated: use {where}.{new}",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return getattr(importlib.import_module(where), new)
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-
-    def __dir__() -> list[str]:
-        return sorted(set(namespace) | set(names))
-
-    return __getattr__, __dir__

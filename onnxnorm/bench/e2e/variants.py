@@ -1,5 +1,5 @@
 """The variants ``onnxnorm bench e2e`` compares: each a model file made by the tool a user runs
-(:data:`~.e2e_config.VARIANTS`; of a quantized export, :data:`~.e2e_config.QUANT_VARIANTS`),
+(:data:`~.config.VARIANTS`; of a quantized export, :data:`~.config.QUANT_VARIANTS`),
 made once into a folder with a record beside it, so a ``--keep`` folder is used again; and what
 a model holds (its node counts, the nodes that compute a norm)."""
 
@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 
 from onnxnorm.bench.common import quietly, short_error
-from onnxnorm.bench.e2e_config import (
+from onnxnorm.bench.e2e.config import (
     CALIBRATION_PROMPTS,
     NORM_CLASSES,
     QUANT_VARIANTS,
     QUANTIZERS,
     Config,
 )
-from onnxnorm.bench.e2e_models import export, export_onnxnorm
+from onnxnorm.bench.e2e.models import export, export_onnxnorm
 from onnxnorm.bench.timing import clock
 from onnxnorm.ops import catalogue
 from onnxnorm.testing.hf import past_names

@@ -8,10 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from onnxnorm.bench import common, kernels_graphs as graphs, timing
-from onnxnorm.bench.kernels_cases import QUANT_TYPE, QUANT_ZERO_POINTS, Y_SCALE, Result, op_shapes
-from onnxnorm.bench.kernels_contenders import decomposed_model, ort_runner, threaded_copy, torch_fn
-from onnxnorm.bench.kernels_report import (
+from onnxnorm.bench import common, timing
+from onnxnorm.bench.kernels import graphs
+from onnxnorm.bench.kernels.cases import QUANT_TYPE, QUANT_ZERO_POINTS, Y_SCALE, Result, op_shapes
+from onnxnorm.bench.kernels.contenders import decomposed_model, ort_runner, threaded_copy, torch_fn
+from onnxnorm.bench.kernels.report import (
     comparison_table,
     dtype_cell,
     environment,

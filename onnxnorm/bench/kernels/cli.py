@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from onnxnorm.bench.common import choices_list
-from onnxnorm.bench.kernels_cases import ALL_SHAPES, DTYPES, QUANT_TYPE, QUANT_ZERO_POINTS, SHAPES
+from onnxnorm.bench.kernels.cases import ALL_SHAPES, DTYPES, QUANT_TYPE, QUANT_ZERO_POINTS, SHAPES
 
 
 def _ops() -> tuple[str, ...]:
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         require("matplotlib", "onnxnorm bench kernels --plot")
     require("torch", "onnxnorm bench kernels")  # the torch eager contender
-    from onnxnorm.bench import kernels_measure as measure
+    from onnxnorm.bench.kernels import measure
 
     ops = list(_ops()) if args.ops is None else args.ops
     measure.run(

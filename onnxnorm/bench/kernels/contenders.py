@@ -16,8 +16,8 @@ import numpy as np
 # contenders timed next; this must be set before torch starts its thread pool.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from onnxnorm.bench.kernels_cases import EPSILON, OP_SHAPES
-from onnxnorm.bench.kernels_graphs import np_dtype, zero_point
+from onnxnorm.bench.kernels.cases import EPSILON, OP_SHAPES
+from onnxnorm.bench.kernels.graphs import np_dtype, zero_point
 from onnxnorm.ops import catalogue
 
 
@@ -95,7 +95,7 @@ def _torch_l2(attrs: dict[str, Any]) -> Callable:
 
 
 def torch_fn(op: str, decomposed: bool, attrs: dict[str, Any] | None = None) -> Callable:
-    """The op in torch ops over the arrays of :func:`~.kernels_graphs.input_names`, returning
+    """The op in torch ops over the arrays of :func:`~.graphs.input_names`, returning
     (Y[, Sum]); ``attrs``: the node's (the ops of OP_SHAPES)."""
     spec = catalogue.get(op)
     if spec.gated:

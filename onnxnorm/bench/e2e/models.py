@@ -2,13 +2,12 @@
 transformers, built from configs in code with seeded random weights (nothing is downloaded), and
 their KV-cache exports (``torch.onnx.export(dynamo=True)``, and ``onnxnorm.export`` with the
 norms fused). The models, their norm weights and the export come from
-:mod:`onnxnorm.testing.hf`, at the sizes of :class:`~.e2e_config.Config`. torch and
+:mod:`onnxnorm.testing.hf`, at the sizes of :class:`~.config.Config`. torch and
 transformers are imported on use."""
 
 from __future__ import annotations
 
-from onnxnorm.bench.common import exports
-from onnxnorm.bench.e2e_config import Config
+from onnxnorm.bench.e2e.config import Config
 
 
 def hf_config(family: str, config: Config):
@@ -80,12 +79,3 @@ def export_onnxnorm(model, config: Config):
             input_names=inputs,
             output_names=outputs,
         )
-
-
-#: the names these had before the fixtures moved to onnxnorm.testing.hf
-__getattr__, __dir__ = exports(
-    __name__,
-    {},
-    globals(),
-    {name: ("onnxnorm.testing.hf", name) for name in ("past_names", "present_names", "with_cache")},
-)

@@ -8,10 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from onnxnorm.bench import common
+from onnxnorm.bench.cuda.cases import DEFAULT_DTYPES, DTYPES
 
-DTYPES = ("float32", "float16", "bfloat16")
-#: the dtypes measured unless --dtypes or --dtype says otherwise (cuda_bandwidth.DEFAULT_DTYPES)
-DEFAULT_DTYPES = ("bfloat16", "float16")
 DESCRIPTION = (
     "CUDA kernel bandwidth: the onnxnorm CUDA kernels against a device-to-device copy, torch "
     "and ONNX Runtime's CUDA ops."
@@ -77,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     torch = require("torch", "onnxnorm bench cuda")
     if not torch.cuda.is_available():
         raise OnnxNormError("onnxnorm bench cuda: torch sees no CUDA device")
-    from onnxnorm.bench import cuda_bandwidth as bandwidth
+    from onnxnorm.bench.cuda import runner
 
-    bandwidth.report(args.library, dtypes_of(args), args.reps, args.json, ort=not args.no_ort)
+    runner.report(args.library, dtypes_of(args), args.reps, args.json, ort=not args.no_ort)
     return 0
 
 
@@ -93,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("onnxnorm.bench.cuda: torch sees no CUDA device", file=sys.stderr)
         return 2
-    from onnxnorm.bench import cuda_bandwidth as bandwidth
+    from onnxnorm.bench.cuda import runner
 
-    bandwidth.report(args.library, dtypes_of(args), args.reps, args.json, ort=not args.no_ort)
+    runner.report(args.library, dtypes_of(args), args.reps, args.json, ort=not args.no_ort)
     return 0

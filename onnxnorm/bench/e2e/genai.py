@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from onnxnorm.bench.common import quietly, short_error
-from onnxnorm.bench.e2e_config import GENAI_VARIANTS, Config
-from onnxnorm.bench.e2e_generation import collect
+from onnxnorm.bench.e2e.config import GENAI_VARIANTS, Config
+from onnxnorm.bench.e2e.generation import collect
 from onnxnorm.bench.timing import clock
 
 
@@ -29,7 +29,7 @@ def genai_folders(
     ``onnxnorm genai`` copies: "<precision> <variant>" -> {"path", ...} or {"error"}."""
     import onnx
 
-    from onnxnorm.bench.e2e_variants import node_counts  # (it imports onnx: not for the child)
+    from onnxnorm.bench.e2e.variants import node_counts  # (it imports onnx: not for the child)
     from onnxnorm.genai import convert
     from onnxnorm.testing import hf
 

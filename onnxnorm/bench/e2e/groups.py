@@ -16,18 +16,18 @@ import numpy as np
 
 from onnxnorm.bench import timing
 from onnxnorm.bench.common import short_error
-from onnxnorm.bench.e2e_config import (
+from onnxnorm.bench.e2e.config import (
     GENAI_VARIANTS,
     ONNXNORM_VARIANTS,
     QUANT_ONNXNORM_VARIANTS,
     Config,
 )
-from onnxnorm.bench.e2e_genai import GenaiGenerator
-from onnxnorm.bench.e2e_generation import Generator
-from onnxnorm.bench.e2e_memory import peak_memory
-from onnxnorm.bench.e2e_models import hf_model
-from onnxnorm.bench.e2e_profiling import profile_genai, profile_ort
-from onnxnorm.bench.e2e_variants import make_quantized, make_variants, quantized_variants
+from onnxnorm.bench.e2e.genai import GenaiGenerator
+from onnxnorm.bench.e2e.generation import Generator
+from onnxnorm.bench.e2e.memory import peak_memory
+from onnxnorm.bench.e2e.models import hf_model
+from onnxnorm.bench.e2e.profiling import profile_genai, profile_ort
+from onnxnorm.bench.e2e.variants import make_quantized, make_variants, quantized_variants
 
 
 @dataclasses.dataclass
@@ -325,7 +325,7 @@ def _ort_rows(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """:func:`run_group` of ORT variants (their models made): each generates with its own
-    :class:`~.e2e_generation.Generator`."""
+    :class:`~.generation.Generator`."""
     prompt = config.prompt_ids()
     rows = {name: Row(name, built[name], error=built[name].get("error")) for name in variants}
     ready = [n for n in variants if "path" in built[n]]
@@ -353,7 +353,7 @@ def genai_group(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """The model builder's folder of ``precision`` and its ``onnxnorm genai`` copy (``found``:
-    :func:`~.e2e_genai.genai_folders`), generating with genai's own loop."""
+    :func:`~.genai.genai_folders`), generating with genai's own loop."""
     prompt = config.prompt_ids()
     rows = {
         v: Row(v, dict(found[f"{precision} {v}"]), error=found[f"{precision} {v}"].get("error"))

@@ -11,9 +11,9 @@ import sys
 from typing import Any
 
 from onnxnorm.bench.common import short_error
-from onnxnorm.bench.e2e_config import Config
-from onnxnorm.bench.e2e_genai import GenaiGenerator
-from onnxnorm.bench.e2e_generation import Generator
+from onnxnorm.bench.e2e.config import Config
+from onnxnorm.bench.e2e.genai import GenaiGenerator
+from onnxnorm.bench.e2e.generation import Generator
 
 
 def peak_memory(
@@ -32,7 +32,7 @@ def peak_memory(
         }
     )
     child = (
-        "import sys; from onnxnorm.bench.e2e_memory import memory_child; memory_child(sys.argv[1])"
+        "import sys; from onnxnorm.bench.e2e.memory import memory_child; memory_child(sys.argv[1])"
     )
     result = subprocess.run(
         [sys.executable, "-c", child, payload], capture_output=True, text=True, timeout=3600

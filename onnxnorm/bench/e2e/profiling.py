@@ -1,5 +1,5 @@
 """The share of node time ``onnxnorm bench e2e``'s variants spend in norm kernels, from one
-generation per variant under ORT's profiler (the peak memory is :mod:`.e2e_memory`'s)."""
+generation per variant under ORT's profiler (the peak memory is :mod:`.memory`'s)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from onnxnorm.bench.e2e_config import PROFILED_TOKENS, Config
-from onnxnorm.bench.e2e_genai import GenaiGenerator
-from onnxnorm.bench.e2e_generation import Generator
-from onnxnorm.bench.e2e_variants import NORM_OPS, norm_node_names
+from onnxnorm.bench.e2e.config import PROFILED_TOKENS, Config
+from onnxnorm.bench.e2e.genai import GenaiGenerator
+from onnxnorm.bench.e2e.generation import Generator
+from onnxnorm.bench.e2e.variants import NORM_OPS, norm_node_names
 
 
 def norm_share(events: list[dict], names: set[str]) -> dict[str, float]:

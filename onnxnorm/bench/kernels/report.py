@@ -10,7 +10,7 @@ import numpy as np
 
 from onnxnorm.bench import common
 from onnxnorm.bench.common import table_row, table_rule
-from onnxnorm.bench.kernels_cases import Result
+from onnxnorm.bench.kernels.cases import Result
 
 
 def environment(threads: int, warmup: float = 0.01) -> dict[str, Any]:

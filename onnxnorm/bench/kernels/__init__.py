@@ -50,19 +50,17 @@ and outputs, so no call allocates or copies. The Q/K-norm shape (1, 512, 32, 128
 128 is run as (1, 16384, 128) for every contender (the same bytes and math; ORT's Skip ops want
 rank 3).
 
-The benchmark is the modules ``kernels_*``: ``kernels_cases`` (the shapes, dtypes and targets;
-:class:`Result`, a row), ``kernels_graphs`` (the ONNX models of the contenders),
-``kernels_contenders`` (the calls timed), ``kernels_measure`` (a row, a run), ``kernels_report``
-(the tables, the plot) and ``kernels_cli`` (the command). Their public names are this module's
-too, imported on first use. The instruction set of the library is
-:func:`onnxnorm._native.active_isa`.
+The benchmark is this package's modules: ``cases`` (the shapes, dtypes and targets;
+:class:`Result`, a row), ``graphs`` (the ONNX models of the contenders), ``contenders`` (the
+calls timed), ``measure`` (a row, a run), ``report`` (the tables, the plot) and ``cli`` (the
+command). Their public names are this package's too, imported on first use. The instruction set
+of the library is :func:`onnxnorm._native.active_isa`.
 """
 
-from onnxnorm.bench.common import exports
+from onnxnorm import _lazy
 
-_HERE = "onnxnorm.bench.kernels_"
-#: public name -> the module that defines it
-_NAMES = {
+#: public name -> the module of this package that defines it
+_WHERE = {
     **dict.fromkeys(
         (
             "SHAPES",
@@ -84,7 +82,7 @@ _NAMES = {
             "QUANT_TYPE",
             "Result",
         ),
-        _HERE + "cases",
+        "cases",
     ),
     **dict.fromkeys(
         (
@@ -99,13 +97,12 @@ _NAMES = {
             "ort_builtin_model",
             "ort_floor_model",
         ),
-        _HERE + "graphs",
+        "graphs",
     ),
     **dict.fromkeys(
-        ("torch_fn", "decomposed_model", "ortvalue", "ort_runner", "threaded_copy"),
-        _HERE + "contenders",
+        ("torch_fn", "decomposed_model", "ortvalue", "ort_runner", "threaded_copy"), "contenders"
     ),
-    **dict.fromkeys(("bench_case", "run"), _HERE + "measure"),
+    **dict.fromkeys(("bench_case", "run"), "measure"),
     **dict.fromkeys(
         (
             "environment",
@@ -116,35 +113,8 @@ _NAMES = {
             "plot",
             "load_results",
         ),
-        _HERE + "report",
+        "report",
     ),
 }
-#: the names these had when the benchmark was this one module
-_OLD = {
-    "active_isa": ("onnxnorm._native", "active_isa"),
-    "_load_average": ("onnxnorm.bench.common", "load_average"),
-    "_time_interleaved": ("onnxnorm.bench.timing", "interleaved"),
-    "_ORT_BUILTINS": (_HERE + "graphs", "ORT_BUILTINS"),
-    "_weights": (_HERE + "graphs", "input_names"),
-    "_outputs": (_HERE + "graphs", "output_names"),
-    **{
-        f"_{name}": (_HERE + "graphs", name)
-        for name in (
-            "onnx_type",
-            "np_dtype",
-            "quant_onnx_type",
-            "zero_point",
-            "onnxnorm_model",
-            "ort_builtin_model",
-            "ort_floor_model",
-        )
-    },
-    **{
-        f"_{name}": (_HERE + "contenders", name)
-        for name in ("torch_fn", "decomposed_model", "ortvalue", "ort_runner", "threaded_copy")
-    },
-    "_us": (_HERE + "report", "us"),
-    "_dtype_cell": (_HERE + "report", "dtype_cell"),
-}
 
-__getattr__, __dir__ = exports(__name__, _NAMES, globals(), _OLD)
+__getattr__, __dir__ = _lazy.names(__name__, _WHERE, globals())

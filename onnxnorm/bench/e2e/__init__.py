@@ -37,22 +37,21 @@ is measured by the same loop as it is, after ORT's transformers optimizer, and a
 fuse --target ort`` / ``--target fused``, which turns each norm and the quantizer after it into
 one quantized onnxnorm op (``RMSNormDynamicQuantizeLinear``, ``SkipRMSNormQuantizeLinear``, ...).
 
-The benchmark is the modules ``e2e_*``, each of one concern: ``e2e_config`` (what is measured,
-the sizes), ``e2e_models`` (the decoders and their exports), ``e2e_variants`` (the models each
-tool makes), ``e2e_generation`` (the ORT loop), ``e2e_genai`` (onnxruntime-genai's folders and
-loop), ``e2e_profiling`` (norm share), ``e2e_memory`` (peak memory), ``e2e_groups`` (a group
-timed and judged), ``e2e_report`` (tables, plot, JSON), ``e2e_runner`` (every group) and
-``e2e_cli`` (the command). Their public names are this module's too, imported on first use. The
-Hugging Face models, their KV-cache export, tokenizer, model-builder call and quantization are
-the fixtures the tests use too, :mod:`onnxnorm.testing.hf`.
+The benchmark is this package's modules, each of one concern: ``config`` (what is measured, the
+sizes), ``models`` (the decoders and their exports), ``variants`` (the models each tool makes),
+``generation`` (the ORT loop), ``genai`` (onnxruntime-genai's folders and loop), ``profiling``
+(norm share), ``memory`` (peak memory), ``groups`` (a group timed and judged), ``report``
+(tables, plot, JSON), ``runner`` (every group) and ``cli`` (the command). Their public names
+are this package's too, imported on first use. The Hugging Face models, their KV-cache export,
+tokenizer, model-builder call and quantization are the fixtures the tests use too,
+:mod:`onnxnorm.testing.hf`.
 """
 
-from onnxnorm.bench.common import exports
+from onnxnorm import _lazy
+from onnxnorm.bench.common import quietly  # noqa: F401 - a public name of this package
 
-_HERE = "onnxnorm.bench.e2e_"
-_HF = "onnxnorm.testing.hf"
-#: public name -> the module that defines it
-_NAMES = {
+#: public name -> the module of this package that defines it
+_WHERE = {
     **dict.fromkeys(
         (
             "FAMILIES",
@@ -74,9 +73,9 @@ _NAMES = {
             "stamp",
             "check_keep",
         ),
-        _HERE + "config",
+        "config",
     ),
-    **dict.fromkeys(("hf_config", "hf_model", "export", "export_onnxnorm"), _HERE + "models"),
+    **dict.fromkeys(("hf_config", "hf_model", "export", "export_onnxnorm"), "models"),
     **dict.fromkeys(
         (
             "NORM_OPS",
@@ -88,13 +87,12 @@ _NAMES = {
             "node_counts",
             "norm_node_names",
         ),
-        _HERE + "variants",
+        "variants",
     ),
-    "quietly": "onnxnorm.bench.common",
-    **dict.fromkeys(("Generator", "collect"), _HERE + "generation"),
-    **dict.fromkeys(("genai_folders", "GenaiGenerator"), _HERE + "genai"),
-    **dict.fromkeys(("norm_share", "profile_ort", "profile_genai"), _HERE + "profiling"),
-    **dict.fromkeys(("peak_memory", "memory_child"), _HERE + "memory"),
+    **dict.fromkeys(("Generator", "collect"), "generation"),
+    **dict.fromkeys(("genai_folders", "GenaiGenerator"), "genai"),
+    **dict.fromkeys(("norm_share", "profile_ort", "profile_genai"), "profiling"),
+    **dict.fromkeys(("peak_memory", "memory_child"), "memory"),
     **dict.fromkeys(
         (
             "Row",
@@ -109,33 +107,11 @@ _NAMES = {
             "quantized_group",
             "genai_group",
         ),
-        _HERE + "groups",
+        "groups",
     ),
-    **dict.fromkeys(
-        ("environment", "markdown", "overview", "plot", "write_json"), _HERE + "report"
-    ),
-    "run": _HERE + "runner",
-    "register": _HERE + "cli",
-}
-#: the names these had when the benchmark was this one module
-_OLD = {
-    "add_parser": (_HERE + "cli", "register"),
-    "_run": (_HERE + "cli", "run"),
-    "_collect": (_HERE + "generation", "collect"),
-    "_interleave": (_HERE + "groups", "interleave"),
-    "_with_cache": (_HF, "with_cache"),
-    "_quietly": ("onnxnorm.bench.common", "quietly"),
-    "_first_line": ("onnxnorm.bench.common", "short_error"),
-    "_profile_ort": (_HERE + "profiling", "profile_ort"),
-    "_profile_genai": (_HERE + "profiling", "profile_genai"),
-    "_peak_memory": (_HERE + "memory", "peak_memory"),
-    "_memory_child": (_HERE + "memory", "memory_child"),
-    "_write_json": (_HERE + "report", "write_json"),
-    "_stamp": (_HERE + "config", "stamp"),
-    # moved to the fixtures shared with the tests
-    "past_names": (_HF, "past_names"),
-    "present_names": (_HF, "present_names"),
-    "with_cache": (_HF, "with_cache"),
+    **dict.fromkeys(("environment", "markdown", "overview", "plot", "write_json"), "report"),
+    "run": "runner",
+    "register": "cli",
 }
 
-__getattr__, __dir__ = exports(__name__, _NAMES, globals(), _OLD)
+__getattr__, __dir__ = _lazy.names(__name__, _WHERE, globals())

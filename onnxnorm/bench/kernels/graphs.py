@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxnorm import _native
-from onnxnorm.bench.kernels_cases import EPSILON, QUANT_TYPE, QUANT_ZERO_POINTS
+from onnxnorm.bench.kernels.cases import EPSILON, QUANT_TYPE, QUANT_ZERO_POINTS
 from onnxnorm.ops import catalogue
 
 #: op -> labels of ORT's own ops for the same math (each a model of :func:`ort_builtin_model`)

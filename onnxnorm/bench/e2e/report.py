@@ -10,7 +10,7 @@ import numpy as np
 
 from onnxnorm.bench import common
 from onnxnorm.bench.common import table_row, table_rule
-from onnxnorm.bench.e2e_config import (
+from onnxnorm.bench.e2e.config import (
     GENAI_VARIANTS,
     QUANT_VARIANTS,
     QUANTIZATIONS,

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from onnxnorm.bench import common
-from onnxnorm.bench.e2e_config import STAMP, Config, stamp
-from onnxnorm.bench.e2e_genai import genai_folders
-from onnxnorm.bench.e2e_groups import genai_group, ort_group, quantized_group
-from onnxnorm.bench.e2e_models import hf_model
-from onnxnorm.bench.e2e_report import environment, markdown, overview, plot, write_json
-from onnxnorm.bench.e2e_variants import make_quantized, make_variants, quantized_variants
+from onnxnorm.bench.e2e.config import STAMP, Config, stamp
+from onnxnorm.bench.e2e.genai import genai_folders
+from onnxnorm.bench.e2e.groups import genai_group, ort_group, quantized_group
+from onnxnorm.bench.e2e.models import hf_model
+from onnxnorm.bench.e2e.report import environment, markdown, overview, plot, write_json
+from onnxnorm.bench.e2e.variants import make_quantized, make_variants, quantized_variants
 
 
 def run(

@@ -1,12 +1,12 @@
 """``onnxnorm bench e2e``: its options and its run. Registering imports nothing heavy (the
-choices and defaults come from ``e2e_config``); running says in one line what is missing."""
+choices and defaults come from ``config``); running says in one line what is missing."""
 
 from __future__ import annotations
 
 import argparse
 
 from onnxnorm.bench.common import choices_list
-from onnxnorm.bench.e2e_config import (
+from onnxnorm.bench.e2e.config import (
     DEVICES,
     DTYPES,
     FAMILIES,
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
     warnings.filterwarnings("ignore")
     logging.getLogger("torch").setLevel(logging.ERROR)
-    from onnxnorm.bench import e2e_runner as runner
+    from onnxnorm.bench.e2e import runner
 
     runner.run(
         args.models,

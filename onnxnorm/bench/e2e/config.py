@@ -1,6 +1,6 @@
 """``onnxnorm bench e2e``'s configuration: the decoders, dtypes, variants, quantizations and
 devices it measures (what a user runs to get each variant), the quantizers and modules that
-count as norm time (the norm ops: ``e2e_variants.NORM_OPS``, from the catalogue), the sizes
+count as norm time (the norm ops: ``variants.NORM_OPS``, from the catalogue), the sizes
 (:class:`Config`), and the stamp of a ``--keep`` folder. Imports nothing heavy: the command's
 options come from here."""
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxnorm.bench.e2e_config import Config
+from onnxnorm.bench.e2e.config import Config
 from onnxnorm.bench.timing import clock
 from onnxnorm.testing.hf import past_names
 
