@@ -11,6 +11,7 @@ tests/test_native_ops.py fails when the committed file differs from ``render()``
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -32,14 +33,16 @@ _ATTR_KINDS = ("int", "float")
 
 
 def load_catalogue():
-    """onnxnorm/ops/catalogue.py by path: it needs only the standard library, so the generator
-    runs without the package's dependencies."""
-    path = ROOT / "onnxnorm" / "ops" / "catalogue.py"
-    spec = importlib.util.spec_from_file_location("_onnxnorm_catalogue", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """onnxnorm/ops/catalogue.py by path: it and the module it imports (spec.py, relatively)
+    need only the standard library, so the generator runs without the package's dependencies.
+    They are loaded as modules of a package of their own, whose ``__init__`` is not run."""
+    package = "_onnxnorm_catalogue"
+    if package not in sys.modules:
+        holder = importlib.util.spec_from_loader(package, loader=None, is_package=True)
+        module = importlib.util.module_from_spec(holder)
+        module.__path__ = [str(ROOT / "onnxnorm" / "ops")]
+        sys.modules[package] = module
+    return importlib.import_module(f"{package}.catalogue")
 
 
 def _camel(name: str) -> str:
