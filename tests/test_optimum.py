@@ -285,13 +285,13 @@ def test_verify_failure_writes_nothing(folders, tmp_path, monkeypatch, capsys):
     """A file over tolerance (here: a tolerance of 0, which float32 rounding differences
     exceed) leaves no output folder and no temporary folder; the command exits 3."""
     from onnxnorm import cli
-    from onnxnorm.fusion import folder as folder_module
+    from onnxnorm.fusion import files
     from onnxnorm.fusion.verify import verify
 
     def exact(original, fused):
         return verify(original, fused, tolerance={"float32": (0.0, 0.0)})
 
-    monkeypatch.setattr(folder_module, "verify_file", exact)
+    monkeypatch.setattr(files, "compare", exact)
     out = tmp_path / "out"
     report = fuse_folder(folders["llama"], out)
     assert not report.written and not report.ok and report.files[0].checks

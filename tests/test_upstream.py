@@ -9,7 +9,7 @@ from __future__ import annotations
 from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion import _onnxscript_private, _ort_symbolic
-from onnxnorm.fusion.pipeline import _Driver, stages
+from onnxnorm.fusion.pipeline import Driver, stages
 from onnxnorm.fusion.report import Tracker
 
 
@@ -21,7 +21,7 @@ def test_every_onnxnorm_rule_has_a_fixed_root():
     """Each rule of the pass is tried only at nodes of its root op: none may fall back to every
     node (which would be correct, but slow on large models)."""
     for name, rule_set in stages(Tracker()):
-        driver = _Driver(rule_set)
+        driver = Driver(rule_set)
         unrooted = [rule.name for rule, ident in driver.rules if ident is None]
         assert not unrooted, (name, unrooted)
 

@@ -1,9 +1,11 @@
 """Fusion: rewrite norms in exported ONNX models into onnxnorm ops, and lower them to a target.
 
-``fuse(model, target)`` is the pipeline; ``rules()`` gives its rewrite rules as an onnxscript
-``RewriteRuleSet`` for other pipelines; ``lower(model, target)`` writes onnxnorm nodes for a
-target (function, fused, ort, onnx); ``fuse_folder(src, dst)`` fuses every ONNX file of a
-folder (an Optimum export) into a copy of it, each verified.
+``fuse(model, target)`` is the pipeline on a model in memory; ``fuse_file(src, dst)`` on a
+model file, as ``onnxnorm fuse`` runs it (checked once at the door, weights never copied into
+memory, optionally verified in ONNX Runtime); ``fuse_folder(src, dst)`` fuses every ONNX file
+of a folder (an Optimum export) into a copy of it, each verified. ``rules()`` gives the rewrite
+rules as an onnxscript ``RewriteRuleSet`` for other pipelines; ``lower(model, target)`` writes
+onnxnorm nodes for a target (function, fused, ort, onnx).
 """
 
 import onnxnorm.ops  # noqa: F401  (registers the onnxnorm schemas with onnx)
@@ -13,6 +15,10 @@ from onnxnorm import _lazy
 #: options are defined in this package (``onnxnorm fuse``, ``onnxnorm genai``) then print their
 #: help without loading onnx-ir and onnxscript (a second of a call that does nothing else)
 _WHERE = {
+    "CannotVerify": "files",
+    "FileResult": "files",
+    "fuse_file": "files",
+    "verify_file": "files",
     "FolderReport": "folder",
     "fuse_folder": "folder",
     "GateAfter": "gated",
@@ -31,12 +37,14 @@ _WHERE = {
     "SimplifiedLayerNorm": "norms",
     "StandardLayerNorm": "norms",
     "StandardRMSNorm": "norms",
+    "Detached": "pipeline",
+    "Fused": "pipeline",
     "OutputDoesNotLoad": "pipeline",
     "TARGETS": "pipeline",
     "fuse": "pipeline",
     "fuse_ir": "pipeline",
     "rules": "pipeline",
-    "upgrade_opset": "pipeline",
+    "upgrade_opset": "detached",
     "FusionReport": "report",
     "RuleReport": "report",
     "Skip": "report",

@@ -94,7 +94,7 @@ class FusionRule(pattern.RewriteRuleClassBase):
     **bindings)`` returns the :class:`Replacement`, or raises :class:`Rejected` with the
     reason (a near miss: reported as a skip) or :class:`NotThisPattern` (another computation:
     not reported). An op with a Residual always gets its Sum output, used or not (for targets
-    but ``function``, ``pipeline.drop_unused_sums`` removes it where nothing reads it). Matched
+    but ``function``, ``passes.drop_unused_sums`` removes it where nothing reads it). Matched
     nodes are left to the final dead-code pass (``remove_nodes=False``) so that a match whose
     intermediate values are used elsewhere reaches ``check`` and is reported, not dropped.
 

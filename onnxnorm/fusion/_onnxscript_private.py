@@ -1,6 +1,6 @@
 """The one private piece of onnxscript the pass reads: the pattern of a rewrite rule.
 
-The pass's driver (``pipeline._Driver``) tries at each node only the rules whose pattern is
+The pass's driver (``pipeline.Driver``) tries at each node only the rules whose pattern is
 rooted at that node's op type, which makes it several times faster on large models than trying
 every rule everywhere. onnxscript has no public way to ask a ``RewriteRule`` for the op its
 pattern is rooted at, so :func:`root_op` reads the rule's ``_target_pattern`` (a

@@ -16,7 +16,7 @@ them: an option of ``SymbolicShapeInference.infer_shapes`` to give a broadcast o
 a fresh symbol instead of merging them or stopping, and to return the shapes found so far.
 
 Where a future ONNX Runtime changes these, the pass goes on with onnx's shapes alone (its
-caller, ``pipeline.symbolic_shapes``, is best effort), and :func:`check`, which the tests call on
+caller, ``passes.symbolic_shapes``, is best effort), and :func:`check`, which the tests call on
 every supported version, fails loudly.
 """
 

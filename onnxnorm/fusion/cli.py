@@ -93,95 +93,48 @@ def register(commands: argparse._SubParsersAction) -> None:
     fuse.set_defaults(run=run)
 
 
-def _problems(model, folder) -> list[str]:
-    """What is wrong with the input, for the report (fusion goes on regardless). The checker
-    runs in the model's ``folder``, where its external data files are."""
-    import contextlib
-
-    import onnx
-
-    from onnxnorm.errors import first_line
-    from onnxnorm.ops import catalogue
-    from onnxnorm.ops.functions import all_graphs
-
-    notes = []
-    try:
-        with contextlib.chdir(folder):
-            onnx.checker.check_model(model)
-    except Exception as error:  # noqa: BLE001 - any checker failure is reported, not raised
-        notes.append(f"the input fails onnx.checker: {first_line(error)}")
-    known = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", catalogue.DOMAIN}
-    local = {(f.domain, f.name) for f in model.functions}
-    unknown = sorted(
-        {
-            f"{n.domain}::{n.op_type}"
-            for g in all_graphs(model.graph)
-            for n in g.node
-            if n.domain not in known and (n.domain, n.op_type) not in local
-        }
-    )
-    if unknown:
-        notes.append(f"ops of unknown domains, left as they are: {', '.join(unknown)}")
-    return notes
-
-
 def run(args: argparse.Namespace) -> int:
+    """``onnxnorm fuse FILE -o OUT``: :func:`onnxnorm.fusion.files.fuse_file`."""
     from pathlib import Path
 
-    from onnxnorm._io import check_input, check_output, load_model, model_dir, save_model
-    from onnxnorm.errors import OnnxNormError, first_line
-    from onnxnorm.fusion.pipeline import fuse_detached
+    from onnxnorm._io import check_output
+    from onnxnorm.errors import OnnxNormError
+    from onnxnorm.fusion.files import CannotVerify, fuse_file
 
     if Path(args.input).is_dir():
         return run_folder(args)
-    source = check_input(args.input)
-    check_output(args.output, inputs=[source])
     if args.json and args.json != "-":
-        check_output(args.json, inputs=[source, args.output])
-    model = load_model(source, load_weights=False)
-    notes = _problems(model, model_dir(source))
-    for note in notes:
+        check_output(args.json, inputs=[args.input, args.output])
+    try:
+        result = fuse_file(
+            args.input,
+            args.output,
+            target=args.target,
+            strict_precision=args.strict_precision,
+            upgrade=args.upgrade_opset,
+            verify=bool(args.verify),
+        )
+    except CannotVerify as error:
+        raise OnnxNormError(f"--verify {error}") from None
+    for note in result.notes:
         print(f"note: {note}")
-    fused, weights, report = fuse_detached(
-        model,
-        target=args.target,
-        base_dir=str(model_dir(source)),
-        strict_precision=args.strict_precision,
-        upgrade=args.upgrade_opset,
-    )
-    print(report)
-    result = report.to_dict()
-    result["input_notes"] = notes
-    save_model(fused, args.output, source=source, extra=weights)
-    del weights
-    status = 0
-    if args.verify:
-        from onnxnorm.fusion.verify import verify
-
-        try:
-            checks = verify(source, args.output, sizes=_genai_sizes(source, model))
-        except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
-            _remove(args.output)
-            raise OnnxNormError(
-                f"--verify could not run the models in onnxruntime: "
-                f"{first_line(error)}; {args.output} not kept"
-            ) from None
-        for check in checks:
-            print(f"verify: {check}")
-        result["verify"] = [vars(c) for c in checks]
-        if not all(c.ok for c in checks):
-            print(
-                "onnxnorm: verify failed: the fused model's outputs differ beyond tolerance; "
-                f"{args.output} not kept",
-                file=sys.stderr,
-            )
-            _remove(args.output)
-            status = 3
-    del model
-    write_json(result, args.json)
-    if status == 0:
-        print(f"wrote {args.output}")
-    return status
+    print(result.report)
+    for check in result.checks or ():
+        print(f"verify: {check}")
+    answer = result.report.to_dict()
+    answer["input_notes"] = result.notes
+    if result.checks is not None:
+        answer["verify"] = [vars(c) for c in result.checks]
+    write_json(answer, args.json)
+    if not result.kept:
+        print(
+            "onnxnorm: verify failed: the fused model's outputs differ beyond tolerance; "
+            f"{args.output} not kept",
+            file=sys.stderr,
+        )
+        return 3
+    print(f"wrote {args.output}")
+    return 0
 
 
 def run_folder(args: argparse.Namespace) -> int:
@@ -213,25 +166,3 @@ def run_folder(args: argparse.Namespace) -> int:
         return 3
     print(f"wrote {args.output}")
     return 0
-
-
-def _genai_sizes(source, model) -> dict[str, int] | None:
-    """For a model in an onnxruntime-genai folder, the sizes of the KV cache's dims from its
-    genai_config.json (generated inputs cannot guess the head size)."""
-    from onnxnorm._genai_config import CONFIG, dim_sizes, read_config
-    from onnxnorm._io import model_dir
-
-    if not (model_dir(source) / CONFIG).is_file():
-        return None
-    try:
-        return dim_sizes(read_config(model_dir(source)), model)
-    except Exception:  # noqa: BLE001 - a config it cannot read: generated sizes as for any model
-        return None
-
-
-def _remove(path) -> None:
-    import os
-
-    for name in (str(path), str(path) + ".data"):
-        if os.path.exists(name):
-            os.unlink(name)

@@ -22,26 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from onnxnorm._io import check_output_folder
-from onnxnorm.errors import OnnxNormError, first_line
+from onnxnorm.errors import OnnxNormError
+from onnxnorm.fusion import files
+from onnxnorm.fusion.files import CannotVerify, FileResult, verify_file
 
-
-@dataclasses.dataclass
-class FileResult:
-    """One ONNX file of the folder: its path in the folder, fusion report and checks."""
-
-    name: str
-    report: Any  # onnxnorm.fusion.FusionReport
-    checks: list | None = None  # onnxnorm.fusion.verify.OutputCheck, None when not verified
-
-    @property
-    def ok(self) -> bool:
-        return self.checks is None or all(c.ok for c in self.checks)
-
-    def parity(self) -> str:
-        if self.checks is None:
-            return "not verified"
-        worst = max((c.max_abs for c in self.checks), default=0.0)
-        return f"{'ok' if self.ok else 'OVER TOLERANCE'} (max abs error {worst:.1e})"
+__all__ = ["FileResult", "FolderReport", "fuse_folder", "onnx_files", "verify_file"]
 
 
 @dataclasses.dataclass
@@ -70,14 +55,7 @@ class FolderReport:
             "residual_adds": self.residual_adds,
             "ok": self.ok,
             "written": self.written,
-            "files": [
-                {
-                    "file": f.name,
-                    "report": f.report.to_dict(),
-                    "verify": None if f.checks is None else [vars(c) for c in f.checks],
-                }
-                for f in self.files
-            ],
+            "files": [f.to_dict() for f in self.files],
         }
 
     def table(self) -> str:
@@ -94,6 +72,7 @@ class FolderReport:
         parts = []
         for f in self.files:
             parts.append(f"{f.name}:")
+            parts += [f"  note: {note}" for note in f.notes]
             parts += [f"  {line}" for line in str(f.report).splitlines()]
         return "\n".join(parts + [self.table()])
 
@@ -110,60 +89,6 @@ def onnx_files(folder: str | os.PathLike) -> list[Path]:
     if not found:
         raise OnnxNormError(f"{folder}: no .onnx file in this folder (nor in its subfolders)")
     return found
-
-
-def verify_file(original: Path, fused: Path) -> list:
-    """The checks of one file; with boolean inputs, one run with them all false and one with
-    them all true (each branch of a merged decoder), their checks named after the run."""
-    import numpy as np
-    import onnx
-
-    from onnxnorm.fusion.verify import generate_inputs, verify
-
-    graph = onnx.load(original, load_external_data=False)
-    flags = [
-        i.name for i in graph.graph.input if i.type.tensor_type.elem_type == onnx.TensorProto.BOOL
-    ]
-    if not flags:
-        return verify(original, fused)
-    checks = []
-    for value in (False, True):
-        feeds = generate_inputs(graph)
-        for name in flags:
-            feeds[name] = np.full_like(feeds[name], value)
-        for check in verify(original, fused, feeds=feeds):
-            check.name = f"{check.name} [{'/'.join(flags)}={str(value).lower()}]"
-            checks.append(check)
-    return checks
-
-
-def fuse_file(
-    source: Path,
-    output: Path,
-    *,
-    target: str = "function",
-    strict_precision: bool = False,
-    upgrade: bool = False,
-) -> tuple[Any, set[Path]]:
-    """Fuses the model file ``source`` into ``output`` (its folder made where missing), as
-    ``onnxnorm fuse`` does; returns the fusion report and the resolved paths of the input's
-    external data files (not to be copied beside the output)."""
-    from onnxnorm._io import external_files, load_model, save_model
-    from onnxnorm.fusion.pipeline import fuse_detached
-
-    model = load_model(source, load_weights=False)
-    data = external_files(model, source.parent)
-    fused, weights, report = fuse_detached(
-        model,
-        target=target,
-        base_dir=str(source.parent),
-        strict_precision=strict_precision,
-        upgrade=upgrade,
-    )
-    del model
-    output.parent.mkdir(parents=True, exist_ok=True)
-    save_model(fused, output, source=source, extra=weights)
-    return report, data
 
 
 def fuse_folder(
@@ -196,28 +121,25 @@ def fuse_folder(
         skip = set()
         for name in names:
             if progress:
-                progress(f"fusing {name}")
-            fused, data = fuse_file(
-                source / name,
-                work / name,
-                target=target,
-                strict_precision=strict_precision,
-                upgrade=upgrade,
-            )
-            skip |= data | {(source / name).resolve()}
-            result = FileResult(str(name), fused)
-            report.files.append(result)
-            if not verify:
-                continue
-            if progress:
-                progress(f"verifying {name}")
+                progress(f"fusing {name}" + (" and verifying it" if verify else ""))
             try:
-                result.checks = verify_file(source / name, work / name)
-            except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
+                result = files.fuse_file(
+                    source / name,
+                    work / name,
+                    target=target,
+                    strict_precision=strict_precision,
+                    upgrade=upgrade,
+                    verify=verify,
+                    name=str(name),
+                    make_folder=True,
+                )
+            except CannotVerify as error:
                 raise OnnxNormError(
-                    f"{name}: could not run it in onnxruntime to verify it: "
-                    f"{first_line(error)}; {output} not written"
+                    f"{name}: could not run it in onnxruntime to verify it: {error.reason}; "
+                    f"{output} not written"
                 ) from None
+            skip |= result.data_files | {(source / name).resolve()}
+            report.files.append(result)
         if not report.ok:
             return False
         copy_rest(source, work, skip)
@@ -225,3 +147,31 @@ def fuse_folder(
 
     report.written = write_folder(output, build)
     return report
+
+
+def fuse_file(
+    source: Path,
+    output: Path,
+    *,
+    target: str = "function",
+    strict_precision: bool = False,
+    upgrade: bool = False,
+) -> tuple[Any, set[Path]]:
+    """Deprecated: :func:`onnxnorm.fusion.fuse_file` (whose result names what this returned:
+    ``result.report``, ``result.data_files``)."""
+    import warnings
+
+    warnings.warn(
+        "onnxnorm.fusion.folder.fuse_file is deprecated; use onnxnorm.fusion.fuse_file",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    result = files.fuse_file(
+        source,
+        output,
+        target=target,
+        strict_precision=strict_precision,
+        upgrade=upgrade,
+        make_folder=True,
+    )
+    return result.report, result.data_files

@@ -26,7 +26,7 @@ from onnxnorm.fusion.report import Tracker
 from onnxnorm.ops import catalogue
 
 #: ``value.meta`` key of the shape ORT's symbolic inference gave a value
-#: (``pipeline.symbolic_shapes``)
+#: (``passes.symbolic_shapes``)
 SYMBOLIC_SHAPE = "onnxnorm.symbolic_shape"
 
 
@@ -35,7 +35,7 @@ def _dim(d) -> str:
 
 
 def symbolic(value: ir.Value) -> ir.Shape | None:
-    """The shape ORT's symbolic inference gave ``value`` (``pipeline.symbolic_shapes``); for an
+    """The shape ORT's symbolic inference gave ``value`` (``passes.symbolic_shapes``); for an
     output of an onnxnorm node written since, the shape of that node's X, which its Y and Sum
     have."""
     while value is not None:

@@ -130,18 +130,26 @@ def generate_inputs(
 
 
 def _session(model, with_library: bool):
-    """A CPU session for a ModelProto or a model file (files keep their external data)."""
+    """A CPU session for a ModelProto, a model file (files keep their external data) or a
+    file opened at the door (``_io.ModelFile``: already checked, not read again)."""
     import os
 
     import onnxruntime as ort
 
     from onnxnorm import runtime
+    from onnxnorm._io import ModelFile
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     # each session runs once: packing the MatMul weights for later runs only takes time
     # (a session on a 2.25 GiB model opened and run once: 11.7 s with packing, 2.1 s without)
     options.add_session_config_entry("session.disable_prepacking", "1")
+    if isinstance(model, ModelFile):
+        if with_library:
+            runtime.register(options)
+        return ort.InferenceSession(
+            os.fspath(model.path), options, providers=["CPUExecutionProvider"]
+        )
     if with_library:
         return runtime.session(model, options, with_library=True)
     data = os.fspath(model) if isinstance(model, (str, os.PathLike)) else model.SerializeToString()
@@ -202,6 +210,10 @@ def _structure(model) -> onnx.ModelProto:
     """The model itself, or the graph of a model file without its external data."""
     import os
 
+    from onnxnorm._io import ModelFile
+
+    if isinstance(model, ModelFile):
+        return model.model
     if isinstance(model, (str, os.PathLike)):
         from onnxnorm._io import load_model
 
@@ -238,7 +250,8 @@ def verify(
     sizes: dict[str, int] | None = None,
     feeds: dict[str, np.ndarray] | None = None,
 ) -> list[OutputCheck]:
-    """Runs both models (ModelProtos or files) on the same generated inputs; one check per
+    """Runs both models (ModelProtos, files, or files opened by ``onnxnorm._io.open_model``,
+    which are not opened again) on the same generated inputs; one check per
     graph output. Both run with the onnxnorm library registered when either holds onnxnorm
     nodes (``with_library=None``, the default), else both without it; ``True`` / ``False``
     decide for both. ``sizes`` fixes symbolic dims by name (:func:`generate_inputs`);

@@ -130,9 +130,8 @@ def convert(
     ``output`` must not exist unless ``overwrite``. The folder is built beside ``output`` under
     a temporary name and renamed into place."""
     from onnxnorm import targets
-    from onnxnorm._io import copy_rest, load_model, write_folder
-    from onnxnorm.fusion.folder import fuse_file
-    from onnxnorm.fusion.verify import uses_onnxnorm
+    from onnxnorm._io import copy_rest, write_folder
+    from onnxnorm.fusion.files import fuse_file
 
     targets.check(target)
     source, output = Path(source), Path(output)
@@ -155,16 +154,17 @@ def convert(
             name = entry["filename"]
             if progress:
                 progress(f"fusing {key} ({name})")
-            report, data = fuse_file(
+            fused = fuse_file(
                 source / name,
                 work / name,
                 target=target,
                 strict_precision=strict_precision,
                 upgrade=upgrade,
+                name=name,
+                make_folder=True,
             )
-            fused = load_model(work / name, load_weights=False)
-            results.append(Component(key, name, report, uses_onnxnorm(fused)))
-            skip |= data | {(source / name).resolve()}
+            results.append(Component(key, name, fused.report, fused.uses_onnxnorm))
+            skip |= fused.data_files | {(source / name).resolve()}
         copy_rest(source, work, skip)
         needing = [c for c in results if c.needs_library]
         if needing:
