@@ -483,7 +483,7 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         "written. Weights inside the input file are streamed into the output (copy_file_range).",
         "",
         "Gated, grouped and L2 norms of hybrid and linear-attention models (the stage **gated**, "
-        "`gated.py`; Gemma 3n's `Pow(., -0.5)` spelling in the norm core): "
+        "`gated.py` and `l2.py`; Gemma 3n's `Pow(., -0.5)` spelling in the norm core): "
         "[fusion-gated.md](fusion-gated.md), with the families' table.",
         "",
         "## Corpus",
