@@ -135,7 +135,7 @@ def test_directory_without_models_is_refused(tmp_path):
     "case", ["missing-folder", "unwritable-folder", "output-is-input", "json-in-missing-folder"]
 )
 def test_bad_output_is_refused_before_any_work(decomposed, tmp_path, monkeypatch, capsys, case):
-    import onnxnorm._io
+    from onnxnorm.fusion import files
 
     source = decomposed[1]
     argv = ["fuse", str(source), "-o", str(tmp_path / "out.onnx")]
@@ -160,7 +160,7 @@ def test_bad_output_is_refused_before_any_work(decomposed, tmp_path, monkeypatch
         argv += ["--json", str(tmp_path / "no" / "report.json")]
         expected = "report.json: folder"
     loads = []
-    monkeypatch.setattr(onnxnorm._io, "load_model", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr(files, "open_model", lambda *a, **k: loads.append(a))
     before = source.read_bytes()
     assert cli.main(argv) == 1
     captured = capsys.readouterr()

@@ -170,17 +170,17 @@ def fuse_file(
     an output over tolerance is removed (``result.kept`` False), and one ONNX Runtime cannot
     run raises :class:`CannotVerify` after removing it. ``name``: how the result names the
     input (default: ``source`` as given). ``make_folder``: make ``output``'s folder where it is
-    missing (else that is refused, before the pass runs, as are an output that cannot be written
+    missing (else that is refused, before any work, as are an output that cannot be written
     and an output that is the input). ``source`` is never modified."""
     from onnxnorm import targets
     from onnxnorm.fusion import pipeline
     from onnxnorm.fusion.verify import uses_onnxnorm
 
     targets.check(target)
-    opened = open_model(source)
     if make_folder:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
-    output = check_output(output, inputs=[opened.path])
+    output = check_output(output, inputs=[source])  # before any work
+    opened = open_model(source)
     notes = input_notes(opened.model, opened.folder)
     fused, weights, report = pipeline.fuse_detached(
         opened.model,
