@@ -14,13 +14,13 @@ import torch
 
 from onnxnorm import ops
 from onnxnorm.ops import functions, reference
+from onnxnorm.testing.graphs import single_node_model
 from tests.support.helpers import (
     BF16,
     assert_close,
     assert_float8_equal,
     reference_outputs,
     run,
-    single_node_model,
 )
 
 SHAPE = (2, 3, 16)

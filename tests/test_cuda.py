@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from onnxnorm import OnnxNormError, _native, ops, runtime
+from onnxnorm.testing.graphs import single_node_model
 from tests.support import cuda_harness
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,16 +272,15 @@ import sys
 import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, ".")  # the checkout (the test runs this in it): tests.support
-from tests.support.cuda_harness import norm_model
-from tests.support.helpers import BF16, run, single_node_model
-from test_quantized import F8, F8_ZERO_POINT, assert_float8_equal
+from tests.support.helpers import BF16, F8, F8_ZERO_POINT, assert_float8_equal, run
 from onnxnorm import _native, ops, runtime
+from onnxnorm.testing.graphs import single_node_model
 
 mode = sys.argv[1]
 arrays = {"X": np.ones((2, 16), np.float32)}
 if mode != "runs":
     try:
-        run(norm_model("RMSNorm", arrays), arrays, with_library=True)
+        run(single_node_model("RMSNorm", arrays, functions=False), arrays, with_library=True)
         print("RESULT: ran")
     except Exception as e:
         print("RESULT:", e)
@@ -307,12 +307,12 @@ for op, spec in ops.catalogue.FLOAT_OPS.items():
                 arrays["Residual"] = rng.standard_normal(shape).astype(t)
             for name in spec.optional_inputs:
                 arrays[name] = (1 + 0.3 * rng.standard_normal(wshape)).astype(s)
-            attrs = {"cast_before_scale": order}
+            attrs = {"cast_before_scale": order, **({"y_float32": 1} if u != t else {})}
             attrs.update({k: v for k, v in (("scale_offset", 0.5), ("alpha", 0.75))
                           if k in spec.defaults})
-            got = run(norm_model(op, arrays, attrs, y_dtype=u), arrays, with_library=True)
-            want = ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs,
-                                     **({"y_float32": 1} if u != t else {}))
+            got = run(single_node_model(op, arrays, attrs, functions=False), arrays,
+                      with_library=True)
+            want = ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs)
             rtol, atol = ops.reference.tolerance(np.float32 if u != t and not order else t)
             if u != t:
                 assert got[0].dtype == np.float32, (op, type_set, got[0].dtype)
@@ -335,7 +335,8 @@ for type_set, gate, (shape, group, wshape) in itertools.product(
     if gate is not None:
         arrays["Gate"] = (2 * rng.standard_normal(shape)).astype(t)
         attrs.update(activation=gate[0], norm_before_gate=gate[1])
-    got = run(norm_model("GatedRMSNorm", arrays, attrs), arrays, with_library=True)
+    got = run(single_node_model("GatedRMSNorm", arrays, attrs, functions=False), arrays,
+              with_library=True)
     want = ops.reference.run("GatedRMSNorm", arrays["X"], arrays["Scale"], arrays.get("Gate"),
                              **attrs)
     np.testing.assert_allclose(np.asarray(got[0], np.float32), want[0].astype(np.float32),
@@ -350,7 +351,8 @@ for type_set, (shape, axis) in itertools.product(
     t = types[_native.elem_type_name(type_set[0])]
     arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
     attrs = {"axis": axis, "epsilon": 1e-6}
-    got = run(norm_model("L2Norm", arrays, attrs), arrays, with_library=True)
+    got = run(single_node_model("L2Norm", arrays, attrs, functions=False), arrays,
+              with_library=True)
     want = ops.reference.run("L2Norm", arrays["X"], **attrs)
     np.testing.assert_allclose(np.asarray(got[0], np.float32), want[0].astype(np.float32),
                                *ops.reference.tolerance(t), err_msg=f"{type_set} {attrs}")
@@ -376,7 +378,8 @@ for op, spec in ops.catalogue.QUANTIZED_OPS.items():
             attrs = {"cast_before_scale": int(t != np.float32)}
             attrs.update({k: v for k, v in (("scale_offset", 0.5), ("alpha", 0.75))
                           if k in spec.defaults})
-            want = run(norm_model(spec.base, arrays, attrs), arrays, with_library=True)
+            want = run(single_node_model(spec.base, arrays, attrs, functions=False), arrays,
+                       with_library=True)
             quant = {}
             if spec.quantize == "static":
                 quant["Y_scale"] = np.asarray(0.03, t)
@@ -409,7 +412,7 @@ for op, spec in ops.catalogue.QUANTIZED_OPS.items():
             quantized += 1
 try:
     bad = {"X": np.ones((2, 8), np.float32), "Scale": np.ones(7, np.float32)}
-    run(norm_model("RMSNorm", bad), bad, with_library=True)
+    run(single_node_model("RMSNorm", bad, functions=False), bad, with_library=True)
     print("bad Scale accepted")
 except Exception as e:
     print("ERROR:", e)
@@ -717,18 +720,14 @@ def _cuda_provider_inputs(spec, t, s=None):
     return arrays
 
 
-def _run_on_cuda_provider(op, arrays, attrs=None, y_dtype=None):
-    """A one-node model of op (Y of y_dtype, default X's type, for a float op) run on ORT's CUDA
-    provider with the onnxnorm library; its outputs, after checking from ORT's profile that the
-    node ran on the CUDA provider."""
+def _run_on_cuda_provider(op, arrays, attrs=None):
+    """A one-node model of op run on ORT's CUDA provider with the onnxnorm library; its outputs,
+    after checking from ORT's profile that the node ran on the CUDA provider."""
     import onnxruntime as ort
 
-    from tests.support.helpers import run_session, single_node_model
+    from tests.support.helpers import run_session
 
-    if op in ops.catalogue.FLOAT_OPS:
-        model = cuda_harness.norm_model(op, arrays, attrs, y_dtype)
-    else:
-        model = single_node_model(op, arrays, attrs or {}, functions=False)
+    model = single_node_model(op, arrays, attrs, functions=False)
     options = ort.SessionOptions()
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as folder:
@@ -775,16 +774,13 @@ def _float_on_cuda_cases():
 @pytest.mark.parametrize("op, dtype, weight_dtype, y_dtype, order", _float_on_cuda_cases())
 def test_ort_custom_ops_on_cuda_provider(op, dtype, weight_dtype, y_dtype, order):
     spec = ops.OPS[op]
-    t, y = _dtype(dtype), _dtype(y_dtype)
+    t = _dtype(dtype)
     arrays = _cuda_provider_inputs(spec, t, _dtype(weight_dtype))
     attrs = {} if order is None else {"cast_before_scale": order}
-    got = _run_on_cuda_provider(op, arrays, attrs, y_dtype=y)
-    want = ops.reference.run(
-        op,
-        *[arrays.get(p.name) for p in spec.inputs],
-        **attrs,
-        **({"y_float32": 1} if y_dtype != dtype else {}),
-    )
+    if y_dtype != dtype:
+        attrs["y_float32"] = 1  # the mixed form: Y float32
+    got = _run_on_cuda_provider(op, arrays, attrs)
+    want = ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs)
     # the mixed form in order B: one rounding, to float32; else X's type's tolerance
     rtol, atol = ops.reference.tolerance(np.float32 if y_dtype != dtype and not order else t)
     if y_dtype != dtype:
@@ -852,7 +848,8 @@ def test_ort_gated_and_l2_norms_on_cuda_provider(op, dtype, weight_dtype, order,
 @needs_ort_cuda
 def test_ort_cuda_bad_input_is_an_ort_error():
     arrays = {"X": np.ones((2, 8), np.float32), "Scale": np.ones(7, np.float32)}
-    model = cuda_harness.norm_model("RMSNorm", {"X": arrays["X"], "Scale": np.ones(8, np.float32)})
+    good = {"X": arrays["X"], "Scale": np.ones(8, np.float32)}
+    model = single_node_model("RMSNorm", good, functions=False)
     model.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 7
     sess = runtime.session(model, providers=runtime.CUDA_PROVIDERS)
     with pytest.raises(Exception, match="Scale of shape \\[7\\] does not fit"):
@@ -873,7 +870,7 @@ def test_ort_quantized_ops_on_cuda_provider(op, q, dtype):
     device memory; the dynamic op's scratch from ORT's allocator), its Y exactly the reference
     quantizer's of its Y_float (float8 e4m3fn: the same bits, any NaN where the reference's is),
     and Y_float the float op's Y on the same provider bit for bit."""
-    from test_quantized import F8, F8_ZERO_POINT, assert_float8_equal
+    from tests.support.helpers import F8, F8_ZERO_POINT, assert_float8_equal
 
     spec = ops.OPS[op]
     base = ops.OPS[spec.base]

@@ -28,7 +28,7 @@ from onnx import helper, numpy_helper
 from test_cuda import _run_on_cuda_provider, needs_ort_cuda
 
 from onnxnorm import OnnxNormError, ops, runtime
-from tests.support import cuda_harness
+from onnxnorm.testing.graphs import single_node_model
 from tests.support.helpers import BF16, run_session
 
 CUDA = runtime.CUDA_PROVIDER
@@ -233,7 +233,7 @@ def _bf16_arrays(op: str) -> dict[str, np.ndarray]:
 
 def _body_model(op: str, arrays, attrs) -> onnx.ModelProto:
     """One node of op with its function body (bfloat16 Y cast to float32 in the graph)."""
-    model = ops.attach_functions(cuda_harness.norm_model(op, arrays, attrs))
+    model = single_node_model(op, arrays, attrs)
     assert [(f.domain, f.name) for f in model.functions] == [(ops.DOMAIN, op)], op
     return model
 
@@ -502,7 +502,7 @@ def test_float16_activations_over_256(norm, tmp_path):
     arrays = {"X": x, "Scale": scale}
     fused = _run_on_cuda_provider(op, arrays, _FUSED_ATTRS)[0]
     lines.append(f"onnxnorm {op} (library) on CUDA: {_verdict(fused, want)}")
-    body_model = ops.attach_functions(cuda_harness.norm_model(op, arrays, _FUSED_ATTRS))
+    body_model = single_node_model(op, arrays, _FUSED_ATTRS)
     body = runtime.session(body_model, providers=runtime.CUDA_PROVIDERS, with_library=False)
     body_y = body.run(None, {"x": x, "scale": scale})[0]
     lines.append(f"onnxnorm {op} function body (no library) on CUDA: {_verdict(body_y, want)}")
@@ -625,13 +625,14 @@ def test_float16_activations_over_256_on_cpu(norm, tmp_path):
     print(f"decomposed float16 {norm} norm on the CPU: {_verdict(y, want)} [ran: {_ran(kernels)}]")
     assert {k.op for k in kernels} >= {"Pow", "ReduceMean", "Sqrt", "Div"}
     arrays = {"X": x, "Scale": scale}
-    body_model = ops.attach_functions(cuda_harness.norm_model(op, arrays, _FUSED_ATTRS))
+    body_model = single_node_model(op, arrays, _FUSED_ATTRS)
     body = runtime.session(body_model, with_library=False)
     got = body.run(None, {"x": x, "scale": scale})[0]
     assert _verdict(got, want) == "right"
     if not _library_built():
         pytest.skip("the onnxnorm library is not built (the fused op on the CPU)")
-    sess = runtime.session(cuda_harness.norm_model(op, arrays, _FUSED_ATTRS), _profiling(tmp_path))
+    fused = single_node_model(op, arrays, _FUSED_ATTRS, functions=False)
+    sess = runtime.session(fused, _profiling(tmp_path))
     got = sess.run(None, {"x": x, "scale": scale})[0]
     assert [(k.op, k.provider) for k in _kernels(sess)] == [(op, CPU)]
     assert _verdict(got, want) == "right"

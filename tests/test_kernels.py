@@ -20,7 +20,8 @@ import pytest
 
 from onnxnorm import ops
 from onnxnorm._native import active_isa
-from tests.support.helpers import BF16, run, single_node_model
+from onnxnorm.testing.graphs import single_node_model
+from tests.support.helpers import BF16, run
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 TYPE_PAIRS = [(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)]

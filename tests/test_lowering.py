@@ -10,7 +10,8 @@ import pytest
 from onnxnorm.fusion.lowering import lower, lower_with_notes, op_types
 from onnxnorm.ops import catalogue, reference
 from onnxnorm.targets import DEFAULT, TARGETS, help_text
-from tests.support.helpers import BF16, assert_close, reference_outputs, run, single_node_model
+from onnxnorm.testing.graphs import single_node_model
+from tests.support.helpers import BF16, assert_close, reference_outputs, run
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 EPS = 2.0**-16

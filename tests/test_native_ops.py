@@ -17,7 +17,8 @@ import pytest
 
 from onnxnorm import _native
 from onnxnorm.ops import catalogue
-from tests.support.helpers import BF16, assert_close, reference_outputs, run, single_node_model
+from onnxnorm.testing.graphs import single_node_model
+from tests.support.helpers import BF16, assert_close, reference_outputs, run
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "custom_ops" / "include" / "onnxnorm" / "ops_generated.h"

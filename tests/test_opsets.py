@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 from onnxnorm import ops, runtime
 from onnxnorm.fusion.lowering import lower_with_notes, op_types
 from onnxnorm.ops import catalogue, functions, reference
-from tests.support.helpers import BF16, assert_close, reference_outputs, run, single_node_model
+from onnxnorm.testing.graphs import single_node_model
+from tests.support.helpers import BF16, assert_close, reference_outputs, run
 
 NEWEST = onnx.defs.onnx_opset_version()
 OPSETS = sorted({7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 22, 23, NEWEST})

@@ -49,7 +49,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from onnxnorm import ops
 from onnxnorm.ops import reference
-from tests.support.helpers import BF16, run, single_node_model
+from onnxnorm.testing.graphs import single_node_model
+from tests.support.helpers import BF16, run
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 DTYPES = {"tensor(float)": F32, "tensor(float16)": F16, "tensor(bfloat16)": BF16}

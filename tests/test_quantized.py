@@ -25,22 +25,21 @@ from onnx import TensorProto, helper
 
 from onnxnorm import ops, runtime
 from onnxnorm.ops import catalogue, reference
+from onnxnorm.testing.graphs import single_node_model
 from tests.support.helpers import (
     BF16,
+    F8,
+    F8_ZERO_POINT,
     _float8_nan,
     assert_close,
     assert_float8_equal,
     reference_outputs,
     run,
-    single_node_model,
 )
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 STATIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "static"]
 DYNAMIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "dynamic"]
-F8 = reference.FLOAT8_E4M3FN
-#: a float8 e4m3fn zero point: only its type matters (its value is not used)
-F8_ZERO_POINT = np.asarray(-3.5, np.float32).astype(F8)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import torch
 
 import onnxnorm
 from onnxnorm import OnnxNormError, ops, runtime
-from tests.support.helpers import reference_outputs, run, single_node_model
+from onnxnorm.testing.graphs import single_node_model
+from tests.support.helpers import reference_outputs, run
 
 BODY_OPS = {"ReduceMean", "Sqrt", "Div", "Flatten", "LayerNormalization", "RMSNormalization"}
 

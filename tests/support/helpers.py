@@ -1,4 +1,4 @@
-"""Small builders shared by the tests."""
+"""Running models in ONNX Runtime and comparing with the reference, for the tests."""
 
 from __future__ import annotations
 
@@ -14,95 +14,10 @@ from onnxnorm import ops, runtime
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F8 = np.dtype(ml_dtypes.float8_e4m3fn)
-NP_TO_ONNX = {
-    np.dtype(np.float32): onnx.TensorProto.FLOAT,
-    np.dtype(np.float16): onnx.TensorProto.FLOAT16,
-    BF16: onnx.TensorProto.BFLOAT16,
-    np.dtype(np.uint8): onnx.TensorProto.UINT8,
-    np.dtype(np.int8): onnx.TensorProto.INT8,
-    F8: onnx.TensorProto.FLOAT8E4M3FN,
-    np.dtype(np.float64): onnx.TensorProto.DOUBLE,
-}  # a type no op takes
+#: a float8 e4m3fn zero point: it gives Y its type, its value is not used
+F8_ZERO_POINT = np.asarray(-3.5, np.float32).astype(F8)
 #: the types ORT's Python API takes and gives only as their bits, with those bits' numpy type
 _AS_BITS = {BF16: np.uint16, F8: np.uint8}
-
-
-def single_node_model(
-    op: str,
-    arrays: dict[str, np.ndarray],
-    attrs: dict | None = None,
-    opset: int = 18,
-    functions: bool = True,
-    optional_outputs: bool = True,
-) -> onnx.ModelProto:
-    """A model holding one onnxnorm node of ``op``; each present input is a graph input named
-    after its parameter (lower case); Sum is an output for ops with a Residual unless
-    ``optional_outputs`` is False (a set of names: those optional outputs). bfloat16 outputs are
-    cast to float32 (exactly) because ORT's Python API cannot return bfloat16 arrays. Input
-    names: "Y_zero_point" -> "y_zero_point"; a quantized op's outputs are named after theirs
-    with "_out" (Y_scale is an input and an output of the quantized ops). A float8 e4m3fn
-    Y_zero_point makes Y float8 (its function body needs ``opset`` 19 or newer)."""
-    spec = ops.OPS[op]
-    inputs = [p.name.lower() if p.name in arrays else "" for p in spec.inputs]
-    while inputs and not inputs[-1]:
-        inputs.pop()
-    quantized = spec.quantize != "none"
-    wanted = [
-        p
-        for p in spec.outputs
-        if not p.optional
-        or optional_outputs is True
-        or (not isinstance(optional_outputs, bool) and p.name in optional_outputs)
-    ]
-    x_type = NP_TO_ONNX[arrays["X"].dtype]
-    q_type = (
-        NP_TO_ONNX[arrays["Y_zero_point"].dtype]
-        if "Y_zero_point" in arrays
-        else onnx.TensorProto.UINT8
-    )
-    shape = arrays["X"].shape
-    cast = x_type == onnx.TensorProto.BFLOAT16
-    names, nodes, infos = [], [], []
-    for p in spec.outputs:
-        if p not in wanted:
-            names.append("")
-            continue
-        name = p.name.lower() + ("_out" if quantized else "")
-        # (a Y of type U has X's type here)
-        elem = {"T": x_type, "U": x_type, "Q": q_type, "F": onnx.TensorProto.FLOAT}[p.type_var]
-        dims = shape if p.type_var in ("T", "U") or p.name == "Y" else []
-        if cast and p.type_var in ("T", "U"):
-            names.append(name + "_raw")
-            nodes.append(
-                helper.make_node("Cast", [name + "_raw"], [name], to=onnx.TensorProto.FLOAT)
-            )
-            elem = onnx.TensorProto.FLOAT
-        else:
-            names.append(name)
-        infos.append(helper.make_tensor_value_info(name, elem, dims))
-    while names and not names[-1]:
-        names.pop()
-    nodes.insert(0, helper.make_node(op, inputs, names, domain=ops.DOMAIN, **(attrs or {})))
-    graph = helper.make_graph(
-        nodes,
-        op,
-        [
-            helper.make_tensor_value_info(
-                p.name.lower(), NP_TO_ONNX[arrays[p.name].dtype], arrays[p.name].shape
-            )
-            for p in spec.inputs
-            if p.name in arrays
-        ],
-        infos,
-    )
-    model = helper.make_model(
-        graph,
-        opset_imports=[
-            helper.make_opsetid("", opset),
-            helper.make_opsetid(ops.DOMAIN, ops.VERSION),
-        ],
-    )
-    return ops.attach_functions(model) if functions else model
 
 
 def run(
@@ -112,8 +27,9 @@ def run(
     with_library: bool = False,
     threads: int = 1,
 ) -> list[np.ndarray]:
-    """Runs a :func:`single_node_model` on ``arrays`` in ORT (CPU). bfloat16 and float8 inputs
-    go in as their bits; float8 outputs come back as float8 arrays."""
+    """Runs a model of :func:`onnxnorm.testing.graphs.single_node_model` on ``arrays`` in ORT
+    (CPU). bfloat16 and float8 inputs go in as their bits; float8 outputs come back as float8
+    arrays."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
@@ -127,7 +43,8 @@ def run_session(sess: ort.InferenceSession, arrays: dict[str, np.ndarray]) -> li
     for name, value in arrays.items():
         if value.dtype in _AS_BITS:
             value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                np.ascontiguousarray(value).view(_AS_BITS[value.dtype]), NP_TO_ONNX[value.dtype]
+                np.ascontiguousarray(value).view(_AS_BITS[value.dtype]),
+                helper.np_dtype_to_tensor_dtype(value.dtype),
             )
         else:
             value = ort.OrtValue.ortvalue_from_numpy(value)
