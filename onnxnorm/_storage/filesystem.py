@@ -1,0 +1,160 @@
+"""File-system work for writing large files: copies made in the kernel, data files shared with
+their source where the file system can, unused ranges released, and temporary files that a
+killed run leaves behind removed by the next.
+
+Linux calls are used where they exist (FICLONE, ``copy_file_range``, ``fallocate``); elsewhere,
+or where a file system refuses them, the bytes go through this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+#: the block that large tensors are aligned to in a data file (for mmap and clones)
+BLOCK = 4096
+#: ioctl numbers (Linux): FICLONE shares all of a file's extents with another file, copy on
+#: write (btrfs, XFS, bcachefs, OCFS2, ZFS with block cloning)
+FICLONE = 0x40049409
+#: the whole data file is copied, where it cannot be shared, when the tensors use this much of it
+_WHOLE_FILE_COPY = 0.9
+_CHUNK = 1 << 24
+
+
+def copy_range(file: Path, start: int, length: int | None, out) -> int:
+    """Copies ``length`` bytes at ``start`` of ``file`` to the end of ``out``: in the kernel
+    (copy_file_range) where the system can, else in chunks through this process."""
+    with open(file, "rb") as f:
+        remaining = length if length is not None else os.path.getsize(file) - start
+        total = 0
+        if hasattr(os, "copy_file_range"):
+            out.flush()
+            try:
+                while remaining > 0:
+                    done = os.copy_file_range(
+                        f.fileno(), out.fileno(), min(remaining, 1 << 30), start + total
+                    )
+                    if done == 0:
+                        raise OSError(f"{file} ends before the tensor data it should hold")
+                    remaining -= done
+                    total += done
+                out.seek(0, os.SEEK_END)
+                return total
+            except OSError as error:
+                if total or error.errno not in (18, 22, 38, 95, 1):  # EXDEV EINVAL ENOSYS ...
+                    raise
+        f.seek(start)
+        while remaining > 0:
+            chunk = f.read(min(_CHUNK, remaining))
+            if not chunk:
+                raise OSError(f"{file} ends before the tensor data it should hold")
+            out.write(chunk)
+            remaining -= len(chunk)
+            total += len(chunk)
+    return total
+
+
+def start_as(out, file: Path, used: list[tuple[int, int]]) -> bool:
+    """Starts ``out`` (an empty file open for writing) as a copy of ``file``, of which only the
+    byte ranges ``used`` matter: shared where the file system can (FICLONE: the two files share
+    extents, copy on write, so writing one never changes the other; never a hard link), else
+    copied in the kernel when the ranges fill most of the file. Ranges not used are then
+    released (holes) and ``out`` is padded to a whole block, its position at the end. Returns
+    False, with ``out`` left empty, where it is neither shared nor worth copying whole."""
+    import fcntl
+
+    size = os.path.getsize(file)
+    with open(file, "rb") as f:
+        out.flush()
+        try:
+            fcntl.ioctl(out.fileno(), FICLONE, f.fileno())
+        except OSError:
+            filled = sum(b - a for a, b in _merged(used))
+            if size == 0 or filled < _WHOLE_FILE_COPY * size:
+                return False
+            out.seek(0)
+            out.truncate()
+            if copy_range(file, 0, size, out) != size:
+                raise OSError(f"{file} changed while it was copied") from None
+    out.seek(0, os.SEEK_END)
+    _release_unused(out, _merged(used), size)
+    out.write(b"\0" * (-size % BLOCK))
+    return True
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _release_unused(data, used: list[tuple[int, int]], size: int) -> None:
+    """Punches holes where no tensor lies, where the file system can: whole blocks are
+    released, the rest of a block is zeroed."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        fallocate = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    punch = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+    edges = [0] + [x for r in used for x in r] + [size]
+    for start, end in zip(edges[0::2], edges[1::2]):
+        if end > start and fallocate(data.fileno(), punch, start, end - start) != 0:
+            return  # not supported here: the bytes stay
+
+
+class TempFiles:
+    """Temporary files beside ``path``, named after it and this process
+    (``.<name>.<pid>.*.tmp``), so that a later run can tell that they are a killed run's
+    (:func:`remove_stale_temps`); those still there when the ``with`` block ends are removed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.names: list[str] = []
+
+    def new(self, suffix: str) -> tuple[int, str]:
+        """A new temporary file (its descriptor and name) with the permissions a new file gets."""
+        fd, name = tempfile.mkstemp(
+            prefix=f".{self.path.name}.{os.getpid()}.", suffix=suffix, dir=self.path.parent
+        )
+        self.names.append(name)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(name, 0o666 & ~umask)
+        return fd, name
+
+    def __enter__(self) -> TempFiles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self.names:
+            if os.path.exists(name):
+                os.unlink(name)
+
+
+def remove_stale_temps(folder: Path, name: str) -> None:
+    """Removes the temporary files that a killed run writing ``name`` left in ``folder`` (those
+    named after a process that no longer exists); a run still writing keeps its own."""
+    prefix = f".{name}."
+    for entry in os.scandir(folder):
+        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+            continue
+        pid = entry.name[len(prefix) :].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+        except PermissionError:  # another user's live process
+            pass
