@@ -104,6 +104,16 @@ def test_signature_finds_the_batch_dim_or_says_why_not():
     assert spec.dims == (-1, -1, HIDDEN) and spec.symbols == ("batch", "", "")
 
 
+def test_signature_leaves_out_initializers_listed_as_inputs_sparse_ones_too():
+    model = _norm_model(["b", HIDDEN])
+    values = numpy_helper.from_array(np.ones(2, dtype=np.float32), "bias")
+    indices = numpy_helper.from_array(np.array([0, 3], dtype=np.int64), "bias_indices")
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [HIDDEN]))
+    model.graph.input.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [HIDDEN]))
+    model.graph.input.append(helper.make_tensor_value_info("scale", TensorProto.FLOAT, [HIDDEN]))
+    assert [spec.name for spec in signature(model).inputs] == ["x"]
+
+
 def test_decoder_repository_cpu(tmp_path):
     model = tmp_path / "decoder_fused.onnx"
     onnx.save(_norm_model(["batch", "sequence", HIDDEN]), model)

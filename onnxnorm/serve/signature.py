@@ -16,7 +16,7 @@ from onnxnorm.errors import OnnxNormError
 
 #: ONNX element type -> Triton's data type name (the config's ``TYPE_<name>`` and the
 #: protocol's datatype, except strings: TYPE_STRING in the config, BYTES on the wire)
-TRITON_TYPES = {
+TRITON_TYPES: dict[int, str] = {
     TensorProto.FLOAT: "FP32",
     TensorProto.FLOAT16: "FP16",
     TensorProto.BFLOAT16: "BF16",
@@ -110,7 +110,7 @@ def signature(model: onnx.ModelProto) -> Signature:
     """The inputs (initializers listed as graph inputs left out: they have defaults) and outputs
     of ``model``; OnnxNormError for one that a server cannot carry."""
     initializers = {t.name for t in model.graph.initializer}
-    initializers |= {t.name for t in model.graph.sparse_initializer}
+    initializers |= {t.values.name for t in model.graph.sparse_initializer}
     inputs = tuple(_spec(v, "input") for v in model.graph.input if v.name not in initializers)
     outputs = tuple(_spec(v, "output") for v in model.graph.output)
     if not outputs:

@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,7 @@ def config_text(
     max_batch_size: int,
     instances: int = 1,
     gpu: bool = False,
-    libraries: list[str] = (),
+    libraries: Sequence[str] = (),
     source: str = "",
 ) -> str:
     """The ``config.pbtxt`` of a model served by Triton's ONNX Runtime backend."""
