@@ -120,7 +120,7 @@ def layout(args_type: type[ctypes.Structure] = NormArgs) -> dict[str, Any]:
         "size": ctypes.sizeof(args_type),
         "fields": [
             [name, getattr(args_type, name).offset, getattr(args_type, name).size]
-            for name, _ in args_type._fields_
+            for name, *_ in args_type._fields_
         ],
     }
 

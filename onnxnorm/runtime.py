@@ -61,7 +61,7 @@ def _candidates() -> list[Path]:
     try:
         from importlib.metadata import PackageNotFoundError, distribution
 
-        found.append(Path(distribution("onnxnorm").locate_file(f"onnxnorm/lib/{name}")))
+        found.append(Path(str(distribution("onnxnorm").locate_file(f"onnxnorm/lib/{name}"))))
     except PackageNotFoundError:
         pass
     return found

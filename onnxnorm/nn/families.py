@@ -21,6 +21,7 @@ built from such a row has simplified stand-ins for the linear-attention and stat
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 #: the token mixers of onnxnorm.nn.decoder: softmax attention, Qwen3-Next's hybrid of gated
 #: DeltaNet linear attention and attention, Mamba2's state-space mixer
@@ -393,14 +394,14 @@ class DecoderConfig:
         return deepnorm_constants("decoder", decoder_layers=self.layers)["decoder"]
 
 
-def decoder_config(family: Family | str, **overrides) -> DecoderConfig:
+def decoder_config(family: Family | str, **overrides: Any) -> DecoderConfig:
     """A :class:`onnxnorm.nn.decoder.DecoderConfig` normalized the way ``family`` is (needs
     torch). Placements the decoder does not build (``parallel``) become ``pre`` with the same
     norms. A hybrid family's decoder gets the family's token mixer."""
     if isinstance(family, str):
         family = get(family)
     position = "pre" if family.position == "parallel" else family.position
-    fields = dict(
+    fields: dict[str, Any] = dict(
         norm=family.norm,
         position=position,
         eps=family.eps,

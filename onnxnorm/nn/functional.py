@@ -169,14 +169,6 @@ def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
     _LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{catalogue.DOMAIN}::{name}", fake, lib=_LIBRARY)
 
-    def translate(*args: Any, **kwargs: Any) -> Any:
-        bound = translate.__signature__.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = bound.arguments
-        inputs = [values[p.name] for p in spec.inputs]
-        attrs = {a.name: values[a.name] for a in spec.attributes}
-        return getattr(_OPSET, spec.name)(*inputs, **attrs, _num_outputs=len(spec.outputs))
-
     parameters = [
         inspect.Parameter(
             p.name,
@@ -194,7 +186,19 @@ def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
         )
         for a in spec.attributes
     ]
-    translate.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    signature = inspect.Signature(parameters)
+
+    def translate(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        inputs = [values[p.name] for p in spec.inputs]
+        attrs = {a.name: values[a.name] for a in spec.attributes}
+        return getattr(_OPSET, spec.name)(*inputs, **attrs, _num_outputs=len(spec.outputs))
+
+    # what inspect.signature reports (onnxscript's converter reads it); typeshed's function type
+    # leaves out the __signature__ that inspect honours
+    translate.__signature__ = signature  # type: ignore[attr-defined]
     translate.__annotations__ = {a.name: _PY_TYPES[a.kind] for a in spec.attributes}
     translate.__name__ = spec.name
     return getattr(torch.ops.onnxnorm, name), translate

@@ -42,7 +42,7 @@ class Attention(nn.Module):
             q, gate = q.chunk(2, dim=-1)
         k = self.k_proj(x).view(batch, seq, self.kv_heads, -1)
         v = self.v_proj(x).view(batch, seq, self.kv_heads, -1)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.kv_heads != self.heads:

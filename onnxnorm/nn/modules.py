@@ -10,6 +10,10 @@ import torch
 
 from onnxnorm.nn.functional import call
 
+#: the integers a norm takes for a size: numpy's too (numbers.Integral); int named beside it for
+#: the type checker, to which an int is no numbers.Integral
+_INTEGER = (int, numbers.Integral)
+
 
 def _shape(
     normalized_shape: int | Sequence[int] | None, affine: bool = True
@@ -18,7 +22,7 @@ def _shape(
         if affine:
             raise ValueError("normalized_shape may be None only for a norm without weights")
         return None
-    if isinstance(normalized_shape, numbers.Integral):
+    if isinstance(normalized_shape, _INTEGER):
         return (int(normalized_shape),)
     shape = tuple(int(d) for d in normalized_shape)
     if not shape:
@@ -277,11 +281,11 @@ class GatedRMSNorm(torch.nn.Module):
         cast_before_scale: int = 1,
     ):
         super().__init__()
-        if not isinstance(hidden_size, numbers.Integral) or hidden_size < 1:
+        if not isinstance(hidden_size, _INTEGER) or hidden_size < 1:
             raise ValueError(f"hidden_size must be a positive integer, got {hidden_size!r}")
         self.hidden_size = int(hidden_size)
         group = self.hidden_size if group_size is None else group_size
-        if not isinstance(group, numbers.Integral) or group < 1 or self.hidden_size % group:
+        if not isinstance(group, _INTEGER) or group < 1 or self.hidden_size % group:
             raise ValueError(
                 f"group_size must be a positive divisor of hidden_size {hidden_size}, got "
                 f"{group_size!r}"

@@ -100,6 +100,8 @@ class Config:
 
     def build(self) -> torch.nn.Module:
         if self.kind == "gated":
+            if self.shape is None or self.eps is None:
+                raise ValueError("a GatedRMSNorm configuration has a shape and an epsilon")
             return GatedRMSNorm(
                 self.shape[0],
                 group_size=self.group_size,
@@ -112,6 +114,8 @@ class Config:
                 device="meta",
             )
         if self.kind == "l2":
+            if self.eps is None:
+                raise ValueError("an L2Norm configuration has an epsilon")
             return L2Norm(eps=self.eps, axis=self.axis)
         if self.kind == "rms":
             return RMSNorm(
@@ -146,7 +150,7 @@ class Config:
         if self.shape is not None and self.axis != -len(self.shape):
             parts.append(f"axis={self.axis}")
         if self.kind == "gated":
-            if self.group_size != self.shape[0]:
+            if self.shape is not None and self.group_size != self.shape[0]:
                 parts.append(f"group_size={self.group_size}")
             parts.append(self.activation)
             parts.append("norm then gate" if self.norm_before_gate else "gate then norm")
@@ -205,7 +209,9 @@ def _candidates(module: torch.nn.Module, shape: tuple[int, ...]) -> Iterable[Con
     bias = _has_parameter(module, "bias")
     eps = eps_of(module)
     name = type(module).__name__.lower()
-    kinds = ("layer", "rms") if "layer" in name and "rms" not in name else ("rms", "layer")
+    kinds: tuple[str, ...] = (
+        ("layer", "rms") if "layer" in name and "rms" not in name else ("rms", "layer")
+    )
     if not weight and not bias:
         kinds += ("l2",)
     epsilons = (eps,) if eps is not None else EPS_CANDIDATES

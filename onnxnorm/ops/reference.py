@@ -98,6 +98,14 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
     return outputs if spec.quantize == "none" else _quantized_outputs(spec, outputs, given)
 
 
+def _required(given: dict[str, np.ndarray | None], name: str) -> np.ndarray:
+    """A required input, which :func:`run` has checked is given."""
+    value = given[name]
+    if value is None:
+        raise ValueError(f"input {name} is required")
+    return value
+
+
 def _is_group_weight(shape: tuple[int, ...], group_size: int) -> bool:
     """A GatedRMSNorm Scale of shape [group_size] (leading 1s ignored): one group's weight."""
     dims = list(shape)
@@ -155,7 +163,7 @@ def _gated(
     before = gated is not None and not a["norm_before_gate"]
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         z = x.astype(np.float64)
-        if before:
+        if gated is not None and before:
             z = (x.astype(np.float32).astype(np.float64) * gated).astype(np.float32)
             z = z.astype(np.float64)  # the product in float32, as the model computes it
         groups = z.reshape(-1, group)
@@ -180,6 +188,7 @@ def _weighted(
     is of X's type); order B and float32 keep float64 (the caller rounds once). A Scale of
     shape [group] multiplies each group."""
     order_a = bool(order_a) and t != np.float32
+    s: np.ndarray
     if scale is None:
         s = np.ones((), np.float64)
     else:
@@ -204,9 +213,8 @@ def _y_dtype(
     """Y's type: X's, or (``y_float32``) float32, where X is 16-bit and the weights float32."""
     if not y_float32:
         return t
-    weights = [
-        given[p.name] for p in spec.inputs if p.type_var == "S" and given[p.name] is not None
-    ]
+    named = (given[p.name] for p in spec.inputs if p.type_var == "S")
+    weights = [w for w in named if w is not None]
     if t == np.float32 or any(w.dtype != np.float32 for w in weights):
         raise TypeError(
             f"{spec.name}: y_float32 = 1 needs a float16 or bfloat16 X and float32 "
@@ -228,7 +236,7 @@ def _float_outputs(
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
         if not spec.has_residual:
             return [_norm(spec, x, axes, a, given.get("Scale"), given.get("Bias"), yt)]
-        residual = given["Residual"]
+        residual = _required(given, "Residual")
         if residual.dtype != t or residual.shape != x.shape:
             raise ValueError(
                 f"{op}: Residual must have X's type and shape, got "
@@ -236,8 +244,9 @@ def _float_outputs(
             )
         if spec.residual == "skip":
             total = a["alpha"] * residual.astype(np.float64) + x.astype(np.float64)
-            if given["XBias"] is not None:
-                total = total + given["XBias"].astype(np.float64)
+            x_bias = given["XBias"]
+            if x_bias is not None:
+                total = total + x_bias.astype(np.float64)
         else:
             inner = _norm(spec, x, axes, a, given["InnerScale"], given["InnerBias"])
             total = residual.astype(np.float64) + inner.astype(np.float64)
@@ -270,7 +279,7 @@ def _quantized_outputs(
     """The quantized op's outputs from its norm's (Y in X's type, and Sum)."""
     y = outputs[0]
     if spec.quantize == "static":
-        scale = _per_tensor(spec.name, "Y_scale", given["Y_scale"])
+        scale = _per_tensor(spec.name, "Y_scale", _required(given, "Y_scale"))
         if scale.dtype != y.dtype:
             raise TypeError(
                 f"{spec.name}: Y_scale must be of X's type {y.dtype}, got {scale.dtype}"
@@ -327,13 +336,11 @@ def dynamic_quantize_linear(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         scale = np.float32(1) if hi == lo else np.float32(hi - lo) / np.float32(255)
         initial = np.float32(0) - lo / scale
-    zero_point = np.uint8(255 if np.isnan(initial) else np.rint(np.clip(initial, 0, 255)))
-    zero_point = np.asarray(zero_point, np.uint8).reshape(())
-    return (
-        quantize_linear(f, scale, zero_point),
-        np.asarray(scale, np.float32).reshape(()),
-        zero_point,
-    )
+    zero_point = np.asarray(
+        np.uint8(255 if np.isnan(initial) else np.rint(np.clip(initial, 0, 255))), np.uint8
+    ).reshape(())
+    scale_array = np.asarray(scale, np.float32).reshape(())
+    return quantize_linear(f, scale_array, zero_point), scale_array, zero_point
 
 
 def _norm(

@@ -101,7 +101,8 @@ def _inference(spec: catalogue.OpSpec):
                         ctx,
                         f"group_size {group.i} does not divide the normalized extent {extent}",
                     )
-        q_type = quant_types[0] if quant_types else None
+        # (an op without quantized types has no output of one)
+        q_type = quant_types[0] if quant_types else onnx.TensorProto.UNDEFINED
         for index, param in enumerate(spec.inputs):
             if param.type_var == "Q" and index < ctx.get_num_inputs() and ctx.has_input(index):
                 given = ctx.get_input_type(index)
