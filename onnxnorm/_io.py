@@ -45,7 +45,6 @@ from onnxnorm._storage.external import (
 )
 from onnxnorm._storage.filesystem import (
     BLOCK,
-    FICLONE,
     TempFiles,
     copy_range,
     remove_stale_temps,
@@ -86,8 +85,6 @@ __all__ = [
 
 #: Protobuf cannot serialize a message over 2 GiB.
 _PROTOBUF_LIMIT = 2**31 - 1
-#: the name ``filesystem.FICLONE`` had when it was defined here
-_FICLONE = FICLONE
 
 
 @dataclasses.dataclass

@@ -16,6 +16,7 @@ import pytest
 from onnx import external_data_helper
 
 from onnxnorm import _io
+from onnxnorm._storage import filesystem
 
 pytest.importorskip("torch")
 
@@ -104,7 +105,7 @@ def test_a_clone_keeps_offsets_and_releases_unused_ranges(source, tmp_path, monk
     real = fcntl.ioctl
 
     def clone(fd, request, arg, *rest):
-        if request != _io._FICLONE:
+        if request != filesystem.FICLONE:
             return real(fd, request, arg, *rest)
         os.lseek(arg, 0, os.SEEK_SET)
         while chunk := os.read(arg, 1 << 20):

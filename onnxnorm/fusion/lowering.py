@@ -97,7 +97,7 @@ def lower_with_notes(
     del out.opset_import[:]
     out.opset_import.extend(imports)
     if functions.model_opset(out) is None and lowerer.kept < len(lowerer.notes):
-        functions._set_opset(out, "", opset)  # the standard ops written are of this opset
+        functions.set_opset(out, "", opset)  # the standard ops written are of this opset
     return out, lowerer.notes
 
 

@@ -244,7 +244,3 @@ def _drop_onnxnorm_functions(model: onnx.ModelProto) -> None:
     keep = [f for f in model.functions if f.domain != catalogue.DOMAIN]
     del model.functions[:]
     model.functions.extend(keep)
-
-
-#: the name ``set_opset`` had when it was private to this module, which callers still use
-_set_opset = set_opset
