@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -107,6 +109,8 @@ class FusionRule(pattern.RewriteRuleClassBase):
     title: str
     #: bindings whose values may be used outside the match (the rewrite keeps their producer)
     shared: tuple[str, ...] = ()
+    #: inspect(context, **bindings): each rule's takes the variables its pattern names
+    inspect: Callable[..., Replacement]
 
     def __init__(self, tracker: Tracker, name: str, strict_precision: bool = False) -> None:
         super().__init__(name, remove_nodes=False)
@@ -117,10 +121,9 @@ class FusionRule(pattern.RewriteRuleClassBase):
         tracker.register(self.title)
         self._accepted: tuple[ir.Node, Replacement] | None = None
 
-    def inspect(self, context, **bindings) -> Replacement:
-        raise NotImplementedError
-
-    def check(self, context, **bindings):
+    # onnxscript calls check(context, **bindings), as its docs write a rule's check; its base
+    # class declares check(op, *args, **kwargs)
+    def check(self, context: Any, **bindings: Any) -> pattern.MatchResult:  # type: ignore[override]
         root = context.root
         if not context.output_values:
             # onnxscript passes on a node with fewer outputs than the pattern names (a
@@ -147,13 +150,18 @@ class FusionRule(pattern.RewriteRuleClassBase):
             return pattern.MatchResult().fail(str(e), root)
         self.tracker.checked(self.title, root, None)
         self._accepted = (root, replacement)
-        return True
+        return pattern.MatchResult()
 
     def rewrite(self, op, y, total=None, **_):
-        (root, new), self._accepted = self._accepted, None
+        accepted, self._accepted = self._accepted, None
+        if accepted is None:
+            raise RuntimeError(f"{self.title}: rewrite without a check that accepted the match")
+        root, new = accepted
         self.tracker.fused(self.title, root, new.note)
         for name in new.flatten:
-            new = dataclasses.replace(new, inputs={**new.inputs, name: _flat(op, new.inputs[name])})
+            value = new.inputs.get(name)
+            if value is not None:
+                new = dataclasses.replace(new, inputs={**new.inputs, name: _flat(op, value)})
         outputs = op.op(
             new.op,
             *new.arguments(),
@@ -179,8 +187,9 @@ def _flat(op, value: ir.Value) -> ir.Value:
     flat = op.Reshape(value, op.Constant(value=ir.tensor(np.array([-1], np.int64))))
     flat.type = value.type
     dims = list(value.shape.dims) if value.shape is not None else []
-    if dims and all(isinstance(d, int) for d in dims):
-        flat.shape = ir.Shape([int(np.prod(dims))])
+    sizes = [d for d in dims if isinstance(d, int)]
+    if dims and len(sizes) == len(dims):
+        flat.shape = ir.Shape([math.prod(sizes)])
     return flat
 
 
@@ -263,32 +272,29 @@ def int_values(value: ir.Value | None, what: str, depth: int = 8) -> np.ndarray:
     node = value.producer()
     if node is None or ir.convenience.get_const_tensor(value) is not None or depth == 0:
         return constant(value, what)
-    args = list(node.inputs)
-    if node.domain not in ("", "ai.onnx") or None in args:
+    args = [a for a in node.inputs if a is not None]
+    if node.domain not in ("", "ai.onnx") or len(args) != len(node.inputs):
         return constant(value, what)
     op = node.op_type
     if op in ("Shape", "Size"):
         source = args[0]
         inner = source.producer()
-        if (
-            op == "Size"
-            and inner is not None
-            and inner.op_type == "Shape"
-            and not inner.attributes
-            and inner.inputs[0].shape is not None
-        ):
-            return np.array(inner.inputs[0].shape.rank(), np.int64)  # Size(Shape(v)): the rank
-        dims = list(source.shape.dims) if source.shape is not None else None
-        if dims is None or not all(isinstance(d, int) for d in dims):
+        if op == "Size" and inner is not None and inner.op_type == "Shape" and not inner.attributes:
+            shaped = inner.inputs[0]
+            if shaped is not None and shaped.shape is not None:
+                return np.array(shaped.shape.rank(), np.int64)  # Size(Shape(v)): the rank
+        dims = list(source.shape.dims) if source.shape is not None else []
+        sizes = [d for d in dims if isinstance(d, int)]
+        if source.shape is None or len(sizes) != len(dims):
             raise Rejected(
                 f"{what} ({value.name!r}) depends on the dims of {source.name!r}, "
                 "which are not static"
             )
         if op == "Size":
-            return np.array(np.prod(dims, dtype=np.int64), np.int64)
-        rank = len(dims)
+            return np.array(np.prod(sizes, dtype=np.int64), np.int64)
+        rank = len(sizes)
         start, end = attribute(node, "start", 0), attribute(node, "end", rank)
-        return np.array(dims, np.int64)[slice(start, end)]
+        return np.array(sizes, np.int64)[slice(start, end)]
     values = [int_values(a, what, depth - 1) for a in args]
     if any(v.dtype.kind not in "iu" for v in values):
         raise Rejected(f"{what} ({value.name!r}) is not an integer computation")
@@ -336,6 +342,8 @@ def int_values(value: ir.Value | None, what: str, depth: int = 8) -> np.ndarray:
 
 def scalar(value: ir.Value | None, what: str) -> float:
     """A constant of one element, of any numeric type, as a Python float."""
+    if value is None:
+        raise Rejected(f"{what} is missing")
     array = constant(value, what)
     if array.size != 1 or array.ndim > 1:
         raise Rejected(f"{what} ({value.name!r}) is not a scalar: shape {list(array.shape)}")

@@ -35,7 +35,8 @@ def root_op(rule: Any) -> tuple[str, str] | None:
         return None
     if ident is not None:
         return ident[0], ident[1]
-    domain, op = getattr(root, "domain", None), getattr(root, "op", None)
+    domain: Any = getattr(root, "domain", None)
+    op: Any = getattr(root, "op", None)
     if hasattr(domain, "value") and hasattr(op, "value"):
         return domain.value(), op.value()
     return None

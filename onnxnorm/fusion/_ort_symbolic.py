@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -50,6 +51,8 @@ def _upstream():
     if name not in sys.modules:
         path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
         spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -59,7 +62,9 @@ def _upstream():
 def _inference_class():
     import sympy
 
-    class Inference(_upstream()):
+    upstream: Any = _upstream()  # a class of an untyped module, found at run time
+
+    class Inference(upstream):
         def _fresh(self) -> str:
             name = f"onnxnorm_unknown_{len(self.symbolic_dims_)}"
             self.symbolic_dims_[name] = sympy.Symbol(name, integer=True, nonnegative=True)
@@ -133,7 +138,8 @@ def check() -> None:
         for v in list(inferred.graph.value_info) + list(inferred.graph.output)
     }
     assert shapes.get("d") == ["n", 4], f"{version}: Add(a, a) gives {shapes.get('d')}"
-    first = (shapes.get("c") or [None])[0]
+    broadcast = shapes.get("c")
+    first = broadcast[0] if broadcast else None
     assert isinstance(first, str) and first.startswith("onnxnorm_unknown_"), (
         f"{version}: a broadcast of n and m gives {shapes.get('c')}, not a fresh dim: "
         "onnxnorm/fusion/_ort_symbolic.py must follow ONNX Runtime's change"

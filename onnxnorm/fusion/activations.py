@@ -9,6 +9,7 @@ of a tensor of X's shape.
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeGuard
 
 import onnx_ir as ir
 
@@ -44,7 +45,7 @@ OTHER_ACTIVATIONS = frozenset(
 OTHER_MS_ACTIVATIONS = frozenset({"BiasGelu", "FastGelu", "Gelu", "QuickGelu"})
 
 
-def is_standard(node: ir.Node | None) -> bool:
+def is_standard(node: ir.Node | None) -> TypeGuard[ir.Node]:
     """Whether ``node`` is an op of ONNX's own domain."""
     return node is not None and node.domain in ("", "ai.onnx")
 
@@ -56,7 +57,7 @@ class Activation:
     #: SILU or SIGMOID (None: one a GatedRMSNorm does not take; ``problem`` says why)
     kind: int | None
     #: the value the activation is of
-    gate: ir.Value | None
+    gate: ir.Value
     #: why a GatedRMSNorm cannot take it ("": it can)
     problem: str = ""
     #: another activation than SiLU or sigmoid
@@ -74,19 +75,20 @@ def activation(value: ir.Value) -> Activation | None:
         return None
     op = node.op_type
     found: Activation | None = None
+    first = node.inputs[0] if node.inputs else None
+    if first is None:
+        return None
     if node.domain == MS_DOMAIN and op in OTHER_MS_ACTIVATIONS:
-        return Activation(None, node.inputs[0], _other(f"{MS_DOMAIN} {op}"), other=True)
-    if not is_standard(node) or not node.inputs or node.inputs[0] is None:
+        return Activation(None, first, _other(f"{MS_DOMAIN} {op}"), other=True)
+    if not is_standard(node):
         return None
     if op == "Sigmoid":
-        found = Activation(SIGMOID, node.inputs[0])
+        found = Activation(SIGMOID, first)
     elif op == "Swish":
         alpha = float(attribute(node, "alpha", 1.0))
-        found = Activation(SILU, node.inputs[0])
+        found = Activation(SILU, first)
         if alpha != 1.0:
-            found = Activation(
-                None, node.inputs[0], _other(f"Swish with alpha {alpha}"), other=True
-            )
+            found = Activation(None, first, _other(f"Swish with alpha {alpha}"), other=True)
     elif op == "Mul" and len(node.inputs) == 2:
         for g, other in (node.inputs, reversed(node.inputs)):
             inner = other.producer() if other is not None else None
@@ -100,7 +102,7 @@ def activation(value: ir.Value) -> Activation | None:
         if found is None:
             return None
     elif op in OTHER_ACTIVATIONS:
-        return Activation(None, node.inputs[0], _other(op), other=True)
+        return Activation(None, first, _other(op), other=True)
     else:
         return None
     t = value.dtype

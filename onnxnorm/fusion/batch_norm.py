@@ -19,6 +19,14 @@ from onnxnorm.fusion.report import Tracker
 TITLE = "BatchNormalization folded into Conv/ConvTranspose/Gemm (onnxscript rule) or MatMul"
 
 
+def _constant(value: ir.Value) -> ir.TensorProtocol:
+    """The tensor of a value that ``check`` found constant."""
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        raise ValueError(f"{value.name} is not a constant")
+    return tensor
+
+
 class FoldIntoMatMul(pattern.RewriteRuleClassBase):
     """``BatchNormalization(MatMul(x, W))`` with a 2-D output [N, C] (BatchNorm1d after a
     Linear): the per-feature factor s = gamma / sqrt(var + eps) scales W's columns and the
@@ -30,7 +38,9 @@ class FoldIntoMatMul(pattern.RewriteRuleClassBase):
             op.MatMul(x, w, _outputs=["product"]), gamma, beta, mean, var, _outputs=["y"]
         )
 
-    def check(self, context, x, w, gamma, beta, mean, var, product, y, **_):
+    # onnxscript calls check(context, **bindings), as its docs write a rule's check; its base
+    # class declares check(op, *args, **kwargs)
+    def check(self, context, x, w, gamma, beta, mean, var, product, y, **_):  # type: ignore[override]
         result = pattern.MatchResult()
         node = y.producer()
         if (
@@ -46,7 +56,7 @@ class FoldIntoMatMul(pattern.RewriteRuleClassBase):
         if len(product.uses()) != 1 or any(u is not product.producer() for u, _ in w.uses()):
             return result.fail("the MatMul's output or weight is used elsewhere")
         shape = product.shape
-        weight = ir.convenience.get_const_tensor(w)
+        weight = _constant(w)
         if shape is None or shape.rank() != 2 or len(weight.shape) != 2:
             return result.fail(
                 "BatchNormalization's channel axis 1 is the MatMul's feature "
@@ -59,13 +69,10 @@ class FoldIntoMatMul(pattern.RewriteRuleClassBase):
 
         node = y.producer()
         eps = node.attributes["epsilon"].value if "epsilon" in node.attributes else 1e-5
-        values = [
-            ir.convenience.get_const_tensor(v).numpy().astype(np.float64)
-            for v in (w, gamma, beta, mean, var)
-        ]
+        values = [_constant(v).numpy().astype(np.float64) for v in (w, gamma, beta, mean, var)]
         weight, g, b, m, v = values
         factor = g / np.sqrt(v + eps)
-        dtype = ir.convenience.get_const_tensor(w).numpy().dtype
+        dtype = _constant(w).numpy().dtype
         new_w = ir.tensor((weight * factor[None, :]).astype(dtype))
         new_b = ir.tensor((b - m * factor).astype(dtype))
         product = op.MatMul(x, op.initializer(new_w, name=f"{w.name}_bn"))

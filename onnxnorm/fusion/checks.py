@@ -85,17 +85,17 @@ def check_weight(value: ir.Value, x: ir.Value, what: str, axis: int | None = Non
     shape, all dims known, as its weight, since there the weight spans every element."""
     if ir.convenience.get_const_tensor(value) is not None:
         return
-    x_rank = x.shape.rank() if x.shape is not None else None
-    rank = value.shape.rank() if value.shape is not None else None
-    if x_rank is not None and rank is not None and rank < x_rank:
+    x_shape, shape = x.shape, value.shape
+    if x_shape is not None and shape is not None and shape.rank() < x_shape.rank():
         return
     if (
         axis is not None
-        and x_rank is not None
-        and axis in (0, -x_rank)
-        and rank == x_rank
-        and x.shape.is_static()
-        and list(value.shape.dims) == list(x.shape.dims)
+        and x_shape is not None
+        and shape is not None
+        and axis in (0, -x_shape.rank())
+        and shape.rank() == x_shape.rank()
+        and x_shape.is_static()
+        and list(shape.dims) == list(x_shape.dims)
     ):
         return
     raise NotThisPattern(f"{what} ({value.name!r}) is neither a constant nor of lower rank than X")

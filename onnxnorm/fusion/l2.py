@@ -34,6 +34,17 @@ from onnxnorm.fusion.report import Tracker
 SUMS = ("sum", "widened", "sumsquare")
 
 
+def _sum_of_squares(op, x, two, how: str):
+    """The pattern of the sum of the squares of ``x``, summed as ``how`` says (:data:`SUMS`)."""
+    if how == "sumsquare":
+        return op.ReduceSumSquare(x, _allow_other_inputs=True, _outputs=["total"])
+    squares = square(op, x, two)
+    if how == "widened":
+        squares = op.Cast(squares, _outputs=["wide"])
+    total = op.ReduceSum(squares, _allow_other_inputs=True, _outputs=["total"])
+    return op.Cast(total, _outputs=["narrow"]) if how == "widened" else total
+
+
 class L2Core(FusionRule):
     """``x / sqrt(sum(x^2) + eps)`` over trailing axes, divided as ``form`` says
     (``norms.FORMS``), the squares summed as ``sum`` says (:data:`SUMS`)."""
@@ -47,17 +58,10 @@ class L2Core(FusionRule):
         name = f"L2Core{form.capitalize()}{sum.capitalize()}"
         super().__init__(tracker, name, strict_precision)
 
-    def total(self, op, x, two):
-        if self.sum == "sumsquare":
-            return op.ReduceSumSquare(x, _allow_other_inputs=True, _outputs=["total"])
-        squares = square(op, x, two)
-        if self.sum == "widened":
-            squares = op.Cast(squares, _outputs=["wide"])
-        total = op.ReduceSum(squares, _allow_other_inputs=True, _outputs=["total"])
-        return op.Cast(total, _outputs=["narrow"]) if self.sum == "widened" else total
-
     def pattern(self, op, x, eps, two, one, half):
-        return divide(op, x, op.Add(self.total(op, x, two), eps), one, half, self.form)
+        return divide(
+            op, x, op.Add(_sum_of_squares(op, x, two, self.sum), eps), one, half, self.form
+        )
 
     def inspect(self, context, x, eps, total, two=None, one=None, half=None, **bindings):
         note, axis = core_checks(x, total.producer(), two, one, half, self.strict_precision)
@@ -75,17 +79,19 @@ class L2Core(FusionRule):
         )
 
 
-class L2ScaledSum(L2Core):
+class L2ScaledSum(FusionRule):
     """A near miss: the sum of squares divided or multiplied by a constant before epsilon is
     added (an RMS statistic spelled with ReduceSum), which is neither L2Norm's sum + epsilon
     nor the ReduceMean the RMSNorm rules take."""
 
+    title = L2Core.title
+
     def __init__(self, tracker: Tracker, form: str) -> None:
-        self.form, self.sum = form, "sum"
-        FusionRule.__init__(self, tracker, f"L2ScaledSum{form.capitalize()}")
+        self.form = form
+        super().__init__(tracker, f"L2ScaledSum{form.capitalize()}")
 
     def pattern(self, op, x, eps, two, one, half, k):
-        total = self.total(op, x, two)
+        total = _sum_of_squares(op, x, two, "sum")
         scaled = pattern.OrValue([op.Div(total, k), op.Mul(total, k)], tag_var="how")
         return divide(op, x, op.Add(scaled, eps), one, half, self.form)
 

@@ -97,6 +97,8 @@ def scale_for(
     problem = ms_gated_rms_norm_problem(t)
     if problem:
         return problem, None
+    if x is None:
+        return "the node has no X", None
     if args["Gate"] is None:
         return "it takes a gate, the node has none", None
     if not attrs["norm_before_gate"]:
@@ -107,7 +109,7 @@ def scale_for(
     rank = None if x_dims is None else len(x_dims)
     if attrs["axis"] not in (-1, (rank or 0) - 1):
         return "it normalizes the last dim alone", None
-    width = x_dims[-1] if rank else None
+    width = x_dims[-1] if x_dims else None
     width = width if isinstance(width, int) else None
     group = int(attrs["group_size"])
     scale, offset = args["Scale"], float(attrs["scale_offset"])

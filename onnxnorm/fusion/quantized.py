@@ -22,6 +22,8 @@ DequantizeLinear nodes stay as they are.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import onnx_ir as ir
 
 from onnxnorm.fusion._base import FLOAT, Rejected, attribute
@@ -31,7 +33,7 @@ from onnxnorm.ops import catalogue
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
-def _op(node: ir.Node | None, *types: str) -> bool:
+def _op(node: ir.Node | None, *types: str) -> TypeGuard[ir.Node]:
     return (
         node is not None
         and node.domain in ("", "ai.onnx", "com.microsoft")
@@ -39,12 +41,16 @@ def _op(node: ir.Node | None, *types: str) -> bool:
     )
 
 
+def _producer(value: ir.Value | None) -> ir.Node | None:
+    return value.producer() if value is not None else None
+
+
 def _through_qdq(value: ir.Value | None, places: list[str], where: str) -> ir.Value | None:
     """The value behind a DequantizeLinear(QuantizeLinear(v)) pair (``where`` recorded in
     ``places``), or ``value`` itself."""
-    producer = value.producer() if value is not None else None
+    producer = _producer(value)
     if _op(producer, "DequantizeLinear"):
-        inner = producer.inputs[0].producer() if producer.inputs[0] is not None else None
+        inner = _producer(producer.inputs[0])
         places.append(where)
         if _op(inner, "QuantizeLinear"):
             return inner.inputs[0]
@@ -56,17 +62,17 @@ def _norm_kind(sqrt: ir.Node) -> tuple[str, list[str]] | None:
     """("RMSNorm" or "LayerNorm", where Q/DQ pairs sit) for a Sqrt that ends a norm's
     statistics cut by Q/DQ pairs; None when it is no such norm."""
     places: list[str] = []
-    add = _through_qdq(sqrt.inputs[0], places, "after Add").producer()
+    add = _producer(_through_qdq(sqrt.inputs[0], places, "after Add"))
     if not _op(add, "Add"):
         return None
     for i, operand in enumerate(add.inputs[:2]):
         before = len(places)
-        mean = _through_qdq(operand, places, "after ReduceMean").producer()
+        mean = _producer(_through_qdq(operand, places, "after ReduceMean"))
         if not _op(mean, "ReduceMean"):
             del places[before:]
             continue
         _through_qdq(add.inputs[1 - i], places, "on epsilon")
-        square = _through_qdq(mean.inputs[0], places, "after Pow").producer()
+        square = _producer(_through_qdq(mean.inputs[0], places, "after Pow"))
         if _op(square, "Pow"):
             _through_qdq(square.inputs[1], places, "on the Pow exponent")
             base = square.inputs[0]
@@ -76,7 +82,7 @@ def _norm_kind(sqrt: ir.Node) -> tuple[str, list[str]] | None:
             return None
         if not places:
             return None  # no pair inside: the rules saw it, and said why if it did not fuse
-        centred = _through_qdq(base, places, "on the squared value").producer()
+        centred = _producer(_through_qdq(base, places, "on the squared value"))
         kind = "LayerNorm" if _op(centred, "Sub") else "RMSNorm"
         return kind, places
     return None
@@ -202,12 +208,13 @@ def _inspect(quantizer: ir.Node, norm: ir.Node, cast: ir.Node | None) -> list[ir
     _one_element(scale, "y_scale")
     q_type = ir.DataType.UINT8
     if zero_point is not None:
-        q_type = zero_point.dtype
-        if q_type not in _QUANT_TYPES:
+        given = zero_point.dtype
+        if given is None or given not in _QUANT_TYPES:
             raise Rejected(
-                f"y_zero_point of type {q_type.name if q_type else 'unknown'}: the "
+                f"y_zero_point of type {given.name if given else 'unknown'}: the "
                 f"fused op quantizes to {_QUANT_TYPE_NAMES}"
             )
+        q_type = given
         _one_element(zero_point, "y_zero_point")
     if q_type == ir.DataType.FLOAT8E4M3FN and not attribute(quantizer, "saturate", 1):
         raise Rejected(_NO_SATURATE)
@@ -297,14 +304,16 @@ def _rewrite(
         name=name,
     )
     removed = {quantizer, norm}
-    cast_removed = cast is not None and not _used_outside(cast.outputs[0], {quantizer})
-    if cast_removed:
+    if cast is not None and not _used_outside(cast.outputs[0], {quantizer}):
         removed.add(cast)
     old_values, new_values = list(quantizer.outputs), list(fused.outputs[: len(quantizer.outputs)])
     y = norm.outputs[0]
+    y_float = spec.output_index("Y_float")
+    if y_float is None:  # (every quantized op of the catalogue gives it)
+        raise ValueError(f"{op} has no Y_float output")
     if _used_outside(y, removed):
         old_values.append(y)
-        new_values.append(fused.outputs[spec.output_index("Y_float")])
+        new_values.append(fused.outputs[y_float])
     total = spec.output_index("Sum")
     if total is not None and len(norm.outputs) > 1 and norm.outputs[1] is not None:
         old_values.append(norm.outputs[1])

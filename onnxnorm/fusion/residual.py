@@ -34,7 +34,7 @@ def _dim(d) -> str:
     return str(d) if isinstance(d, int) or d.value is not None else "unknown"
 
 
-def symbolic(value: ir.Value) -> ir.Shape | None:
+def symbolic(value: ir.Value | None) -> ir.Shape | None:
     """The shape ORT's symbolic inference gave ``value`` (``passes.symbolic_shapes``); for an
     output of an onnxnorm node written since, the shape of that node's X, which its Y and Sum
     have."""
@@ -94,29 +94,14 @@ def same_shape(a: ir.Value, b: ir.Value, what: str, op: str = "Add") -> None:
     raise Rejected(reasons[-1])
 
 
-class SkipFusion(FusionRule):
-    """``Norm(a + b)`` -> ``SkipNorm(X, Residual)`` (Pre-Norm keeps the sum as Sum, Post-Norm
-    drops it); with ``deep``, ``Norm(alpha * r + f)`` -> ``SkipNorm(f, r, alpha)`` (DeepNorm).
-    An Add in X's type is rounded once, as the catalogue's Sum is, so this is exact; DeepNorm's
-    Mul rounds alpha * r first, so it is fused in float32 only, where the catalogue's function
-    body computes the same two float32 operations."""
+class _SkipRule(FusionRule):
+    """What the Skip rules share: the Skip op that replaces the norm of a residual add."""
 
-    def __init__(self, tracker: Tracker, op_name: str, deep: bool) -> None:
-        self.op_name, self.deep = op_name, deep
-        self.title = (
-            f"Skip{op_name} ({'DeepNorm: alpha * residual + x' if deep else 'residual add'})"
-        )
-        super().__init__(tracker, f"Skip{op_name}{'Deep' if deep else ''}")
+    op_name: str
+    deep: bool
 
-    def pattern(self, op, a, b, alpha):
-        first = op.Mul(a, alpha, _outputs=["scaled"]) if self.deep else a
-        total = op.Add(first, b, _outputs=["total"])
-        y = getattr(op, self.op_name)(
-            total, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["y"]
-        )
-        return y, total
-
-    def inspect(self, context, a, b, total, y, alpha=None, **_):
+    def skip_op(self, a, b, total, y, alpha=None) -> Replacement:
+        """The Skip op of ``Norm(a + b)`` (DeepNorm: ``Norm(alpha * a + b)``)."""
         if (
             self.deep
             and alpha.producer() is not None
@@ -145,7 +130,33 @@ class SkipFusion(FusionRule):
         return Replacement(f"Skip{self.op_name}", dict(norm.inputs, X=x, Residual=residual), attrs)
 
 
-class CastSkipFusion(SkipFusion):
+class SkipFusion(_SkipRule):
+    """``Norm(a + b)`` -> ``SkipNorm(X, Residual)`` (Pre-Norm keeps the sum as Sum, Post-Norm
+    drops it); with ``deep``, ``Norm(alpha * r + f)`` -> ``SkipNorm(f, r, alpha)`` (DeepNorm).
+    An Add in X's type is rounded once, as the catalogue's Sum is, so this is exact; DeepNorm's
+    Mul rounds alpha * r first, so it is fused in float32 only, where the catalogue's function
+    body computes the same two float32 operations."""
+
+    def __init__(self, tracker: Tracker, op_name: str, deep: bool) -> None:
+        self.op_name, self.deep = op_name, deep
+        self.title = (
+            f"Skip{op_name} ({'DeepNorm: alpha * residual + x' if deep else 'residual add'})"
+        )
+        super().__init__(tracker, f"Skip{op_name}{'Deep' if deep else ''}")
+
+    def pattern(self, op, a, b, alpha):
+        first = op.Mul(a, alpha, _outputs=["scaled"]) if self.deep else a
+        total = op.Add(first, b, _outputs=["total"])
+        y = getattr(op, self.op_name)(
+            total, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["y"]
+        )
+        return y, total
+
+    def inspect(self, context, a, b, total, y, alpha=None, **_):
+        return self.skip_op(a, b, total, y, alpha)
+
+
+class CastSkipFusion(_SkipRule):
     """``Norm(Cast(a + b))``: a residual add whose sum is cast before the norm (float16 graphs
     that keep their norms in float32 without casting the output back, whose input/output casts
     ``norms.CastAbsorb`` would take). A Skip op adds, normalizes and gives Y and Sum in X's
@@ -155,7 +166,7 @@ class CastSkipFusion(SkipFusion):
     def __init__(self, tracker: Tracker, op_name: str) -> None:
         self.op_name, self.deep = op_name, False
         self.title = f"Skip{op_name} (residual add cast before the norm)"
-        FusionRule.__init__(self, tracker, f"Skip{op_name}Cast")
+        super().__init__(tracker, f"Skip{op_name}Cast")
 
     def pattern(self, op, a, b):
         total = op.Add(a, b, _outputs=["total"])
@@ -171,7 +182,7 @@ class CastSkipFusion(SkipFusion):
         t, norm_type = dtype(total, "the sum"), dtype(cast, "the norm's input")
         same_shape(a, b, "the residual add's operands")
         if t == norm_type:  # a Cast to the type it has (``rules()`` without the pipeline)
-            return super().inspect(context, a=a, b=b, total=total, y=y)
+            return self.skip_op(a, b, total, y)
         if t.itemsize < norm_type.itemsize:
             why = (
                 f"the Skip op would give Y in {t.name}, where the original's norm returns it "

@@ -68,15 +68,13 @@ def _flatten_axis(node: ir.Node, x: ir.Value) -> int:
     dims = list(x.shape.dims) if x.shape is not None else []
     if len(target) == 2 and target[1] > 0 and target[0] != 0:
         for k in range(len(dims) - 1, -1, -1):
-            if not all(isinstance(d, int) for d in dims[k:]):
+            trailing = [d for d in dims[k:] if isinstance(d, int)]
+            if len(trailing) != len(dims) - k:
                 break
-            prefix = dims[:k]
-            if np.prod(dims[k:], dtype=np.int64) == target[1] and (
+            prefix = [d for d in dims[:k] if isinstance(d, int)]
+            if np.prod(trailing, dtype=np.int64) == target[1] and (
                 target[0] == -1
-                or (
-                    all(isinstance(d, int) for d in prefix)
-                    and np.prod(prefix, dtype=np.int64) == target[0]
-                )
+                or (len(prefix) == k and np.prod(prefix, dtype=np.int64) == target[0])
             ):
                 return k - len(dims)
     raise Rejected(
@@ -123,8 +121,11 @@ def _flat_weight(flat: ir.Value, x: ir.Value, axis: int, what: str) -> ir.Value:
     if node is not None and node.op_type == "Flatten" and node.domain in ("", "ai.onnx"):
         if attribute(node, "axis", 1) != 0:
             raise Rejected(f"{what} is flattened at axis {attribute(node, 'axis', 1)}, not 0")
-        _check_flat_weight(node.inputs[0], x, axis, what)
-        return node.inputs[0]
+        weight = node.inputs[0]
+        if weight is None:
+            raise Rejected(f"{what} is missing")
+        _check_flat_weight(weight, x, axis, what)
+        return weight
     check_weight(flat, x, what)
     if -axis > 1:
         raise Rejected(

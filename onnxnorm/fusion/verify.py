@@ -178,14 +178,14 @@ def _run(session, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return outputs
 
 
-_HALF = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+_HALF: dict[int, str] = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
 
 
 def _computed_in(model: onnx.ModelProto) -> str:
     """The tolerance kind for a model's float32 outputs: "float16" or "bfloat16" where the
     model computes in that type inside (a float16 conversion that kept float32 inputs and
     outputs casts to it), else "float32"."""
-    found = set()
+    found: set[int] = set()
     for graph in all_graphs(model.graph):
         found.update(t.data_type for t in graph.initializer)
         for node in graph.node:
