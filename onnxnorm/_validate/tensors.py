@@ -18,7 +18,7 @@ _FOUR_BIT = {
 }
 
 #: the typed field that holds a tensor's values when it has no raw_data
-_TYPED_FIELD = {
+_TYPED_FIELD: dict[int, str] = {
     TensorProto.FLOAT: "float_data",
     TensorProto.DOUBLE: "double_data",
     TensorProto.INT64: "int64_data",

@@ -141,12 +141,13 @@ class GateAfter(FusionRule):
             if t not in _HALF or dtype(widened, "the widened norm") != FLOAT:
                 raise NotThisPattern("no half-precision norm widened to float32")
             check_type(t, Y=y)
-            gate = _cast_source(act.gate, t)
-            if gate is None:
+            source = _cast_source(act.gate, t)
+            if source is None:
                 raise Rejected(
                     f"the gate ({act.gate.name!r}) is not X's {t.name} cast to float32; "
                     "GatedRMSNorm takes the gate in X's type"
                 )
+            gate = source
             scaled = base.inputs.get("Scale") is not None or attrs["scale_offset"]
             if scaled and not attrs["cast_before_scale"]:
                 raise Rejected(
@@ -278,7 +279,7 @@ def _gated_nearby(z: ir.Value, y: ir.Value) -> bool:
         return True
     frontier = [y]
     for _ in range(3):
-        following = []
+        following: list[ir.Value] = []
         for value in frontier:
             for user in value.consumers():
                 if not is_standard(user):

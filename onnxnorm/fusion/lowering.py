@@ -152,7 +152,23 @@ class _Lowerer(functions.OpsetWriter):
 
     def round(self, value: str) -> str:
         """``value`` rounded to the type of the node's X, kept in float32."""
-        return self("Cast", self("Cast", value, to=self.t), to=_FLOAT)
+        return self("Cast", self("Cast", value, to=self.x_type), to=_FLOAT)
+
+    @property
+    def x_type(self) -> int:
+        """The element type of the node's X, which a node lowered to standard ops has."""
+        if self.t is None:
+            raise ValueError("the element type of X is unknown")
+        return self.t
+
+    def _declare(self, name: str, x: str) -> None:
+        """A new value of X's type and ``x``'s dims (where known)."""
+        self.types[name] = self.x_type
+        dims = self.dims.get(x)
+        if dims is None:
+            self.dims.pop(name, None)
+        else:
+            self.dims[name] = dims
 
     # -- the graph ------------------------------------------------------------------------
     def graph(self, graph: onnx.GraphProto) -> None:
@@ -168,7 +184,7 @@ class _Lowerer(functions.OpsetWriter):
                             self.graph(sub)
                 result.append(node)
                 continue
-            self.new_nodes = []
+            self.new_nodes: list[onnx.NodeProto] = []
             self.prefix = f"{node.name or node.op_type}/lowered{len(self.notes)}/"
             emitted, reason = self.node(node)
             result.extend(self.new_nodes)
@@ -187,13 +203,14 @@ class _Lowerer(functions.OpsetWriter):
             p.name: (node.output[i] if i < len(node.output) and node.output[i] else None)
             for i, p in enumerate(spec.outputs)
         }
-        self.t = t = self.types.get(args["X"])
+        x = args["X"]
+        self.t = t = self.types.get(x) if x is not None else None
         #: the mixed form: a float32 Y of a 16-bit X
         self.mixed = bool(attrs.get("y_float32", 0))
         problem = functions.node_problem(node, self.opset, self.types)
         if problem:
             return self._keep(node, problem)
-        if t is None:
+        if x is None or t is None:
             return self._inline(node, "the element type of X is unknown")
         if spec.gated or spec.norm == "l2":
             return self._hybrid(node, spec, attrs, args, outs)
@@ -204,7 +221,7 @@ class _Lowerer(functions.OpsetWriter):
                 else "LayerNormalization (needs 17)"
             )
             return self._inline(node, f"opset {self.opset} has no standard {core}")
-        if self.opset < 9 and self._normalized_count(args["X"], attrs["axis"]) is None:
+        if self.opset < 9 and self._normalized_count(x, attrs["axis"]) is None:
             return self._inline(
                 node,
                 f"opset {self.opset} has no ConstantOfShape for a unit "
@@ -215,13 +232,12 @@ class _Lowerer(functions.OpsetWriter):
         return self._float(spec, attrs, args, outs)
 
     def _float(self, spec, attrs, args, outs) -> tuple[str, str]:
-        t = self.t
         if spec.residual == "none":
             return self._norm(spec, attrs, args["X"], args["Scale"], args["Bias"], outs["Y"]), ""
         if spec.residual == "skip":
             return self._skip(spec, attrs, args, outs)
         inner = self._name("inner")
-        self.types[inner], self.dims[inner] = t, self.dims.get(args["X"])
+        self._declare(inner, args["X"])
         k1 = self._norm(spec, attrs, args["X"], args["InnerScale"], args["InnerBias"], inner)
         fake = dict(args, X=inner, XBias=None)
         k2, _ = self._skip(spec, {**attrs, "alpha": 1.0}, fake, outs)
@@ -231,7 +247,7 @@ class _Lowerer(functions.OpsetWriter):
         """The norm (its Y in X's type: Y_float, or a new value), then the quantizer."""
         base = catalogue.get(spec.norm_op)
         y_float = outs["Y_float"] or self._name("y_float")
-        self.types[y_float], self.dims[y_float] = self.t, self.dims.get(args["X"])
+        self._declare(y_float, args["X"])
         norm_args = {p.name: args[p.name] for p in base.inputs}
         norm_outs = {"Y": y_float, "Sum": outs.get("Sum")}
         emitted, reason = self._float(
@@ -293,6 +309,8 @@ class _Lowerer(functions.OpsetWriter):
 
     def _norm(self, spec, attrs, x, scale, bias, y) -> str:
         op, t = self._core_op(spec), self.t
+        if op is None:  # (node() inlines the body instead)
+            raise ValueError(f"opset {self.opset} has no standard op of {spec.name}'s norm")
         axis, eps = attrs["axis"], float(attrs["epsilon"])
         if self._direct(spec, attrs, x, scale, bias) is None and scale is not None:
             inputs = [x, scale] + ([bias] if bias is not None else [])
@@ -327,7 +345,7 @@ class _Lowerer(functions.OpsetWriter):
         )
         y, total = outs["Y"], outs["Sum"] or self._name("sum")
         t = self.t
-        self.types[total], self.dims[total] = t, self.dims.get(x)
+        self._declare(total, x)
         alpha = float(attrs["alpha"])
         why_not = self._direct(spec, attrs, x, scale, bias)
         if why_not is None and self.target == "ort" and scale is not None:
@@ -386,9 +404,9 @@ class _Lowerer(functions.OpsetWriter):
         if self.target == "onnx":
             return self._inline(node, "ONNX has no gated RMS norm")
         why, scale = ort_gated.scale_for(
-            attrs, args, self.t, self.dims, self.types, self._initializer
+            attrs, args, self.x_type, self.dims, self.types, self._initializer
         )
-        if why:
+        if why or scale is None:  # (scale_for gives a scale where it gives no reason)
             return self._inline(node, f"not ONNX Runtime's GatedRMSNorm: {why}")
         if isinstance(scale, np.ndarray):  # ones, or Scale + scale_offset: a new initializer
             scale = self._constant_scale(scale, f"{args['Scale']}_ort" if args["Scale"] else "ones")
@@ -421,16 +439,17 @@ class _Lowerer(functions.OpsetWriter):
         while name in taken:
             index += 1
             name = f"{hint}_scale_{index}"
-        array = values.astype(helper.tensor_dtype_to_np_dtype(self.t))
+        t = self.x_type
+        array = values.astype(helper.tensor_dtype_to_np_dtype(t))
         tensor = helper.make_tensor(
             name,
-            self.t,
+            t,
             list(array.shape),
-            array.view(np.uint16).tobytes() if self.t == TensorProto.BFLOAT16 else array.tobytes(),
+            array.view(np.uint16).tobytes() if t == TensorProto.BFLOAT16 else array.tobytes(),
             raw=True,
         )
         self.model.graph.initializer.append(tensor)
-        self.types[name], self.dims[name] = self.t, list(array.shape)
+        self.types[name], self.dims[name] = t, list(array.shape)
         return name
 
     def _keep(self, node: onnx.NodeProto, reason: str) -> tuple[str, str]:

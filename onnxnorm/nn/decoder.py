@@ -180,7 +180,7 @@ class Decoder(nn.Module):
         return self.lm_head(x) if self.lm_head is not None else x
 
     def norm_modules(self) -> list[nn.Module]:
-        kinds = (DecomposedNorm, DecomposedGatedNorm, DecomposedL2Norm)
+        kinds: tuple[type[nn.Module], ...] = (DecomposedNorm, DecomposedGatedNorm, DecomposedL2Norm)
         try:
             from onnxnorm.nn.modules import NORM_TYPES
 

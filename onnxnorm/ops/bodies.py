@@ -172,8 +172,8 @@ def scale_and_shift(
     y = rounded(y)
     factor = rounded(b.float32(scale)) if scale else None
     if offset is not None:
-        offset = rounded(b.scalar(offset))
-        factor = rounded(b("Add", factor or b.scalar(1.0), offset))
+        shift = rounded(b.scalar(offset))
+        factor = rounded(b("Add", factor or b.scalar(1.0), shift))
     if factor:
         y = rounded(b("Mul", y, factor))
     if bias:

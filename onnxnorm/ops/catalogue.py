@@ -202,7 +202,7 @@ def _spec(
 ) -> OpSpec:
     inputs: tuple[Param, ...] = (_X,)
     outputs: tuple[Param, ...] = (_Y,)
-    attributes = (AXIS, EPSILON, CAST_BEFORE_SCALE)
+    attributes: tuple[Attribute, ...] = (AXIS, EPSILON, CAST_BEFORE_SCALE)
     if norm == "rms":
         attributes += (SCALE_OFFSET,)
     if residual == "skip":

@@ -61,6 +61,8 @@ class OpsetWriter:
         """A float32 scalar; a Ref (to a function's attribute) needs REF_OPSET."""
         if self.opset >= REF_OPSET:
             return self("Constant", value_float=value)
+        if isinstance(value, Ref):
+            raise ValueError(f"a reference to attribute {value.name} needs opset {REF_OPSET}")
         return self("Constant", value=helper.make_tensor("value", _FLOAT, [], [float(value)]))
 
     def ints(self, values: list[int]) -> str:

@@ -36,7 +36,11 @@ from onnxnorm.ops import catalogue
 from onnxnorm.ops.opsets import MIN_OPSET, REF_OPSET
 
 #: X's element type in an overload name below MIN_OPSET
-X_TYPE_NAMES = {TensorProto.FLOAT: "f32", TensorProto.FLOAT16: "f16", TensorProto.BFLOAT16: "bf16"}
+X_TYPE_NAMES: dict[int, str] = {
+    TensorProto.FLOAT: "f32",
+    TensorProto.FLOAT16: "f16",
+    TensorProto.BFLOAT16: "bf16",
+}
 #: the prefixes of the attribute values in an overload name below REF_OPSET
 _VALUE_NAMES = {"axis": "axis", "epsilon": "eps", "alpha": "alpha", "scale_offset": "offset"}
 _VALUE_PART = re.compile(r"(axis|eps|alpha|offset)([-+0-9.e]+)")

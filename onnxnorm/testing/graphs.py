@@ -84,10 +84,11 @@ def single_node_model(
         raise ValueError(f"{op} has no input {', '.join(sorted(unknown))}")
     x_dtype, x_shape = given["X"]
     x_type = helper.np_dtype_to_tensor_dtype(x_dtype)
+    q_type: int
     if "Y_zero_point" in given:
         q_type = helper.np_dtype_to_tensor_dtype(given["Y_zero_point"][0])
-    else:  # the op's first quantized type (none for a float op)
-        q_type = elem_type(spec.quant_types[0]) if spec.quant_types else None
+    else:  # the op's first quantized type (none for a float op, which has no output of one)
+        q_type = elem_type(spec.quant_types[0]) if spec.quant_types else TensorProto.UNDEFINED
     types = {
         "T": x_type,
         "U": TensorProto.FLOAT if attrs.get("y_float32") else x_type,

@@ -9,6 +9,7 @@ Each function imports what it uses (torch, transformers); importing this module 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 from onnxnorm._deps import require
 
@@ -27,7 +28,7 @@ def with_cache(model):
     """A transformers decoder as a function of (input_ids, attention_mask, *past) returning
     (logits, or the last hidden state for a model without LM head, *present): the form of a
     KV-cache export, the past and present keys and values layer by layer."""
-    torch = require("torch", "a KV-cache export")
+    torch: Any = require("torch", "a KV-cache export")  # (a module: its class is a base here)
     transformers = require("transformers", "a KV-cache export")
     hf_config = model.config
 

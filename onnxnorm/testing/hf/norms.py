@@ -133,10 +133,10 @@ def norm_classes() -> tuple[NormClass, ...]:
             if not all(_LAYER_BASES.match(b.strip()) for b in bases.split(",") if b.strip()):
                 continue
             forward = re.search(r"def forward\(\s*self\s*,([^)]*)\)", body)
-            gated = bool(forward) and bool(re.search(r"\bgate\b", forward.group(1)))
+            gated = forward is not None and bool(re.search(r"\bgate\b", forward.group(1)))
             weightless = "Parameter(" not in body and "Module" in bases
             init = re.search(r"def __init__\(([^)]*)\)", body)
-            flag = bool(init) and bool(_SCALE_FLAG.search(init.group(1)))
+            flag = init is not None and bool(_SCALE_FLAG.search(init.group(1)))
             found.append(NormClass(model_type, name, gated, False, weightless, flag))
         for match in _FUNCTION.finditer(text):
             found.append(NormClass(model_type, match.group(1), function=True))

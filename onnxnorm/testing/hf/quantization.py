@@ -39,10 +39,11 @@ def quantize(
         raise ValueError(f"kind must be 'dynamic' or 'static', got {kind!r}")
     if feeds is None:
         raise ValueError("static quantization needs calibration feeds")
+    calibration = feeds
 
     class Feeds(CalibrationDataReader):
         def __init__(self):
-            self.feeds = iter(feeds)
+            self.feeds = iter(calibration)
 
         def get_next(self):
             return next(self.feeds, None)
