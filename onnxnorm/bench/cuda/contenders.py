@@ -103,6 +103,7 @@ def ort_call(
     options = ort.SessionOptions()
     options.log_severity_level = 3
     run_options = ort.RunOptions()
+    providers: list[str | tuple[str, dict[str, str]]]
     if on_gpu:
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         cuda_options = {"device_id": str(x.device.index or 0)}

@@ -65,14 +65,15 @@ def genai_folders(
             continue
         fused = folder / f"genai-{precision}-onnxnorm"
         shutil.rmtree(fused, ignore_errors=True)
+        converted: Path | None = fused
         try:
             quietly(lambda: convert(built, fused))  # noqa: B023 - called in this iteration
         except Exception as error:  # noqa: BLE001
             found[f"{precision} genai+onnxnorm"] = {
                 "error": f"onnxnorm genai: {short_error(error)}"
             }
-            fused = None
-        for variant, path in (("genai", built), ("genai+onnxnorm", fused)):
+            converted = None
+        for variant, path in (("genai", built), ("genai+onnxnorm", converted)):
             if path is None:
                 continue
             proto = onnx.load(path / "model.onnx", load_external_data=False)

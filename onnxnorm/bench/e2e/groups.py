@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ class Row:
                 "generation_s_range": [min(totals), max(totals)],
                 "tokens_per_s": len(self.tokens or []) / statistics.median(totals),
                 "decode_tokens_per_s": (len(decode) / len(self.steps)) / decode_s
-                if decode
+                if decode_s is not None
                 else None,
                 "generation_s_samples": totals,
                 "tokens": self.tokens,
@@ -85,7 +86,7 @@ CONTROL = " (again)"
 
 def interleave(
     rows: dict[str, Row],
-    make: dict[str, Callable[[], Any]],
+    make: Mapping[str, Callable[[], Any]],
     config: Config,
     prompt: list[int],
     log: Callable[[str], None],
@@ -211,9 +212,9 @@ def verdict(
 
 def run_group(
     rows: dict[str, Row],
-    make: dict[str, Callable[[], Any]],
-    profile: dict[str, Callable[[], dict]],
-    memory: dict[str, Callable[[], dict]],
+    make: Mapping[str, Callable[[], Any]],
+    profile: Mapping[str, Callable[[], dict]],
+    memory: Mapping[str, Callable[[], dict]],
     config: Config,
     prompt: list[int],
     mine: tuple[str, ...],
@@ -230,7 +231,7 @@ def run_group(
         make = {**make, twin: make[first]}
     interleave(rows, make, config, prompt, log, lockstep)
     control = rows.pop(twin, None)
-    if control is not None and control.prefill and rows[first].prefill:
+    if first is not None and control is not None and control.prefill and rows[first].prefill:
         control_gain = {
             **paired(rows[first], control),
             "same_tokens": control.tokens == rows[first].tokens,
@@ -252,7 +253,7 @@ def run_group(
     summary = {name: row.summary() for name, row in rows.items()}
     reference = next((r.tokens for r in rows.values() if r.tokens is not None), None)
     for name, row in rows.items():
-        if row.tokens is not None:
+        if row.tokens is not None and reference is not None:
             summary[name]["tokens_identical"] = row.tokens == reference and row.tokens_stable
             if row.tokens != reference:
                 summary[name]["first_difference"] = next(
@@ -330,14 +331,11 @@ def _ort_rows(
     rows = {name: Row(name, built[name], error=built[name].get("error")) for name in variants}
     ready = [n for n in variants if "path" in built[n]]
     make = {
-        n: (lambda n=n: Generator(built[n]["path"], built[n]["library"], config, device))
-        for n in ready
+        n: partial(Generator, built[n]["path"], built[n]["library"], config, device) for n in ready
     }
-    profile = {
-        n: (lambda n=n: profile_ort(built[n], config, prompt, device, folder)) for n in ready
-    }
+    profile = {n: partial(profile_ort, built[n], config, prompt, device, folder) for n in ready}
     memory = {
-        n: (lambda n=n: peak_memory("ort", built[n]["path"], built[n]["library"], config, device))
+        n: partial(peak_memory, "ort", built[n]["path"], built[n]["library"], config, device)
         for n in ready
     }
     return run_group(rows, make, profile, memory, config, prompt, mine, log)
@@ -361,9 +359,9 @@ def genai_group(
     }
     ready = [v for v in GENAI_VARIANTS if "path" in rows[v].info]
     path = {v: rows[v].info["path"] for v in ready}
-    make = {v: (lambda v=v: GenaiGenerator(path[v], config)) for v in ready}
-    profile = {v: (lambda v=v: profile_genai(path[v], config, prompt, folder)) for v in ready}
-    memory = {v: (lambda v=v: peak_memory("genai", path[v], True, config, device)) for v in ready}
+    make = {v: partial(GenaiGenerator, path[v], config) for v in ready}
+    profile = {v: partial(profile_genai, path[v], config, prompt, folder) for v in ready}
+    memory = {v: partial(peak_memory, "genai", path[v], True, config, device) for v in ready}
     # genai's sessions keep their threads spinning after a run (no option stops that): its
     # variants take turns by whole generations
     result = run_group(

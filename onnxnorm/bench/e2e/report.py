@@ -231,7 +231,7 @@ def _best_pair(g: dict[str, Any]) -> dict[str, float] | None:
     others = [n for n in timed if n not in g["gains"]]
     if not mine or not others:
         return None
-    return g["gains"][min(mine, key=timed.get)][min(others, key=timed.get)]
+    return g["gains"][min(mine, key=lambda n: timed[n])][min(others, key=lambda n: timed[n])]
 
 
 def write_json(

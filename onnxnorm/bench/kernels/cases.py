@@ -150,14 +150,15 @@ class Result:
         if mine is None:
             return ["no onnxnorm time"]
         name, best = self.best_ort(times)
+        ort = name.removeprefix("ort:") if name is not None else ""
         if catalogue.get(self.op).quantize != "none":
             if best is not None and self.shape in BANDWIDTH_SHAPES and best / mine < QUANT_SPEEDUP:
-                misses.append(f"{best / mine:.2f}x as fast as {name[4:]} < {QUANT_SPEEDUP}x")
+                misses.append(f"{best / mine:.2f}x as fast as {ort} < {QUANT_SPEEDUP}x")
             elif best is not None and mine > best:
-                misses.append(f"slower than {name[4:]} ({mine / best:.2f}x)")
+                misses.append(f"slower than {ort} ({mine / best:.2f}x)")
             return misses
         if best is not None and mine > best:
-            misses.append(f"slower than {name[4:]} ({mine / best:.2f}x)")
+            misses.append(f"slower than {ort} ({mine / best:.2f}x)")
         decomposed = times.get("decomposed")
         if (
             self.op in OP_SHAPES

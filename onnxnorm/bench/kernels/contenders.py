@@ -128,20 +128,20 @@ def torch_fn(op: str, decomposed: bool, attrs: dict[str, Any] | None = None) -> 
     return sandwich_rms
 
 
-class _TorchModule:
+def _torch_module(fn) -> Any:
     """A torch.nn.Module calling torch_fn (built lazily: torch is imported only when used)."""
+    import torch
 
-    def __new__(cls, fn):
-        import torch
+    class Wrapped(torch.nn.Module):
+        def forward(self, *args):
+            return fn(*args)
 
-        class Wrapped(torch.nn.Module):
-            def forward(self, *args):
-                return fn(*args)
-
-        return Wrapped()
+    return Wrapped()
 
 
-_EXPORTS: dict[tuple[str, str], Any] = {}
+#: the exported models by (op, dtype), and for the ops of OP_SHAPES by their shapes and
+#: attributes too
+_EXPORTS: dict[tuple[Any, ...], Any] = {}
 
 
 def decomposed_model(
@@ -151,6 +151,7 @@ def decomposed_model(
     ops of OP_SHAPES: for the shapes of ``arrays``, as their models export them)."""
     import torch
 
+    key: tuple[Any, ...]
     if op in OP_SHAPES:
         key = (
             op,
@@ -159,7 +160,7 @@ def decomposed_model(
             tuple(sorted((attrs or {}).items())),
         )
         if key not in _EXPORTS:
-            module = _TorchModule(torch_fn(op, decomposed=True, attrs=attrs)).eval()
+            module = _torch_module(torch_fn(op, decomposed=True, attrs=attrs)).eval()
             example = tuple(
                 torch.from_numpy(np.ones(a.shape, np.float32)).to(getattr(torch, dtype))
                 for a in arrays.values()
@@ -173,7 +174,7 @@ def decomposed_model(
     if key not in _EXPORTS:
         names = list(arrays)
         rows = {n: arrays[n].ndim == 3 for n in names}  # X and Residual; the others are weights
-        example = {
+        inputs = {
             n: torch.from_numpy(np.ones([2, 3, 8] if rows[n] else [8], np.float32)).to(
                 getattr(torch, dtype)
             )
@@ -183,10 +184,10 @@ def decomposed_model(
         dynamic = tuple(
             {0: dims[0], 1: dims[1], 2: dims[2]} if rows[n] else {0: dims[2]} for n in names
         )
-        module = _TorchModule(torch_fn(op, decomposed=True))
+        module = _torch_module(torch_fn(op, decomposed=True))
         program = torch.onnx.export(
             module,
-            tuple(example[n] for n in names),
+            tuple(inputs[n] for n in names),
             dynamo=True,
             dynamic_shapes=(dynamic,),
             input_names=names,

@@ -153,12 +153,12 @@ def bench_case(
         fns["copy:threads"] = threaded_copy(pool, threads, source, target)
 
     try:
-        medians, best = timing.interleaved(fns, repeats, min_sample, warmup)
+        medians, fastest = timing.interleaved(fns, repeats, min_sample, warmup)
     finally:
         if pool is not None:
             pool.shutdown()
     times.update(medians)
-    best = {**dict.fromkeys(times), **best}
+    best: dict[str, float | None] = {**dict.fromkeys(times), **fastest}
     for t in (times, best):
         t["copy"] = min(v for k, v in t.items() if k.startswith("copy:") and v is not None)
     keep.clear()  # the sessions and their buffers
