@@ -15,13 +15,8 @@ import torch
 from onnxnorm import ops
 from onnxnorm.ops import functions, reference
 from onnxnorm.testing.graphs import single_node_model
-from tests.support.helpers import (
-    BF16,
-    assert_close,
-    assert_float8_equal,
-    reference_outputs,
-    run,
-)
+from tests.support.helpers import assert_close, assert_float8_equal, reference_outputs, run
+from tests.support.matrix import DTYPES, TARGETS_WITHOUT_LIBRARY, torch_to_numpy
 
 SHAPE = (2, 3, 16)
 
@@ -53,9 +48,6 @@ def _attribute_cases(spec):
             {"norm_before_gate": 0, "group_size": 4, "epsilon": 1e-6},
         ]
     return cases
-
-
-DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 
 
 def _cases():
@@ -134,7 +126,7 @@ HF_STYLES = {  # module as Hugging Face writes it -> catalogue attributes reprod
 }
 
 
-TORCH_TO_NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: BF16}
+TORCH_TO_NUMPY = torch_to_numpy()
 
 
 def _numpy(tensor):
@@ -583,7 +575,7 @@ def test_float8_needs_opset_19(declared, tmp_path, capsys):
         r"quantizes to float8e4m3fn .* needs ONNX opset >= 19 .* the model imports opset "
         r"18: .*"
     )
-    for target in ("function", "ort", "onnx"):
+    for target in TARGETS_WITHOUT_LIBRARY:
         lowered, notes = lower_with_notes(_float8_node_model(18, declared=declared), target)
         assert len(notes) == 1 and re.fullmatch(note, str(notes[0])), notes
         norm = next(n for n in lowered.graph.node if n.op_type == "RMSNormQuantizeLinear")

@@ -16,6 +16,7 @@ from onnxnorm import cli, ops
 from onnxnorm.nn import decoder, families
 from onnxnorm.nn.exporter import quiet_export
 from tests.support.helpers import fuse_peak_rss
+from tests.support.matrix import TARGETS_WITHOUT_LIBRARY
 
 
 def _run(*args, cwd=None):
@@ -239,7 +240,7 @@ def _layer_norm_model(hidden=16, weights=None, checker_ok=True, unknown_op=False
 def test_verify_prints_errors_per_output(tmp_path):
     source = tmp_path / "ln.onnx"
     onnx.save(_layer_norm_model(), source)
-    for target in ("function", "ort", "onnx"):
+    for target in TARGETS_WITHOUT_LIBRARY:
         result = _run(
             "fuse",
             source,

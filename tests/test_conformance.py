@@ -23,8 +23,8 @@ from onnxnorm import runtime
 from onnxnorm.fusion import fuse
 from onnxnorm.ops import catalogue
 from tests.support import helpers
+from tests.support.matrix import TARGETS
 
-TARGETS = ("function", "fused", "ort", "onnx")
 PREFIXES = {"test_layer_normalization": "LayerNorm", "test_rms_normalization": "RMSNorm"}
 
 

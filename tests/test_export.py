@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -33,6 +32,7 @@ from onnxnorm.nn import (
 )
 from onnxnorm.nn.exporter import count_norm_nodes
 from onnxnorm.ops import reference
+from tests.support.matrix import LOWERED_TARGETS, NODE_TARGETS, TARGETS, torch_to_numpy
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +41,7 @@ def _seed():
     torch.manual_seed(0)
 
 
-NP = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16}
+NP = torch_to_numpy()
 
 
 class TwoNorms(torch.nn.Module):
@@ -100,7 +100,7 @@ def exported(tmp_path_factory):
     x = torch.randn(2, 5, 16)
     folder = tmp_path_factory.mktemp("export")
     paths = {}
-    for mode in ("function", "fused"):
+    for mode in NODE_TARGETS:
         paths[mode] = folder / f"{mode}.onnx"
         onnxnorm.export(
             model, (x,), paths[mode], mode=mode, dynamic_shapes=({0: "batch", 1: "seq"},)
@@ -108,7 +108,7 @@ def exported(tmp_path_factory):
     return model, paths
 
 
-@pytest.mark.parametrize("mode", ["function", "fused"])
+@pytest.mark.parametrize("mode", NODE_TARGETS)
 def test_export_one_node_per_module(exported, mode):
     _, paths = exported
     model = onnx.load(paths[mode])
@@ -161,7 +161,8 @@ ORT_OPS = {
     "LayerNorm": "LayerNormalization",
     "SkipLayerNorm": "SkipLayerNormalization",
 }
-MODES = [("function", 18), ("fused", 18), ("ort", 18), ("onnx", 23)]
+#: every target with the opset it is exported at: standard ONNX has RMSNormalization from 23 on
+MODES = [(mode, 23 if mode == "onnx" else 18) for mode in TARGETS]
 
 
 def _session(model: onnx.ModelProto, with_library: bool = False) -> ort.InferenceSession:
@@ -195,7 +196,7 @@ def test_decoder_one_node_per_norm_in_every_mode(decoders, mode):
     assert expected == {"RMSNorm": 2 * 2 + 1 + 1, "SkipRMSNorm": 4}
     ours = collections.Counter(n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN)
     counts = count_norm_nodes(proto)
-    if mode in ("function", "fused"):
+    if mode in NODE_TARGETS:
         assert ours == expected
         assert bool(proto.functions) == (mode == "function")
     elif mode == "ort":
@@ -462,7 +463,7 @@ HYBRID_NODES = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["function", "fused"])
+@pytest.mark.parametrize("mode", NODE_TARGETS)
 def test_gated_and_l2_norms_export_one_node_each(mode):
     model = HybridNorms()
     x, gate = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
@@ -507,7 +508,7 @@ def test_gated_and_l2_norms_parity_with_eager(dtype):
         np.testing.assert_allclose(got[0], want, rtol, atol, err_msg=f"{with_library=}")
 
 
-@pytest.mark.parametrize("mode,opset", [("ort", 18), ("onnx", 23)])
+@pytest.mark.parametrize("mode,opset", [m for m in MODES if m[0] in LOWERED_TARGETS])
 def test_gated_and_l2_norms_lowered(mode, opset):
     """Modes ort and onnx: no onnxnorm node left, the same outputs in plain ONNX Runtime."""
     model = HybridNorms()

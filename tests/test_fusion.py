@@ -18,6 +18,7 @@ from onnxscript.rewriter import pattern
 from onnxnorm.fusion import fuse, rules
 from onnxnorm.nn.exporter import quiet_export
 from onnxnorm.ops import catalogue, reference
+from tests.support.matrix import TARGETS_WITHOUT_LIBRARY
 
 # ONNX float attributes are 32-bit: only a float32-exact epsilon survives within 1e-9.
 EPS = 2.0**-20
@@ -513,7 +514,7 @@ def test_sequence_values_keep_their_type():
     assert "pieces" not in typed or typed["pieces"].HasField("sequence_type")
     x = np.random.default_rng(0).standard_normal((2, 3, 16)).astype(np.float32)
     want = reference.run("RMSNorm", x[:1], weight, epsilon=1e-6)[0]
-    for target in ("function", "ort", "onnx"):
+    for target in TARGETS_WITHOUT_LIBRARY:
         model_out = fused if target == "function" else fuse(model, target)[0]
         session = ort.InferenceSession(
             model_out.SerializeToString(), providers=["CPUExecutionProvider"]

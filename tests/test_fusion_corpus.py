@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 from models import corpus
 from onnxnorm.fusion import fuse
 from onnxnorm.fusion.verify import verify
+from tests.support.matrix import LOWERED_TARGETS
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +84,7 @@ def test_every_norm_fused_with_parity(exported, name, exporter):
     assert checks and all(c.ok for c in checks), [str(c) for c in checks]
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("target", LOWERED_TARGETS)
 @pytest.mark.parametrize("name", ["llama", "gemma2", "gpt2", "bert", "t5"])
 def test_targets_run_in_plain_onnxruntime(exported, name, target):
     model, _ = exported(name, "dynamo")

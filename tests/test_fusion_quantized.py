@@ -23,6 +23,7 @@ from onnxnorm.fusion.pipeline import fuse
 from onnxnorm.fusion.verify import generate_inputs
 from onnxnorm.ops import reference
 from onnxnorm.testing import hf
+from tests.support.matrix import NODE_TARGETS, TARGETS_WITHOUT_LIBRARY
 
 FLOAT8 = reference.FLOAT8_E4M3FN
 SOURCES = {
@@ -133,9 +134,10 @@ EXPECTED["dynamic"]["onnx"] = {("", "DynamicQuantizeLinear"): 8}
 EXPECTED["static"]["onnx"] = {("", "QuantizeLinear"): 34}
 # float8: the same graph as int8's, every quantizer to float8 e4m3fn
 EXPECTED["float8"] = EXPECTED["static"]
-#: (target, whether ORT runs the fused model with the onnxnorm library): the function target
-#: both ways (the library's kernels, and plain ORT inlining the function bodies)
-RUNS = [("function", True), ("function", False), ("fused", True), ("ort", False), ("onnx", False)]
+#: (target, whether ORT runs the fused model with the onnxnorm library): the targets that keep
+#: the nodes with it, those whose models need no library without it (so the function target
+#: both ways: the library's kernels, and plain ORT inlining the function bodies)
+RUNS = [(t, True) for t in NODE_TARGETS] + [(t, False) for t in TARGETS_WITHOUT_LIBRARY]
 
 
 def _with_outputs(model, names):

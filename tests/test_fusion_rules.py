@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxnorm.fusion import fuse
 from onnxnorm.fusion.verify import verify
+from tests.support.matrix import LOWERED_TARGETS
 
 F = TensorProto.FLOAT
 H = 16
@@ -116,7 +117,7 @@ def test_deep_norm_alpha_from_the_mul():
     node = fused.graph.node[0]
     assert list(node.input[:2]) == ["x", "r"] and _attr(node, "alpha") == 2.5
     _check(original, fused)
-    for target in ("ort", "onnx"):
+    for target in LOWERED_TARGETS:
         _check(original, fuse(original, target)[0])
 
 
@@ -219,7 +220,7 @@ def test_sandwich_of_two_rms_norms():
     assert list(fused.graph.node[0].input) == ["x", "r", "wa", "", "wb"]
     assert report.norms == 2 and report.residual_adds == 1
     _check(original, fused)
-    for target in ("ort", "onnx"):
+    for target in LOWERED_TARGETS:
         _check(original, fuse(original, target)[0])
 
 

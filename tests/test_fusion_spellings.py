@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -25,11 +24,11 @@ from onnxnorm.fusion import fuse
 from onnxnorm.fusion.standard import FOLDED, ONE_PASS
 from onnxnorm.ops import catalogue, functions, reference
 from tests.support import helpers
+from tests.support.matrix import BF16, NODE_TARGETS, TARGETS
 
 EXPANDED = "LayerNorm (ONNX LayerNormalization function body)"
 KERAS = "LayerNorm (TensorFlow/Keras: scale folded into the reciprocal)"
 LAYER, RMS = "LayerNorm (decomposed)", "RMSNorm (decomposed)"
-BF16 = np.dtype(ml_dtypes.bfloat16)
 NP = {
     T.FLOAT: np.dtype(np.float32),
     T.FLOAT16: np.dtype(np.float16),
@@ -749,7 +748,7 @@ def _mixed_model(op: str, x_type: int, bias: bool = True, opset: int = 16) -> on
 
 
 @pytest.mark.parametrize("op", ["LayerNormalization", "SimplifiedLayerNormalization"])
-@pytest.mark.parametrize("target", ["function", "fused", "ort", "onnx"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_ort_norm_with_float32_output_for_half_x_is_one_op_of_those_types(op, target):
     """ONNX Runtime's LayerNormalization / SimplifiedLayerNormalization of a float16 X with
     float32 Scale (and Bias) give a float32 Y, computed in float32 and not rounded to float16:
@@ -762,7 +761,7 @@ def test_ort_norm_with_float32_output_for_half_x_is_one_op_of_those_types(op, ta
     assert want.dtype == np.float32
     fused, report, nodes = _fused(original, target=target)
     name = "LayerNorm" if op == "LayerNormalization" else "RMSNorm"
-    if target in ("function", "fused"):
+    if target in NODE_TARGETS:
         assert _ops(fused) == [name], str(report)
         assert (_attrs(nodes[0])["cast_before_scale"], _attrs(nodes[0])["y_float32"]) == (0, 1)
         assert [f.overload for f in fused.functions] == (

@@ -11,9 +11,9 @@ from onnxnorm.fusion.lowering import lower, lower_with_notes, op_types
 from onnxnorm.ops import catalogue, reference
 from onnxnorm.targets import DEFAULT, TARGETS, help_text
 from onnxnorm.testing.graphs import single_node_model
-from tests.support.helpers import BF16, assert_close, reference_outputs, run
+from tests.support.helpers import assert_close, reference_outputs, run
+from tests.support.matrix import DTYPES, LOWERED_TARGETS, NODE_TARGETS, TARGETS_WITHOUT_LIBRARY
 
-DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 EPS = 2.0**-16
 
 # (op, present optional inputs, attributes, scale spans heads)
@@ -84,7 +84,7 @@ NORM_OPS = {
 }
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx", "function"])
+@pytest.mark.parametrize("target", TARGETS_WITHOUT_LIBRARY)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "variant",
@@ -136,6 +136,8 @@ def test_both_commands_offer_the_targets_defined_once():
     from onnxnorm.cli import parser
 
     assert list(TARGETS) == ["function", "fused", "ort", "onnx"] and DEFAULT == "function"
+    # the subsets the tests take (tests/support/matrix.py) name targets that exist
+    assert {*NODE_TARGETS, *LOWERED_TARGETS} == set(TARGETS) and "fused" in NODE_TARGETS
     for command, option in (("export", "--mode"), ("fuse", "--target")):
         sub = parser(command)._subparsers._group_actions[0].choices[command]
         action = next(a for a in sub._actions if option in a.option_strings)
@@ -155,7 +157,7 @@ def _quantized_model(op, arrays, attrs, opset):
     return single_node_model(op, arrays, attrs, opset=opset, functions=False), arrays
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("target", LOWERED_TARGETS)
 @pytest.mark.parametrize("zero_point", ZERO_POINTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", STATIC)
@@ -230,7 +232,7 @@ def _ms_exact(op, present, attrs, scale, dtype) -> bool:
     )
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx", "function"])
+@pytest.mark.parametrize("target", TARGETS_WITHOUT_LIBRARY)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "variant",

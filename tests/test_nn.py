@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -29,6 +28,7 @@ from onnxnorm.nn import (
     sandwich_norm,
 )
 from onnxnorm.ops import reference
+from tests.support.matrix import BF16, torch_to_numpy
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +37,7 @@ def _seed():
     torch.manual_seed(0)
 
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-NP = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16}
+DTYPES = list(torch_to_numpy())
 
 
 def to_np(t: torch.Tensor | None) -> np.ndarray | None:
@@ -46,7 +45,7 @@ def to_np(t: torch.Tensor | None) -> np.ndarray | None:
         return None
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        return t.float().numpy().astype(ml_dtypes.bfloat16)
+        return t.float().numpy().astype(BF16)
     return t.numpy()
 
 
@@ -76,7 +75,7 @@ def test_layernorm_is_drop_in_for_torch(affine, bias):
     # torch rounds once (order B, our default); its kernel sums in another order, so a last-bit
     # difference is possible: the reference's bfloat16 tolerance
     x16 = x.to(torch.bfloat16)
-    rtol, atol = reference.tolerance(ml_dtypes.bfloat16)
+    rtol, atol = reference.tolerance(BF16)
     torch.testing.assert_close(
         ours.to(torch.bfloat16)(x16), theirs.to(torch.bfloat16)(x16), rtol=rtol, atol=atol
     )

@@ -16,11 +16,11 @@ from onnxnorm import ops, runtime
 from onnxnorm.fusion.lowering import lower_with_notes, op_types
 from onnxnorm.ops import catalogue, functions, reference
 from onnxnorm.testing.graphs import single_node_model
-from tests.support.helpers import BF16, assert_close, reference_outputs, run
+from tests.support.helpers import assert_close, reference_outputs, run
+from tests.support.matrix import DTYPES, LOWERED_TARGETS, TARGETS_WITHOUT_LIBRARY
 
 NEWEST = onnx.defs.onnx_opset_version()
 OPSETS = sorted({7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 22, 23, NEWEST})
-DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 EPS = 2.0**-16
 SHAPE = (2, 5, 32)
 
@@ -128,7 +128,7 @@ def test_every_opset_function_and_lowered_targets_match_reference(
     onnx.checker.check_model(body, full_check=True)
     _assert_matches(body, arrays, op, attrs, dtype)  # without the library: the body inlined
 
-    for target in ("ort", "onnx"):
+    for target in LOWERED_TARGETS:
         lowered, notes = lower_with_notes(model, target)
         assert len(notes) == 1 and not any(d == ops.DOMAIN for d, _ in op_types(lowered)), notes
         assert lowered.ir_version == model.ir_version
@@ -174,7 +174,7 @@ def test_bfloat16_below_opset_13_has_no_body(rng):
     arrays = _arrays("SkipRMSNorm", ("Scale",), "bfloat16", rng)
     model = _model("SkipRMSNorm", arrays, {}, 12)
     reason = r"X is bfloat16, which ONNX casts to from opset 13 on .* imports opset 12"
-    for target in ("function", "ort", "onnx"):
+    for target in TARGETS_WITHOUT_LIBRARY:
         lowered, notes = lower_with_notes(model, target)
         _no_body(lowered, notes, "SkipRMSNorm", reason)
     assert functions.body_problem("SkipRMSNorm", 12, TensorProto.BFLOAT16)
@@ -197,7 +197,7 @@ def _quantized_arrays(op, dtype, zero_point, rng):
     return arrays
 
 
-@pytest.mark.parametrize("target", ["function", "ort", "onnx"])
+@pytest.mark.parametrize("target", TARGETS_WITHOUT_LIBRARY)
 @pytest.mark.parametrize("op", catalogue.QUANTIZED_OPS)
 @pytest.mark.parametrize("at", ["oldest", 13])
 def test_quantized_ops_at_old_opsets(op, target, at, rng):
@@ -246,7 +246,7 @@ def test_quantized_op_below_its_opset_has_no_body(op, rng):
         rf"its body ends in {quantizer}, which ONNX has from opset {opset + 1}; the model "
         rf"imports opset {opset}: convert the model to opset {opset + 1} or newer"
     )
-    for target in ("function", "ort", "onnx"):
+    for target in TARGETS_WITHOUT_LIBRARY:
         _no_body(*lower_with_notes(model, target), op, reason)
     got = run(lower_with_notes(model, "function")[0], arrays, with_library=True)
     want = reference_outputs(op, arrays)
@@ -270,10 +270,10 @@ def test_ai_onnx_opset_import_is_the_default_domain(rng):
             (ops.DOMAIN, ops.VERSION),
         ]
         onnx.checker.check_model(body, full_check=True)
-        for lowered in [body] + [lower_with_notes(model, t)[0] for t in ("ort", "onnx")]:
+        for lowered in [body] + [lower_with_notes(model, t)[0] for t in LOWERED_TARGETS]:
             assert not any(i.domain == "" for i in lowered.opset_import)
             _assert_matches(lowered, arrays, "LayerNorm", {}, "float16")
-    functions._set_opset(model, "", 18)
+    functions.set_opset(model, "", 18)
     first = model.opset_import[0]
     assert (first.domain, first.version) == ("ai.onnx", 18)
 
@@ -419,7 +419,7 @@ def test_model_without_standard_opset_import_gets_opset_15(rng):
     model.ir_version = 3
     del model.opset_import[0]
     assert functions.model_opset(model) is None
-    for target in ("function", "ort", "onnx"):
+    for target in TARGETS_WITHOUT_LIBRARY:
         lowered, _ = lower_with_notes(model, target)
         assert functions.model_opset(lowered) == functions.MIN_OPSET, target
         if target == "function":

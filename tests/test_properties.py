@@ -50,13 +50,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from onnxnorm import ops
 from onnxnorm.ops import reference
 from onnxnorm.testing.graphs import single_node_model
-from tests.support.helpers import BF16, run
-
-F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
-DTYPES = {"tensor(float)": F32, "tensor(float16)": F16, "tensor(bfloat16)": BF16}
-#: every (X type, weight type) the catalogue allows
-TYPE_PAIRS = [(DTYPES[t], DTYPES[s]) for t, s in ops.catalogue.TYPE_PAIRS]
-WEIGHTS = ("Scale", "Bias", "XBias", "InnerScale", "InnerBias")
+from tests.support.helpers import run
+from tests.support.matrix import BF16, DTYPES, F16, F32, TYPE_PAIRS, WEIGHTS
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 #: examples per op in each profile (the fuzz profile: 17,000 per op, 102,000 over the float ops);
@@ -390,7 +385,7 @@ _MANTISSA_BITS = {F32: 23, F16: 10, BF16: 7}
 #: half a unit in its last place
 _ROUNDS_TO_INF = {
     t: float(ml_dtypes.finfo(t).max) * (1 + 2.0 ** -(_MANTISSA_BITS[t] + 2))
-    for t in (F32, F16, BF16)
+    for t in DTYPES.values()
 }
 
 
@@ -652,7 +647,7 @@ def test_rows_narrower_than_8_of_large_constant_values(op):
     first 8 values, and for rows narrower than 8 it summed the lanes past the row too. A
     Sandwich's lanes there hold the inner norm of 0, which for X = 1000 in float16 overflowed to
     Inf: every row came out NaN."""
-    for x_type in (F32, F16, BF16):
+    for x_type in DTYPES.values():
         for cols in range(1, 10):
             call = Call(
                 op=op,

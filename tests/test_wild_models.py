@@ -21,8 +21,8 @@ from onnxnorm.fusion import fuse
 from onnxnorm.fusion.pipeline import OutputDoesNotLoad
 from onnxnorm.fusion.verify import load_problem, verify
 from onnxnorm.ops import catalogue
+from tests.support.matrix import NODE_TARGETS, TARGETS, TARGETS_WITHOUT_LIBRARY
 
-TARGETS = ("function", "fused", "ort", "onnx")
 CORPUS = {w.name: w for w in wild.corpus()}
 SLOPPY = {s.name: s for s in wild.sloppy()}
 
@@ -55,7 +55,7 @@ def test_corpus_fuses_for_every_target(name, target):
     _loads(original, with_library=False)  # the premise: ONNX Runtime runs it
     fused, report = fuse(original, target)
     assert report.norms == sum(entry.expect.values()), str(report)
-    if target in ("function", "fused"):
+    if target in NODE_TARGETS:
         assert _onnxnorm_ops(fused) == entry.expect, str(report)
         assert not [n for n in fused.graph.node if n.op_type in ("ReduceMean", "Sqrt")], (
             "a norm was left decomposed"
@@ -112,7 +112,7 @@ def test_sloppy_models_are_mended_and_say_so(tmp_path, capsys, name):
     fused = onnx.load(out)
     assert _onnxnorm_ops(fused) == entry.expect, printed
     _loads(fused, with_library=True)
-    for target in ("function", "ort", "onnx"):
+    for target in TARGETS_WITHOUT_LIBRARY:
         lowered, report = fuse(original, target)
         assert entry.report in str(report)
         _check_parity(original, lowered, with_library=target != "onnx")
@@ -206,7 +206,7 @@ def test_the_comparison_times_the_fuse_command_as_a_user_runs_it(tmp_path):
     assert _onnxnorm_ops(onnx.load(out)) == CORPUS["bert_opset13"].expect
 
 
-@pytest.mark.parametrize("target", ["function", "ort", "onnx"])
+@pytest.mark.parametrize("target", TARGETS_WITHOUT_LIBRARY)
 def test_an_opset_below_7_keeps_the_node_without_a_body_and_says_why(target):
     """Below opset 7 (Add and Mul broadcast from 7 on) no body is written, on any target: the
     node stays an onnxnorm node, and the report names the opset to convert to."""

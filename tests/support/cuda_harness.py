@@ -45,7 +45,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +53,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 from onnxnorm import _native  # noqa: E402
 from onnxnorm.ops import catalogue, reference  # noqa: E402
+from tests.support.matrix import DTYPES, F8  # noqa: E402
 
 CUDA_DIR = ROOT / "custom_ops" / "cuda"
 
@@ -173,7 +173,7 @@ def cases(quick: bool = False) -> list[Case]:
             out.append(Case(op, dt, wt, (3, 512), all_in, dict(attrs), unaligned=True, y_dtype=yt))
             if spec.has_residual:
                 out.append(Case(op, dt, wt, (4, 256), all_in, dict(attrs), with_sum=False))
-        for dt in ("float32", "float16", "bfloat16"):
+        for dt in DTYPES:
             out.append(Case(op, dt, dt, (2, 31), spec.optional_inputs, {}, kind="nan"))
         for (dt, wt, yt), order in itertools.product(type_sets, (0, 1)):
             if yt != dt:  # NaN and infinities through a float32 Y, in both orders
@@ -278,7 +278,7 @@ def l2_cases(quick: bool = False) -> list[Case]:
             ((1, 40000), -1),
         ]
     out: list[Case] = []
-    for dt in ("float32", "float16", "bfloat16"):
+    for dt in DTYPES:
         for i, (shape, axis) in enumerate(shapes):
             epsilon = 1e-6 if i % 2 else 1e-5  # (FLA's and the default)
             out.append(Case("L2Norm", dt, dt, shape, (), {"epsilon": epsilon}, axis=axis))
@@ -348,15 +348,11 @@ def quant_cases(quick: bool = False) -> list[QuantCase]:
     return out
 
 
-_NP_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-F8 = reference.FLOAT8_E4M3FN
-
-
 def _torch_type(name: str):
-    """torch's type of a float type of _NP_TYPES."""
+    """torch's type of a type of DTYPES (torch names them alike)."""
     import torch
 
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+    return getattr(torch, name)
 
 
 def _directed_values(
@@ -365,7 +361,7 @@ def _directed_values(
     """count values of dtype in [lo, hi] whose quantization by ``scale`` tells a correct quantizer
     from a near miss: v / scale a tie (x.5: round half to even), or within a rounding of one
     (v * (1 / scale), which differs from the division, rounds to another whole number)."""
-    t = _NP_TYPES[dtype]
+    t = DTYPES[dtype]
     if dtype == "float32":
         pool = rng.uniform(lo, hi, 1 << 20).astype(np.float32)
     else:  # every value of the 16-bit type in the range
@@ -402,7 +398,7 @@ def _directed_float8_values(
     """count values of dtype whose float8 quantization by ``scale`` tells a correct quantizer from
     a near miss: v / scale a tie between two float8 values (round half to even, subnormals
     included), beyond 448 (saturation), or where v * (1 / scale) converts otherwise."""
-    t = _NP_TYPES[dtype]
+    t = DTYPES[dtype]
     s = np.float32(scale)
     if dtype == "float32":  # every binade from 2^-12 to 2^10 of the quotient, and its ties
         binades = np.exp2(rng.integers(-12, 10, 1 << 16))
@@ -433,8 +429,7 @@ def _directed_float8_values(
 
 def _make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
     spec = catalogue.get(case.op)
-    npt = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-    t, w = np.dtype(npt[case.dtype]), np.dtype(npt[case.weight_dtype])
+    t, w = DTYPES[case.dtype], DTYPES[case.weight_dtype]
     ax = case.axis % len(case.shape)
     wshape = case.weight_shape or case.shape[ax:]
     arrays: dict[str, np.ndarray] = {}
@@ -557,7 +552,7 @@ def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> 
         # Scale 0 and Bias v: Y = v exactly, chosen to catch a quantizer that rounds or divides
         # otherwise (and saturation, NaN, infinities for the static ops)
         cols = case.shape[-1]
-        w = _NP_TYPES[case.weight_dtype]
+        w = DTYPES[case.weight_dtype]
         if dynamic:
             lo, hi = -1.0, 2.75
             step = (np.float32(hi) - np.float32(lo)) / np.float32(255)
@@ -568,7 +563,7 @@ def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> 
             scales = [0.1, 0.125, 0.03, 0.007]
             if case.q_dtype == "float8e4m3fn":  # float8's ties are k * scale of few bits: exact
                 scales = [0.125, 0.375, 0.078125, 0.03]  # in a 16-bit X for the first three
-            scale = np.asarray(rng.choice(scales), _NP_TYPES[case.dtype]).reshape(())
+            scale = np.asarray(rng.choice(scales), DTYPES[case.dtype]).reshape(())
             if case.q_dtype == "float8e4m3fn":
                 values = _directed_float8_values(case.dtype, float(scale), cols, rng)
             else:
@@ -615,7 +610,7 @@ def run_quant_case(kernels: _native.Kernels, case: QuantCase, seed: int = 0) -> 
         quant.scratch = scratch.data_ptr()
     else:
         if scale is None:
-            scale = np.asarray(rng.uniform(0.004, 0.05), dtype=_NP_TYPES[case.dtype]).reshape(())
+            scale = np.asarray(rng.uniform(0.004, 0.05), dtype=DTYPES[case.dtype]).reshape(())
         if npq == F8:  # any value: the float8 zero point's value is not used
             zero_point = np.asarray(rng.choice([0.0, 1.0, -3.5, 448.0]), np.float32).astype(npq)
         else:
@@ -693,7 +688,7 @@ def check_bad_arguments(kernels: _native.Kernels) -> list[str]:
 
     x = torch.zeros(4, 64, device="cuda")
     y = torch.empty_like(x)
-    f32, f16, bf16 = (_native.ELEM_TYPES[t] for t in ("float32", "float16", "bfloat16"))
+    f32, f16, bf16 = (_native.ELEM_TYPES[t] for t in DTYPES)
     problems = []
     bad = [
         ("RMSNorm", dict(epsilon=-1.0), "epsilon"),
