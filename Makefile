@@ -79,9 +79,9 @@ demo: $(VENV)/.installed
 # Lint (docs/development.md): ruff's rules and ruff format over the Python, clang-format
 # (.clang-format) over the C++ and CUDA of custom_ops/, the layout test (tests/test_layout.py:
 # no import circle, no private name across modules, no arrow up from the pass or into the
-# tooling) and shellcheck over the shell scripts; each only checks here. `lint-quick` runs the
-# same checks from a small environment of the locked lint tools alone (.venv-lint, seconds to
-# make): CI's first stage, before the set-up and the build.
+# tooling, no test file importing another) and shellcheck over the shell scripts; each only
+# checks here. `lint-quick` runs the same checks from a small environment of the locked lint
+# tools alone (.venv-lint, seconds to make): CI's first stage, before the set-up and the build.
 LINT_BIN ?= $(VENV)/bin
 CXX_SOURCES = $(shell find custom_ops -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 SHELL_SCRIPTS = .ci/run $(wildcard tools/*.sh)

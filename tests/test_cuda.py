@@ -14,7 +14,6 @@ never loaded into the test process on a machine without a GPU.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -28,32 +27,20 @@ import pytest
 from onnxnorm import OnnxNormError, _native, ops, runtime
 from onnxnorm.testing.graphs import single_node_model
 from tests.support import cuda_harness
+from tests.support.build import package_build_with_tests
+from tests.support.gpu import (
+    cuda_library,
+    gpu,
+    needs_gpu,
+    needs_ort_cuda,
+    run_on_cuda_provider,
+)
+from tests.support.matrix import DTYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_DIR = ROOT / "custom_ops" / "cuda"
 NVCC = shutil.which("nvcc") or (
     "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None
-)
-
-
-def _cuda_library() -> Path | None:
-    try:
-        return runtime.library_path("cuda")
-    except OnnxNormError:
-        return None
-
-
-def _gpu() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-needs_gpu = pytest.mark.skipif(
-    not (_gpu() and _cuda_library() is not None),
-    reason="needs a CUDA GPU visible to torch and the built CUDA library",
 )
 
 
@@ -69,7 +56,7 @@ def test_cuda_library_built_when_nvcc_present():
         if NVCC and os.environ.get("ONNXNORM_CUDA", "AUTO").upper() == "AUTO":
             pytest.fail("nvcc is on this machine but the installed build has no CUDA library")
         pytest.skip("the installed build was made without CUDA")
-    path = _cuda_library()
+    path = cuda_library()
     assert path is not None and path.is_file() and path.parent == runtime.library_path().parent
     if not shutil.which("readelf"):
         pytest.skip("no readelf to inspect the library")
@@ -178,7 +165,7 @@ def test_importing_onnxnorm_and_running_cpu_ops_loads_no_cuda(providers):
 
 
 def test_runtime_cuda_helpers_without_loading():
-    path = _cuda_library()
+    path = cuda_library()
     if path is None:
         with pytest.raises(OnnxNormError, match="CUDA library is not built"):
             runtime.library_path("cuda")
@@ -230,9 +217,7 @@ def _build_cpu_library_with_cuda_rows_on_cpu(folder: Path) -> Path:
     headers = _ort_headers()
     if headers is None:
         pytest.skip("no ONNX Runtime headers")
-    from test_kernels import _package_build_with_tests
-
-    package_build = _package_build_with_tests(ROOT)
+    package_build = package_build_with_tests(ROOT)
     kernels = (
         sorted(package_build.glob("CMakeFiles/onnxnorm_cpu_kernels.dir/**/*.o"))
         if package_build
@@ -272,9 +257,10 @@ import sys
 import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, ".")  # the checkout (the test runs this in it): tests.support
-from tests.support.helpers import BF16, F8, F8_ZERO_POINT, assert_float8_equal, run
-from onnxnorm import _native, ops, runtime
-from onnxnorm.testing.graphs import single_node_model
+from tests.support.helpers import F8_ZERO_POINT, assert_float8_equal, run
+from tests.support.matrix import F8
+from onnxnorm import ops, runtime
+from onnxnorm.testing.graphs import numpy_type, single_node_model
 
 mode = sys.argv[1]
 arrays = {"X": np.ones((2, 16), np.float32)}
@@ -287,7 +273,6 @@ if mode != "runs":
     sys.exit(0)
 
 rng = np.random.default_rng(0)
-types = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 checked = mixed = 0
 for op, spec in ops.catalogue.FLOAT_OPS.items():
     if spec.gated or spec.norm == "l2":  # (below)
@@ -295,7 +280,7 @@ for op, spec in ops.catalogue.FLOAT_OPS.items():
     # every (T, S, U) row: U (Y's type) float32 for a 16-bit X with float32 weights is the mixed
     # form of the ops whose Y is of type U
     for type_set in spec.type_sets:
-        t, s, u = (types[_native.elem_type_name(v)] for v in type_set)
+        t, s, u = map(numpy_type, type_set)
         # a 16-bit X in order A; the mixed form in both orders (B: Y rounded once, to float32)
         orders = (1, 0) if u != t else (int(t != np.float32),)
         # per-head weights [4, 64] for X [2, 3, 4, 64]: the register kernels; width 40: the
@@ -328,7 +313,7 @@ gated = 0
 for type_set, gate, (shape, group, wshape) in itertools.product(
         ops.catalogue.get("GatedRMSNorm").type_sets, [None, (0, 1), (1, 1), (0, 0), (1, 0)],
         [((2, 3, 256), 64, (64,)), ((3, 40), 10, (40,))]):
-    t, s = (types[_native.elem_type_name(v)] for v in type_set[:2])
+    t, s = map(numpy_type, type_set[:2])
     arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t),
               "Scale": (1 + 0.3 * rng.standard_normal(wshape)).astype(s)}
     attrs = {"cast_before_scale": int(t != np.float32), "scale_offset": 0.5, "group_size": group}
@@ -348,7 +333,7 @@ l2 = 0
 for type_set, (shape, axis) in itertools.product(
         ops.catalogue.get("L2Norm").type_sets, [((2, 3, 4, 64), -1), ((3, 41), -1),
                                                 ((2, 4, 50), -2)]):
-    t = types[_native.elem_type_name(type_set[0])]
+    t = numpy_type(type_set[0])
     arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
     attrs = {"axis": axis, "epsilon": 1e-6}
     got = run(single_node_model("L2Norm", arrays, attrs, functions=False), arrays,
@@ -368,7 +353,7 @@ for op, spec in ops.catalogue.QUANTIZED_OPS.items():
     zero_points = [None] if spec.quantize == "dynamic" else [
         None, np.uint8(131), np.int8(-7), F8_ZERO_POINT]
     for (t, s, _), zp in itertools.product(spec.type_sets, zero_points):
-        t, s = types[_native.elem_type_name(t)], types[_native.elem_type_name(s)]
+        t, s = numpy_type(t), numpy_type(s)
         for shape, wshape in (((2, 3, 4, 64), (4, 64)), ((3, 40), (40,))):
             arrays = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(t)}
             if base.has_residual:
@@ -579,7 +564,7 @@ def test_bench_cuda_is_a_command_and_a_module(capsys):
     assert "--reps" in result.stdout
     assert cli.main(["bench", "cuda", "--reps", "0"]) == 1
     assert capsys.readouterr().err == "onnxnorm: error: --reps must be at least 1\n"
-    if not _gpu():
+    if not gpu():
         assert cli.main(["bench", "cuda", "--reps", "1"]) == 1
         assert capsys.readouterr().err == (
             "onnxnorm: error: onnxnorm bench cuda: torch sees no CUDA device\n"
@@ -640,7 +625,7 @@ def test_bench_cuda_rows_count_every_byte_the_kernel_moves(monkeypatch):
 def kernels():
     from onnxnorm import _native
 
-    return _native.Kernels(_cuda_library())
+    return _native.Kernels(cuda_library())
 
 
 @needs_gpu
@@ -694,20 +679,6 @@ def test_cuda_empty_input_launches_nothing(kernels):
     assert kernels.run("LayerNorm", {"X": x})[0].shape == (0, 64)
 
 
-def _ort_cuda():
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return False
-    return "CUDAExecutionProvider" in ort.get_available_providers()
-
-
-needs_ort_cuda = pytest.mark.skipif(
-    not (_gpu() and _cuda_library() is not None and _ort_cuda()),
-    reason="needs onnxruntime-gpu with the CUDA execution provider",
-)
-
-
 def _cuda_provider_inputs(spec, t, s=None):
     """Random X (and Residual) of shape (3, 5, 256) and weights near 1 of type s (default X's
     type) for spec."""
@@ -718,40 +689,6 @@ def _cuda_provider_inputs(spec, t, s=None):
     for name in spec.optional_inputs:
         arrays[name] = (1 + 0.1 * rng.standard_normal(256)).astype(t if s is None else s)
     return arrays
-
-
-def _run_on_cuda_provider(op, arrays, attrs=None):
-    """A one-node model of op run on ORT's CUDA provider with the onnxnorm library; its outputs,
-    after checking from ORT's profile that the node ran on the CUDA provider."""
-    import onnxruntime as ort
-
-    from tests.support.helpers import run_session
-
-    model = single_node_model(op, arrays, attrs, functions=False)
-    options = ort.SessionOptions()
-    options.enable_profiling = True
-    with tempfile.TemporaryDirectory() as folder:
-        options.profile_file_prefix = os.path.join(folder, "p")
-        sess = runtime.session(model, options, providers=runtime.CUDA_PROVIDERS)
-        got = run_session(sess, arrays)
-        with open(sess.end_profiling()) as f:
-            events = json.load(f)
-    providers = {
-        e["args"].get("provider")
-        for e in events
-        if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == op
-    }
-    assert providers == {"CUDAExecutionProvider"}, providers
-    return got
-
-
-_DTYPES = ["float32", "float16", "bfloat16"]
-
-
-def _dtype(name):
-    import ml_dtypes
-
-    return {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[name]
 
 
 def _float_on_cuda_cases():
@@ -774,12 +711,12 @@ def _float_on_cuda_cases():
 @pytest.mark.parametrize("op, dtype, weight_dtype, y_dtype, order", _float_on_cuda_cases())
 def test_ort_custom_ops_on_cuda_provider(op, dtype, weight_dtype, y_dtype, order):
     spec = ops.OPS[op]
-    t = _dtype(dtype)
-    arrays = _cuda_provider_inputs(spec, t, _dtype(weight_dtype))
+    t = DTYPES[dtype]
+    arrays = _cuda_provider_inputs(spec, t, DTYPES[weight_dtype])
     attrs = {} if order is None else {"cast_before_scale": order}
     if y_dtype != dtype:
         attrs["y_float32"] = 1  # the mixed form: Y float32
-    got = _run_on_cuda_provider(op, arrays, attrs)
+    got = run_on_cuda_provider(op, arrays, attrs)
     want = ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs)
     # the mixed form in order B: one rounding, to float32; else X's type's tolerance
     rtol, atol = ops.reference.tolerance(np.float32 if y_dtype != dtype and not order else t)
@@ -819,11 +756,11 @@ def test_ort_gated_and_l2_norms_on_cuda_provider(op, dtype, weight_dtype, order,
     """GatedRMSNorm on the CUDA provider in Qwen3-Next's groups (X [3, 5, 512]: 4 heads of 128
     with one head's Scale) and Mamba2's (X [3, 4096]: 8 groups, a Scale of the whole extent);
     L2Norm over per-head rows [3, 5, 4, 128]; each against the reference."""
-    t = _dtype(dtype)
+    t = DTYPES[dtype]
     rng = np.random.default_rng(0)
     if op == "L2Norm":
         arrays = {"X": rng.standard_normal((3, 5, 4, 128)).astype(t)}
-        got = _run_on_cuda_provider(op, arrays, {"epsilon": 1e-6})
+        got = run_on_cuda_provider(op, arrays, {"epsilon": 1e-6})
         want = ops.reference.run(op, arrays["X"], epsilon=1e-6)
         np.testing.assert_allclose(
             np.asarray(got[0], np.float32), want[0].astype(np.float32), *ops.reference.tolerance(t)
@@ -832,13 +769,13 @@ def test_ort_gated_and_l2_norms_on_cuda_provider(op, dtype, weight_dtype, order,
     for shape, group, wshape in [((3, 5, 512), 128, (128,)), ((3, 4096), 512, (4096,))]:
         arrays = {
             "X": rng.standard_normal(shape).astype(t),
-            "Scale": (1 + 0.1 * rng.standard_normal(wshape)).astype(_dtype(weight_dtype)),
+            "Scale": (1 + 0.1 * rng.standard_normal(wshape)).astype(DTYPES[weight_dtype]),
         }
         attrs = {"cast_before_scale": order, "group_size": group}
         if gate is not None:
             arrays["Gate"] = (2 * rng.standard_normal(shape)).astype(t)
             attrs.update(activation=gate[0], norm_before_gate=gate[1])
-        got = _run_on_cuda_provider(op, arrays, attrs)
+        got = run_on_cuda_provider(op, arrays, attrs)
         want = ops.reference.run(op, arrays["X"], arrays["Scale"], arrays.get("Gate"), **attrs)
         np.testing.assert_allclose(
             np.asarray(got[0], np.float32), want[0].astype(np.float32), *ops.reference.tolerance(t)
@@ -864,17 +801,18 @@ def _quantized_on_cuda_cases():
 
 @needs_ort_cuda
 @pytest.mark.parametrize("op, q", _quantized_on_cuda_cases())
-@pytest.mark.parametrize("dtype", _DTYPES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
 def test_ort_quantized_ops_on_cuda_provider(op, q, dtype):
     """A quantized op runs on the CUDA provider (its Y_scale, Y_zero_point inputs and outputs in
     device memory; the dynamic op's scratch from ORT's allocator), its Y exactly the reference
     quantizer's of its Y_float (float8 e4m3fn: the same bits, any NaN where the reference's is),
     and Y_float the float op's Y on the same provider bit for bit."""
-    from tests.support.helpers import F8, F8_ZERO_POINT, assert_float8_equal
+    from tests.support.helpers import F8_ZERO_POINT, assert_float8_equal
+    from tests.support.matrix import F8
 
     spec = ops.OPS[op]
     base = ops.OPS[spec.base]
-    t = _dtype(dtype)
+    t = DTYPES[dtype]
     arrays = _cuda_provider_inputs(base, t)
     quant = {}
     if spec.quantize == "static":
@@ -884,8 +822,8 @@ def test_ort_quantized_ops_on_cuda_provider(op, q, dtype):
             "Y_zero_point": zero_point,
         }
 
-    want_float = _run_on_cuda_provider(spec.base, arrays)
-    got = dict(zip([p.name for p in spec.outputs], _run_on_cuda_provider(op, {**arrays, **quant})))
+    want_float = run_on_cuda_provider(spec.base, arrays)
+    got = dict(zip([p.name for p in spec.outputs], run_on_cuda_provider(op, {**arrays, **quant})))
     assert np.asarray(got["Y_float"]).tobytes() == np.asarray(want_float[0]).tobytes()
     if base.has_residual:
         assert np.asarray(got["Sum"]).tobytes() == np.asarray(want_float[1]).tobytes()

@@ -6,9 +6,9 @@ float16 norm whose activations exceed 256, where the decomposed norm as exported
 onnxnorm's fused op does not.
 
 The GPU tests need onnxruntime-gpu with the CUDA provider, a GPU visible to torch and the built
-CUDA library (test_cuda.needs_ort_cuda). Each has a twin that runs the same helpers on the CPU
-provider, so that the GPU tests' code is exercised on every machine. Run on a GPU machine with
-``-rA`` (or ``-s``) to see what they print: where ORT placed the body's nodes, and what the
+CUDA library (tests.support.gpu.needs_ort_cuda). Each has a twin that runs the same helpers on
+the CPU provider, so that the GPU tests' code is exercised on every machine. Run on a GPU machine
+with ``-rA`` (or ``-s``) to see what they print: where ORT placed the body's nodes, and what the
 decomposed float16 norm returns on each provider.
 """
 
@@ -25,11 +25,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from test_cuda import _run_on_cuda_provider, needs_ort_cuda
 
 from onnxnorm import OnnxNormError, ops, runtime
-from onnxnorm.testing.graphs import single_node_model
-from tests.support.helpers import BF16, run_session
+from onnxnorm.testing.graphs import numpy_type, single_node_model
+from tests.support.gpu import needs_ort_cuda, run_on_cuda_provider
+from tests.support.helpers import run_session
+from tests.support.matrix import BF16
 
 CUDA = runtime.CUDA_PROVIDER
 CPU = "CPUExecutionProvider"
@@ -149,9 +150,6 @@ def _hidden_states(shape, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float16)
 
 
-_NP_TYPES = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
-
-
 def _bound_runs(sess, feeds: list[np.ndarray], device: str) -> list[list[np.ndarray]]:
     """Runs ``sess`` (one input) once per array of ``feeds`` through one IOBinding whose input
     and outputs are buffers on ``device`` ("cuda" or "cpu") allocated once: each array is
@@ -162,7 +160,7 @@ def _bound_runs(sess, feeds: list[np.ndarray], device: str) -> list[list[np.ndar
     (name,) = [i.name for i in sess.get_inputs()]
     x = ort.OrtValue.ortvalue_from_numpy(feeds[0], device, 0)
     outputs = [
-        ort.OrtValue.ortvalue_from_shape_and_type(o.shape, _NP_TYPES[o.type], device, 0)
+        ort.OrtValue.ortvalue_from_shape_and_type(o.shape, numpy_type(o.type), device, 0)
         for o in sess.get_outputs()
     ]
     binding = sess.io_binding()
@@ -500,7 +498,7 @@ def test_float16_activations_over_256(norm, tmp_path):
     ]
     op = _fused_op(norm)
     arrays = {"X": x, "Scale": scale}
-    fused = _run_on_cuda_provider(op, arrays, _FUSED_ATTRS)[0]
+    fused = run_on_cuda_provider(op, arrays, _FUSED_ATTRS)[0]
     lines.append(f"onnxnorm {op} (library) on CUDA: {_verdict(fused, want)}")
     body_model = single_node_model(op, arrays, _FUSED_ATTRS)
     body = runtime.session(body_model, providers=runtime.CUDA_PROVIDERS, with_library=False)

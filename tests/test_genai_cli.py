@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from test_package import _cli, _one_line
+from tests.support.processes import assert_one_line, run_cli
 
 
 def test_help_needs_neither_torch_nor_genai():
-    result = _cli("genai", "--help", hidden=("torch", "transformers", "onnxruntime_genai"))
+    result = run_cli("genai", "--help", hidden=("torch", "transformers", "onnxruntime_genai"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: onnxnorm genai") and "--overwrite" in result.stdout
 
@@ -23,10 +23,10 @@ def test_verify_without_genai_is_one_line(tmp_path):
     (folder / "genai_config.json").write_text(
         json.dumps({"model": {"decoder": {"filename": "model.onnx"}}})
     )
-    result = _cli(
+    result = run_cli(
         "genai", str(folder), "-o", str(tmp_path / "out"), "--verify", hidden=("onnxruntime_genai",)
     )
-    _one_line(
+    assert_one_line(
         result, "onnxnorm genai --verify needs onnxruntime_genai", "pip install 'onnxnorm[genai]'"
     )
     assert not (tmp_path / "out").exists()
@@ -57,7 +57,7 @@ def test_bad_folders_are_one_line(tmp_path, case, message):
         }[case]
         if config is not None:
             (folder / "genai_config.json").write_text(config)
-    result = _cli("genai", str(folder), "-o", str(tmp_path / "out"), hidden=("torch",))
-    _one_line(result, message)
+    result = run_cli("genai", str(folder), "-o", str(tmp_path / "out"), hidden=("torch",))
+    assert_one_line(result, message)
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == (["in"] if case != "missing" else [])

@@ -28,6 +28,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.support.versions import (
+    MINIMUM_VERSIONS_CHECK,
+    minimum_versions,
+    normalized,
+    same_version,
+)
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,13 +104,11 @@ def _venv(path: Path) -> Path:
 def _constraints(path: Path, leave_out: Iterable[str] = ()) -> Path:
     """The lock as a constraints file at ``path``, without the packages ``leave_out`` names
     (normalized: a test that pins them itself)."""
-    from test_versions import _normalized
-
-    out = {_normalized(name) for name in leave_out}
+    out = {normalized(name) for name in leave_out}
     lines = [
         line
         for line in LOCK.read_text().splitlines()
-        if line and not line.startswith("#") and _normalized(line.split("==")[0]) not in out
+        if line and not line.startswith("#") and normalized(line.split("==")[0]) not in out
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -278,12 +283,10 @@ def test_every_command_outside_the_checkout(wheel, tmp_path):
 
 def test_minimum_versions_work(wheel, tmp_path):
     """This wheel in an environment with exactly the declared minimum versions
-    (tests/test_versions.py reads them from pyproject.toml); then the same environment with the
-    first onnxruntime in which the library turns its output shape inference on (see that
-    module's docstring) in place of the minimum one: the fusion command, every target, its
-    --verify and the kernels work with both."""
-    from test_versions import CHECK, _normalized, _same_version, minimum_versions
-
+    (tests/support/versions.py reads them from pyproject.toml); then the same environment with
+    the first onnxruntime in which the library turns its output shape inference on (see
+    tests/test_versions.py's docstring) in place of the minimum one: the fusion command, every
+    target, its --verify and the kernels work with both."""
     bounds = minimum_versions()
     # the cpu extra's ONNX Runtime: onnxruntime-gpu is the same runtime, and needs a GPU
     pins = [
@@ -294,7 +297,7 @@ def test_minimum_versions_work(wheel, tmp_path):
     python = _venv(tmp_path / "venv")
     work = tmp_path / "work"  # not the checkout: the installed package, not the tree's
     work.mkdir()
-    (work / "check.py").write_text(CHECK)
+    (work / "check.py").write_text(MINIMUM_VERSIONS_CHECK)
     # the wheel with its own requirements and the pins together: pip refuses the pins if a
     # declared bound cannot be installed beside the others; what they pull in, from the lock
     locked = _constraints(tmp_path / "constraints.txt", bounds)
@@ -306,9 +309,9 @@ def test_minimum_versions_work(wheel, tmp_path):
             )
             bounds["onnxruntime"] = runtime
         _sh(python, "-m", "pip", "check")
-        installed = {_normalized(name): version for name, version in _installed(python).items()}
+        installed = {normalized(name): version for name, version in _installed(python).items()}
         for name, version in bounds.items():
             if name != "onnxruntime-gpu":
-                assert _same_version(installed[name], version), (name, installed[name], version)
+                assert same_version(installed[name], version), (name, installed[name], version)
         result = _sh(python, "check.py", cwd=work, timeout=300)
         assert result.stdout.rstrip().endswith("CHECK OK"), (runtime, result.stdout)

@@ -8,7 +8,6 @@ them without ONNX Runtime."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,106 +19,18 @@ import pytest
 
 from onnxnorm import ops
 from onnxnorm._native import active_isa
-from onnxnorm.testing.graphs import single_node_model
-from tests.support.helpers import BF16, run
-
-F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
-TYPE_PAIRS = [(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)]
-TYPE_IDS = ["f32", "f16", "f16-w32", "bf16", "bf16-w32"]
-WEIGHTS = ("Scale", "Bias", "XBias", "InnerScale", "InnerBias")
-#: the optional inputs: the weights and GatedRMSNorm's Gate (of X's shape and type)
-INPUTS = (*WEIGHTS, "Gate")
-
-# Each case: which optional inputs are present, the attributes, whether Sum is an output, the
-# shape of X and of the weights. Together they cover every optional input present and absent,
-# axis -1 / -2, alpha 1 / not 1, scale_offset 0 / 1, both rounding orders, Sum present / absent,
-# per-head weights and widths that are not a multiple of the vector width; and GatedRMSNorm's
-# Gate present and absent, after and before the norm, both activations, groups (a Scale of the
-# whole normalized extent) and none. An op takes the inputs and attributes it has.
-CASES = {
-    "all-inputs": (INPUTS, {}, True, (2, 3, 37), (37,)),
-    "no-inputs-order-a": ((), {"cast_before_scale": 1}, False, (2, 3, 37), (37,)),
-    "all-order-a-offset-alpha-axis2": (
-        INPUTS,
-        {
-            "cast_before_scale": 1,
-            "scale_offset": 1.0,
-            "alpha": 0.5,
-            "axis": -2,
-            "epsilon": 1e-3,
-            "group_size": 24,
-            "norm_before_gate": 0,
-        },
-        True,
-        (2, 5, 24),
-        (5, 24),
-    ),
-    "scales-offset-alpha": (
-        ("Scale", "InnerScale", "Gate"),
-        {"scale_offset": 1.0, "alpha": 2.0, "activation": 1},
-        False,
-        (3, 4, 64),
-        (4, 64),
-    ),
-    "biases-order-a": (
-        ("Bias", "XBias", "InnerBias"),
-        {"cast_before_scale": 1},
-        True,
-        (4, 1, 130),
-        (130,),
-    ),
-    "scale-bias-order-a-axis2": (
-        ("Scale", "Bias", "Gate"),
-        {"cast_before_scale": 1, "axis": -2, "norm_before_gate": 0, "activation": 1},
-        False,
-        (3, 2, 17),
-        (2, 17),
-    ),
-}
-
-
-def _arrays(op, x_type, w_type, present, x_shape, w_shape, rng, mean=0.0):
-    spec = ops.OPS[op]
-    names = {p.name for p in spec.inputs}
-    arrays = {"X": (mean + rng.standard_normal(x_shape)).astype(x_type)}
-    if "Residual" in names:
-        arrays["Residual"] = rng.standard_normal(x_shape).astype(x_type)
-    for name in WEIGHTS:
-        if name in names and name in present:
-            base = 1.0 if "Scale" in name else 0.0
-            arrays[name] = (base + 0.3 * rng.standard_normal(w_shape)).astype(w_type)
-    if "Gate" in names and "Gate" in present:
-        arrays["Gate"] = (2.0 * rng.standard_normal(x_shape)).astype(x_type)
-    return arrays
-
-
-def _attrs(op, attrs):
-    allowed = {a.name for a in ops.OPS[op].attributes}
-    return {k: v for k, v in attrs.items() if k in allowed}
-
-
-def _run_kernel(op, arrays, attrs=None, threads=1, with_sum=True):
-    model = single_node_model(op, arrays, attrs, functions=False, optional_outputs=with_sum)
-    return run(model, arrays, with_library=True, threads=threads)
-
-
-def _reference(op, arrays, attrs=None):
-    spec = ops.OPS[op]
-    with np.errstate(invalid="ignore"):  # (GatedRMSNorm's SiLU of -Inf: -Inf * 0)
-        return ops.reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **(attrs or {}))
-
-
-def _check(op, arrays, attrs=None, threads=1, with_sum=True):
-    got = _run_kernel(op, arrays, attrs, threads, with_sum)
-    want = _reference(op, arrays, attrs)
-    if not with_sum:
-        want = want[:1]
-    assert len(got) == len(want)
-    dtype = arrays["X"].dtype
-    rtol, atol = ops.reference.tolerance(dtype)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape
-        np.testing.assert_allclose(np.asarray(g, np.float32), w.astype(np.float32), rtol, atol)
+from tests.support.bench import BENCH_SHAPE, bench_arrays
+from tests.support.build import package_build_with_tests, tool
+from tests.support.helpers import reference_outputs
+from tests.support.kernel_cases import (
+    CASES,
+    INPUTS,
+    check_kernel,
+    make_arrays,
+    op_attrs,
+    run_kernel,
+)
+from tests.support.matrix import BF16, DTYPES, F16, F32, TYPE_IDS, TYPE_PAIRS, WEIGHTS, type_id
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -127,16 +38,16 @@ def _check(op, arrays, attrs=None, threads=1, with_sum=True):
 @pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_matrix(op, types, case, rng):
     present, attrs, with_sum, x_shape, w_shape = CASES[case]
-    attrs = _attrs(op, attrs)
-    arrays = _arrays(op, *types, present, x_shape, w_shape, rng)
-    _check(op, arrays, attrs, with_sum=with_sum and ops.OPS[op].has_residual)
+    attrs = op_attrs(op, attrs)
+    arrays = make_arrays(op, *types, present, x_shape, w_shape, rng)
+    check_kernel(op, arrays, attrs, with_sum=with_sum and ops.OPS[op].has_residual)
 
 
 @pytest.mark.parametrize("types", TYPE_PAIRS, ids=TYPE_IDS)
 @pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_threaded_many_rows(op, types, rng):
-    arrays = _arrays(op, *types, INPUTS, (4, 300, 256), (256,), rng)
-    _check(op, arrays, _attrs(op, {"alpha": 0.7, "group_size": 64}), threads=2)
+    arrays = make_arrays(op, *types, INPUTS, (4, 300, 256), (256,), rng)
+    check_kernel(op, arrays, op_attrs(op, {"alpha": 0.7, "group_size": 64}), threads=2)
 
 
 @pytest.mark.parametrize(
@@ -153,19 +64,19 @@ def test_large_tensors_with_streamed_outputs(op, dtype, attrs, rng):
     """Calls moving 48 MiB or more write their outputs with non-temporal stores (the C++ tests
     stream small tensors too, with the threshold lowered)."""
     rows = 1536 if dtype == F32 or ops.OPS[op].has_residual or op == "GatedRMSNorm" else 3072
-    arrays = _arrays(
+    arrays = make_arrays(
         op, dtype, F32, ("Scale", "Bias", "XBias", "InnerScale", "Gate"), (rows, 4096), (4096,), rng
     )
-    _check(op, arrays, attrs, threads=2)
+    check_kernel(op, arrays, attrs, threads=2)
 
 
-@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=type_id)
 @pytest.mark.parametrize("op", ["RMSNorm", "LayerNorm", "SkipRMSNorm", "L2Norm", "GatedRMSNorm"])
 def test_qk_norm_short_rows_per_head_scale(op, dtype, rng):
     """Q/K-norm: [batch, seq, heads, head_dim] normalized over head_dim, Scale per head (L2Norm:
     no Scale; GatedRMSNorm: with a gate)."""
-    arrays = _arrays(op, dtype, dtype, ("Scale", "Gate"), (2, 64, 8, 128), (8, 128), rng)
-    _check(op, arrays, threads=2)
+    arrays = make_arrays(op, dtype, dtype, ("Scale", "Gate"), (2, 64, 8, 128), (8, 128), rng)
+    check_kernel(op, arrays, threads=2)
 
 
 @pytest.mark.parametrize("cols", [1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 63, 100, 255, 257, 1000])
@@ -173,9 +84,10 @@ def test_qk_norm_short_rows_per_head_scale(op, dtype, rng):
     "op", ["LayerNorm", "RMSNorm", "SkipLayerNorm", "SandwichRMSNorm", "GatedRMSNorm", "L2Norm"]
 )
 def test_odd_widths(op, cols, rng):
-    for dtype in (F32, F16, BF16):
-        arrays = _arrays(op, dtype, dtype, ("Scale", "Bias", "Gate"), (3, cols), (cols,), rng)
-        _check(op, arrays, {"epsilon": 1e-3} if cols % 2 else _attrs(op, {"norm_before_gate": 0}))
+    for dtype in DTYPES.values():
+        arrays = make_arrays(op, dtype, dtype, ("Scale", "Bias", "Gate"), (3, cols), (cols,), rng)
+        attrs = {"epsilon": 1e-3} if cols % 2 else op_attrs(op, {"norm_before_gate": 0})
+        check_kernel(op, arrays, attrs)
 
 
 @pytest.mark.parametrize("op", ["LayerNorm", "SkipLayerNorm", "SandwichLayerNorm"])
@@ -188,12 +100,12 @@ def test_layer_norm_large_mean_small_spread(op, cols, rng):
         arrays["Residual"] = (1e-2 * rng.standard_normal((8, cols))).astype(np.float32)
     if op == "SandwichLayerNorm":  # make the outer norm see the large mean too
         arrays["InnerBias"] = np.full(cols, 1e4, np.float32)
-    got = _run_kernel(op, arrays)[0]
-    want = _reference(op, arrays)[0]
+    got = run_kernel(op, arrays)[0]
+    want = reference_outputs(op, arrays)[0]
     np.testing.assert_allclose(got, want, *ops.reference.tolerance(np.float32))
 
 
-@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=type_id)
 def test_layer_norm_rows_whose_first_values_are_outliers(dtype, rng):
     """The one-pass statistics shift by the first vector's mean; when that is far from the row's
     mean the kernel takes a second pass around the mean."""
@@ -201,20 +113,20 @@ def test_layer_norm_rows_whose_first_values_are_outliers(dtype, rng):
     x[:, :20] = 1000.0
     x[1, :] += 5e3
     arrays = {"X": x.astype(dtype), "Scale": np.ones(300, dtype)}
-    _check("LayerNorm", arrays)
+    check_kernel("LayerNorm", arrays)
     arrays["Residual"] = np.zeros((6, 300), dtype)
-    _check("SkipLayerNorm", arrays)
+    check_kernel("SkipLayerNorm", arrays)
 
 
 def test_nan_and_inf_propagate_as_in_reference(rng):
     for op in ops.catalogue.FLOAT_OPS:
-        for dtype in (F32, F16, BF16):
-            arrays = _arrays(op, dtype, dtype, ("Scale", "Bias", "Gate"), (4, 40), (40,), rng)
+        for dtype in DTYPES.values():
+            arrays = make_arrays(op, dtype, dtype, ("Scale", "Bias", "Gate"), (4, 40), (40,), rng)
             x = arrays["X"].astype(np.float32)
             x[0, 3], x[1, 5], x[2, 0] = np.nan, np.inf, -np.inf
             arrays["X"] = x.astype(dtype)
-            got = _run_kernel(op, arrays)
-            want = _reference(op, arrays)
+            got = run_kernel(op, arrays)
+            want = reference_outputs(op, arrays)
             for g, w in zip(got, want):
                 g, w = np.asarray(g, np.float32), w.astype(np.float32)
                 np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"{op} {dtype}")
@@ -226,15 +138,15 @@ def test_nan_and_inf_propagate_as_in_reference(rng):
 
 @pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
 def test_empty_batch_gives_empty_outputs(op, rng):
-    arrays = _arrays(op, F16, F32, INPUTS, (0, 3, 16), (16,), rng)
-    got = _run_kernel(op, arrays)
+    arrays = make_arrays(op, F16, F32, INPUTS, (0, 3, 16), (16,), rng)
+    got = run_kernel(op, arrays)
     assert [g.shape for g in got] == [(0, 3, 16)] * len(got)
 
 
 def _bad(op, arrays, attrs=None, message="", with_sum=True):
     arrays = {k: np.ones(s, np.float32) if isinstance(s, tuple) else s for k, s in arrays.items()}
     with pytest.raises(Exception, match=message):
-        _run_kernel(op, arrays, attrs, with_sum=with_sum)
+        run_kernel(op, arrays, attrs, with_sum=with_sum)
 
 
 @pytest.mark.parametrize("op", list(ops.catalogue.FLOAT_OPS))
@@ -300,18 +212,18 @@ def test_mixed_types_are_refused(op):
         else rf"'tensor\(double\)' of input parameter \(x\) of operator \({op}\)"
     )
     with pytest.raises(Exception, match=message):
-        _run_kernel(op, arrays)
+        run_kernel(op, arrays)
     if "Scale" in names:
         arrays = {**base, "Scale": np.ones(16, np.float64)}
         with pytest.raises(
             Exception,
             match=rf"'tensor\(double\)' of input parameter \(scale\) of operator \({op}\)",
         ):
-            _run_kernel(op, arrays)
+            run_kernel(op, arrays)
     if spec.has_residual:
         arrays = {"X": f16((2, 16)), "Residual": np.ones((2, 16), np.float32)}
         with pytest.raises(Exception, match=f"no kernel def matches node inputs for Op: {op}"):
-            _run_kernel(op, arrays)
+            run_kernel(op, arrays)
 
 
 @pytest.mark.parametrize("op", ["SkipRMSNorm", "SandwichLayerNorm", "GatedRMSNorm", "L2Norm"])
@@ -332,17 +244,9 @@ def test_attributes_of_the_wrong_value_are_errors(op):
 
 ISA_SCRIPT = r"""
 import numpy as np, sys
-sys.path.insert(0, "tests")
-import test_kernels as t
-rng = np.random.default_rng(7)
-for op in t.ops.catalogue.FLOAT_OPS:
-    for types in t.TYPE_PAIRS:
-        for case, (present, attrs, with_sum, xs, ws) in t.CASES.items():
-            arrays = t._arrays(op, *types, present, xs, ws, rng)
-            t._check(op, arrays, t._attrs(op, attrs),
-                     with_sum=with_sum and t.ops.OPS[op].has_residual)
-        arrays = t._arrays(op, *types, t.INPUTS, (3, 1000), (1000,), rng)
-        t._check(op, arrays, t._attrs(op, {"cast_before_scale": 1, "group_size": 200}), threads=2)
+sys.path.insert(0, ".")  # the checkout (the test runs this in it): tests.support
+from tests.support.kernel_cases import check_float_ops
+check_float_ops(np.random.default_rng(7))
 from onnxnorm._native import active_isa
 print("isa", active_isa())
 print("ok")
@@ -462,7 +366,7 @@ def test_bench_kernels_gated_and_l2_norms_on_their_shapes(tmp_path, capsys):
     assert "| GatedRMSNorm | qwen3next-1x1x2048 | float16 |" in out
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])  # (session.run takes no bfloat16)
 def test_bench_gated_and_l2_contenders_agree(dtype):
     """The benchmark's models of GatedRMSNorm and L2Norm compute what the onnxnorm node computes:
     ORT's built-in forms (LpNormalization: without an epsilon) and the decomposed graphs of the
@@ -599,35 +503,9 @@ _BENCH_CASES = [
     (name, dtype)
     for name, spec in ops.catalogue.QUANTIZED_OPS.items()
     if spec.quantize == "static"
-    for dtype in ("float32", "float16", "bfloat16")
+    for dtype in DTYPES
     if dtype != "bfloat16" or not spec.has_residual
 ]
-
-
-# The shape of X the benchmark's models of the quantized ops are checked on.
-BENCH_SHAPE = (2, 16, 256)
-
-
-def bench_arrays(op, dtype, zero_point, rng, scale=1.0):
-    """Inputs for the benchmark's models of the quantized ``op`` (``kernels.input_names``) on
-    BENCH_SHAPE: X and Residual standard normal, Scale about ``scale``, Bias and XBias
-    about 0, the benchmark's Y_scale and the given zero point."""
-    from onnxnorm.bench import kernels
-
-    np_type = kernels.np_dtype(dtype)
-    arrays = {}
-    for name in kernels.input_names(op).values():
-        if name == "ys":
-            arrays[name] = np.array(kernels.Y_SCALE, np_type)
-        elif name == "yz":
-            arrays[name] = zero_point
-        elif name in ("x", "r"):
-            arrays[name] = rng.standard_normal(BENCH_SHAPE).astype(np_type)
-        else:
-            arrays[name] = (
-                scale * name.startswith("s") + 0.1 * rng.standard_normal(BENCH_SHAPE[-1])
-            ).astype(np_type)
-    return arrays
 
 
 @pytest.mark.parametrize("quant_type", ["uint8", "float8e4m3fn"])
@@ -712,32 +590,7 @@ def test_bench_bad_arguments_are_one_line_errors(argv, message, capsys):
     assert message in err and "Traceback" not in err
 
 
-def _tool(name: str) -> str | None:
-    """A build tool from this environment's bin folder (where pip installs cmake and ninja), else
-    PATH."""
-    return shutil.which(
-        name, path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    )
-
-
-def _package_build_with_tests(root: Path) -> Path | None:
-    """The build folder of this tree's editable install when it builds the kernel tests too
-    (``make install`` asks for them): the tests then link the kernel objects the installed
-    library was built from, and nothing is compiled twice."""
-    for cache in sorted((root / "build").glob("*/CMakeCache.txt")):
-        text = cache.read_text(errors="replace")
-        if (
-            f"CMAKE_HOME_DIRECTORY:INTERNAL={root}\n" in text
-            and "ONNXNORM_BUILD_TESTS:BOOL=ON\n" in text
-            and "SKBUILD" in text
-        ):
-            return cache.parent
-    return None
-
-
-@pytest.mark.skipif(
-    _tool("cmake") is None or _tool("ctest") is None, reason="needs cmake and ctest"
-)
+@pytest.mark.skipif(tool("cmake") is None or tool("ctest") is None, reason="needs cmake and ctest")
 def test_kernels_cxx_ctest():
     """The C++ tests of the row kernels (custom_ops/tests/kernel_tests.cc), built by CMake from the
     same kernel objects as the library (in the editable install's build folder, else in
@@ -747,12 +600,12 @@ def test_kernels_cxx_ctest():
     instruction set this CPU has against the others, byte for byte."""
     root = Path(__file__).resolve().parents[1]
     jobs = str(max(1, min(4, os.cpu_count() or 1)))
-    build = _package_build_with_tests(root)
+    build = package_build_with_tests(root)
     steps = []
     if build is None:  # a build of its own
         build = root / "build" / "kernel-tests"
         configure = [
-            _tool("cmake"),
+            tool("cmake"),
             "-S",
             str(root),
             "-B",
@@ -761,12 +614,12 @@ def test_kernels_cxx_ctest():
             "-DONNXNORM_BUILD_TESTS=ON",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
-        if not (build / "CMakeCache.txt").exists() and _tool("ninja"):
-            configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
+        if not (build / "CMakeCache.txt").exists() and tool("ninja"):
+            configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}"]
         steps.append(configure)
     steps += [
         [
-            _tool("cmake"),
+            tool("cmake"),
             "--build",
             str(build),
             "--target",
@@ -774,7 +627,7 @@ def test_kernels_cxx_ctest():
             "--parallel",
             jobs,
         ],
-        [_tool("ctest"), "--test-dir", str(build), "--output-on-failure", "--parallel", jobs],
+        [tool("ctest"), "--test-dir", str(build), "--output-on-failure", "--parallel", jobs],
     ]
     for step in steps:
         result = subprocess.run(step, capture_output=True, text=True, timeout=1800)

@@ -10,7 +10,9 @@ import is an arrow all the same):
   pipeline package (``onnxnorm.genai``, ``onnxnorm.olive``, ``onnxnorm.serve``) and not the
   torch side (``onnxnorm.nn``);
 - no library module imports the tooling packages (``onnxnorm.bench``, ``onnxnorm.testing``),
-  which import the library like any user.
+  which import the library like any user;
+- no module of tests/ imports a test file (``test_*.py``), neither in its code nor in the Python
+  it runs in a child process: what two test files share lives in ``tests/support``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "onnxnorm"
+TESTS = ROOT / "tests"
 PIPELINES = ("onnxnorm.genai", "onnxnorm.olive", "onnxnorm.serve")
 TOOLING = ("onnxnorm.bench", "onnxnorm.testing")
 PASS = ("onnxnorm.fusion", "onnxnorm.ops")
@@ -162,3 +165,76 @@ def test_the_library_imports_no_tooling():
         if not a.source.startswith(TOOLING) and a.target.startswith(TOOLING)
     ]
     assert not upward, "library code imports bench or testing: " + "; ".join(upward)
+
+
+def _imported_modules(tree: ast.AST) -> list[tuple[str, int]]:
+    """(dotted name, line) of every module an import in ``tree`` names: ``from a import b``
+    names ``a``, and ``a.b`` where b is named like a test module; relative ones with their
+    leading dots."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            found.append((base, node.lineno))
+            found += [
+                (f"{base.rstrip('.')}.{alias.name}", node.lineno)
+                for alias in node.names
+                if alias.name.startswith("test_")
+            ]
+    return found
+
+
+def _test_module_imports(path: Path) -> list[str]:
+    """The imports of a test module (a name part ``test_*``) in ``path``'s code and in the
+    strings of it that parse as Python with an import (the scripts it runs in a child
+    process), each as path:line -> module."""
+    tree = ast.parse(path.read_text(), str(path))
+    trees = [(tree, 0)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and "import" in str(node.value):
+            try:
+                trees.append((ast.parse(node.value), node.lineno - 1))
+            except SyntaxError:
+                continue  # prose, or Python in pieces
+    where = path.relative_to(ROOT)
+    return [
+        f"{where}:{offset + line} -> {name}"
+        for found, offset in trees
+        for name, line in _imported_modules(found)
+        if any(part.startswith("test_") for part in name.split("."))
+    ]
+
+
+def test_the_test_reader_sees_test_imports(tmp_path):
+    """The reader finds a test module imported in code and in a child process's script (the
+    module names filled in here, so that this file's own strings import none)."""
+    (tmp_path / "tests").mkdir()
+    path = tmp_path / "tests" / "test_a.py"
+    code = (
+        "import {b}\nfrom tests.{c} import f\nfrom . import {d}\nfrom {e} import g\n"
+        "from tests.support import helpers\n"
+        'SCRIPT = """\nimport sys\nimport {f} as t\n"""\n'
+    )
+    path.write_text(code.format(**{k: "test_" + k for k in "bcdef"}))
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        found = _test_module_imports(path)
+    finally:
+        ROOT = root
+    assert found == [
+        "tests/test_a.py:1 -> test_b",
+        "tests/test_a.py:2 -> tests.test_c",
+        "tests/test_a.py:3 -> .test_d",
+        "tests/test_a.py:4 -> test_e",
+        "tests/test_a.py:8 -> test_f",
+    ], found
+
+
+def test_no_test_file_imports_another():
+    found = [f for path in sorted(TESTS.rglob("*.py")) for f in _test_module_imports(path)]
+    assert not found, "test modules imported (move what they share to tests/support): " + (
+        "; ".join(found)
+    )

@@ -18,7 +18,15 @@ import pytest
 from onnxnorm import _native
 from onnxnorm.ops import catalogue
 from onnxnorm.testing.graphs import single_node_model
-from tests.support.helpers import BF16, assert_close, reference_outputs, run
+from tests.support.helpers import run
+from tests.support.kernel_cases import (
+    GATES,
+    check_kernel,
+    gated_arrays,
+    gated_matrix,
+    l2_matrix,
+)
+from tests.support.matrix import DTYPES, F32, TYPE_IDS, TYPE_PAIRS, type_id
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "custom_ops" / "include" / "onnxnorm" / "ops_generated.h"
@@ -171,82 +179,8 @@ def test_norm_args_mirror_has_the_library_layout():
 # GatedRMSNorm and L2Norm through ONNX Runtime with the library (nodes without function bodies)
 # against onnxnorm.ops.reference: every X type and weight type, both rounding orders, the gate
 # absent, after the norm and before it, both activations, groups (a Scale of one group or of the
-# whole extent), the shapes of the models that have them, every instruction set, bad inputs.
-
-F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
-TYPE_PAIRS = [(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)]
-TYPE_IDS = ["f32", "f16", "f16-w32", "bf16", "bf16-w32"]
-#: the gate: absent, or (norm_before_gate, activation)
-GATES = {
-    "no-gate": None,
-    "after-silu": (1, 0),
-    "after-sigmoid": (1, 1),
-    "before-silu": (0, 0),
-    "before-sigmoid": (0, 1),
-}
-#: GatedRMSNorm's shapes: X's shape, axis, group_size, Scale's shape (None: absent)
-GATED_SHAPES = {
-    "plain": ((2, 3, 37), -1, 0, (37,)),
-    "per-head-scale": ((2, 3, 4, 24), -1, 0, (4, 24)),
-    "groups-scale-of-extent": ((2, 5, 96), -1, 32, (96,)),
-    "groups-scale-of-group": ((2, 5, 96), -1, 32, (32,)),
-    "groups-axis-2": ((2, 3, 4, 16), -2, 16, (4, 16)),
-    "groups-of-1": ((3, 8), -1, 1, (1, 8)),
-    "odd-groups-no-scale": ((2, 3, 99), -1, 33, None),
-    "one-group": ((4, 40), -1, 40, (40,)),
-}
-
-
-def gated_arrays(x_shape, x_type, w_type, scale_shape, gated, rng, spread=2.0):
-    """X standard normal, Scale about 1 (when scale_shape), Gate of spread ``spread``."""
-    arrays = {"X": rng.standard_normal(x_shape).astype(x_type)}
-    if scale_shape is not None:
-        arrays["Scale"] = (1.0 + 0.3 * rng.standard_normal(scale_shape)).astype(w_type)
-    if gated:
-        arrays["Gate"] = (spread * rng.standard_normal(x_shape)).astype(x_type)
-    return arrays
-
-
-def check_parity(op, arrays, attrs, threads=1):
-    """The op in ORT with the library against the reference, within its tolerance (NaN where it
-    has NaN)."""
-    model = single_node_model(op, arrays, attrs, functions=False)
-    (got,) = run(model, arrays, with_library=True, threads=threads)
-    with np.errstate(invalid="ignore"):  # (SiLU(-Inf) = -Inf * 0)
-        (want,) = reference_outputs(op, arrays, attrs)
-    assert got.shape == want.shape
-    assert_close(got, want, arrays["X"].dtype)
-
-
-def gated_matrix(types, gate, rng):
-    """Every GATED_SHAPES entry in both rounding orders, with and without a scale offset."""
-    for x_shape, axis, group_size, scale_shape in GATED_SHAPES.values():
-        for order, offset in ((0, 0.0), (1, 0.0), (0, 1.0), (1, 1.0)):
-            attrs = {
-                "axis": axis,
-                "group_size": group_size,
-                "cast_before_scale": order,
-                "scale_offset": offset,
-                "epsilon": 1e-3 if order else 1e-6,
-            }
-            if GATES[gate] is not None:
-                attrs["norm_before_gate"], attrs["activation"] = GATES[gate]
-            arrays = gated_arrays(x_shape, *types, scale_shape, GATES[gate] is not None, rng)
-            check_parity("GatedRMSNorm", arrays, attrs, threads=1 + order)
-
-
-def l2_matrix(x_type, rng):
-    """Per-head L2 norms over head_dim 64, 128 and 256 of [B, S, H, D], and other axes."""
-    for x_shape, axis, epsilon in (
-        ((2, 9, 4, 64), -1, 1e-6),
-        ((1, 5, 16, 128), -1, 1e-6),
-        ((2, 3, 2, 256), -1, 0.0),
-        ((3, 7), -1, 1e-5),
-        ((2, 3, 4, 8), -2, 1e-3),
-        ((5, 1), -1, 1e-5),
-    ):
-        x = rng.standard_normal(x_shape).astype(x_type)
-        check_parity("L2Norm", {"X": x}, {"axis": axis, "epsilon": epsilon}, threads=2)
+# whole extent), the shapes of the models that have them, every instruction set, bad inputs
+# (the matrices: tests/support/kernel_cases.py).
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -255,7 +189,7 @@ def test_gated_rms_norm_matches_the_reference(types, gate, rng):
     gated_matrix(types, gate, rng)
 
 
-@pytest.mark.parametrize("x_type", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("x_type", DTYPES.values(), ids=type_id)
 def test_l2_norm_matches_the_reference(x_type, rng):
     l2_matrix(x_type, rng)
 
@@ -277,10 +211,10 @@ def test_l2_norm_matches_the_reference(x_type, rng):
 def test_gated_rms_norm_model_shapes(model, x_shape, attrs, scale_shape, types, rng):
     for order in (0, 1):
         arrays = gated_arrays(x_shape, *types, scale_shape, True, rng)
-        check_parity("GatedRMSNorm", arrays, {**attrs, "cast_before_scale": order}, threads=2)
+        check_kernel("GatedRMSNorm", arrays, {**attrs, "cast_before_scale": order}, threads=2)
 
 
-@pytest.mark.parametrize("x_type", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("x_type", DTYPES.values(), ids=type_id)
 def test_gated_rms_norm_nan_inf_and_large_gates(x_type, rng):
     """NaN and Inf in X and in the gate, and gates far past where exp(-|g|) leaves float32's range,
     propagate as in the reference, the gate after the norm and before it."""
@@ -296,21 +230,14 @@ def test_gated_rms_norm_nan_inf_and_large_gates(x_type, rng):
         x[3, 0, 7] = -np.inf
         arrays["X"] = x.astype(x_type)
         attrs = {"norm_before_gate": 1 - before, "activation": activation, "group_size": 16}
-        check_parity("GatedRMSNorm", arrays, attrs)
+        check_kernel("GatedRMSNorm", arrays, attrs)
 
 
 ISA_SCRIPT = r"""
 import numpy as np, sys
-sys.path.insert(0, "tests")
-import test_native_ops as t
-rng = np.random.default_rng(11)
-for types in t.TYPE_PAIRS:
-    for gate in t.GATES:
-        t.gated_matrix(types, gate, rng)
-    arrays = t.gated_arrays((2, 3, 4096), *types, (4096,), True, rng)
-    t.check_parity("GatedRMSNorm", arrays, {"group_size": 512, "norm_before_gate": 0}, threads=2)
-for x_type in (t.F32, t.F16, t.BF16):
-    t.l2_matrix(x_type, rng)
+sys.path.insert(0, ".")  # the checkout (the test runs this in it): tests.support
+from tests.support.kernel_cases import check_gated_and_l2_norms
+check_gated_and_l2_norms(np.random.default_rng(11))
 from onnxnorm._native import active_isa
 print("isa", active_isa())
 print("ok")
@@ -410,4 +337,4 @@ def test_gated_rms_norm_group_weights_are_accepted():
     rng = np.random.default_rng(3)
     for scale_shape, axis in (((1, 1, 8), -1), ((1, 3, 8), -2), ((8,), -2)):
         arrays = gated_arrays((2, 3, 8), F32, F32, scale_shape, True, rng)
-        check_parity("GatedRMSNorm", arrays, {"group_size": 8, "axis": axis})
+        check_kernel("GatedRMSNorm", arrays, {"group_size": 8, "axis": axis})

@@ -291,12 +291,12 @@ def test_unknown_target_from_the_python_api(llama, tmp_path):
 
 
 def test_without_olive_the_command_names_the_extra(llama, tmp_path):
-    from test_package import _cli, _one_line
+    from tests.support.processes import assert_one_line, run_cli
 
     config = tmp_path / "workflow.json"
     config.write_text(json.dumps(_workflow(llama, {"fuse": {"type": "OnnxNormFusion"}}, tmp_path)))
-    result = _cli("olive", "run", str(config), hidden=("olive",), cwd=tmp_path)
-    _one_line(result, "needs olive, which is not installed: pip install 'onnxnorm[olive]'")
+    result = run_cli("olive", "run", str(config), hidden=("olive",), cwd=tmp_path)
+    assert_one_line(result, "needs olive, which is not installed: pip install 'onnxnorm[olive]'")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["workflow.json"]
 
 

@@ -4,53 +4,19 @@ the one-line errors that name the extra to install, and real signatures for help
 from __future__ import annotations
 
 import inspect
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 import onnxnorm
-
-#: run before the code of each subprocess: makes the named top-level modules unimportable, as
-#: in an environment where they are not installed
-_HIDE = textwrap.dedent("""\
-    import importlib.abc, sys
-    class _Hidden(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.partition(".")[0] in HIDDEN:
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-    sys.meta_path.insert(0, _Hidden())
-    """)
-
-
-def _python(code: str, hidden: tuple[str, ...] = (), cwd=None) -> subprocess.CompletedProcess:
-    script = f"HIDDEN = {set(hidden)!r}\n" + _HIDE + textwrap.dedent(code)
-    return subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=300
-    )
-
-
-def _cli(*argv: str, hidden: tuple[str, ...] = (), cwd=None) -> subprocess.CompletedProcess:
-    return _python(f"from onnxnorm.cli import main; sys.exit(main({list(argv)!r}))", hidden, cwd)
-
-
-def _one_line(result, *fragments) -> str:
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
+from tests.support.processes import assert_one_line, run_cli, run_python
 
 
 def test_import_without_onnxruntime_names_both_extras():
-    result = _python("import onnxnorm", hidden=("onnxruntime",))
-    line = _one_line(result, "onnxnorm needs onnxruntime")
+    result = run_python("import onnxnorm", hidden=("onnxruntime",))
+    line = assert_one_line(result, "onnxnorm needs onnxruntime")
     assert "pip install 'onnxnorm[cpu]'" in line and "'onnxnorm[gpu]'" in line
     # a program that catches it gets an ImportError with the same message
-    result = _python(
+    result = run_python(
         """
         try:
             import onnxnorm
@@ -63,23 +29,16 @@ def test_import_without_onnxruntime_names_both_extras():
 
 
 def test_command_line_without_onnxruntime_is_one_line():
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"HIDDEN = {{'onnxruntime'}}\n{_HIDE}"
-            "import runpy; sys.argv = ['onnxnorm', 'fuse', '--help']; "
-            "runpy.run_module('onnxnorm', run_name='__main__')",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_python(
+        "import runpy; sys.argv = ['onnxnorm', 'fuse', '--help']; "
+        "runpy.run_module('onnxnorm', run_name='__main__')",
+        hidden=("onnxruntime",),
     )
-    _one_line(result, "onnxnorm[cpu]", "onnxnorm[gpu]")
+    assert_one_line(result, "onnxnorm[cpu]", "onnxnorm[gpu]")
 
 
 def test_import_and_the_fusion_pass_need_no_torch():
-    result = _python("""
+    result = run_python("""
         import onnxnorm, onnxnorm.runtime, onnxnorm.fusion
         print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
         """)
@@ -95,14 +54,14 @@ def test_import_and_the_fusion_pass_need_no_torch():
     ],
 )
 def test_commands_without_torch_say_so_in_one_line(argv, needs, tmp_path):
-    result = _cli(*argv, hidden=("torch", "transformers"), cwd=tmp_path)
-    _one_line(result, needs, "pip install 'onnxnorm[torch]'")
+    result = run_cli(*argv, hidden=("torch", "transformers"), cwd=tmp_path)
+    assert_one_line(result, needs, "pip install 'onnxnorm[torch]'")
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", ["export", "fuse", "bench"])
 def test_help_works_without_torch(command):
-    result = _cli(command, "--help", hidden=("torch", "transformers"))
+    result = run_cli(command, "--help", hidden=("torch", "transformers"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"usage: onnxnorm {command}")
 
@@ -111,7 +70,7 @@ def test_help_loads_neither_torch_nor_the_rewriter():
     """With torch, onnxscript and onnx-ir installed, the help of every command loads none of
     them (onnxnorm.nn and onnxnorm.fusion import their modules on first use): half a second,
     where the export command's help took 4.5 s and the fuse command's 1.5 s."""
-    result = _python("""
+    result = run_python("""
         from onnxnorm.cli import COMMANDS, main
         for command in COMMANDS:
             try:
@@ -126,7 +85,7 @@ def test_help_loads_neither_torch_nor_the_rewriter():
 
 
 def test_package_names_load_on_first_use():
-    result = _python("""
+    result = run_python("""
         import onnxnorm.fusion as fusion, onnxnorm.nn as nn
         print(sorted(m for m in ("torch", "onnxscript", "onnx_ir") if m in sys.modules))
         from onnxnorm.fusion import fuse, rules, FusionReport, verify
@@ -146,7 +105,7 @@ def test_package_names_load_on_first_use():
 
 
 def test_torch_modules_without_torch_raise_one_clear_import_error():
-    result = _python(
+    result = run_python(
         """
         import onnxnorm
         for get in (lambda: onnxnorm.export, lambda: onnxnorm.nn.RMSNorm):

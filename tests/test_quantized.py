@@ -26,18 +26,17 @@ from onnx import TensorProto, helper
 from onnxnorm import ops, runtime
 from onnxnorm.ops import catalogue, reference
 from onnxnorm.testing.graphs import single_node_model
+from tests.support.bench import BENCH_SHAPE, bench_arrays
 from tests.support.helpers import (
-    BF16,
-    F8,
     F8_ZERO_POINT,
-    _float8_nan,
     assert_close,
     assert_float8_equal,
+    float8_nan,
     reference_outputs,
     run,
 )
+from tests.support.matrix import DTYPES, F8, TYPE_IDS, TYPE_PAIRS
 
-DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
 STATIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "static"]
 DYNAMIC = [name for name, spec in catalogue.QUANTIZED_OPS.items() if spec.quantize == "dynamic"]
 
@@ -428,15 +427,6 @@ def test_schema_refuses_scale_of_another_type():
 # ---------------------------------------------------------------------------------------------
 # The CPU kernels through ONNX Runtime (models without function bodies: only the kernel can run)
 
-TYPE_PAIRS = [
-    (np.float32, np.float32),
-    (np.float16, np.float16),
-    (np.float16, np.float32),
-    (BF16, BF16),
-    (BF16, np.float32),
-]
-TYPE_IDS = ["f32", "f16", "f16w32", "bf16", "bf16w32"]
-
 
 def _kernel_cases():
     for op, spec in catalogue.QUANTIZED_OPS.items():
@@ -611,13 +601,11 @@ def test_kernels_ran(rng):
 
 
 @pytest.mark.parametrize("op", list(catalogue.QUANTIZED_OPS))
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])  # (session.run takes no bfloat16)
 def test_bench_contenders_agree(op, dtype, rng):
     """`onnxnorm bench kernels` times the fused op against ORT's norm followed by ORT's
     quantizer: both give the same quantized values (one step apart at most, where the float
     norms round differently), so the rows compare like with like."""
-    from test_kernels import BENCH_SHAPE, bench_arrays
-
     from onnxnorm.bench import kernels
 
     shape, d = BENCH_SHAPE, BENCH_SHAPE[-1]
@@ -767,7 +755,7 @@ def test_kernel_float8_directed_values(rng):
     y, y_float = got[0], got[-1]
     np.testing.assert_array_equal(y_float[:2], np.broadcast_to(bias, (2, cols)))
     assert_float8_equal(y[:2], np.broadcast_to(want, (2, cols)))
-    assert _float8_nan(y[2].view(np.uint8)).all()
+    assert float8_nan(y[2].view(np.uint8)).all()
     assert_quantized("LayerNormQuantizeLinear", arrays, got)
 
 
@@ -795,8 +783,8 @@ def test_kernel_float8_edges(op, dtype, rng):
     assert_quantized(op, arrays, got)
     bits = got[0].view(np.uint8)
     # NaN rows; a row with +-Inf is NaN at least there (RMSNorm: 0 elsewhere)
-    assert _float8_nan(bits[1]).all() and _float8_nan(bits[2, 3]) and _float8_nan(bits[3, 9])
-    assert not _float8_nan(bits[[0, 4, 5]]).any()
+    assert float8_nan(bits[1]).all() and float8_nan(bits[2, 3]) and float8_nan(bits[3, 9])
+    assert not float8_nan(bits[[0, 4, 5]]).any()
     finite = bits[[0, 4, 5]]
     assert ((finite & 0x78) == 0).mean() > 0.5  # mostly subnormal codes (exponent 0000)
     assert ((finite & 0x7F) == 0).any() and ((finite & 0x07) != 0).any()  # zeros, and not only
@@ -857,7 +845,7 @@ def test_kernel_float8_is_ort_quantize_linear(op, dtype, rng):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": y_float}
     )[0]
-    assert (want.view(np.uint8) == 0x7E).any() and _float8_nan(want.view(np.uint8)).any()
+    assert (want.view(np.uint8) == 0x7E).any() and float8_nan(want.view(np.uint8)).any()
     assert_float8_equal(y, want)
 
 

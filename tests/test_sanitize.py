@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from onnxnorm import ops
-from test_kernels import _tool
+from tests.support.build import tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    any(_tool(t) is None for t in ("cmake", "ctest", "g++")), reason="needs cmake, ctest and g++"
+    any(tool(t) is None for t in ("cmake", "ctest", "g++")), reason="needs cmake, ctest and g++"
 )
 def test_sanitized_build_gives_no_reports():
     """make sanitize with a shorter campaign, built at -O0 without forced inlining (under half

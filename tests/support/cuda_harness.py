@@ -48,7 +48,11 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # run as a script from a checkout
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    # run as a script: the checkout on sys.path in place of this folder, whose modules would
+    # shadow installed packages of the same names (build, for one)
+    sys.path[0] = str(ROOT)
+elif str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from onnxnorm import _native  # noqa: E402

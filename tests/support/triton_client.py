@@ -26,6 +26,11 @@ import threading
 import time
 from pathlib import Path
 
+# run as a script: this folder, first on sys.path, holds modules that would shadow installed
+# packages of the same names (build, for one); this script imports none of them
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    del sys.path[0]
+
 import numpy as np
 
 
