@@ -79,8 +79,8 @@ demo: $(VENV)/.installed
 # Lint (docs/development.md): ruff's rules and ruff format over the Python, clang-format
 # (.clang-format) over the C++ and CUDA of custom_ops/, the layout test (tests/test_layout.py:
 # no import circle, no private name across modules, no arrow up from the pass or into the
-# tooling, no test file importing another), shellcheck over the shell scripts and mypy over the package ([tool.mypy] in
-# pyproject.toml); each only checks here. `lint-quick` runs the same checks from a small
+# tooling, no test file importing another), shellcheck over the shell scripts and mypy over the
+# package ([tool.mypy] in pyproject.toml); each only checks here. `lint-quick` runs the same checks from a small
 # environment of the locked lint tools alone (.venv-lint, under a minute to make): CI's first
 # stage, before the set-up and the build. mypy reads the types of the packages in MYPY_TYPES
 # there, as it does in .venv; torch and transformers it does not read in either.
