@@ -5,7 +5,8 @@ Read from the source (every import statement, those inside functions included, s
 import is an arrow all the same):
 
 - no import circle among onnxnorm's modules;
-- no private name (``_name``) imported from another module: what crosses a module is public;
+- no private name (``_name``) imported from another module, nor read off one it imported
+  (``functions._set_opset``): what crosses a module is public;
 - the fusion pass and the op catalogue (``onnxnorm.fusion``, ``onnxnorm.ops``) import no
   pipeline package (``onnxnorm.genai``, ``onnxnorm.olive``, ``onnxnorm.serve``) and not the
   torch side (``onnxnorm.nn``);
@@ -20,6 +21,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +84,59 @@ def arrows() -> tuple[Arrow, ...]:
                     else:
                         found.append(Arrow(source, _within(base, modules), alias.name, node.lineno))
     return tuple(a for a in found if a.target != a.source)
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+@functools.cache
+def private_attributes() -> tuple[str, ...]:
+    """Every ``module._name`` an onnxnorm module reads of another onnxnorm module it imported
+    (``from onnxnorm.ops import functions`` then ``functions._set_opset``): a private name
+    crossing a module as surely as an import of it."""
+    modules = _modules()
+    found = []
+    for source, path in modules.items():
+        package = source if path.name == "__init__.py" else source.rsplit(".", 1)[0]
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, str] = {}  # local name -> the onnxnorm module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "onnxnorm":
+                        if alias.asname:
+                            bound[alias.asname] = alias.name
+                        else:
+                            bound["onnxnorm"] = "onnxnorm"
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                for alias in node.names:
+                    if f"{base}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            owner = _dotted(node.value)
+            if owner is None or owner.split(".")[0] not in bound:
+                continue
+            head, _, rest = owner.partition(".")
+            module = bound[head] + (f".{rest}" if rest else "")
+            if module in modules and module != source:
+                found.append(f"{source}:{node.lineno} -> {module}.{node.attr}")
+    return tuple(found)
 
 
 def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -147,6 +202,34 @@ def test_no_private_name_crosses_a_module():
         if a.name and a.name.startswith("_") and not a.name.startswith("__")
     ]
     assert not crossing, "private names imported from another module: " + "; ".join(crossing)
+
+
+def test_the_reader_sees_private_attributes(tmp_path, monkeypatch):
+    """A private name read off an imported module is found, however the module was bound."""
+    package = tmp_path / "onnxnorm"
+    (package / "ops").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "ops" / "__init__.py").write_text("")
+    (package / "ops" / "functions.py").write_text("def _set_opset(): ...\n_TABLE = {}\n")
+    (package / "lowering.py").write_text(
+        "import onnxnorm.ops.functions\nimport onnxnorm.ops.functions as f\n"
+        "from onnxnorm.ops import functions\nfrom .ops import functions as g\n\n"
+        "functions._set_opset()\nf._TABLE\nonnxnorm.ops.functions._TABLE\ng._set_opset\n"
+        "functions.__name__\nfunctions.public\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert sorted(private_attributes.__wrapped__()) == [
+        "onnxnorm.lowering:6 -> onnxnorm.ops.functions._set_opset",
+        "onnxnorm.lowering:7 -> onnxnorm.ops.functions._TABLE",
+        "onnxnorm.lowering:8 -> onnxnorm.ops.functions._TABLE",
+        "onnxnorm.lowering:9 -> onnxnorm.ops.functions._set_opset",
+    ]
+
+
+def test_no_private_attribute_of_another_module():
+    crossing = private_attributes()
+    assert not crossing, "private names read from another module: " + "; ".join(crossing)
 
 
 def test_the_pass_imports_no_pipeline_and_no_torch_side():
