@@ -56,7 +56,7 @@ $(VENV)/.installed: $(VENV)/.deps $(HEADERS) $(NATIVE)
 
 setup install: $(VENV)/.installed
 
-# The live Triton tests (tests/test_serve.py) run PyTriton's Triton server, whose Python backend
+# The live Triton tests (tests/serve/test_serve.py) run PyTriton's Triton server, whose Python backend
 # stub links the system's libpython3.11: their interpreter is that Python (Debian's), in a venv
 # of its own. It imports onnxnorm from this tree and registers the library .venv built (the
 # tests set ONNXNORM_LIBRARY). Without it those tests skip.
@@ -142,7 +142,7 @@ test-latest:
 	$(MAKE) test LOCKED=0 VENV=.venv-latest SERVE_VENV=.venv-serve-latest \
 		BUILD_DIR=build/latest-{wheel_tag}
 
-# The long property-test campaign (tests/test_properties.py, docs/reliability.md): 17,000 cases
+# The long property-test campaign (tests/ops/test_properties.py, docs/reliability.md): 17,000 cases
 # per op through ONNX Runtime (102,000 over the six float ops, 136,000 over the eight quantized
 # ones), what they covered counted in build/fuzz/counts.json.
 # FUZZ_SEED=N repeats a campaign; FUZZ_EXAMPLES=N sets the cases per op.
@@ -152,7 +152,7 @@ fuzz: $(VENV)/.installed
 	rm -f build/fuzz/counts.json
 	ONNXNORM_HYPOTHESIS_PROFILE=fuzz ONNXNORM_HYPOTHESIS_EXAMPLES=$(FUZZ_EXAMPLES) \
 		ONNXNORM_FUZZ_SEED=$(FUZZ_SEED) ONNXNORM_FUZZ_COUNTS=build/fuzz/counts.json \
-		$(PY) -m pytest -q -p no:cacheprovider -n auto tests/test_properties.py --hypothesis-seed=$(FUZZ_SEED)
+		$(PY) -m pytest -q -p no:cacheprovider -n auto tests/ops/test_properties.py --hypothesis-seed=$(FUZZ_SEED)
 
 # The native library and its C++ kernel tests built with AddressSanitizer and
 # UndefinedBehaviorSanitizer in build/sanitize: ctest, then a short property-test campaign

@@ -3,7 +3,7 @@ BERT-, GPT-2- and T5-style graphs at the opsets older exporters and tf2onnx wrot
 graphs without value_info, weights fed through Identity, inputs wrapped in Casts, residual sums
 that are also graph outputs, one input feeding two norms, and sloppy but loadable metadata.
 
-Used by tests/test_wild_models.py: every model here loads and runs in ONNX Runtime, and
+Used by tests/fusion/test_wild_models.py: every model here loads and runs in ONNX Runtime, and
 ``onnxnorm fuse`` must fuse its norms for every target, write a model that loads, and match the
 original. Weights are random (seeded), so every norm's Scale and Bias matter.
 """

@@ -6,8 +6,8 @@ order, as ``tools/gen_native_ops.py`` writes them), the ctypes mirrors of ``Norm
 ``CudaQuantArgs`` (custom_ops/include/onnxnorm/norm_args.h, cuda_launch.h), the CPU library's
 manifest, argument layout and instruction set, and the CUDA library's C launcher on torch CUDA
 tensors (:class:`Kernels`: the CUDA tests' harness and the bandwidth benchmark, without
-onnxruntime-gpu). tests/test_native_ops.py holds the codes, the manifest and the mirrors to the
-built libraries. torch is imported only by what takes torch tensors.
+onnxruntime-gpu). tests/kernels/test_native_ops.py holds the codes, the manifest and the mirrors
+to the built libraries. torch is imported only by what takes torch tensors.
 """
 
 from __future__ import annotations

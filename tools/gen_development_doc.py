@@ -2,8 +2,9 @@
 
 - ``ops``: the op catalogue's ops and attributes (``onnxnorm/ops/catalogue.py``);
 - ``versions``: the supported-versions table, from ``pyproject.toml`` (the required ranges,
-  whose lower bounds ``tests/test_versions.py`` installs) and ``requirements/dev.lock`` (the
-  versions the suite is locked to), with a note per package from :data:`NOTES`.
+  whose lower bounds ``tests/packaging/test_versions.py`` installs) and
+  ``requirements/dev.lock`` (the versions the suite is locked to), with a note per package from
+  :data:`NOTES`.
 
 The rest of the page is written by hand. A section stands between
 ``<!-- generated: NAME -->`` and ``<!-- end of generated: NAME -->``;
@@ -28,7 +29,8 @@ NOTES = {
     "onnxruntime": "1.21 is the oldest the library loads in (it is built against the 1.21 "
     "headers); 1.24.1 is tested too",
     "onnxruntime-gpu": "installed beside the wheel: no onnxruntime pulled in, `pip check` clean, "
-    "CUDA provider offered (`tests/test_install.py`); the CUDA kernels have not run on a GPU",
+    "CUDA provider offered (`tests/packaging/test_install.py`); the CUDA kernels have not run on a "
+    "GPU",
     "torch": "the CPU build; older releases are declared, not tested",
     "transformers": "5.24.0 too (the tests that build transformers models, run by hand); the "
     "library uses only `AutoConfig` and the `AutoModel` classes, and the tests find the norm "
@@ -77,7 +79,7 @@ def versions() -> str:
         lower = re.search(r">=\s*([0-9][0-9A-Za-z.]*)", required)
         tested = []
         if lower and extra in ("", "cpu"):
-            tested.append(f"{lower.group(1)} (the minimum, `tests/test_versions.py`)")
+            tested.append(f"{lower.group(1)} (the minimum, `tests/packaging/test_versions.py`)")
         if key in pins:
             tested.append(f"{pins[key]} (the lock)")
         cell = " and ".join(tested)

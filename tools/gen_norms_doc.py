@@ -3,7 +3,7 @@ and from onnxnorm.nn's DeepNorm constants.
 
     python tools/gen_norms_doc.py [PATH]    (default docs/norms.md; `make generate` runs it)
 
-tests/test_generated.py fails when the committed page differs from ``render()``.
+tests/packaging/test_generated.py fails when the committed page differs from ``render()``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 #   machine      GPU, driver, nvcc, torch;
 #   build        the CPU and CUDA libraries into the build folder (cmake, ONNXNORM_CUDA=ON; for
 #                the GPU present only, unless ONNXNORM_CUDA_ARCHITECTURES says otherwise);
-#   correctness  tests/test_cuda.py but its ONNX Runtime tests: the correctness matrix of
+#   correctness  tests/cuda/test_cuda.py but its ONNX Runtime tests: the correctness matrix of
 #                tests/support/cuda_harness.py (every op x dtype x rounding order x optional input
 #                against the numpy reference through the C launcher; the quantized ops' values,
 #                scale and zero point exactly the reference's; GatedRMSNorm's gates and groups,
@@ -14,7 +14,7 @@
 #   bandwidth    python -m onnxnorm.bench.cuda: the bandwidth tables of bfloat16 and float16 (the
 #                float ops against a copy, torch and, with onnxruntime-gpu, ONNX Runtime's CUDA
 #                ops; then the norms of hybrid models), also written as Markdown and JSON;
-#   ort          the ONNX Runtime tests of tests/test_cuda.py and tests/test_cuda_ort.py on the
+#   ort          the ONNX Runtime tests of tests/cuda/test_cuda.py and tests/cuda/test_cuda_ort.py on the
 #                CUDA execution provider, with onnxruntime-gpu installed from the parts that
 #                tools/gpu_carry.py cut (build/carry/, carried over several calls) when they are
 #                all there, else with whatever onnxruntime the machine has (skipped without its
@@ -32,7 +32,7 @@
 # also gets each step's tables and logs, and summary.md).
 # GPU_CHECK_DRY_RUN=1 runs every step up to the first one that needs a GPU and checks the rest
 # without running it: the commands are printed, the test modules are collected and the benchmarks'
-# command lines parsed (tests/test_cuda.py does this on every test run, so the script cannot
+# command lines parsed (tests/cuda/test_cuda.py does this on every test run, so the script cannot
 # rot between the rare sessions that have a GPU).
 # Exit status: non-zero when a step failed (a skipped step is no failure).
 set -uo pipefail
@@ -205,13 +205,13 @@ EOF
 }
 
 if want correctness; then
-  step "correctness (tests/test_cuda.py)"; step_start=$SECONDS
+  step "correctness (tests/cuda/test_cuda.py)"; step_start=$SECONDS
   if ! have_build; then
     record correctness "skipped (no build in $build)"
   else
     # (the host-emulation tests are for machines without a GPU: the GPU tests cover them here;
     # the ONNX Runtime tests are the ort step's)
-    tests correctness tests/test_cuda.py -k "not host_emulation and not test_ort_" \
+    tests correctness tests/cuda/test_cuda.py -k "not host_emulation and not test_ort_" \
       && record correctness ok || record correctness "FAILED ($?)"
   fi
 fi
@@ -240,12 +240,12 @@ if want ort; then
     record ort "skipped (no build in $build)"
   elif [[ "$dry" == 1 ]]; then
     ort_gpu || true
-    tests ort -rP tests/test_cuda.py tests/test_cuda_ort.py -k "test_ort_ or test_cuda_ort" \
+    tests ort -rP tests/cuda/test_cuda.py tests/cuda/test_cuda_ort.py -k "test_ort_ or test_cuda_ort" \
       && record ort ok || record ort "FAILED (collection)"
   elif ! ort_gpu; then
     record ort "skipped (no onnxruntime with a working CUDA provider)"
   else
-    tests ort -rP tests/test_cuda.py tests/test_cuda_ort.py -k "test_ort_ or test_cuda_ort" \
+    tests ort -rP tests/cuda/test_cuda.py tests/cuda/test_cuda_ort.py -k "test_ort_ or test_cuda_ort" \
       && record ort ok || record ort "FAILED ($?)"
   fi
 fi

@@ -3,7 +3,7 @@
 # UndefinedBehaviorSanitizer (CMake option ONNXNORM_SANITIZE; CPU kernels only) in build/sanitize,
 # then run: ctest (custom_ops/tests/kernel_tests.cc: every op, type pair, optional input, width,
 # alignment and instruction set), and a short campaign of the property tests
-# (tests/test_properties.py, hypothesis profile "sanitize") through ONNX Runtime against the
+# (tests/ops/test_properties.py, hypothesis profile "sanitize") through ONNX Runtime against the
 # sanitized libonnxnorm_ops.so, which also covers the ORT glue (shapes, weights, threads). The
 # first report ends the run with a non-zero exit (docs/reliability.md).
 #
@@ -55,5 +55,5 @@ library="$build/onnxnorm/lib/libonnxnorm_ops.so"
 echo "== property tests through ONNX Runtime against $library, sanitized"
 LD_PRELOAD="$runtime" ASAN_OPTIONS=detect_leaks=0 ONNXNORM_LIBRARY="$library" \
   ONNXNORM_HYPOTHESIS_PROFILE=sanitize \
-  "$python" -m pytest -q -p no:cacheprovider "$root/tests/test_properties.py" "$@"
+  "$python" -m pytest -q -p no:cacheprovider "$root/tests/ops/test_properties.py" "$@"
 echo "sanitize: no reports"

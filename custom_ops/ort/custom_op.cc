@@ -14,7 +14,7 @@ namespace {
 static_assert(ORT_API_VERSION >= 21, "onnxnorm is built against ONNX Runtime headers 1.21 or newer");
 
 #if defined(ONNXNORM_TEST_CUDA_ROWS_ON_CPU)
-// A build for tests on machines without a GPU (tests/test_cuda.py): the CUDA lines claim the CPU
+// A build for tests on machines without a GPU (tests/cuda/test_cuda.py): the CUDA lines claim the CPU
 // execution provider instead of the CPU lines, so that a CPU session runs the CUDA glue and the
 // launcher of a host-emulated CUDA library. Never set in the package build.
 constexpr bool kCudaRowsOnCpu = true;

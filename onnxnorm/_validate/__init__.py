@@ -34,7 +34,8 @@ own copy of the model (the report lists them; ``repairs.py``):
 A norm attribute that ONNX Runtime accepts although no norm can use it (a negative or NaN
 epsilon of ONNX's or ONNX Runtime's ops) is left to the fusion rules, which leave that norm as
 it is and say why; an onnxnorm op's attributes are checked as the native library checks them.
-tests/test_hostile.py runs ONNX Runtime's own loader on every refused and every mended case.
+tests/validate/test_hostile.py runs ONNX Runtime's own loader on every refused and every mended
+case.
 """
 
 from __future__ import annotations

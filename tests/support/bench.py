@@ -1,5 +1,6 @@
 """Inputs for the kernel benchmark's models of the quantized ops (``onnxnorm bench kernels``),
-which tests/test_kernels.py and tests/test_quantized.py check against ONNX Runtime's own ops."""
+which tests/kernels/test_kernels.py and tests/ops/test_quantized.py check against ONNX Runtime's
+own ops."""
 
 from __future__ import annotations
 

@@ -19,13 +19,13 @@ rows (head_dim 64 to 256) and widths from 1 to 16384 (40000 in the full matrix),
 unaligned views, NaN/Inf rows.
 Arguments are ``onnxnorm._native.NormArgs`` (and ``CudaQuantArgs``) on torch tensors.
 
-On a GPU (tests/test_cuda.py, tools/gpu_check.sh) it drives the built CUDA library. Without one,
-``--emulation`` builds the host emulation of the kernels (custom_ops/cuda/emulation: the same
-kernel templates, launch table and launcher, compiled by the host C++ compiler, a block's threads as
-fibers) and runs the matrix on the CPU:
+On a GPU (tests/cuda/test_cuda.py, tools/gpu_check.sh) it drives the built CUDA library. Without
+one, ``--emulation`` builds the host emulation of the kernels (custom_ops/cuda/emulation: the
+same kernel templates, launch table and launcher, compiled by the host C++ compiler, a block's
+threads as fibers) and runs the matrix on the CPU:
 
     python tests/support/cuda_harness.py --emulation          # the full matrix, half a minute
-    python tests/support/cuda_harness.py --emulation --quick  # what tests/test_cuda.py runs
+    python tests/support/cuda_harness.py --emulation --quick  # what tests/cuda/test_cuda.py runs
     python tests/support/cuda_harness.py [--library PATH]     # on a GPU
 """
 

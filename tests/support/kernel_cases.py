@@ -1,6 +1,6 @@
 """The CPU kernels' case matrices, run through ONNX Runtime with the onnxnorm library (nodes
-without function bodies) against the numpy reference. tests/test_kernels.py and
-tests/test_native_ops.py run them in the test process, and again in a child process for each
+without function bodies) against the numpy reference. tests/kernels/test_kernels.py and
+tests/kernels/test_native_ops.py run them in the test process, and again in a child process for each
 lesser instruction set (``ONNXNORM_CPU_ISA``), which imports them from here
 (:func:`check_float_ops`, :func:`check_gated_and_l2_norms`)."""
 

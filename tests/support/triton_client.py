@@ -1,6 +1,7 @@
-"""Triton's Python clients (tritonclient) for tests/test_serve.py and tests/test_triton.py, run by
-the serve venv's interpreter (.venv-serve, made by `make serve-venv`), which has tritonclient;
-the main venv does not (it would pin protobuf and ml_dtypes to older releases).
+"""Triton's Python clients (tritonclient) for tests/serve/test_serve.py and
+tests/serve/test_triton.py, run by the serve venv's interpreter (.venv-serve, made by
+`make serve-venv`), which has tritonclient; the main venv does not (it would pin protobuf and
+ml_dtypes to older releases).
 
     .venv-serve/bin/python tests/support/triton_client.py PLAN.json
 

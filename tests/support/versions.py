@@ -1,6 +1,6 @@
 """The runtime dependencies' declared minimum versions, read from pyproject.toml, and the check
-that runs in an environment of exactly those versions (tests/test_versions.py,
-tests/test_install.py)."""
+that runs in an environment of exactly those versions (tests/packaging/test_versions.py,
+tests/packaging/test_install.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 // Host emulation of the onnxnorm CUDA kernels, for testing their logic on machines without a GPU
-// (tests/test_cuda.py, tests/support/cuda_harness.py): the kernels of norm_kernels.cuh and the real
+// (tests/cuda/test_cuda.py, tests/support/cuda_harness.py): the kernels of norm_kernels.cuh and the real
 // launcher (launch.cu, with its launch table) compiled by the host C++ compiler, with this
 // folder's stand-ins for the CUDA headers; only the launch itself is emulated.
 //

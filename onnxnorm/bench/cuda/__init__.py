@@ -15,7 +15,7 @@ ORT where ORT ran).
     onnxnorm bench cuda [--reps N] [--dtypes D,...] [--library PATH] [--no-ort] [--json OUT]
 
 The library is the one ``onnxnorm.runtime.library_path("cuda")`` finds. The kernels' correctness
-matrix is tests/cuda_harness.py (run by tests/test_cuda.py).
+matrix is tests/support/cuda_harness.py (run by tests/cuda/test_cuda.py).
 
 The benchmark is this package's modules: ``cases`` (the dtypes, shapes and targets), ``clock``
 (how a call is timed), ``contenders`` (torch and ONNX Runtime), ``measure`` (a row, judged; the

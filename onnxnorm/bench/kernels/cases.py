@@ -101,8 +101,8 @@ EPSILON = 1e-5
 Y_SCALE = 0.02
 Y_ZERO_POINT = -3
 #: the static quantized ops' Y type (``--quant-type``) -> their zero point; int8 by default. A
-#: float8 zero point's value is not used (it gives Y's type only). tests/test_kernels.py holds
-#: its types to the catalogue's quantized types.
+#: float8 zero point's value is not used (it gives Y's type only). tests/kernels/test_kernels.py
+#: holds its types to the catalogue's quantized types.
 QUANT_ZERO_POINTS = {"uint8": 125, "int8": Y_ZERO_POINT, "float8e4m3fn": 0.0}
 QUANT_TYPE = "int8"
 

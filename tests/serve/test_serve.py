@@ -6,7 +6,7 @@ backend stub links). Triton's HTTP and gRPC clients get the outputs of a local s
 library is mapped into the serving process; a bounded load of 8 concurrent clients completes
 with no error with dynamic batching on and off (p50/p99 latency and throughput written to
 build/serve/load.json); bad requests get clean errors and the server goes on; SIGTERM stops it
-cleanly. The repository that onnxnorm triton writes is served in tests/test_serve_repository.py."""
+cleanly. The repository that onnxnorm triton writes is served in tests/serve/test_repository.py."""
 
 from __future__ import annotations
 

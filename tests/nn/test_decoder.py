@@ -1,5 +1,5 @@
-"""models/: the configurable decoder, the families table (checked against transformers' own
-norm classes) and docs/norms.md generated from it."""
+"""onnxnorm.nn's configurable decoder (decoder.py), the families table (families.py, checked
+against transformers' own norm classes) and docs/norms.md generated from it."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import torch
 from onnxnorm.nn import decoder, families
 from onnxnorm.nn.converter import convert, probe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_norms_page_covers_every_family_and_placement():
-    """docs/norms.md (tools/gen_norms_doc.py; tests/test_generated.py holds it current)."""
+    """docs/norms.md (tools/gen_norms_doc.py; tests/packaging/test_generated.py holds it
+    current)."""
     path = ROOT / "tools" / "gen_norms_doc.py"
     spec = importlib.util.spec_from_file_location("gen_norms_doc", path)
     module = importlib.util.module_from_spec(spec)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CMAKE = shutil.which("cmake")
 
 pytestmark = pytest.mark.skipif(CMAKE is None, reason="needs cmake")

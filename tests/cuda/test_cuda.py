@@ -37,7 +37,7 @@ from tests.support.gpu import (
 )
 from tests.support.matrix import DTYPES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CUDA_DIR = ROOT / "custom_ops" / "cuda"
 NVCC = shutil.which("nvcc") or (
     "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None
@@ -212,8 +212,8 @@ def _build_cpu_library_with_cuda_rows_on_cpu(folder: Path) -> Path:
     provider instead of its CPU rows. The glue (custom_ops/ort) is compiled unoptimized (it runs
     small tensors, and -O0 compiles in under half the time of -O1); the CPU kernels, which the
     define does not touch and this build never runs, are the editable install's objects where
-    there is one (test_kernels.py finds it; the portable kernels compiled here otherwise, most
-    of this test's time)."""
+    there is one (tests/kernels/test_kernels.py finds it; the portable kernels compiled here
+    otherwise, most of this test's time)."""
     headers = _ort_headers()
     if headers is None:
         pytest.skip("no ONNX Runtime headers")
@@ -481,7 +481,7 @@ def test_cuda_glue_in_host_emulation(tmp_path):
 
 def _gpu_check(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     """tools/gpu_check.sh in a dry run (GPU_CHECK_DRY_RUN=1), OUT=tmp_path/out."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "GPU_CHECK_DRY_RUN": "1",
@@ -512,10 +512,10 @@ def test_gpu_check_script_dry_run(tmp_path):
     collected = [
         line
         for line in out.splitlines()
-        if line.startswith("dry run: ") and "tests/test_cuda.py" in line
+        if line.startswith("dry run: ") and "tests/cuda/test_cuda.py" in line
     ]
     assert len(collected) == 2 and all(" tests collected" in line for line in collected), out
-    assert "tests/test_cuda_ort.py" in collected[1]
+    assert "tests/cuda/test_cuda_ort.py" in collected[1]
     assert "dry run: " + sys.executable + " -m onnxnorm.bench.cuda --reps 30" in out
     assert " -m onnxnorm bench e2e --models llama,gemma2 --dtypes float16 " in out
     assert "--devices cuda,cuda-graph --genai fp16 " in out

@@ -37,7 +37,7 @@ from tests.support.versions import (
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: the lock of the test environments (tools/lock.py): what the environments made here install
 LOCK = ROOT / "requirements" / "dev.lock"
 
@@ -285,8 +285,8 @@ def test_minimum_versions_work(wheel, tmp_path):
     """This wheel in an environment with exactly the declared minimum versions
     (tests/support/versions.py reads them from pyproject.toml); then the same environment with
     the first onnxruntime in which the library turns its output shape inference on (see
-    tests/test_versions.py's docstring) in place of the minimum one: the fusion command, every
-    target, its --verify and the kernels work with both."""
+    tests/packaging/test_versions.py's docstring) in place of the minimum one: the fusion command,
+    every target, its --verify and the kernels work with both."""
     bounds = minimum_versions()
     # the cpu extra's ONNX Runtime: onnxruntime-gpu is the same runtime, and needs a GPU
     pins = [

@@ -1,5 +1,5 @@
-"""docs/ops.md as the catalogue renders it names every op and attribute (tests/test_generated.py
-holds the committed page current)."""
+"""docs/ops.md as the catalogue renders it names every op and attribute
+(tests/packaging/test_generated.py holds the committed page current)."""
 
 from onnxnorm.ops import catalogue, docs
 

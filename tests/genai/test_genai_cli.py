@@ -1,6 +1,6 @@
 """``onnxnorm genai`` as a user meets it without building a model: help and bad folders need
 neither torch nor onnxruntime-genai, ``--verify`` without onnxruntime-genai says so in one line,
-and nothing is written for bad input (the conversion itself: tests/test_pipelines.py)."""
+and nothing is written for bad input (the conversion itself: tests/fusion/test_pipelines.py)."""
 
 from __future__ import annotations
 

@@ -257,7 +257,7 @@ print("ok")
 def test_every_instruction_set(isa):
     """The best instruction set runs in this process; the lesser ones in a subprocess each
     (ONNXNORM_CPU_ISA lowers the choice)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "ONNXNORM_CPU_ISA": isa}
     result = subprocess.run(
         [sys.executable, "-c", ISA_SCRIPT],
@@ -598,7 +598,7 @@ def test_kernels_cxx_ctest():
     optional input, attribute and rounding order against a scalar float64 reference, misaligned and
     streamed tensors, rows split as threads split them, the float16/bfloat16 conversions, and every
     instruction set this CPU has against the others, byte for byte."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     jobs = str(max(1, min(4, os.cpu_count() or 1)))
     build = package_build_with_tests(root)
     steps = []

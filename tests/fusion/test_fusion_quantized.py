@@ -38,7 +38,7 @@ def _float8_qdq(folder):
     float8 e4m3fn (activations and weights; ORT's float8 calibration is its Distribution
     method). The quantizer writes opset 19, the least float8 needs; the model then imports
     opset 21, where QuantizeLinear and DequantizeLinear have their latest form (no op of this
-    graph changed its meaning from 19 to 21; opset 19 is tested in test_catalogue.py)."""
+    graph changed its meaning from 19 to 21; opset 19 is tested in tests/ops/test_catalogue.py)."""
     import contextlib
     import io
     import warnings

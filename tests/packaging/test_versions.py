@@ -39,7 +39,7 @@ from tests.support.versions import (
     same_version,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # --- fast ---------------------------------------------------------------------------------------
 

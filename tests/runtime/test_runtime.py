@@ -62,7 +62,7 @@ def test_one_registration_for_every_provider_list_leaves_the_environment_alone(r
     want = reference_outputs("RMSNorm", arrays)[0]
     for providers in (None, runtime.CUDA_PROVIDERS):
         if providers and runtime.cuda_available():
-            continue  # runs on the GPU there: tests/test_cuda.py
+            continue  # runs on the GPU there: tests/cuda/test_cuda.py
         got = runtime.session(model, providers=providers).run(None, {"x": arrays["X"]})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         assert runtime.executed_ops(model, {"x": arrays["X"]}, providers=providers) == {

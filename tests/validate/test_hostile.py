@@ -310,7 +310,7 @@ def test_python_api_refuses_in_one_line(tmp_path, name):
 def test_onnx_runtime_refuses_them_too(tmp_path, name):
     """What the pass refuses, ONNX Runtime's own loader refuses too (the onnxnorm library
     registered): the pass is no stricter than the runtime. What ONNX Runtime loads although it
-    is sloppy is mended instead (tests/test_wild_models.py)."""
+    is sloppy is mended instead (tests/fusion/test_wild_models.py)."""
     import onnxruntime as ort
 
     path = _write_case(tmp_path, name)

@@ -372,7 +372,8 @@ def test_schemas_registered_for_every_op():
 
 
 def test_function_bodies_below_opset_15_name_x_type():
-    """Below opset 15 (no CastLike) the overload names X's type; tests/test_opsets.py runs them."""
+    """Below opset 15 (no CastLike) the overload names X's type; tests/ops/test_opsets.py runs
+    them."""
     with pytest.raises(ValueError, match=r"names no element type of X .* below opset 15"):
         functions.function_proto("RMSNorm", "scale", 14)
     assert functions.function_proto("RMSNorm", "scale_f16", 14).overload == "scale_f16"

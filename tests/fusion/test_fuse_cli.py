@@ -123,7 +123,7 @@ def test_failed_write_leaves_nothing_half_written(decomposed, tmp_path, monkeypa
 
 
 def test_directory_without_models_is_refused(tmp_path):
-    """A folder is fused file by file (tests/test_optimum.py); one without .onnx files is
+    """A folder is fused file by file (tests/fusion/test_optimum.py); one without .onnx files is
     refused in one line."""
     result = _run("fuse", tmp_path, "-o", tmp_path / "out")
     _assert_one_line_error(

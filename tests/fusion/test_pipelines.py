@@ -213,7 +213,7 @@ def test_source_fused_with_parity(built, name):
     if name.startswith("static"):
         # the DequantizeLinear nodes around the norms stay and still run; the QuantizeLinear
         # after each of the 4 norms that feed quantized MatMuls joins its norm
-        # (tests/test_fusion_quantized.py)
+        # (tests/fusion/test_fusion_quantized.py)
         for op, joined in (("DequantizeLinear", 0), ("QuantizeLinear", 4)):
             assert (
                 sum(n.op_type == op for n in fused.graph.node)
@@ -340,7 +340,7 @@ def test_fuse_verify_reads_the_genai_config(genai_root, tmp_path):
 
 def test_docs_page_shows_what_the_tests_measure():
     """docs/pipelines.md (python -m models.pipelines) holds the counts these tests assert."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "pipelines.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "pipelines.md").read_text()
     for family, (norms, adds) in GENAI_COUNTS.items():
         for precision in pipelines.GENAI_PRECISIONS:
             assert f"| {family} | {precision} | {norms} | {adds} | ok (" in text, family

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: where the project's own files are (not build outputs, caches or third_party)
 SOURCE_DIRS = ("custom_ops", "docs", "models", "onnxnorm", "tests", "tools")
 

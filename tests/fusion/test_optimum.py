@@ -197,7 +197,7 @@ def test_external_data_kept(folders, tmp_path):
 
 
 def test_docs_page_shows_what_the_tests_measure():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "pipelines.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "pipelines.md").read_text()
     assert "optimum-cli export onnx --model ./llama-ckpt --task text-generation-with-past" in text
     for (family, name), (norms, adds) in COUNTS.items():
         assert f"| {family} | {name} | {norms} | {adds} | ok (" in text, (family, name)

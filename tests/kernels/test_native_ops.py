@@ -28,7 +28,7 @@ from tests.support.kernel_cases import (
 )
 from tests.support.matrix import DTYPES, F32, TYPE_IDS, TYPE_PAIRS, type_id
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "custom_ops" / "include" / "onnxnorm" / "ops_generated.h"
 PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
 

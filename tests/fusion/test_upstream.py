@@ -1,8 +1,8 @@
 """The private pieces of onnxscript and ONNX Runtime that the pass relies on, one small module
 each (onnxnorm/fusion/_onnxscript_private.py, _ort_symbolic.py, whose docstrings say what public
 API would replace them): their checks fail loudly when the installed versions change them. The
-same checks run at the declared minimum versions (tests/test_versions.py's CHECK, in
-tests/test_install.py)."""
+same checks run at the declared minimum versions (tests/packaging/test_versions.py's CHECK, in
+tests/packaging/test_install.py)."""
 
 from __future__ import annotations
 

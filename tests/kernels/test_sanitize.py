@@ -14,7 +14,7 @@ import pytest
 from onnxnorm import ops
 from tests.support.build import tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 On every model that ONNX Runtime loads, `onnxnorm fuse` fuses its norms for every target, never
 ends in an internal error, writes a model that ONNX Runtime loads and that matches the original,
 and mends what ONNX Runtime tolerates, saying so. What the pass refuses, ONNX Runtime refuses too
-(tests/test_hostile.py).
+(tests/validate/test_hostile.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The model repository that ``onnxnorm triton`` writes, served unchanged by a real tritonserver:
 the one in PyTriton's wheel (Triton 2.51), run from the serve venv. That build has the Python
 backend only, no ONNX Runtime backend (and neither PyPI nor Debian has one): on its own it reads
-the repository and stops at the missing backend. Given tests/triton_ort_standin/model.py as a
+the repository and stops at the missing backend. Given tests/serve/triton_ort_standin/model.py as a
 Python-based backend named ``onnxruntime`` (for tests only: it registers the config's
 op_library_filename into an ONNX Runtime session, as the C++ backend does), it serves the
 repository: Triton's dynamic batcher stacks requests as the generated config says, the library
