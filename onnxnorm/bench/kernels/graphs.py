@@ -10,6 +10,7 @@ import numpy as np
 from onnxnorm import _native
 from onnxnorm.bench.kernels.cases import EPSILON, QUANT_TYPE, QUANT_ZERO_POINTS
 from onnxnorm.ops import catalogue
+from onnxnorm.testing.graphs import elem_type, numpy_type, single_node_model
 
 #: op -> labels of ORT's own ops for the same math (each a model of :func:`ort_builtin_model`)
 ORT_BUILTINS = {
@@ -36,24 +37,22 @@ for _name, _spec in catalogue.QUANTIZED_OPS.items():
         ]
 
 
+#: a dtype of ``--dtypes`` -> its catalogue type
+_TYPE_NAMES = {
+    "float32": "tensor(float)",
+    "float16": "tensor(float16)",
+    "bfloat16": "tensor(bfloat16)",
+}
+
+
 def onnx_type(dtype: str) -> int:
     """ "float16" -> TensorProto.FLOAT16 (a dtype of ``--dtypes``)."""
-    import onnx
-
-    return {
-        "float32": onnx.TensorProto.FLOAT,
-        "float16": onnx.TensorProto.FLOAT16,
-        "bfloat16": onnx.TensorProto.BFLOAT16,
-    }[dtype]
+    return elem_type(_TYPE_NAMES[dtype])
 
 
 def np_dtype(dtype: str) -> np.dtype:
     """ "bfloat16" -> ml_dtypes' bfloat16 (a dtype of ``--dtypes``)."""
-    import ml_dtypes
-
-    return np.dtype(
-        {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
-    )
+    return numpy_type(_TYPE_NAMES[dtype])
 
 
 def quant_onnx_type(quant_type: str) -> int:
@@ -158,22 +157,23 @@ def onnxnorm_model(
 ):
     """The onnxnorm node of ``op`` alone (no function body: it needs the library), with the
     node's ``attrs`` (epsilon EPSILON unless given) and Scale of ``scale_shape`` (default (d,))."""
-    from onnx import helper
-
-    spec = catalogue.get(op)
     names = input_names(op)
-    inputs = [names.get(p.name, "") for p in spec.inputs]
-    while inputs and not inputs[-1]:
-        inputs.pop()
-    outputs = output_names(op)
-    node_outputs = (
-        outputs if spec.quantize == "none" or not spec.has_residual else (outputs[:-1] + ["sum"])
-    )
-    node_attrs = {"epsilon": EPSILON, **(attrs or {})}
-    node = helper.make_node(op, inputs, node_outputs, domain=catalogue.DOMAIN, **node_attrs)
     shapes = _shapes(op, x_shape, d, scale_shape)
-    model = _model([node], shapes, outputs, dtype, {"": 18, catalogue.DOMAIN: catalogue.VERSION})
-    _quantized_types(model, spec.quantize, quant_type)
+    t = np_dtype(dtype)
+    inputs = {name: (t, shapes[array]) for name, array in names.items()}
+    if catalogue.get(op).quantize == "static":
+        inputs.update(Y_scale=(t, ()), Y_zero_point=(_native.QUANT_NP_TYPES[quant_type], ()))
+    model = single_node_model(
+        op,
+        inputs,
+        {"epsilon": EPSILON, **(attrs or {})},
+        optional_outputs={"Sum"},
+        functions=False,
+        bfloat16_as_float32=False,
+        input_names=names,
+        output_names={"Y": "y", "Y_scale": "ys_out", "Y_zero_point": "yz_out", "Sum": "sum"},
+    )
+    model.ir_version = min(model.ir_version, 10)
     return model
 
 
