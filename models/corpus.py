@@ -2,7 +2,8 @@
 (nothing is downloaded), exported with both PyTorch exporters, with the number of norm calls
 counted from the torch model itself.
 
-Used by the corpus tests and by ``python -m models.compare``.
+Used by the corpus tests and by tools/fusion_page.py (docs/fusion.md), which also times the
+tools on :func:`decoder_export`'s larger decoder.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import io
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -331,3 +333,32 @@ def export(
             )
             proto = onnx.load_from_string(buffer.getvalue())
     return proto, count
+
+
+def decoder_export(
+    folder: Path, layers: int = 8, hidden: int = 1024, external: bool = False
+) -> Path:
+    """A Llama-style decoder of :mod:`onnxnorm.nn.decoder` (the Llama family's norms, spelled
+    out as Hugging Face writes them) exported with the dynamo exporter, its weights inside the
+    file or (``external``) in ``<name>.onnx.data`` beside it."""
+    import torch
+
+    from onnxnorm.nn import decoder, families
+    from onnxnorm.nn.exporter import quiet_export
+
+    model = decoder.build(
+        families.decoder_config(
+            "llama",
+            hidden=hidden,
+            heads=hidden // 64,
+            intermediate=hidden * 11 // 4,
+            layers=layers,
+            impl="decomposed",
+        )
+    )
+    path = folder / f"decoder_{layers}x{hidden}{'_external' if external else ''}.onnx"
+    with quiet_export(), torch.no_grad():
+        program = torch.onnx.export(model, (torch.randn(1, 16, hidden),), dynamo=True)
+    del model
+    program.save(str(path), external_data=external)
+    return path

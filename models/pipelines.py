@@ -1,4 +1,5 @@
-"""Models as deployment pipelines make them, for the pipeline tests and docs/pipelines.md.
+"""Models as deployment pipelines make them, for the pipeline tests and docs/pipelines.md
+(written by tools/pipelines_page.py).
 
 Every model is built from a config in code with random weights (``onnxnorm.testing.hf``);
 nothing is downloaded. The sources:
@@ -19,16 +20,11 @@ nothing is downloaded. The sources:
 - ``optimum``: Optimum folders (``optimum-cli export onnx``) of Llama, Gemma 2, T5 and Whisper
   checkpoints, exported on an overlay with the older transformers optimum-onnx requires
   (``models/optimum_export.py``).
-
-``python -m models.pipelines [-o docs/pipelines.md]`` measures every source with onnxnorm, ONNX
-Runtime's transformers optimizer and onnxscript's ort_fusions and writes the page.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import datetime
 import io
 import json
 import os
@@ -40,7 +36,7 @@ from pathlib import Path
 
 import onnx
 
-from models import compare, corpus
+from models import corpus
 
 # --- onnxruntime-genai ------------------------------------------------------------------------
 
@@ -398,247 +394,3 @@ def optimum_folders(root: Path, families=tuple(OPTIMUM_FAMILIES)) -> dict[str, P
             stdout=subprocess.DEVNULL,
         )
     return {f: root / f for f in families}
-
-
-# --- measuring ----------------------------------------------------------------------------------
-
-
-def _tools(model: onnx.ModelProto, folder: Path, sizes=None) -> dict:
-    """norms, adds and parity (or the error) of onnxnorm, ORT's optimizer and onnxscript."""
-    from onnxnorm.fusion import fuse
-
-    path = folder / "input.onnx"
-    onnx.save(model, path)
-    row = {}
-    runs = {
-        "onnxnorm": lambda: fuse(model)[0],
-        "ort": lambda: compare._run_ort(model, path, "llama"),
-        "onnxscript": lambda: compare._run_onnxscript(model, path),
-    }
-    for tool, run in runs.items():
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                optimized = run()
-        except Exception as error:  # noqa: BLE001 - a tool's failure is a result
-            row[f"{tool}_error"] = f"{type(error).__name__}: {str(error).strip()[:60]}"
-            continue
-        row[f"{tool}_norms"], row[f"{tool}_adds"] = compare.count(optimized)
-        row[f"{tool}_parity"] = compare._parity(model, optimized, sizes=sizes)
-    return row
-
-
-def measure_sources(names=None, log=print) -> list[dict]:
-    rows = []
-    for name in names or SOURCES:
-        with tempfile.TemporaryDirectory() as tmp:
-            model = SOURCES[name][1](Path(tmp))
-            sizes = {"past_sequence_length": 3} if "KV" in name else None
-            row = {"source": name, **_tools(model, Path(tmp), sizes)}
-        log(json.dumps(row))
-        rows.append(row)
-    return rows
-
-
-def measure_genai(families=GENAI_FAMILIES, precisions=GENAI_PRECISIONS, log=print) -> list[dict]:
-    from onnxnorm.genai import convert, dim_sizes, generate, read_config
-
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        for family in families:
-            for precision in precisions:
-                folder = genai_folder(family, precision, root)
-                out = root / f"{family}_{precision}_onnxnorm"
-                report = convert(folder, out)
-                want, have = (generate(f, PROMPT, NEW_TOKENS) for f in (folder, out))
-                kernels = profiled_kernels(out)
-                model = onnx.load(folder / "model.onnx", load_external_data=False)
-                row = {
-                    "family": family,
-                    "precision": precision,
-                    "norms": report.norms,
-                    "adds": report.residual_adds,
-                    "tokens_equal": want == have,
-                    "tokens": len(have),
-                    "onnxnorm_kernels": sum(
-                        v
-                        for k, v in kernels.items()
-                        if k
-                        in (
-                            "RMSNorm",
-                            "SkipRMSNorm",
-                            "LayerNorm",
-                            "SkipLayerNorm",
-                            "SandwichRMSNorm",
-                        )
-                    ),
-                }
-                # the past (the KV cache's capacity) must cover Gemma 2's sliding window (16)
-                sizes = dim_sizes(read_config(folder), model, past=16)
-                full = onnx.load(folder / "model.onnx")
-                row.update(_tools(full, root, sizes))
-                log(json.dumps(row))
-                rows.append(row)
-    return rows
-
-
-def count_all(model: onnx.ModelProto) -> tuple[int, int]:
-    """:func:`models.compare.count` over every graph, the branches of a merged decoder's If
-    included."""
-    from onnxnorm.ops.functions import all_graphs
-
-    norms = adds = 0
-    for graph in all_graphs(model.graph):
-        for node in graph.node:
-            domain = "" if node.domain == "ai.onnx" else node.domain
-            n, a = compare.NORM_OPS.get((domain, node.op_type), (0, 0))
-            norms, adds = norms + n, adds + a
-    return norms, adds
-
-
-def _file_parity(original: Path, optimized: Path) -> str:
-    from onnxnorm.fusion.folder import verify_file
-
-    try:
-        checks = verify_file(original, optimized)
-    except Exception as error:  # noqa: BLE001 - reported in the table
-        text = str(error).strip().replace(f"{optimized}: ", "")  # no temporary paths
-        return f"does not run ({text.splitlines()[0][:110]})"
-    worst = max(c.max_abs for c in checks)
-    return f"{'ok' if all(c.ok for c in checks) else 'MISMATCH'} ({worst:.1e})"
-
-
-def _other_tool(tool: str, path: Path, family: str, out: Path) -> None:
-    """ORT's transformers optimizer or onnxscript's ``optimize_for_ort`` on the file ``path``,
-    the result saved to ``out`` as their users save it."""
-    if tool == "ort":
-        from onnxruntime.transformers.optimizer import optimize_model
-
-        optimize_model(
-            str(path),
-            model_type=compare.ORT_MODEL_TYPE.get(family, "gpt2"),
-            num_heads=0,
-            hidden_size=0,
-            opt_level=0,
-        ).save_model_to_file(str(out))
-    else:
-        onnx.save(compare._run_onnxscript(None, path), out)
-
-
-def measure_optimum(families=tuple(OPTIMUM_FAMILIES), log=print) -> list[dict]:
-    """Per file of each Optimum folder: what ``onnxnorm fuse DIR -o OUT`` (its
-    :func:`~onnxnorm.fusion.folder.fuse_folder`) fused and its parity (a merged decoder: both
-    branches), next to ORT's optimizer and onnxscript on the same file."""
-    from onnxnorm.fusion.folder import fuse_folder
-
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        for family, folder in optimum_folders(root, families).items():
-            report = fuse_folder(folder, root / f"{family}_onnxnorm")
-            for result in report.files:
-                path = folder / result.name
-                row = {
-                    "family": family,
-                    "file": result.name,
-                    "onnxnorm_norms": result.report.norms,
-                    "onnxnorm_adds": result.report.residual_adds,
-                    "onnxnorm_parity": result.parity().replace("max abs error ", ""),
-                }
-                for tool in ("ort", "onnxscript"):
-                    out = root / f"{family}_{tool}_{result.name}"
-                    try:
-                        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-                            warnings.simplefilter("ignore")
-                            _other_tool(tool, path, family, out)
-                    except Exception as error:  # noqa: BLE001 - a tool's failure is a result
-                        row[f"{tool}_error"] = f"{type(error).__name__}: {str(error).strip()[:60]}"
-                        continue
-                    row[f"{tool}_norms"], row[f"{tool}_adds"] = count_all(onnx.load(out))
-                    row[f"{tool}_parity"] = _file_parity(path, out)
-                log(json.dumps(row))
-                rows.append(row)
-    return rows
-
-
-# --- docs/pipelines.md ----------------------------------------------------------------------------
-
-
-def _cells(row, tool):
-    if f"{tool}_error" in row:
-        return f"fails: {row[f'{tool}_error']}".replace("|", "/"), "", ""
-    return str(row[f"{tool}_norms"]), str(row[f"{tool}_adds"]), row[f"{tool}_parity"]
-
-
-TEMPLATE = Path(__file__).with_name("pipelines.md.in")
-
-
-def _optimum_table(rows) -> str:
-    lines = [
-        "| model | file | onnxnorm norms | adds | parity | ORT opt. norms | adds | parity | "
-        "onnxscript norms | adds | parity |",
-        "|---|---|---:|---:|---|---:|---:|---|---:|---:|---|",
-    ]
-    for r in rows:
-        cells = [c for tool in ("onnxnorm", "ort", "onnxscript") for c in _cells(r, tool)]
-        lines.append(f"| {r['family']} | {r['file']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def markdown(genai_rows, source_rows, optimum_rows=()) -> str:
-    import onnxruntime_genai
-
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    versions = f"onnxruntime-genai {onnxruntime_genai.__version__}, {compare._versions()}"
-    genai = [
-        "| model | precision | norms fused | adds absorbed | decoder parity (past 16) | "
-        "32 greedy tokens | onnxnorm kernels run | ORT opt. norms / adds | onnxscript "
-        "norms / adds |",
-        "|---|---|---:|---:|---|---|---:|---|---|",
-    ]
-    for r in genai_rows:
-        o, s = _cells(r, "ort"), _cells(r, "onnxscript")
-        genai.append(
-            f"| {r['family']} | {r['precision']} | {r['norms']} | {r['adds']} | "
-            f"{_cells(r, 'onnxnorm')[2]} | "
-            f"{'identical' if r['tokens_equal'] else 'DIFFER'} ({r['tokens']}) | "
-            f"{r['onnxnorm_kernels']} | {o[0]} / {o[1]} | {s[0]} / {s[1]} |"
-        )
-    sources = [
-        "| source | what was run | onnxnorm norms | adds | parity | ORT opt. norms | adds | "
-        "parity | onnxscript norms | adds | parity |",
-        "|---|---|---:|---:|---|---:|---:|---|---:|---:|---|",
-    ]
-    for r in source_rows:
-        cells = [c for tool in ("onnxnorm", "ort", "onnxscript") for c in _cells(r, tool)]
-        sources.append(
-            f"| {r['source']} | `{SOURCES[r['source']][0]}` | " + " | ".join(cells) + " |"
-        )
-    text = TEMPLATE.read_text()
-    return (
-        text.replace(
-            "GENERATED", f"Generated by `python -m models.pipelines` on {now}; {versions}."
-        )
-        .replace("GENAI_TABLE", "\n".join(genai))
-        .replace("SOURCES_TABLE", "\n".join(sources))
-        .replace("OPTIMUM_TABLE", _optimum_table(optimum_rows))
-    )
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m models.pipelines", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("-o", "--output", default="docs/pipelines.md")
-    args = parser.parse_args(argv)
-    genai_rows = measure_genai()
-    source_rows = measure_sources()
-    optimum_rows = measure_optimum()
-    Path(args.output).write_text(markdown(genai_rows, source_rows, optimum_rows))
-    print(f"wrote {args.output}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -73,8 +73,8 @@ GENERATED: dict[str, tuple[str, Callable[[], str]]] = {
 
 #: pages written by measuring, each by its own command: dated, minutes long, not checked here
 MEASURED: dict[str, str] = {
-    "docs/fusion.md": "python -m models.compare",
-    "docs/pipelines.md": "python -m models.pipelines",
+    "docs/fusion.md": "python tools/fusion_page.py",
+    "docs/pipelines.md": "python tools/pipelines_page.py",
 }
 
 

@@ -16,6 +16,7 @@ from models import corpus
 from onnxnorm.fusion import fuse
 from onnxnorm.fusion.verify import verify
 from tests.support.matrix import LOWERED_TARGETS
+from tests.support.tools import load_tool
 
 pytestmark = pytest.mark.slow
 
@@ -116,12 +117,13 @@ def test_half_precision_exports(name, dtype):
 
 
 def test_compare_report(tmp_path):
-    """The report command runs all three tools and writes the markdown table."""
-    from models import compare
-
+    """The page's writer (tools/fusion_page.py) runs all three tools and writes the markdown
+    table."""
     out = tmp_path / "fusion.md"
     assert (
-        compare.main(["--models", "gpt2", "--exporters", "dynamo", "--no-timing", "-o", str(out)])
+        load_tool("fusion_page").main(
+            ["--models", "gpt2", "--exporters", "dynamo", "--no-timing", "-o", str(out)]
+        )
         == 0
     )
     text = out.read_text()

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from models import pipelines
+from models import compare, pipelines
 from onnxnorm.fusion.folder import fuse_folder
 from onnxnorm.ops.functions import all_graphs
 
@@ -111,10 +111,10 @@ def test_at_least_as_many_as_other_tools(folders, family, tmp_path):
         for tool in ("ort", "onnxscript"):
             out = tmp_path / f"{tool}_{name}"
             try:
-                pipelines._other_tool(tool, folders[family] / name, family, out)
+                compare.optimize_file(tool, folders[family] / name, family, out)
             except Exception:  # noqa: BLE001 - a tool that fails on the model fuses nothing
                 continue
-            theirs = pipelines.count_all(onnx.load(out))
+            theirs = compare.count_all(onnx.load(out))
             assert mine[0] >= theirs[0] and mine[1] >= theirs[1], (name, tool, mine, theirs)
 
 

@@ -95,8 +95,8 @@ def test_genai_folder_generates_the_same_tokens_with_onnxnorm_kernels(
     # as many norms and adds in single ops as the other tools leave (the builder's contrib ops)
     # ORT's optimizer with the model type docs/pipelines.md uses (gpt2)
     for run in (
-        lambda: compare._run_ort(original, folder / "model.onnx", "llama"),
-        lambda: compare._run_onnxscript(original, folder / "model.onnx"),
+        lambda: compare.run_ort(original, folder / "model.onnx", "llama"),
+        lambda: compare.run_onnxscript(original, folder / "model.onnx"),
     ):
         try:
             norms, adds = compare.count(run())
@@ -305,8 +305,8 @@ def test_at_least_as_many_as_other_tools(built, name, tmp_path):
     onnx.save(model, path)
     mine = compare.count(fuse(model)[0])
     for tool, run in (
-        ("ort", lambda: compare._run_ort(model, path, "llama")),
-        ("onnxscript", lambda: compare._run_onnxscript(model, path)),
+        ("ort", lambda: compare.run_ort(model, path, "llama")),
+        ("onnxscript", lambda: compare.run_onnxscript(model, path)),
     ):
         try:
             theirs = compare.count(run())
@@ -339,7 +339,7 @@ def test_fuse_verify_reads_the_genai_config(genai_root, tmp_path):
 
 
 def test_docs_page_shows_what_the_tests_measure():
-    """docs/pipelines.md (python -m models.pipelines) holds the counts these tests assert."""
+    """docs/pipelines.md (python tools/pipelines_page.py) holds the counts these tests assert."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "pipelines.md").read_text()
     for family, (norms, adds) in GENAI_COUNTS.items():
         for precision in pipelines.GENAI_PRECISIONS:

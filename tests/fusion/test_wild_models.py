@@ -22,6 +22,7 @@ from onnxnorm.fusion.pipeline import OutputDoesNotLoad
 from onnxnorm.fusion.verify import load_problem, verify
 from onnxnorm.ops import catalogue
 from tests.support.matrix import NODE_TARGETS, TARGETS, TARGETS_WITHOUT_LIBRARY
+from tests.support.tools import load_tool
 
 CORPUS = {w.name: w for w in wild.corpus()}
 SLOPPY = {s.name: s for s in wild.sloppy()}
@@ -82,8 +83,8 @@ def _fused_by_others(model: onnx.ModelProto, path) -> tuple[int, int]:
     ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     results = [compare.count(onnx.load(options.optimized_model_filepath))]
     for tool in (
-        lambda: compare._run_ort(model, path, "bert"),
-        lambda: compare._run_onnxscript(model, path),
+        lambda: compare.run_ort(model, path, "bert"),
+        lambda: compare.run_onnxscript(model, path),
     ):
         with contextlib.suppress(Exception):  # a tool that fails on the model fuses nothing
             results.append(compare.count(tool()))
@@ -197,11 +198,12 @@ def test_upgrade_opset_gives_the_body_or_says_why_not(monkeypatch):
 
 
 def test_the_comparison_times_the_fuse_command_as_a_user_runs_it(tmp_path):
-    """models/compare.py times `onnxnorm fuse` with every option at its default; it once built
+    """tools/fusion_page.py times `onnxnorm fuse` with every option at its default; it once built
     the command's arguments by hand and broke when the command gained an option."""
     path, out = tmp_path / "model.onnx", tmp_path / "out.onnx"
     onnx.save(CORPUS["bert_opset13"].build(), path)
-    seconds, peak = compare._timed(compare._TIMED["onnxnorm fuse"], path, out)
+    page = load_tool("fusion_page")
+    seconds, peak = page.timed(page.TIMED["onnxnorm fuse"], path, out)
     assert seconds > 0 and peak > 0
     assert _onnxnorm_ops(onnx.load(out)) == CORPUS["bert_opset13"].expect
 

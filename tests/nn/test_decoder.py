@@ -95,9 +95,9 @@ def test_token_model_and_config_errors():
 
 
 def test_decomposed_llama_decoder_converts_bit_for_bit():
-    """The Llama-style decoder of the demo and models.compare (the Llama family's norms spelled
-    out as Hugging Face writes them): onnxnorm.convert finds every norm by its probe, as RMSNorm
-    in order A, and the bfloat16 output stays the same to the bit."""
+    """The Llama-style decoder of the demo and of tools/fusion_page.py's timing (the Llama family's
+    norms spelled out as Hugging Face writes them): onnxnorm.convert finds every norm by its
+    probe, as RMSNorm in order A, and the bfloat16 output stays the same to the bit."""
     config = families.decoder_config(
         "llama", hidden=32, heads=2, intermediate=64, layers=2, impl="decomposed"
     )

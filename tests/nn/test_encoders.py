@@ -81,8 +81,8 @@ def test_at_least_as_many_as_other_tools(exported, name, tmp_path):
     onnx.save(model, path)
     mine = compare.count(fuse(model)[0])
     for tool, run in (
-        ("ort", lambda: compare._run_ort(model, path, name)),
-        ("onnxscript", lambda: compare._run_onnxscript(model, path)),
+        ("ort", lambda: compare.run_ort(model, path, name)),
+        ("onnxscript", lambda: compare.run_onnxscript(model, path)),
     ):
         theirs = compare.count(run())
         assert mine[0] >= theirs[0] and mine[1] >= theirs[1], (tool, mine, theirs)

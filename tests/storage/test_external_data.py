@@ -20,7 +20,7 @@ from onnxnorm._storage import filesystem
 
 pytest.importorskip("torch")
 
-from models import compare
+from models import corpus
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def _offsets(path: Path) -> dict[str, tuple[str, int, int]]:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
-    return compare.decoder_export(
+    return corpus.decoder_export(
         tmp_path_factory.mktemp("external"), layers=2, hidden=256, external=True
     )
 
