@@ -26,6 +26,8 @@ own copy of the model (the report lists them; ``repairs.py``):
   read as ``""``;
 - a node of a domain ONNX Runtime knows (``com.microsoft``, ``ai.onnx.ml``, ``onnxnorm``, ...)
   that the model does not import: imported at the version ONNX Runtime assumes, its newest;
+  the default domain likewise, where the model imports another domain but not it (ONNX
+  Runtime reads it at its newest ONNX opset; a model that imports no domain at all it refuses);
 - a value produced twice by Constant nodes, or by a Constant and an initializer, or two
   initializers of one name, all holding the same value: one of them kept (``duplicates.py``).
   (ONNX Runtime takes the last one it meets; holding different values, the model means two

@@ -21,7 +21,9 @@ from onnxnorm._validate.tensors import check_inline
 @functools.lru_cache(maxsize=1)
 def known_domains() -> dict[str, int]:
     """Domain -> the opset version ONNX Runtime assumes for a node of that domain when the
-    model does not import it (the newest its registry has), onnxnorm's included."""
+    model does not import it (the newest its registry has), onnxnorm's included, and the
+    default domain's ("": ONNX Runtime's newest ONNX opset, where the model imports some other
+    domain; a model that imports none it refuses)."""
     from onnxnorm.ops import catalogue
 
     known = {catalogue.DOMAIN: catalogue.VERSION}
@@ -29,8 +31,7 @@ def known_domains() -> dict[str, int]:
         from onnxruntime.capi import onnxruntime_pybind11_state as state
 
         for schema in state.get_all_operator_schema():
-            if schema.domain:
-                known[schema.domain] = max(known.get(schema.domain, 1), schema.since_version)
+            known[schema.domain] = max(known.get(schema.domain, 1), schema.since_version)
     except Exception:  # noqa: BLE001 - an ORT without the registry: the two it always has
         known.setdefault("com.microsoft", 1)
         known.setdefault("ai.onnx.ml", 1)
@@ -100,10 +101,10 @@ class Checker:
         domain = "" if node_domain == DEFAULT_ALIAS else node_domain
         if domain in self.domains:
             return
-        if domain == "":
+        if not self.domains:
             raise ModelProblem(
-                f"{what}: {label}: the model imports no version of the default "
-                "ONNX domain (opset_import); ONNX Runtime refuses it too"
+                f"{what}: {label}: the model imports no opset at all (opset_import is empty); "
+                "ONNX Runtime refuses it too"
             )
         if domain not in self.known:
             raise ModelProblem(
@@ -112,10 +113,11 @@ class Checker:
             )
         version = self.known[domain]
         self.domains.add(domain)
+        name = "the default ONNX domain" if domain == "" else f"domain {domain!r}"
         self.repairs.append(
             Repair(
                 "import",
-                f"domain {domain!r} is used by {label} but not imported: imported at "
+                f"{name} is used by {label} but not imported: imported at "
                 f"version {version}, as ONNX Runtime assumes",
                 domain=domain,
                 version=version,

@@ -164,8 +164,8 @@ CASES = {
     ),
     "no default domain": (
         lambda: _bytes(helper.make_model(_model().graph, opset_imports=[], ir_version=10)),
-        "graph: node 'add' (Add): the model imports no version of the default ONNX domain "
-        "(opset_import); ONNX Runtime refuses it too",
+        "graph: node 'add' (Add): the model imports no opset at all (opset_import is empty); "
+        "ONNX Runtime refuses it too",
     ),
     "duplicate input": (
         lambda: _bytes(_model(inputs=[_value("x"), _value("r"), _value("x")])),
