@@ -66,8 +66,8 @@ from onnxnorm.fusion.checks import check_type, check_weight
 from onnxnorm.fusion.l2 import (
     SUMS as SUMS,
     L2Core as L2Core,
-    L2ScaledSum as L2ScaledSum,
     LpNormalization as LpNormalization,
+    ScaledSum as ScaledSum,
     l2_rules,
 )
 from onnxnorm.fusion.norms import MS_DOMAIN

@@ -5,12 +5,14 @@ them with its own.
 :class:`L2Core` finds the norm's core in each of the divisions of ``norms.FORMS`` and each way
 of summing the squares (:data:`SUMS`); ``norms.CastAbsorb`` then takes the casts around it, as
 for the other norms. The same with the mean is an RMSNorm (``norms.RMSCore``), and a sum of
-squares scaled before epsilon is a near miss of both (:class:`L2ScaledSum`). ONNX's
+squares scaled before epsilon by the count of the values is their mean, an RMSNorm too, and by
+another factor a near miss of both (:class:`ScaledSum`). ONNX's
 ``LpNormalization`` is reported and left as it is (:class:`LpNormalization`): it has no epsilon.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion._base import (
@@ -79,32 +81,64 @@ class L2Core(FusionRule):
         )
 
 
-class L2ScaledSum(FusionRule):
-    """A near miss: the sum of squares divided or multiplied by a constant before epsilon is
-    added (an RMS statistic spelled with ReduceSum), which is neither L2Norm's sum + epsilon
-    nor the ReduceMean the RMSNorm rules take."""
+class ScaledSum(FusionRule):
+    """``x / sqrt(sum(x^2) * k + eps)`` (or ``sum / k``): the sum of squares scaled before
+    epsilon is added. Scaled by the count of the values summed (divided by n, or multiplied by
+    1/n as float32 rounds it) it is their mean, spelled with ``ReduceSum`` or
+    ``ReduceSumSquare``: an RMSNorm. By any other factor it is a near miss of both L2Norm's
+    sum + epsilon and RMSNorm's mean, reported."""
 
-    title = L2Core.title
+    title = "RMSNorm (the mean as a scaled sum of squares)"
 
-    def __init__(self, tracker: Tracker, form: str) -> None:
-        self.form = form
-        super().__init__(tracker, f"L2ScaledSum{form.capitalize()}")
+    def __init__(
+        self, tracker: Tracker, form: str, sum: str, strict_precision: bool = False
+    ) -> None:
+        self.form, self.sum = form, sum
+        super().__init__(
+            tracker, f"ScaledSum{form.capitalize()}{sum.capitalize()}", strict_precision
+        )
 
     def pattern(self, op, x, eps, two, one, half, k):
-        total = _sum_of_squares(op, x, two, "sum")
+        total = _sum_of_squares(op, x, two, self.sum)
         scaled = pattern.OrValue([op.Div(total, k), op.Mul(total, k)], tag_var="how")
         return divide(op, x, op.Add(scaled, eps), one, half, self.form)
 
-    def inspect(self, context, x, total, k, how=None, **_):
+    def inspect(self, context, x, eps, total, k, how=None, two=None, one=None, half=None, **_):
         try:
-            factor = f" {scalar(k, 'the factor'):g}"
+            factor = scalar(k, "the factor")
         except Rejected:
             raise NotThisPattern(f"{k.name!r} is not a constant") from None
+        note, axis = core_checks(x, total.producer(), two, one, half, self.strict_precision)
+        count = _count(x, axis)
+        if count is not None and (
+            (how == 0 and factor == count)
+            or (how == 1 and np.float32(factor) == np.float32(1) / np.float32(count))
+        ):
+            return Replacement(
+                "RMSNorm",
+                {"X": x},
+                {"axis": axis, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0},
+                note,
+            )
         verb = "divided by" if how == 0 else "multiplied by"
-        raise Rejected(
-            f"the sum of squares is {verb}{factor} before epsilon is added: not L2Norm's "
-            "sum + epsilon, and not the ReduceMean of an RMSNorm"
+        counted = (
+            f" of {count} values" if count is not None else " of values X's shape does not count"
         )
+        raise Rejected(
+            f"the sum of squares{counted} is {verb} {factor:g} before epsilon is added: not "
+            "L2Norm's sum + epsilon, and not their mean (an RMSNorm)"
+        )
+
+
+def _count(x, axis: int) -> int | None:
+    """How many values of X a row normalized from ``axis`` (negative) on holds; None where its
+    dims are not all known."""
+    if x.shape is None:
+        return None
+    dims = list(x.shape)[axis:]
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return int(np.prod(dims))
 
 
 class LpNormalization(FusionRule):
@@ -137,9 +171,18 @@ def l2_rules(tracker: Tracker, strict_precision: bool = False) -> list[pattern.R
     statistics the original computes in float16 or bfloat16 stays as it is."""
     rules = [LpNormalization.rule(tracker)]
     for form in FORMS:
-        rules += [L2ScaledSum.rule(tracker, form=form)]
         rules += [
             L2Core.rule(tracker, form=form, sum=total, strict_precision=strict_precision)
             for total in SUMS
         ]
     return rules + [CastAbsorb.rule(tracker, op_name="L2Norm")]
+
+
+def scaled_sum_rules(tracker: Tracker, strict_precision: bool = False) -> list[pattern.RewriteRule]:
+    """:class:`ScaledSum` in every form: RMSNorms, so they run in the norms' stage (where the
+    weight and the casts around an RMSNorm are absorbed), before the L2 cores."""
+    return [
+        ScaledSum.rule(tracker, form=form, sum=total, strict_precision=strict_precision)
+        for form in FORMS
+        for total in ("sum", "sumsquare")
+    ]

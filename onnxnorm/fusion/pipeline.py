@@ -31,7 +31,7 @@ from onnxscript.rewriter import pattern
 from onnxnorm import targets
 from onnxnorm._validate import Repair, check
 from onnxnorm.errors import OutputDoesNotLoad
-from onnxnorm.fusion import batch_norm, detached, gated, norms, passes, quantized, residual
+from onnxnorm.fusion import batch_norm, detached, gated, l2, norms, passes, quantized, residual
 from onnxnorm.fusion._onnxscript_private import root_op
 from onnxnorm.fusion.detached import upgrade_opset
 from onnxnorm.fusion.lowering import lower_with_notes
@@ -65,7 +65,11 @@ def stages(
     return [
         (
             "norms",
-            pattern.RewriteRuleSet(norms.norm_rules(tracker, strict_precision), commute=True),
+            pattern.RewriteRuleSet(
+                norms.norm_rules(tracker, strict_precision)
+                + l2.scaled_sum_rules(tracker, strict_precision),
+                commute=True,
+            ),
         ),
         (
             "gated",
@@ -89,6 +93,7 @@ def rules(tracker: Tracker | None = None, strict_precision: bool = False) -> pat
     tracker = tracker or Tracker()
     return pattern.RewriteRuleSet(
         norms.norm_rules(tracker, strict_precision)
+        + l2.scaled_sum_rules(tracker, strict_precision)
         + gated.gated_rules(tracker, strict_precision)
         + residual.sandwich_rules(tracker)
         + residual.skip_rules(tracker)

@@ -617,7 +617,9 @@ def test_read_elsewhere_keeps_the_graph_exact():
 
 def test_l2_norm_sum_and_mean():
     """x / sqrt(sum(x^2) + eps) is L2Norm; with the mean it is an RMSNorm; the sum of squares
-    scaled before epsilon is neither."""
+    divided by the count of the values summed (or times its reciprocal) is their mean, an
+    RMSNorm, spelled with ReduceSum or ReduceSumSquare alike; scaled by another factor it is
+    neither, and reported."""
     for reduce, op in (("ReduceSum", L2), ("ReduceMean", "RMSNorm")):
         original = _model(
             _rms("x", "y", reduce=reduce), [("x", F, SHAPE)], [("y", F, SHAPE)], _consts()
@@ -626,15 +628,42 @@ def test_l2_norm_sum_and_mean():
         assert [n.op_type for n in fused.graph.node] == [op], str(report)
         _parity(original, fused, _feeds("x"))
         assert report["L2Norm (decomposed)"].fused == (op == L2)
-    nodes = _rms("x", "y", reduce="ReduceSum")
-    nodes[1].output[0] = "total"
-    nodes.insert(2, helper.make_node("Div", ["total", "count"], ["ms"]))
-    original = _model(
-        nodes, [("x", F, SHAPE)], [("y", F, SHAPE)], _consts(count=np.array(16.0, np.float32))
-    )
-    fused, report = fuse(original)
-    assert not _onnxnorm(fused)
-    _left_alone(report, "L2Norm (decomposed)", "the sum of squares is divided by 16 before epsilon")
+
+    def scaled(how: str, factor: float, reduce: str = "ReduceSum", weight: bool = False):
+        nodes = _rms("x", "n" if weight else "y", reduce=reduce)
+        if reduce == "ReduceSumSquare":  # the square inside the reduction
+            nodes[1].input[0] = "x"
+            del nodes[0]
+        at = 0 if reduce == "ReduceSumSquare" else 1
+        nodes[at].output[0] = "total"
+        nodes.insert(at + 1, helper.make_node(how, ["total", "k"], ["ms"]))
+        nodes += [helper.make_node("Mul", ["n", "w"], ["y"])] if weight else []
+        inits = _consts(k=np.array(factor, np.float32), **({"w": _weight()} if weight else {}))
+        return _model(nodes, [("x", F, SHAPE)], [("y", F, SHAPE)], inits)
+
+    title = "RMSNorm (the mean as a scaled sum of squares)"
+    for original in (
+        scaled("Div", H),
+        scaled("Mul", float(np.float32(1) / np.float32(H))),
+        scaled("Div", H, reduce="ReduceSumSquare"),
+        scaled("Mul", float(np.float32(1) / np.float32(H)), reduce="ReduceSumSquare"),
+        scaled("Div", H, weight=True),
+    ):
+        fused, report = fuse(original)
+        nodes = [n for n in fused.graph.node if n.op_type != "Constant"]
+        assert [n.op_type for n in nodes] == ["RMSNorm"], str(report)
+        assert {a.name: a.f for a in nodes[0].attribute}["epsilon"] == pytest.approx(EPS)
+        weighted = "w" in {t.name for t in original.graph.initializer}
+        assert [i for i in nodes[0].input if i][1:] == (["w"] if weighted else [])
+        assert report[title].fused == 1
+        _parity(original, fused, _feeds("x"))
+    for original, reason in (
+        (scaled("Div", H / 2), f"the sum of squares of {H} values is divided by {H // 2:g} "),
+        (scaled("Mul", 0.5, "ReduceSumSquare"), f"of {H} values is multiplied by 0.5 before"),
+    ):
+        fused, report = fuse(original)
+        assert not _onnxnorm(fused)
+        _left_alone(report, title, reason)
 
 
 def test_l2_norm_in_half_precision_and_strict_precision():
