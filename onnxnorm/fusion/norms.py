@@ -75,20 +75,23 @@ class _Core(FusionRule):
 
     op_name: str
 
-    def __init__(self, tracker: Tracker, form: str, strict_precision: bool = False) -> None:
+    def __init__(
+        self, tracker: Tracker, form: str, strict_precision: bool = False, eps: bool = True
+    ) -> None:
         self.title = f"{self.op_name} (decomposed)"
-        super().__init__(tracker, f"{self.op_name}Core{form.capitalize()}", strict_precision)
-        self.form = form
+        name = f"{self.op_name}Core{form.capitalize()}{'' if eps else 'NoEpsilon'}"
+        super().__init__(tracker, name, strict_precision)
+        self.form, self.eps = form, eps
 
-    def divide(self, op, x, v, one, half):
-        return divide(op, x, v, one, half, self.form)
+    def divide(self, op, x, v, one, half, eps):
+        """``x`` divided by the root of ``v + eps``; of ``v`` alone where the exporter dropped
+        the Add of a tiny epsilon (the dynamo exporter does): a norm with epsilon 0."""
+        return divide(op, x, op.Add(v, eps) if self.eps else v, one, half, self.form)
 
-    def replacement(self, x: ir.Value, eps: ir.Value, axis: int, note: str) -> Replacement:
+    def replacement(self, x: ir.Value, eps: ir.Value | None, axis: int, note: str) -> Replacement:
+        value = epsilon(scalar(eps, "epsilon")) if self.eps and eps is not None else 0.0
         return Replacement(
-            self.op_name,
-            {"X": x},
-            {"axis": axis, "epsilon": epsilon(scalar(eps, "epsilon")), "cast_before_scale": 0},
-            note,
+            self.op_name, {"X": x}, {"axis": axis, "epsilon": value, "cast_before_scale": 0}, note
         )
 
 
@@ -99,9 +102,9 @@ class RMSCore(_Core):
 
     def pattern(self, op, x, eps, two, one, half):
         mean = op.ReduceMean(square(op, x, two), _allow_other_inputs=True, _outputs=["mean"])
-        return self.divide(op, x, op.Add(mean, eps), one, half)
+        return self.divide(op, x, mean, one, half, eps)
 
-    def inspect(self, context, x, eps, mean, two=None, one=None, half=None, **_):
+    def inspect(self, context, x, mean, eps=None, two=None, one=None, half=None, **_):
         note, axis = core_checks(x, mean.producer(), two, one, half, self.strict_precision)
         return self.replacement(x, eps, axis, note)
 
@@ -116,9 +119,9 @@ class LayerCore(_Core):
         mu = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mu"])
         centred = op.Sub(x, mu)
         var = op.ReduceMean(square(op, centred, two), _allow_other_inputs=True, _outputs=["mean"])
-        return self.divide(op, centred, op.Add(var, eps), one, half)
+        return self.divide(op, centred, var, one, half, eps)
 
-    def inspect(self, context, x, eps, mean, mu, two=None, one=None, half=None, **_):
+    def inspect(self, context, x, mean, mu, eps=None, two=None, one=None, half=None, **_):
         note, axis = core_checks(x, mean.producer(), two, one, half, self.strict_precision)
         if mean_axis(mu.producer(), x) != axis:
             raise Rejected("the mean and the variance reduce over different axes")
@@ -467,8 +470,9 @@ def norm_rules(tracker: Tracker, strict_precision: bool = False) -> list[pattern
     for form in FORMS:
         # LayerNorm first: RMSNorm's pattern also matches the centred half of a LayerNorm
         rules += [
-            LayerCore.rule(tracker, form=form, strict_precision=strict),
-            RMSCore.rule(tracker, form=form, strict_precision=strict),
+            core.rule(tracker, form=form, strict_precision=strict, eps=eps)
+            for eps in (True, False)
+            for core in (LayerCore, RMSCore)
         ]
     for name in ("RMSNorm", "LayerNorm"):
         # only an op with a scale_offset takes Mul(norm, w + c) as Scale w and offset c; for

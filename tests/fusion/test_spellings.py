@@ -823,3 +823,45 @@ def test_mixed_form_kernel_and_body_agree_with_the_reference(x_type, order_a):
     for with_library in (True, False):
         got = _run(model, {"x": x}, with_library=with_library)[0]
         np.testing.assert_allclose(got, want, rtol, atol)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_norm_without_its_epsilon_add_is_a_norm_of_epsilon_0(kind, target):
+    """torch.onnx's dynamo exporter drops the Add of a tiny epsilon (1e-12 in some configs):
+    ``x * rsqrt(mean(x^2))`` with its weight (and the centred LayerNorm likewise) is exactly a
+    norm with epsilon 0, fused as one; an all-zero row gives NaN in both (0 * inf)."""
+    stat = ["Mul", "x", "x"] if kind == "rms" else ["Mul", "c", "c"]
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["mu"], keepdims=1)] * (kind != "rms")
+    nodes += [helper.make_node("Sub", ["x", "mu"], ["c"])] * (kind != "rms")
+    nodes += [
+        helper.make_node(stat[0], stat[1:], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+        helper.make_node("Sqrt", ["ms"], ["root"]),
+        helper.make_node("Reciprocal", ["root"], ["inv"]),
+        helper.make_node("Mul", ["x" if kind == "rms" else "c", "inv"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, [2, 3, H])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [2, 3, H])],
+        [
+            numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+            numpy_helper.from_array(_weights((H,), T.FLOAT)[0], "w"),
+        ],
+    )
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    fused, report = fuse(original, target)
+    op = "RMSNorm" if kind == "rms" else "LayerNorm"
+    assert report[RMS if kind == "rms" else LAYER].fused == 1, str(report)
+    if target in NODE_TARGETS:
+        (node,) = fused.graph.node
+        assert (node.op_type, _attrs(node)["epsilon"]) == (op, 0.0)
+        assert list(node.input)[:2] == ["x", "w"]
+    x = _x((2, 3, H), T.FLOAT).copy()
+    x[0, 1] = 0.0  # a zero row: 0 * rsqrt(0) is NaN in the original
+    want, got = _original(original, {"x": x})[0], _run(fused, {"x": x}, target != "onnx")[0]
+    assert np.isnan(want[0, 1]).all() and np.isnan(got[0, 1]).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
