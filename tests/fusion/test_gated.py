@@ -641,6 +641,15 @@ def test_l2_norm_sum_and_mean():
         inits = _consts(k=np.array(factor, np.float32), **({"w": _weight()} if weight else {}))
         return _model(nodes, [("x", F, SHAPE)], [("y", F, SHAPE)], inits)
 
+    # the L2 norm with the squares summed by ReduceSumSquare (onnxscript-based builders)
+    nodes = _rms("x", "y", reduce="ReduceSumSquare")
+    nodes[1].input[0] = "x"
+    del nodes[0]
+    original = _model(nodes, [("x", F, SHAPE)], [("y", F, SHAPE)], _consts())
+    fused, report = fuse(original)
+    assert [n.op_type for n in fused.graph.node] == [L2], str(report)
+    _parity(original, fused, _feeds("x"))
+
     title = "RMSNorm (the mean as a scaled sum of squares)"
     for original in (
         scaled("Div", H),
