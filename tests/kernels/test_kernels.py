@@ -26,6 +26,7 @@ from tests.support.kernel_cases import (
     CASES,
     INPUTS,
     check_kernel,
+    check_on_lesser_isa,
     make_arrays,
     op_attrs,
     run_kernel,
@@ -242,36 +243,11 @@ def test_attributes_of_the_wrong_value_are_errors(op):
         _bad(op, arrays, {"group_size": 1.5}, message="group_size must be an int")
 
 
-ISA_SCRIPT = r"""
-import numpy as np, sys
-sys.path.insert(0, ".")  # the checkout (the test runs this in it): tests.support
-from tests.support.kernel_cases import check_float_ops
-check_float_ops(np.random.default_rng(7))
-from onnxnorm._native import active_isa
-print("isa", active_isa())
-print("ok")
-"""
-
-
 @pytest.mark.parametrize("isa", ["portable", "avx2", "avx512"])
 def test_every_instruction_set(isa):
     """The best instruction set runs in this process; the lesser ones in a subprocess each
     (ONNXNORM_CPU_ISA lowers the choice)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "ONNXNORM_CPU_ISA": isa}
-    result = subprocess.run(
-        [sys.executable, "-c", ISA_SCRIPT],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
-    # the library reports the lowered choice, never one above the best this CPU has
-    order = ["portable", "avx2", "avx512", "avx512_bf16"]
-    want = order[min(order.index(isa), order.index(active_isa()))]
-    assert f"isa {want}\n" in result.stdout, result.stdout
+    check_on_lesser_isa(isa, "check_float_ops", seed=7, timeout=300)
 
 
 def test_active_isa_is_the_best_this_cpu_has():

@@ -22,6 +22,7 @@ from tests.support.helpers import run
 from tests.support.kernel_cases import (
     GATES,
     check_kernel,
+    check_on_lesser_isa,
     gated_arrays,
     gated_matrix,
     l2_matrix,
@@ -233,38 +234,11 @@ def test_gated_rms_norm_nan_inf_and_large_gates(x_type, rng):
         check_kernel("GatedRMSNorm", arrays, attrs)
 
 
-ISA_SCRIPT = r"""
-import numpy as np, sys
-sys.path.insert(0, ".")  # the checkout (the test runs this in it): tests.support
-from tests.support.kernel_cases import check_gated_and_l2_norms
-check_gated_and_l2_norms(np.random.default_rng(11))
-from onnxnorm._native import active_isa
-print("isa", active_isa())
-print("ok")
-"""
-
-
 @pytest.mark.parametrize("isa", ["portable", "avx2", "avx512"])
 def test_gated_and_l2_norms_on_every_instruction_set(isa):
     """The matrices above on each lesser instruction set (ONNXNORM_CPU_ISA), in a subprocess each;
     the best one runs in this process."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "ONNXNORM_CPU_ISA": isa}
-    result = subprocess.run(
-        [sys.executable, "-c", ISA_SCRIPT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
-    order = ["portable", "avx2", "avx512", "avx512_bf16"]
-    want = order[min(order.index(isa), order.index(_native.active_isa()))]
-    assert f"isa {want}\n" in result.stdout, result.stdout
+    check_on_lesser_isa(isa, "check_gated_and_l2_norms", seed=11, timeout=600)
 
 
 def _bad(op, arrays, attrs, message):

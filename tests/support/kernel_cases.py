@@ -198,3 +198,38 @@ def check_gated_and_l2_norms(rng) -> None:
         check_kernel("GatedRMSNorm", arrays, attrs, threads=2)
     for x_type in DTYPES.values():
         l2_matrix(x_type, rng)
+
+
+def check_on_lesser_isa(isa: str, check: str, seed: int, timeout: int) -> None:
+    """Runs ``check`` (a function of this module taking a numpy Generator) on the instruction set
+    ``isa`` in a subprocess (``ONNXNORM_CPU_ISA`` lowers the library's choice; the best one runs
+    in the tests' own process), and asserts it passed and that the library reported the lowered
+    choice, never one above the best this CPU has."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from onnxnorm._native import active_isa
+
+    script = (
+        "import numpy as np, sys\n"
+        "sys.path.insert(0, '.')  # the checkout (the test runs this in it): tests.support\n"
+        f"from tests.support.kernel_cases import {check}\n"
+        f"{check}(np.random.default_rng({seed}))\n"
+        "from onnxnorm._native import active_isa\n"
+        "print('isa', active_isa())\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "ONNXNORM_CPU_ISA": isa},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    order = ["portable", "avx2", "avx512", "avx512_bf16"]
+    want = order[min(order.index(isa), order.index(active_isa()))]
+    assert f"isa {want}\n" in result.stdout, result.stdout
