@@ -21,6 +21,7 @@ from onnxnorm.errors import MissingDependency, OnnxNormError
 COMMANDS = {
     "export": ("onnxnorm.nn.cli", "export a model with one onnxnorm node per norm"),
     "fuse": ("onnxnorm.fusion.cli", "replace norm patterns with fused onnxnorm ops"),
+    "lower": ("onnxnorm.deploy.cli", "rewrite an onnxnorm model for another runtime or target"),
     "genai": ("onnxnorm.genai.cli", "fuse the norms of an onnxruntime-genai model folder"),
     "olive": ("onnxnorm.olive.cli", "run an Olive workflow with onnxnorm's pass and surgeon"),
     "triton": ("onnxnorm.serve.cli", "write a Triton Inference Server model repository"),

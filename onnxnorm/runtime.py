@@ -4,20 +4,30 @@
     session = rt.session("model.onnx")                   # CPU, with the onnxnorm kernels
     session = rt.session("model.onnx", providers=rt.CUDA_PROVIDERS)   # CUDA, then CPU
     options = rt.register(onnxruntime.SessionOptions())  # or into your own options
+    session = rt.session("model.onnx", plugin=rt.plugin("openvino"), cpu_fallback=False)
 
 One library is registered for every session, ``libonnxnorm_ops.so``: it holds the ORT glue and
 the CPU kernels, and, when the CUDA library ``libonnxnorm_cuda_ops.so`` was built next to it,
 also registers the CUDA kernels, which load that library only when ORT places an onnxnorm node
 on the CUDA execution provider. Nothing here loads a CUDA library.
+
+Plugin execution providers (how ONNX Runtime ships OpenVINO, WebGPU, TensorRT RTX and others as
+packages of their own) are registered once per process from their library (:class:`Plugin`,
+:func:`plugin` for the packages onnxnorm knows); a session on one runs every node it takes,
+and registers the onnxnorm library only where the model has an onnxnorm node without a
+function body, since a provider that does not take onnxnorm's ops would otherwise leave each
+of them to the CPU and cut the graph into pieces.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,29 +153,148 @@ def register(options: Any = None) -> Any:
     return options
 
 
+@dataclasses.dataclass(frozen=True)
+class Plugin:
+    """A plugin execution provider: its name, its library, the kinds of device to run on
+    ("CPU", "GPU", "NPU": the devices ONNX Runtime lists for it of these kinds) and its
+    provider options."""
+
+    name: str
+    library: str
+    device_types: tuple[str, ...] = ("CPU",)
+    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+#: the plugin packages onnxnorm knows: short name -> (Python package, default device kinds)
+PLUGIN_PACKAGES = {
+    "openvino": ("onnxruntime_ep_openvino", ("CPU",)),
+    "webgpu": ("onnxruntime_ep_webgpu", ("GPU",)),
+    "tensorrt-rtx": ("onnxruntime_ep_nv_tensorrt_rtx", ("GPU",)),
+}
+
+
+def plugin(
+    name: str,
+    device_types: Sequence[str] | None = None,
+    options: Mapping[str, str] | None = None,
+) -> Plugin:
+    """The :class:`Plugin` of an installed plugin package (a name of :data:`PLUGIN_PACKAGES`:
+    ``pip install onnxruntime-ep-openvino`` for "openvino"), its library and provider name
+    read from the package itself."""
+    if name not in PLUGIN_PACKAGES:
+        raise OnnxNormError(
+            f"unknown plugin execution provider {name!r}; known: {', '.join(PLUGIN_PACKAGES)} "
+            "(or give a Plugin(name, library) of your own)"
+        )
+    package, kinds = PLUGIN_PACKAGES[name]
+    try:
+        module = importlib.import_module(package)
+    except ImportError:
+        raise OnnxNormError(
+            f"the {name} plugin execution provider is not installed: "
+            f"pip install {package.replace('_', '-')}"
+        ) from None
+    return Plugin(
+        module.get_ep_name(),
+        str(module.get_library_path()),
+        tuple(device_types or kinds),
+        dict(options or {}),
+    )
+
+
+_registered: dict[str, str] = {}
+
+
+def plugin_devices(plugin: Plugin) -> list[Any]:
+    """Registers ``plugin``'s library into ONNX Runtime (once per process) and returns the
+    devices it offers of ``plugin.device_types``; OnnxNormError when there are none."""
+    import onnxruntime
+
+    if _registered.get(plugin.name) not in (None, plugin.library):
+        raise OnnxNormError(
+            f"{plugin.name} is registered from {_registered[plugin.name]} in this process, "
+            f"not from {plugin.library}"
+        )
+    if plugin.name not in _registered:
+        onnxruntime.register_execution_provider_library(plugin.name, plugin.library)
+        _registered[plugin.name] = plugin.library
+    kinds = {k.upper() for k in plugin.device_types}
+    devices = [
+        d
+        for d in onnxruntime.get_ep_devices()
+        if d.ep_name == plugin.name and d.device.type.name in kinds
+    ]
+    if not devices:
+        offered = sorted(
+            d.device.type.name for d in onnxruntime.get_ep_devices() if d.ep_name == plugin.name
+        )
+        raise OnnxNormError(
+            f"{plugin.name} offers no device of kind {', '.join(sorted(kinds))} on this "
+            f"machine (it offers: {', '.join(offered) or 'none'})"
+        )
+    return devices
+
+
+def _needs_library(model: onnx.ModelProto) -> bool:
+    """Whether an onnxnorm node of ``model`` has no function body (it runs with the library
+    only)."""
+    from onnxnorm.ops import catalogue, functions
+
+    bodies = {(f.domain, f.name, f.overload) for f in model.functions}
+    return any(
+        (catalogue.DOMAIN, node.op_type, node.overload) not in bodies
+        for node in functions.onnxnorm_nodes(model)
+    )
+
+
 def session(
     model: str | os.PathLike | bytes | onnx.ModelProto,
     options: Any = None,
     providers: Sequence[Any] | None = None,
     *,
-    with_library: bool = True,
+    with_library: bool | None = None,
+    plugin: Plugin | None = None,
+    cpu_fallback: bool = True,
     **kwargs: Any,
 ) -> Any:
     """Opens an ``onnxruntime.InferenceSession`` on ``model`` (a path, bytes or a ModelProto)
     with the onnxnorm library registered (``with_library=False`` opens a plain session, where
     onnxnorm nodes run their function bodies). Providers default to the CPU;
-    ``providers=CUDA_PROVIDERS`` runs on the GPU (onnxruntime-gpu)."""
+    ``providers=CUDA_PROVIDERS`` runs on the GPU (onnxruntime-gpu).
+
+    ``plugin``: run on a plugin execution provider (:func:`plugin`), in place of
+    ``providers``; the library is then registered only where the model needs it (an onnxnorm
+    node without a body), unless ``with_library`` says otherwise. ``cpu_fallback=False``: the
+    session is refused when a node would fall back to the CPU provider
+    (``session.disable_cpu_ep_fallback``), the check that a provider takes the model whole."""
     import onnxruntime
 
     if options is None:
         options = onnxruntime.SessionOptions()
-    if with_library:
-        register(options)
+    if plugin is not None and providers:
+        raise OnnxNormError("give a plugin or providers, not both")
+    path = None
     if isinstance(model, onnx.ModelProto):
+        proto = model
         model = model.SerializeToString()
     elif not isinstance(model, bytes):
-        model = os.fspath(model)
+        model = path = os.fspath(model)
         _check_external_data(model)
+    if with_library is None:
+        with_library = True
+        if plugin is not None:
+            if path is not None:
+                proto = onnx.load(path, load_external_data=False)
+            elif isinstance(model, bytes):
+                proto = onnx.load_from_string(model)
+            with_library = _needs_library(proto)
+    if with_library:
+        register(options)
+    if not cpu_fallback:
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if plugin is not None:
+        options.add_provider_for_devices(plugin_devices(plugin), dict(plugin.options))
+        return onnxruntime.InferenceSession(model, options, **kwargs)
     return onnxruntime.InferenceSession(
         model, options, providers=list(providers or ["CPUExecutionProvider"]), **kwargs
     )
@@ -190,16 +319,11 @@ def _check_external_data(path: str) -> None:
         raise OnnxNormError(f"{path}: {problem}") from None
 
 
-def executed_ops(
-    model: str | os.PathLike | bytes | onnx.ModelProto,
-    feeds: dict[str, Any],
-    *,
-    with_library: bool = True,
-    providers: Sequence[Any] | None = None,
-) -> collections.Counter[str]:
-    """Runs ``model`` once on ``feeds`` with ORT's profiler on and counts the op types of the
-    kernels that actually ran: shows whether an onnxnorm node ran the library's kernel
-    (op ``RMSNorm``) or its inlined function body (the body's standard ops)."""
+def _kernel_events(
+    model: str | os.PathLike | bytes | onnx.ModelProto, feeds: dict[str, Any], **kwargs: Any
+) -> list[dict]:
+    """Runs ``model`` once on ``feeds`` (a :func:`session` of ``kwargs``) with ORT's profiler
+    on; returns the events of the kernels that ran."""
     import tempfile
 
     import onnxruntime
@@ -208,15 +332,42 @@ def executed_ops(
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as folder:
         options.profile_file_prefix = os.path.join(folder, "onnxnorm_profile")
-        sess = session(model, options, providers, with_library=with_library)
+        sess = session(model, options, **kwargs)
         sess.run(None, feeds)
         with open(sess.end_profiling()) as f:
             events = json.load(f)
-    return collections.Counter(
-        event["args"]["op_name"]
+    return [
+        event
         for event in events
         if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time")
-    )
+    ]
+
+
+def executed_ops(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+    feeds: dict[str, Any],
+    *,
+    with_library: bool | None = True,
+    providers: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> collections.Counter[str]:
+    """Runs ``model`` once on ``feeds`` with ORT's profiler on and counts the op types of the
+    kernels that actually ran: shows whether an onnxnorm node ran the library's kernel
+    (op ``RMSNorm``) or its inlined function body (the body's standard ops). ``kwargs``:
+    :func:`session`'s (``plugin``, ``cpu_fallback``)."""
+    events = _kernel_events(model, feeds, providers=providers, with_library=with_library, **kwargs)
+    return collections.Counter(event["args"]["op_name"] for event in events)
+
+
+def placement(
+    model: str | os.PathLike | bytes | onnx.ModelProto, feeds: dict[str, Any], **kwargs: Any
+) -> collections.Counter[str]:
+    """Runs ``model`` once on ``feeds`` (a :func:`session` of ``kwargs``) and counts the nodes
+    each execution provider ran. A provider that compiles what it takes (OpenVINO, TensorRT)
+    runs one node per partition, so a graph it takes whole shows as one node of it and none
+    of the CPU provider's."""
+    events = _kernel_events(model, feeds, **kwargs)
+    return collections.Counter(event["args"].get("provider", "?") for event in events)
 
 
 def cuda_available() -> bool:

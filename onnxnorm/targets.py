@@ -1,7 +1,16 @@
 """The targets an onnxnorm model is written for, defined once: ``onnxnorm.export(mode=...)``
 and ``onnxnorm export --mode``, ``onnxnorm.fusion.fuse(target=...)`` and ``onnxnorm fuse
 --target`` take these names (how each is written: ``onnxnorm/fusion/lowering.py``). It
-imports nothing at import time, so that registering a command that offers them stays cheap."""
+imports nothing at import time, so that registering a command that offers them stays cheap.
+
+The runtimes a model can be written for instead (``--for``: each norm in the form that runtime
+runs best) are defined here too, with the evidence behind each choice."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 #: target -> what a model written for it holds
 TARGETS = {
@@ -28,4 +37,166 @@ def help_text() -> str:
     return "; ".join(
         f"{name}: {text}" + (" (default)" if name == DEFAULT else "")
         for name, text in TARGETS.items()
+    )
+
+
+# -- the runtimes an output is written for (``--for``) --------------------------------------
+#
+# A runtime's form of each norm family, in order of preference: the first form the node can be
+# written in (its opset, its types, its attributes) is the one written. The forms:
+#   library     onnxnorm's op with its function body (the onnxnorm library serves the provider)
+#   contrib     ONNX Runtime's own op (LayerNormalization / SimplifiedLayerNormalization in the
+#               ONNX domain, com.microsoft Skip*LayerNormalization and GatedRMSNorm)
+#   standard    ONNX's op: LayerNormalization (opset >= 17), RMSNormalization (opset >= 23)
+#   decomposed  plain ops spelled as the runtimes' own fusions recognise them
+#               (x * 1 / sqrt(mean(x^2) + eps) * w; (x - mean) / sqrt(var + eps) * w + b)
+#   body        the catalogue's function body, inlined
+# The families: "layer" and "rms" (with their Skip, Sandwich and quantized ops), "gated"
+# (GatedRMSNorm) and "l2" (L2Norm). The evidence of each row is the test that checks it, or
+# the upstream source and version where no machine here runs the runtime.
+FORMS = ("library", "contrib", "standard", "decomposed", "body")
+FAMILIES = ("layer", "rms", "gated", "l2")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One runtime (and execution provider) an output can be written for."""
+
+    name: str
+    title: str
+    #: family -> forms in order of preference
+    forms: Mapping[str, tuple[str, ...]]
+    #: why these forms: the test that checks them, or the upstream source and version
+    evidence: str
+    #: the runtime runs here (from PyPI, on a CPU): the portability tests cover it
+    tested_here: bool = True
+
+    @property
+    def keeps_ops(self) -> bool:
+        """Whether some norm stays an onnxnorm op (the library serves this runtime)."""
+        return any("library" in forms for forms in self.forms.values())
+
+
+def _forms(layer: tuple[str, ...], rms: tuple[str, ...], gated, l2) -> dict:
+    return {"layer": layer, "rms": rms, "gated": gated, "l2": l2}
+
+
+_LIBRARY = _forms(("library",), ("library",), ("library",), ("library",))
+_MATRIX = "tests/runtime/test_portability.py"
+
+RUNTIMES = {
+    r.name: r
+    for r in (
+        Runtime(
+            "ort-cpu",
+            "ONNX Runtime, CPU provider, with the onnxnorm library",
+            _LIBRARY,
+            f"the library's CPU kernels for every op ({_MATRIX})",
+        ),
+        Runtime(
+            "ort-cuda",
+            "ONNX Runtime, CUDA provider, with the onnxnorm library",
+            _LIBRARY,
+            "the library's CUDA kernels for every op (tests/cuda/, tools/gpu_check.sh)",
+            tested_here=False,
+        ),
+        Runtime(
+            "ort-openvino",
+            "ONNX Runtime with the OpenVINO plugin execution provider (onnxruntime-ep-openvino)",
+            _forms(
+                ("contrib", "decomposed", "body"),
+                ("contrib", "decomposed", "body"),
+                ("body",),
+                ("decomposed", "body"),
+            ),
+            f"the provider takes ONNX Runtime's norm ops whole, and refuses onnxnorm's ({_MATRIX})",
+        ),
+        Runtime(
+            "openvino",
+            "OpenVINO (its ONNX frontend, openvino.Core().read_model)",
+            _forms(
+                ("standard", "contrib", "decomposed", "body"),
+                ("standard", "contrib", "decomposed", "body"),
+                ("body",),
+                ("decomposed", "body"),
+            ),
+            "the compiled model's MVN and RMS layers, and no onnxnorm op read by the frontend "
+            f"without onnxnorm's extension ({_MATRIX})",
+        ),
+        Runtime(
+            "webgpu",
+            "ONNX Runtime, WebGPU provider",
+            _forms(
+                ("contrib", "decomposed", "body"),
+                ("contrib", "decomposed", "body"),
+                ("body",),
+                ("decomposed", "body"),
+            ),
+            "ONNX Runtime's onnxruntime/contrib_ops/webgpu/bert/layer_norm.cc and "
+            "skip_layer_norm.cc (main, 2026): WebGPU kernels of LayerNormalization, "
+            "SimplifiedLayerNormalization and the Skip forms (tools/gpu_check.sh runs them)",
+            tested_here=False,
+        ),
+        Runtime(
+            "tensorrt",
+            "TensorRT (its ONNX parser; ONNX Runtime's TensorRT providers)",
+            _forms(
+                ("standard", "decomposed", "body"),
+                ("decomposed", "body"),
+                ("body",),
+                ("decomposed", "body"),
+            ),
+            "onnx-tensorrt's docs/operators.md (commit 96e7811, 2024-06): LayerNormalization is "
+            "parsed (its Y alone), RMSNormalization is not listed, so RMS norms are written as "
+            "the plain ops TensorRT fuses (tools/gpu_check.sh)",
+            tested_here=False,
+        ),
+        Runtime(
+            "tract",
+            "tract (sonos/tract, its Python package)",
+            _forms(
+                ("standard", "contrib", "decomposed", "body"),
+                ("standard", "contrib", "decomposed", "body"),
+                ("body",),
+                ("decomposed", "body"),
+            ),
+            f"tract 0.23 runs both standard ops and ONNX Runtime's, not onnxnorm's ({_MATRIX})",
+        ),
+        Runtime(
+            "onnx",
+            "any ONNX runtime: standard ONNX ops only",
+            _forms(
+                ("standard", "decomposed", "body"),
+                ("standard", "decomposed", "body"),
+                ("body",),
+                ("decomposed", "body"),
+            ),
+            f"onnx's reference evaluator and ONNX Runtime without the library ({_MATRIX})",
+        ),
+    )
+}
+
+
+def check_runtime(runtime: object) -> str:
+    """``runtime`` if it names a runtime of :data:`RUNTIMES`, else UnknownTarget."""
+    if runtime not in RUNTIMES:
+        from onnxnorm.errors import UnknownTarget
+
+        raise UnknownTarget(f"unknown runtime {runtime!r}; supported: {', '.join(RUNTIMES)}")
+    return runtime
+
+
+def add_runtime_option(parser: Any) -> None:
+    """``--for RUNTIME`` on an argparse parser (``onnxnorm fuse``, ``export``, ``lower``): each
+    norm written in the form that runtime runs best, in place of one target."""
+    parser.add_argument(
+        "--for", dest="runtime", choices=RUNTIMES, metavar="RUNTIME", help=runtime_help_text()
+    )
+
+
+def runtime_help_text() -> str:
+    """The runtimes, in one line for the ``--for`` option's help."""
+    return (
+        "write each norm in the form this runtime runs fastest and exactly, instead of one "
+        "--target: " + "; ".join(f"{r.name}: {r.title}" for r in RUNTIMES.values())
     )

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from onnxnorm.targets import add_runtime_option
+
 
 def add_fusion_options(
     parser: argparse.ArgumentParser,
@@ -90,6 +92,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "tolerance. Default: on for a folder (each file; a merged decoder in both "
         "branches), off for a file",
     )
+    add_runtime_option(fuse)
     fuse.set_defaults(run=run)
 
 
@@ -110,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             args.input,
             args.output,
             target=args.target,
+            runtime=args.runtime,
             strict_precision=args.strict_precision,
             upgrade=args.upgrade_opset,
             verify=bool(args.verify),
@@ -149,6 +153,7 @@ def run_folder(args: argparse.Namespace) -> int:
         args.input,
         args.output,
         target=args.target,
+        runtime=args.runtime,
         verify=args.verify is not False,
         overwrite=args.overwrite,
         strict_precision=args.strict_precision,

@@ -158,6 +158,7 @@ def fuse_file(
     output: str | os.PathLike,
     *,
     target: str = "function",
+    runtime: str | None = None,
     strict_precision: bool = False,
     upgrade: bool = False,
     verify: bool = False,
@@ -165,7 +166,8 @@ def fuse_file(
     make_folder: bool = False,
 ) -> FileResult:
     """Fuses the model file ``source`` into ``output`` (its folder made where missing;
-    ``target``, ``strict_precision``, ``upgrade``: see :func:`onnxnorm.fusion.fuse`), as
+    ``target``, ``runtime``, ``strict_precision``, ``upgrade``: see
+    :func:`onnxnorm.fusion.fuse`), as
     ``onnxnorm fuse`` does. ``verify``: run both in ONNX Runtime and compare their outputs;
     an output over tolerance is removed (``result.kept`` False), and one ONNX Runtime cannot
     run raises :class:`CannotVerify` after removing it. ``name``: how the result names the
@@ -177,6 +179,8 @@ def fuse_file(
     from onnxnorm.fusion.verify import uses_onnxnorm
 
     targets.check(target)
+    if runtime is not None:
+        targets.check_runtime(runtime)
     if make_folder:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
     output = check_output(output, inputs=[source])  # before any work
@@ -189,6 +193,7 @@ def fuse_file(
         strict_precision=strict_precision,
         upgrade=upgrade,
         repairs=opened.repairs,
+        runtime=runtime,
     )
     save_model(fused, output, source=opened.path, extra=weights)
     del weights

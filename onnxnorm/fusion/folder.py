@@ -96,6 +96,7 @@ def fuse_folder(
     output: str | os.PathLike,
     *,
     target: str = "function",
+    runtime: str | None = None,
     verify: bool = True,
     overwrite: bool = False,
     strict_precision: bool = False,
@@ -103,7 +104,8 @@ def fuse_folder(
     progress: Callable[[str], None] | None = None,
 ) -> FolderReport:
     """Writes to ``output`` a copy of the folder ``source`` with every ONNX file fused
-    (``target``, ``strict_precision``, ``upgrade``: see :func:`onnxnorm.fusion.fuse`) and the
+    (``target``, ``runtime``, ``strict_precision``, ``upgrade``: see
+    :func:`onnxnorm.fusion.fuse`) and the
     other files
     copied. ``verify``: run each fused file against its original (the default); when one is
     over tolerance, nothing is written and the report says which (``written`` False).
@@ -127,6 +129,7 @@ def fuse_folder(
                     source / name,
                     work / name,
                     target=target,
+                    runtime=runtime,
                     strict_precision=strict_precision,
                     upgrade=upgrade,
                     verify=verify,

@@ -49,14 +49,14 @@ why.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxnorm import targets
-from onnxnorm.fusion import ort_gated
+from onnxnorm.fusion import decomposed, ort_gated
 from onnxnorm.fusion.ort_gated import MS_DOMAIN, ms_gated_rms_norm_problem
 from onnxnorm.ops import catalogue, functions
 from onnxnorm.ops.functions import Note
@@ -66,28 +66,41 @@ __all__ = ["Note", "lower", "lower_with_notes", "ms_gated_rms_norm_problem", "op
 _FLOAT = TensorProto.FLOAT
 
 
-def lower(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
-    """``model`` with its onnxnorm nodes written for ``target`` (a new model)."""
-    return lower_with_notes(model, target)[0]
+def lower(
+    model: onnx.ModelProto, target: str = targets.DEFAULT, runtime: str | None = None
+) -> onnx.ModelProto:
+    """``model`` with its onnxnorm nodes written for ``target``, or node by node in the forms
+    ``runtime`` runs best (a name of :data:`onnxnorm.targets.RUNTIMES`; it takes the place of
+    the target) (a new model)."""
+    return lower_with_notes(model, target, runtime=runtime)[0]
 
 
 def lower_with_notes(
-    model: onnx.ModelProto, target: str, weights: Sequence[onnx.TensorProto] = ()
+    model: onnx.ModelProto,
+    target: str = targets.DEFAULT,
+    weights: Sequence[onnx.TensorProto] = (),
+    runtime: str | None = None,
 ) -> tuple[onnx.ModelProto, list[Note]]:
     """:func:`lower`, and a note per node (``function``: per node left without a body);
     ``weights``: initializers kept apart from ``model`` (``fuse_detached``), whose types and
     shapes the lowering needs all the same."""
     targets.check(target)
+    forms = None
+    if runtime is not None:
+        forms = targets.RUNTIMES[targets.check_runtime(runtime)].forms
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    if target == "function":
-        notes: list[Note] = []
+    notes: list[Note] = []
+    if forms is None and target == "function":
         return functions.attach_functions(out, notes), notes
-    if target == "fused":
+    if forms is None and target == "fused":
         return functions.strip_functions(out), []
     opset = functions.model_opset(out) or functions.MIN_OPSET
-    lowerer = _Lowerer(out, target, opset, weights)
+    lowerer = _Lowerer(out, target, opset, weights, forms)
     lowerer.graph(out.graph)
+    if lowerer.library:  # nodes kept as onnxnorm ops, with their bodies
+        functions.attach_functions(out, notes)
+        return out, lowerer.notes + notes
     keep = [f for f in out.functions if f.domain != catalogue.DOMAIN]
     del out.functions[:]
     out.functions.extend(keep)
@@ -101,6 +114,10 @@ def lower_with_notes(
     return out, lowerer.notes
 
 
+#: what each form of a runtime's table is written as: the lowering's target for it
+_FORM_TARGETS = {"contrib": "ort", "standard": "onnx", "decomposed": "decomposed"}
+
+
 class _Lowerer(functions.OpsetWriter):
     def __init__(
         self,
@@ -108,8 +125,13 @@ class _Lowerer(functions.OpsetWriter):
         target: str,
         opset: int,
         weights: Sequence[onnx.TensorProto] = (),
+        forms: Mapping[str, tuple[str, ...]] | None = None,
     ):
         self.target, self.opset = target, opset
+        #: a runtime's forms by family (``targets.RUNTIMES``): chosen node by node
+        self.forms = forms
+        #: how many onnxnorm nodes a runtime's forms keep as they are (the ``library`` form)
+        self.library = 0
         self.notes: list[Note] = []
         self.uses_ms = False
         #: how many onnxnorm nodes stay (without a body): the opset cannot express them
@@ -204,9 +226,16 @@ class _Lowerer(functions.OpsetWriter):
             for i, p in enumerate(spec.outputs)
         }
         x = args["X"]
-        self.t = t = self.types.get(x) if x is not None else None
+        self.t = self.types.get(x) if x is not None else None
         #: the mixed form: a float32 Y of a 16-bit X
         self.mixed = bool(attrs.get("y_float32", 0))
+        if self.forms is not None:
+            return self._by_forms(node, spec, attrs, args, outs)
+        return self._lower(node, spec, attrs, args, outs)
+
+    def _lower(self, node, spec, attrs, args, outs) -> tuple[str, str]:
+        """``node`` written for ``self.target``."""
+        x, t = args["X"], self.t
         problem = functions.node_problem(node, self.opset, self.types)
         if problem:
             return self._keep(node, problem)
@@ -230,6 +259,51 @@ class _Lowerer(functions.OpsetWriter):
         if spec.quantize != "none":
             return self._quantized(spec, attrs, args, outs)
         return self._float(spec, attrs, args, outs)
+
+    def _by_forms(self, node, spec, attrs, args, outs) -> tuple[str, str]:
+        """``node`` in the first form of its family (``self.forms``) it can be written in;
+        the reason names the forms passed over."""
+        family = "l2" if spec.norm == "l2" else "gated" if spec.gated else spec.norm
+        passed: list[str] = []
+        for form in (self.forms or {}).get(family, ("body",)):
+            if form == "library":
+                kept = onnx.NodeProto()
+                kept.CopyFrom(node)
+                self.new_nodes.append(kept)
+                self.library += 1
+                return "onnxnorm op", ""
+            if form == "body":
+                problem = functions.node_problem(node, self.opset, self.types)
+                if problem:
+                    return self._keep(node, problem)
+                return self._inline(node, "; ".join(passed))
+            why = self._unavailable(form, family, spec, attrs, args["X"])
+            if why:
+                passed.append(f"not {form}: {why}")
+                continue
+            self.target = _FORM_TARGETS[form]
+            emitted, reason = self._lower(node, spec, attrs, args, outs)
+            return emitted, "; ".join([*passed, reason] if reason else passed)
+        raise ValueError(f"no form of {family!r} ends in 'body' or 'library'")
+
+    def _unavailable(self, form: str, family: str, spec, attrs, x: str | None) -> str:
+        """Why ``node`` cannot be written in ``form`` ("": it can)."""
+        if form == "standard":
+            if family in ("gated", "l2"):
+                return "ONNX has no such op"
+            self.target = "onnx"
+            if self._core_op(spec) is None:
+                needs = "RMSNormalization (23)" if family == "rms" else "LayerNormalization (17)"
+                return f"opset {self.opset} has no {needs}"
+        elif form == "contrib":
+            if family == "l2":
+                return "ONNX Runtime has no such op"
+        elif form == "decomposed":
+            if family == "gated":
+                return "not spelled out but as its function body"
+            if x is None or self._normalized_count(x, attrs["axis"]) is None:
+                return "the rank of X is unknown"
+        return ""
 
     def _float(self, spec, attrs, args, outs) -> tuple[str, str]:
         if spec.residual == "none":
@@ -272,6 +346,8 @@ class _Lowerer(functions.OpsetWriter):
 
     def _core_op(self, spec: catalogue.OpSpec) -> str | None:
         """The target's op for the norm (None: it has none); all are in the ONNX domain."""
+        if self.target == "decomposed":
+            return "decomposed"
         if spec.norm == "layer":
             return "LayerNormalization" if self.target == "ort" or self.opset >= 17 else None
         if self.target == "ort":
@@ -312,6 +388,12 @@ class _Lowerer(functions.OpsetWriter):
         if op is None:  # (node() inlines the body instead)
             raise ValueError(f"opset {self.opset} has no standard op of {spec.name}'s norm")
         axis, eps = attrs["axis"], float(attrs["epsilon"])
+        if op == "decomposed":
+            count = self._normalized_count(x, axis)
+            if count is None:  # (_unavailable refuses this form first)
+                raise ValueError("the decomposed form needs the rank of X")
+            normed = decomposed.norm(self, spec.norm, self.float32(x), count, eps)
+            return self._scaled(spec, attrs, normed, scale, bias, y, "plain ops")
         if self._direct(spec, attrs, x, scale, bias) is None and scale is not None:
             inputs = [x, scale] + ([bias] if bias is not None else [])
             self.emit(op, inputs, outs=[y], axis=axis, epsilon=eps)
@@ -319,10 +401,17 @@ class _Lowerer(functions.OpsetWriter):
         # the norm with a unit Scale on X in float32, then the catalogue's own arithmetic
         xf = x if t == _FLOAT else self("Cast", x, to=_FLOAT)
         ones = self.ones(xf, axis, self._normalized_count(x, axis))
+        normed = self(op, xf, ones, axis=axis, epsilon=eps)
+        return self._scaled(spec, attrs, normed, scale, bias, y, f"{op} (unit scale)")
+
+    def _scaled(self, spec, attrs, normed, scale, bias, y, what: str) -> str:
+        """Scale and Bias on ``normed`` (float32) in the catalogue's own arithmetic, rounded
+        to X's type into ``y``."""
+        t = self.t
         mixed = self.mixed and spec.residual == "none"
         value = functions.scale_and_shift(
             self,
-            self(op, xf, ones, axis=axis, epsilon=eps),
+            normed,
             scale,
             bias,
             float(attrs.get("scale_offset", 0.0)) or None,
@@ -333,7 +422,7 @@ class _Lowerer(functions.OpsetWriter):
             self("Identity", value, out=y)
         else:
             self("Cast", value, to=t, out=y)
-        return f"{op} (unit scale) + float32 arithmetic"
+        return f"{what} + float32 arithmetic"
 
     def _skip(self, spec, attrs, args, outs) -> tuple[str, str]:
         x, residual, scale, bias, xbias = (
@@ -395,6 +484,18 @@ class _Lowerer(functions.OpsetWriter):
     def _hybrid(self, node, spec, attrs, args, outs) -> tuple[str, str]:
         """GatedRMSNorm and L2Norm, which ONNX has no op of: ONNX Runtime's GatedRMSNorm where
         it is exact (``ort``), else the function body."""
+        if spec.norm == "l2" and self.target == "decomposed":
+            count = self._normalized_count(args["X"], attrs["axis"])
+            if count is None:  # (_unavailable refuses this form first)
+                raise ValueError("the decomposed form needs the rank of X")
+            normed = decomposed.norm(
+                self, "l2", self.float32(args["X"]), count, float(attrs["epsilon"])
+            )
+            if self.t == _FLOAT:
+                self("Identity", normed, out=outs["Y"])
+            else:
+                self("Cast", normed, to=self.x_type, out=outs["Y"])
+            return "plain ops", ""
         if spec.norm == "l2":
             return self._inline(
                 node,

@@ -222,6 +222,7 @@ def fuse_detached(
     upgrade: bool = False,
     *,
     repairs: Sequence[Repair] | None = None,
+    runtime: str | None = None,
 ) -> Detached:
     """:func:`fuse` for large models: returns the fused model without the input's unchanged
     weights, and those weights (the input's own TensorProtos, not copies) to be written beside
@@ -232,6 +233,8 @@ def fuse_detached(
     before any weight is read), unless the caller did so at its own door and passes the
     ``repairs`` that check returned (:func:`onnxnorm._io.open_model` does)."""
     targets.check(target, "fusion target")
+    if runtime is not None:
+        targets.check_runtime(runtime)
     if repairs is None:
         repairs = check(model, base_dir or ".")
     repairs = list(repairs)
@@ -241,20 +244,21 @@ def fuse_detached(
     after = count_norms(graph)
     fused, weights = detached.serialize_detached(graph, originals)
     del graph
-    if target != "function":
+    if target != "function" if runtime is None else not targets.RUNTIMES[runtime].keeps_ops:
         # ORT cannot infer the types of a function call that leaves out an optional output,
         # so the function target keeps Sum, used or not
         passes.drop_unused_sums(fused)
     # a quantized op's Y_float where nothing reads it: its overload's body ends before it
     passes.drop_unused_sums(fused, ("Y_float",))
     upgraded = ""
-    if upgrade and target != "fused":
+    if upgrade and (target != "fused" or runtime is not None):
         fused, upgraded = upgrade_opset(fused, weights)
-    lowered, notes = lower_with_notes(fused, target, weights)
+    lowered, notes = lower_with_notes(fused, target, weights, runtime)
     report = tracker.report()
     report.norms = after[0] - before[0]
     report.residual_adds = after[1] - before[1]
     report.target = target
+    report.runtime = runtime
     report.lowering = [str(n) for n in notes if n.reason]
     report.repairs = [r.line for r in repairs]
     report.upgrade = upgraded
@@ -291,6 +295,8 @@ def fuse(
     base_dir: str | None = None,
     strict_precision: bool = False,
     upgrade: bool = False,
+    *,
+    runtime: str | None = None,
 ) -> Fused:
     """Rewrites the norms of ``model`` into onnxnorm ops; ``model`` is left as is.
 
@@ -302,8 +308,12 @@ def fuse(
     it. ``upgrade``: where the model's opset cannot hold a node's function body (bfloat16
     below opset 13, ...), convert the model to the oldest opset that can with onnx's version
     converter (:func:`upgrade_opset`); by default such a node is written without a body (it
-    needs the onnxnorm library) and the report says why.
+    needs the onnxnorm library) and the report says why. ``runtime``: a name of
+    :data:`onnxnorm.targets.RUNTIMES` (``--for``): each norm written in the form that runtime
+    runs best, in place of ``target``.
     """
-    fused, weights, report = fuse_detached(model, target, base_dir, strict_precision, upgrade)
+    fused, weights, report = fuse_detached(
+        model, target, base_dir, strict_precision, upgrade, runtime=runtime
+    )
     fused.graph.initializer.extend(weights)
     return Fused(fused, report)

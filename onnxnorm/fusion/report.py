@@ -43,6 +43,8 @@ class FusionReport:
     norms: int = 0
     residual_adds: int = 0
     target: str = "function"
+    #: the runtime the output was written for (``--for``; None: written for ``target``)
+    runtime: str | None = None
     #: onnxnorm nodes the target could not take as one op of its own, and what they became
     lowering: list[str] = dataclasses.field(default_factory=list)
     #: faults of the input that ONNX Runtime tolerates, mended in the output (``_validate``)
@@ -68,6 +70,7 @@ class FusionReport:
             "norms": self.norms,
             "residual_adds": self.residual_adds,
             "target": self.target,
+            "runtime": self.runtime,
             "lowering": self.lowering,
             "repairs": self.repairs,
             "upgrade": self.upgrade,
@@ -109,7 +112,8 @@ class FusionReport:
             )
         if self.upgrade:
             lines.append(f"--upgrade-opset: {self.upgrade}")
-        lines.extend(f"lowered to {self.target}: {note}" for note in self.lowering)
+        written = f"for {self.runtime}" if self.runtime else f"to {self.target}"
+        lines.extend(f"lowered {written}: {note}" for note in self.lowering)
         if self.load_check:
             lines.append(f"note: {self.load_check}")
         return "\n".join(lines)

@@ -14,7 +14,7 @@ from onnxnorm._deps import require
 from onnxnorm._io import check_output
 from onnxnorm.errors import OnnxNormError, first_line
 from onnxnorm.nn import families
-from onnxnorm.targets import DEFAULT, TARGETS, help_text
+from onnxnorm.targets import DEFAULT, TARGETS, add_runtime_option, help_text
 
 DTYPES = ("float32", "float16", "bfloat16")
 WEIGHT_FILES = (
@@ -41,6 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     export.add_argument("model", help="family name, 'decoder', or a local directory / config.json")
     export.add_argument("-o", "--output", required=True, help="where to write the ONNX model")
     export.add_argument("--mode", choices=TARGETS, default=DEFAULT, help=help_text())
+    add_runtime_option(export)
     export.add_argument(
         "--opset",
         type=int,
@@ -264,13 +265,15 @@ def run(args: argparse.Namespace) -> int:
         inputs,
         args.output,
         mode=args.mode,
+        runtime=args.runtime,
         opset_version=args.opset,
         dynamic=not args.static,
         external_data=args.external_data or None,
     )
     counts = count_norm_nodes(proto)
     print(
-        f"export: mode {args.mode}, opset {args.opset}, norm nodes: "
+        f"export: {'for ' + args.runtime if args.runtime else 'mode ' + args.mode}, "
+        f"opset {args.opset}, norm nodes: "
         + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
     )
     print(f"wrote {args.output}")
@@ -279,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "model": label,
                 "mode": args.mode,
+                "runtime": args.runtime,
                 "opset": args.opset,
                 "convert": report.to_dict(),
                 "norm_nodes": counts,

@@ -177,11 +177,12 @@ def save(
     return save_model(model, path, external=external_data)
 
 
-def lower(model: onnx.ModelProto, mode: str) -> onnx.ModelProto:
-    """The exported model (onnxnorm nodes, no function bodies) in target ``mode``."""
-    if mode == "function":
+def lower(model: onnx.ModelProto, mode: str, runtime: str | None = None) -> onnx.ModelProto:
+    """The exported model (onnxnorm nodes, no function bodies) in target ``mode``, or node by
+    node in the forms of ``runtime`` (:data:`onnxnorm.targets.RUNTIMES`)."""
+    if runtime is None and mode == "function":
         return functions.attach_functions(model)
-    if mode == "fused":
+    if runtime is None and mode == "fused":
         return functions.strip_functions(model)
     try:
         from onnxnorm.fusion.lowering import lower as lower_to
@@ -190,7 +191,7 @@ def lower(model: onnx.ModelProto, mode: str) -> onnx.ModelProto:
             f"export mode {mode!r} needs onnxnorm.fusion.lowering, which this "
             f"installation lacks ({error})"
         ) from None
-    return lower_to(functions.strip_functions(model), mode)
+    return lower_to(functions.strip_functions(model), mode, runtime=runtime)
 
 
 def export(
@@ -199,6 +200,7 @@ def export(
     path: str | os.PathLike | None = None,
     *,
     mode: str = "function",
+    runtime: str | None = None,
     opset_version: int = 18,
     kwargs: dict[str, Any] | None = None,
     dynamic: bool = True,
@@ -214,8 +216,10 @@ def export(
     every residual add fused with a norm (:mod:`onnxnorm.nn.residual`), becomes one node.
 
     ``mode`` is the target, a name of :data:`onnxnorm.targets.TARGETS`. The default,
-    ``"function"``, runs in any ONNX runtime; ORT with the onnxnorm library registered runs the
-    fused kernels instead of the function bodies.
+    ``"function"``, runs in ONNX Runtime (the fused kernels with the onnxnorm library
+    registered, the function bodies without) and in runtimes that inline model-local
+    functions. ``runtime`` (a name of :data:`onnxnorm.targets.RUNTIMES`, ``--for``) writes
+    each norm in the form that runtime runs best instead (docs/runtimes.md).
 
     ``dynamic`` (default) makes dims 0 and 1 (batch and sequence) of every tensor input
     dynamic unless ``dynamic_shapes`` says otherwise (give example sizes of 2 or more there:
@@ -227,6 +231,8 @@ def export(
     one-line message.
     """
     targets.check(mode, "export mode")
+    if runtime is not None:
+        targets.check_runtime(runtime)
     if not isinstance(opset_version, int) or opset_version < functions.MIN_OPSET:
         raise OnnxNormError(f"opset_version must be >= {functions.MIN_OPSET}, got {opset_version}")
     if not isinstance(model, torch.nn.Module):
@@ -289,7 +295,7 @@ def export(
     proto = program.model_proto
     if not allow_no_norms and not any(True for _ in functions.onnxnorm_nodes(proto)):
         raise OnnxNormError(_no_norms_message(model))
-    proto = lower(proto, mode)
+    proto = lower(proto, mode, runtime)
     if path is not None:
         save(proto, path, external_data)
     return proto

@@ -109,16 +109,18 @@ class OpsetWriter:
 
     def reduce_mean(self, value: str, axis: int = 1) -> str:
         """Mean over ``axis`` (>= 0), keepdims (the axes an input from opset 18)."""
-        return self._reduce("ReduceMean", value, axis)
+        return self.reduce("ReduceMean", value, [axis])
 
     def reduce_sum_square(self, value: str, axis: int = 1) -> str:
         """Sum of squares over ``axis`` (>= 0), keepdims."""
-        return self._reduce("ReduceSumSquare", value, axis)
+        return self.reduce("ReduceSumSquare", value, [axis])
 
-    def _reduce(self, op: str, value: str, axis: int) -> str:
-        if self.opset >= 18:
-            return self(op, value, self.ints([axis]), keepdims=1)
-        return self(op, value, axes=[axis], keepdims=1)
+    def reduce(self, op: str, value: str, axes: list[int]) -> str:
+        """``op`` (a Reduce op) over ``axes``, keepdims: the axes are an input from opset 18
+        (ReduceSum: 13), an attribute before."""
+        if self.opset >= (13 if op == "ReduceSum" else 18):
+            return self(op, value, self.ints(axes), keepdims=1)
+        return self(op, value, axes=axes, keepdims=1)
 
 
 def model_opset(model: onnx.ModelProto, domain: str = "") -> int | None:
