@@ -54,6 +54,10 @@ def _norms_page() -> str:
     return _tool("gen_norms_doc").render()
 
 
+def _runtimes_page() -> str:
+    return _tool("runtimes_page").render()
+
+
 def _development_page() -> str:
     return _tool("gen_development_doc").render()
 
@@ -69,6 +73,7 @@ GENERATED: dict[str, tuple[str, Callable[[], str]]] = {
     "docs/norms.md": ("python tools/gen_norms_doc.py", _norms_page),
     # its sections between <!-- generated: NAME --> marks; the rest is written by hand
     "docs/development.md": ("python tools/gen_development_doc.py", _development_page),
+    "docs/runtimes.md": ("python tools/runtimes_page.py", _runtimes_page),
 }
 
 #: pages written by measuring, each by its own command: dated, minutes long, not checked here
