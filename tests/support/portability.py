@@ -46,8 +46,8 @@ _NO_LOCAL_FUNCTIONS = "does not inline model-local functions"
 _NO_BODY = "an onnxnorm op without a body needs the onnxnorm library"
 _NO_CONTRIB = "reads no ONNX Runtime contrib op"
 _SHORT_CALL = (
-    "refuses a function call that leaves out trailing optional inputs (ONNX allows it; "
-    "onnxnorm's nodes do)"
+    "onnx 1.23's evaluator calls no model-local function with an optional input left out "
+    "(neither omitted nor given as an empty name)"
 )
 
 
