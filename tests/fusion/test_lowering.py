@@ -9,7 +9,7 @@ import pytest
 
 from onnxnorm.fusion.lowering import lower, lower_with_notes, op_types
 from onnxnorm.ops import catalogue, reference
-from onnxnorm.targets import DEFAULT, TARGETS, help_text
+from onnxnorm.targets import DEFAULT, RUNTIMES, TARGETS, help_text
 from onnxnorm.testing.graphs import single_node_model
 from tests.support.helpers import assert_close, reference_outputs, run
 from tests.support.matrix import DTYPES, LOWERED_TARGETS, NODE_TARGETS, TARGETS_WITHOUT_LIBRARY
@@ -272,3 +272,120 @@ def test_hybrid_norms_lowered(variant, dtype, target, rng):
     want = reference_outputs(op, arrays, attrs)
     for g, w in zip(got, want):
         assert_close(g, w, t)
+
+
+# -- the runtimes' forms (--for): each distinct table of forms once --------------------------
+def _distinct_form_tables() -> dict[str, str]:
+    """A runtime per distinct table of forms that lowers every node (no library form)."""
+    seen: dict[tuple, str] = {}
+    for runtime in RUNTIMES.values():
+        if not runtime.keeps_ops:
+            seen.setdefault(tuple(sorted(runtime.forms.items())), runtime.name)
+    return {name: name for name in seen.values()}
+
+
+FORM_RUNTIMES = tuple(_distinct_form_tables())
+
+
+def _first_form(forms: tuple[str, ...], family: str, opset: int) -> str:
+    """The form the lowering must pick: the first one a node of ``family`` can take at
+    ``opset`` (X's rank is known in these models)."""
+    norm = family in ("layer", "rms")
+    takes = {
+        "standard": norm and opset >= (17 if family == "layer" else 23),
+        "contrib": norm,
+        "decomposed": family != "gated",
+        "body": True,
+        "library": True,
+    }
+    for form in forms:
+        if takes[form]:
+            return form
+    raise AssertionError(f"no form for {family}")
+
+
+@pytest.mark.parametrize("runtime", FORM_RUNTIMES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "variant",
+    VARIANTS,
+    ids=lambda v: (
+        f"{v[0]}-{'+'.join(v[1]) or 'none'}-" + "-".join(f"{k}{val}" for k, val in v[2].items())
+    ),
+)
+@pytest.mark.parametrize("opset", [18, 23])
+def test_runtime_forms_match_reference(variant, dtype, runtime, opset, rng):
+    """Written --for a runtime, every op takes the first form of the runtime's table it can
+    (the standard op where the opset has it, ONNX Runtime's op, the plain decomposition) and
+    matches the numpy reference in plain ONNX Runtime, every rounding order included."""
+    op, present, attrs, per_head = variant
+    attrs = {"epsilon": EPS, **attrs}
+    arrays = _arrays(op, present, dtype, per_head, rng)
+    model = single_node_model(op, arrays, attrs, opset=opset, functions=False)
+    lowered, notes = lower_with_notes(model, runtime=runtime)
+    kinds = {t for _, t in op_types(lowered)}
+    assert not any(d == catalogue.DOMAIN for d, _ in op_types(lowered)) and len(notes) == 1
+    family = "layer" if "Layer" in op else "rms"
+    form = _first_form(RUNTIMES[runtime].forms[family], family, opset)
+    if form == "decomposed":
+        assert "plain ops" in notes[0].emitted and not kinds & NORM_OPS, notes
+        assert not kinds & {"Flatten", "Reshape"}, kinds
+    elif form == "standard":
+        assert kinds & NORM_OPS <= {"LayerNormalization", "RMSNormalization"}, notes
+        assert kinds & NORM_OPS, notes
+    else:
+        assert form == "contrib", form
+        assert kinds & NORM_OPS - {"RMSNormalization"}, notes
+    got = run(lowered, arrays)
+    want = reference_outputs(op, arrays, attrs)
+    for g, w in zip(got, want):
+        assert_close(g, w, DTYPES[dtype])
+
+
+@pytest.mark.parametrize("runtime", FORM_RUNTIMES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "variant",
+    HYBRID,
+    ids=lambda v: (
+        f"{v[0]}-{'+'.join(v[1]) or 'none'}-{v[3]}-"
+        + "-".join(f"{k}{val}" for k, val in v[2].items())
+    ),
+)
+def test_runtime_forms_of_hybrid_norms(variant, dtype, runtime, rng):
+    """GatedRMSNorm and L2Norm written --for a runtime: L2Norm as the plain decomposition
+    (``x / sqrt(sum(x^2) + eps)``), GatedRMSNorm as its body; both match the reference."""
+    op, present, attrs, scale = variant
+    attrs = {"epsilon": EPS, **attrs}
+    t = DTYPES[dtype]
+    arrays = {"X": (rng.standard_normal((2, 5, 16)) * 2 + 0.5).astype(t)}
+    if "Gate" in present:
+        arrays["Gate"] = rng.standard_normal((2, 5, 16)).astype(t)
+    if "Scale" in present:
+        arrays["Scale"] = (rng.standard_normal(8 if scale == "group" else 16) * 0.3 + 1).astype(t)
+    lowered, notes = lower_with_notes(
+        single_node_model(op, arrays, attrs, functions=False), runtime=runtime
+    )
+    assert not any(d == catalogue.DOMAIN for d, _ in op_types(lowered)) and len(notes) == 1
+    expected = "plain ops" if op == "L2Norm" else "inlined function body"
+    assert notes[0].emitted == expected, notes
+    got = run(lowered, arrays)
+    want = reference_outputs(op, arrays, attrs)
+    for g, w in zip(got, want):
+        assert_close(g, w, t)
+
+
+def test_library_runtimes_keep_the_ops_with_their_bodies(rng):
+    arrays = _arrays("RMSNorm", ("Scale",), "float32", False, rng)
+    model = single_node_model("RMSNorm", arrays, {}, functions=False)
+    for name, runtime in RUNTIMES.items():
+        if runtime.keeps_ops:
+            lowered, notes = lower_with_notes(model, runtime=name)
+            assert [n.op_type for n in lowered.graph.node] == ["RMSNorm"], name
+            assert [f.name for f in lowered.functions] == ["RMSNorm"], name
+            assert notes[0].emitted == "onnxnorm op"
+
+
+def test_unknown_runtime():
+    with pytest.raises(ValueError, match="unknown runtime 'openvno'"):
+        lower(onnx.ModelProto(), runtime="openvno")
