@@ -19,6 +19,13 @@
 #                tools/gpu_carry.py cut (build/carry/, carried over several calls) when they are
 #                all there, else with whatever onnxruntime the machine has (skipped without its
 #                CUDA provider);
+#   runtimes     tools/gpu_runtimes.py: a small float32 and float16 Llama-style decoder written
+#                --for ort-cuda, tensorrt and webgpu, run on ONNX Runtime's CUDA provider with
+#                the onnxnorm library (and on the CUDA devices of its plugin API), on TensorRT
+#                (ONNX Runtime's TensorRT provider, the TensorRT RTX plugin, the tensorrt
+#                package's parser: whichever is here) and on the WebGPU plugin without CPU
+#                fallback, against the CPU provider: parity and where the nodes ran, one row
+#                each, a runtime not here a skipped row (the same onnxruntime-gpu);
 #   e2e          onnxnorm bench e2e on the CUDA provider: float16 Llama- and Gemma-2-style
 #                decoders, and the onnxruntime-genai model builder's float16 folders before and
 #                after onnxnorm genai, with and without CUDA graphs (the same onnxruntime-gpu and
@@ -39,7 +46,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root="$PWD"
 start=$SECONDS
-all_steps="machine,build,correctness,bandwidth,ort,e2e"
+all_steps="machine,build,correctness,bandwidth,ort,runtimes,e2e"
 steps="$all_steps"
 build=""
 while [[ $# -gt 0 ]]; do
@@ -247,6 +254,38 @@ if want ort; then
   else
     tests ort -rP tests/cuda/test_cuda.py tests/cuda/test_cuda_ort.py -k "test_ort_ or test_cuda_ort" \
       && record ort ok || record ort "FAILED ($?)"
+  fi
+fi
+
+if want runtimes; then
+  step "runtimes (the --for forms on CUDA, TensorRT and WebGPU)"; step_start=$SECONDS
+  runtimes=(tools/gpu_runtimes.py --work "$build/runtimes" --markdown "$build/runtimes.md"
+            --json "$build/runtimes.json")
+  if ! have_build; then
+    record runtimes "skipped (no build in $build)"
+  elif [[ "$dry" == 1 ]]; then
+    # (the models exported and lowered on the CPU, nothing run)
+    if "$python" "${runtimes[@]}" --dry-run >"$build/runtimes.log" 2>&1; then
+      printf 'dry run: %s %s (%s forms lowered)\n' "$python" "${runtimes[*]}" \
+        "$(grep -c '^lowered: ' "$build/runtimes.log")"
+      record runtimes ok
+    else
+      cat "$build/runtimes.log"
+      record runtimes "FAILED (dry run)"
+    fi
+  else
+    # (its rows say which runtime is missing; TensorRT's libraries from pip on the loader's path)
+    ort_gpu || echo "no onnxruntime with a working CUDA provider: the CUDA rows say so"
+    trt_libs="$("$python" -c 'import glob, os, site; print(":".join(sorted(d for p in site.getsitepackages() for d in glob.glob(os.path.join(p, "tensorrt*_libs")))))' 2>/dev/null || true)"
+    LD_LIBRARY_PATH="${trt_libs:+$trt_libs:}${LD_LIBRARY_PATH:-}" "$python" "${runtimes[@]}" 2>&1 \
+      | tee "$build/runtimes.log"
+    status=${PIPESTATUS[0]}
+    keep "$build/runtimes.md" "$build/runtimes.json" "$build/runtimes.log"
+    case $status in
+      0) record runtimes ok ;;
+      3) record runtimes "skipped (no GPU runtime here: $build/runtimes.md)" ;;
+      *) record runtimes "FAILED ($status)" ;;
+    esac
   fi
 fi
 

@@ -14,6 +14,7 @@ never loaded into the test process on a machine without a GPU.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -502,11 +503,13 @@ def _gpu_check(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
 def test_gpu_check_script_dry_run(tmp_path):
     """tools/gpu_check.sh with GPU_CHECK_DRY_RUN=1: every step up to the first that needs a GPU
     runs, the build commands are printed, the GPU tests are collected (not run) and the
-    benchmarks' command lines are parsed, so the script stays runnable between GPU sessions."""
+    benchmarks' command lines are parsed, and the runtimes step exports and lowers its models
+    (tools/gpu_runtimes.py --dry-run), so the script stays runnable between GPU sessions."""
     result = _gpu_check(tmp_path, str(tmp_path / "build"))
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
-    for step in ("machine", "build", "correctness", "bandwidth", "ort", "e2e", "summary"):
+    steps = ("machine", "build", "correctness", "bandwidth", "ort", "runtimes", "e2e")
+    for step in (*steps, "summary"):
         assert f"=== {step}" in out, out
     assert "dry run: cmake -S . -B" in out and "-DONNXNORM_CUDA=ON" in out
     collected = [
@@ -519,12 +522,24 @@ def test_gpu_check_script_dry_run(tmp_path):
     assert "dry run: " + sys.executable + " -m onnxnorm.bench.cuda --reps 30" in out
     assert " -m onnxnorm bench e2e --models llama,gemma2 --dtypes float16 " in out
     assert "--devices cuda,cuda-graph --genai fp16 " in out
+    runtimes = tmp_path / "build" / "runtimes"
+    assert (
+        f"dry run: {sys.executable} tools/gpu_runtimes.py --work {runtimes} --markdown "
+        f"{runtimes}.md --json {runtimes}.json (6 forms lowered)"
+    ) in out
+    planned = json.loads((tmp_path / "build" / "runtimes.json").read_text())["rows"]
+    assert {(r["form"], r["dtype"], r["outcome"]) for r in planned} == {
+        (form, dtype, "not run (dry run)")
+        for form in ("ort-cuda", "tensorrt", "webgpu")
+        for dtype in ("float32", "float16")
+    }
+    for form in ("", "-ort-cuda", "-tensorrt", "-webgpu"):
+        assert (runtimes / f"llama-float16{form}.onnx").is_file()
     assert not (tmp_path / "build" / "onnxnorm").exists()  # nothing built
     summary = (tmp_path / "out" / "summary.md").read_text()
-    steps = [line.split("|")[1:3] for line in summary.splitlines()[2:]]
-    assert [(s.strip(), o.strip()) for s, o in steps] == [
-        (step, "ok (dry run)")
-        for step in ("machine", "build", "correctness", "bandwidth", "ort", "e2e")
+    outcomes = [line.split("|")[1:3] for line in summary.splitlines()[2:]]
+    assert [(s.strip(), o.strip()) for s, o in outcomes] == [
+        (step, "ok (dry run)") for step in steps
     ]
 
 
