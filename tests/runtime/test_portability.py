@@ -17,8 +17,10 @@ pytestmark = pytest.mark.slow
 #: parity: the decoders' outputs are O(1); float32 throughout, norms in float32, so every
 #: runtime agrees to a few units of float32 rounding of the sums the layers take. The quantized
 #: decoder rounds activations to uint8 steps, and a runtime that orders a sum otherwise may
-#: land one step away.
-TOLERANCE = {"llama_qdq": 0.1}
+#: land one step away. The float16 decoder: one float16 unit at the outputs' magnitude (2 to
+#: 4): ONNX Runtime's kernels and the original's decomposed float16 ops round differently
+#: (measured 2.9e-3 on ONNX Runtime, 0 on OpenVINO and tract).
+TOLERANCE = {"llama_qdq": 0.1, "gemma2_fp16": 4e-3}
 
 
 def _skip_unavailable(runner: str) -> None:
@@ -79,7 +81,6 @@ def test_function_target_splits_the_openvino_provider_with_the_library():
 
 
 def test_every_runtime_here_is_in_the_matrix():
-    assert {r for r in targets.RUNTIMES.values() if r.tested_here} == {
-        targets.RUNTIMES[r] for r in ("ort-cpu", *P.FOR)
-    }
+    tested = {name for name, r in targets.RUNTIMES.items() if r.tested_here}
+    assert tested == {"ort-cpu", *P.FOR}
     assert set(P.RUNNER_OF) == {"ort-cpu", *P.FOR}

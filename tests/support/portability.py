@@ -24,8 +24,8 @@ from onnxnorm import targets
 
 #: the decoders: the fusion tests' families (onnxnorm.nn.decoder, norms spelled out as Hugging
 #: Face writes them), two hybrid ones (Qwen3-Next: L2 norms; Mamba2: gated norms) and a
-#: quantized one (static QDQ)
-DECODERS = ("llama", "gemma2", "qwen3", "qwen3_next", "mamba2", "llama_qdq")
+#: quantized one (static QDQ), and one in float16 (Gemma 2's rounding order: float32 scale)
+DECODERS = ("llama", "gemma2", "qwen3", "qwen3_next", "mamba2", "llama_qdq", "gemma2_fp16")
 #: the runtimes whose ``--for`` files are in the matrix: those that run here (ort-cpu's form is
 #: the function target's)
 FOR = tuple(r.name for r in targets.RUNTIMES.values() if r.tested_here and r.name != "ort-cpu")
@@ -95,13 +95,15 @@ def _decoder_model(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     from onnxnorm.nn import decoder, families
     from onnxnorm.nn.exporter import quiet_export
 
-    family = "llama" if name == "llama_qdq" else name
+    family = name.split("_")[0]
     config = families.decoder_config(
         family, hidden=64, heads=4, intermediate=128, layers=2, impl="decomposed"
     )
     torch.manual_seed(0)
     model = decoder.build(config).eval()
     x = decoder.example_input(config, 2, 8)
+    if name.endswith("_fp16"):
+        model, x = model.half(), x.half()
     with quiet_export(), torch.no_grad():
         proto = torch.onnx.export(model, (x,), dynamo=True, input_names=["x"]).model_proto
     feeds = {"x": x.numpy()}
