@@ -415,20 +415,25 @@ class CudaPlugin:
             return str(error)
         if not hasattr(onnxruntime, "get_ep_devices"):
             return f"onnxruntime {onnxruntime.__version__} has no plugin API (get_ep_devices)"
-        bundled = "cuda-plugin-ep=" in onnxruntime.get_build_info()
+        version = onnxruntime.__version__
         library = Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
-        if bundled:
-            self.kind = "the bundled CUDA plugin (build info: cuda-plugin-ep)"
+        if "cuda-plugin-ep=" in onnxruntime.get_build_info():
+            self.kind = f"onnxruntime {version}'s bundled CUDA plugin (build info: cuda-plugin-ep)"
+        elif self._listed():
+            self.kind = (
+                f"onnxruntime {version} lists its CUDA provider's devices itself: no CUDA "
+                "plugin package (its build info has no cuda-plugin-ep)"
+            )
         else:
             self.kind = (
-                f"onnxruntime {onnxruntime.__version__}'s CUDA provider library registered as "
-                "an EP library: no CUDA plugin package (its build info has no cuda-plugin-ep)"
+                f"onnxruntime {version}'s CUDA provider library registered as an EP library: "
+                "no CUDA plugin package (its build info has no cuda-plugin-ep)"
             )
         if not self._listed():
             if not library.is_file():
                 return (
-                    f"onnxruntime {onnxruntime.__version__} has no CUDA provider library "
-                    f"({library.name}) and no CUDA plugin package is installed"
+                    f"onnxruntime {version} has no CUDA provider library ({library.name}) and "
+                    "no CUDA plugin package is installed"
                 )
             try:
                 onnxruntime.register_execution_provider_library(CUDA, str(library))
