@@ -77,11 +77,21 @@ class Runtime:
         return any("library" in forms for forms in self.forms.values())
 
 
-def _forms(layer: tuple[str, ...], rms: tuple[str, ...], gated, l2) -> dict:
-    return {"layer": layer, "rms": rms, "gated": gated, "l2": l2}
+def _lowered(layer: tuple[str, ...], rms: tuple[str, ...] | None = None) -> dict:
+    """The forms of a runtime the onnxnorm library does not serve: LayerNorm's as given, RMSNorm's
+    the same unless given; GatedRMSNorm as its body (of the runtimes here only ONNX Runtime's
+    CPU and CUDA providers have an op of it, and they run the library); L2Norm spelled out
+    (no runtime has an op with its epsilon)."""
+    return {"layer": layer, "rms": rms or layer, "gated": ("body",), "l2": ("decomposed", "body")}
 
 
-_LIBRARY = _forms(("library",), ("library",), ("library",), ("library",))
+_LIBRARY = dict.fromkeys(FAMILIES, ("library",))
+#: ONNX Runtime's ops first (the providers that have kernels of them but not of onnxnorm's)
+_CONTRIB_FIRST = ("contrib", "decomposed", "body")
+#: ONNX's ops where the opset has them, else ONNX Runtime's (runtimes that read both)
+_STANDARD_FIRST = ("standard", "contrib", "decomposed", "body")
+#: ONNX's ops where the opset has them, else plain ops (runtimes that read ONNX's ops only)
+_STANDARD_ONLY = ("standard", "decomposed", "body")
 _MATRIX = "tests/runtime/test_portability.py"
 
 RUNTIMES = {
@@ -103,35 +113,20 @@ RUNTIMES = {
         Runtime(
             "ort-openvino",
             "ONNX Runtime with the OpenVINO plugin execution provider (onnxruntime-ep-openvino)",
-            _forms(
-                ("contrib", "decomposed", "body"),
-                ("contrib", "decomposed", "body"),
-                ("body",),
-                ("decomposed", "body"),
-            ),
+            _lowered(_CONTRIB_FIRST),
             f"the provider takes ONNX Runtime's norm ops whole, and refuses onnxnorm's ({_MATRIX})",
         ),
         Runtime(
             "openvino",
             "OpenVINO (its ONNX frontend, openvino.Core().read_model)",
-            _forms(
-                ("standard", "contrib", "decomposed", "body"),
-                ("standard", "contrib", "decomposed", "body"),
-                ("body",),
-                ("decomposed", "body"),
-            ),
+            _lowered(_STANDARD_FIRST),
             "the compiled model's MVN and RMS layers, and no onnxnorm op read by the frontend "
             f"without onnxnorm's extension ({_MATRIX})",
         ),
         Runtime(
             "webgpu",
             "ONNX Runtime, WebGPU provider",
-            _forms(
-                ("contrib", "decomposed", "body"),
-                ("contrib", "decomposed", "body"),
-                ("body",),
-                ("decomposed", "body"),
-            ),
+            _lowered(_CONTRIB_FIRST),
             "ONNX Runtime's onnxruntime/contrib_ops/webgpu/bert/layer_norm.cc and "
             "skip_layer_norm.cc (main, 2026): WebGPU kernels of LayerNormalization, "
             "SimplifiedLayerNormalization and the Skip forms (tools/gpu_check.sh runs them)",
@@ -140,12 +135,7 @@ RUNTIMES = {
         Runtime(
             "tensorrt",
             "TensorRT (its ONNX parser; ONNX Runtime's TensorRT providers)",
-            _forms(
-                ("standard", "decomposed", "body"),
-                ("decomposed", "body"),
-                ("body",),
-                ("decomposed", "body"),
-            ),
+            _lowered(_STANDARD_ONLY, rms=("decomposed", "body")),
             "onnx-tensorrt's docs/operators.md (commit 96e7811, 2024-06): LayerNormalization is "
             "parsed (its Y alone), RMSNormalization is not listed, so RMS norms are written as "
             "the plain ops TensorRT fuses (tools/gpu_check.sh)",
@@ -154,23 +144,13 @@ RUNTIMES = {
         Runtime(
             "tract",
             "tract (sonos/tract, its Python package)",
-            _forms(
-                ("standard", "contrib", "decomposed", "body"),
-                ("standard", "contrib", "decomposed", "body"),
-                ("body",),
-                ("decomposed", "body"),
-            ),
+            _lowered(_STANDARD_FIRST),
             f"tract 0.23 runs both standard ops and ONNX Runtime's, not onnxnorm's ({_MATRIX})",
         ),
         Runtime(
             "onnx",
             "any ONNX runtime: standard ONNX ops only",
-            _forms(
-                ("standard", "decomposed", "body"),
-                ("standard", "decomposed", "body"),
-                ("body",),
-                ("decomposed", "body"),
-            ),
+            _lowered(_STANDARD_ONLY),
             f"onnx's reference evaluator and ONNX Runtime without the library ({_MATRIX})",
         ),
     )

@@ -40,6 +40,15 @@ VARIANTS = [
 ]
 
 
+def _variant_id(v) -> str:
+    """(op, present inputs, attributes, ...) -> a test id; a hybrid variant's fourth field (its
+    Scale's kind) too."""
+    kind = f"-{v[3]}" if isinstance(v[3], str) or v[3] is None else ""
+    return f"{v[0]}-{'+'.join(v[1]) or 'none'}{kind}-" + "-".join(
+        f"{k}{val}" for k, val in v[2].items()
+    )
+
+
 def _arrays(op, present, dtype, per_head, rng):
     t = DTYPES[dtype]
     shape = (2, 3, 4, 16) if per_head else (2, 5, 32)
@@ -89,9 +98,7 @@ NORM_OPS = {
 @pytest.mark.parametrize(
     "variant",
     VARIANTS,
-    ids=lambda v: (
-        f"{v[0]}-{'+'.join(v[1]) or 'none'}-" + "-".join(f"{k}{val}" for k, val in v[2].items())
-    ),
+    ids=_variant_id,
 )
 @pytest.mark.parametrize("opset", [18, 23])
 def test_lowered_op_matches_reference(variant, dtype, target, opset, rng):
@@ -237,10 +244,7 @@ def _ms_exact(op, present, attrs, scale, dtype) -> bool:
 @pytest.mark.parametrize(
     "variant",
     HYBRID,
-    ids=lambda v: (
-        f"{v[0]}-{'+'.join(v[1]) or 'none'}-{v[3]}-"
-        + "-".join(f"{k}{val}" for k, val in v[2].items())
-    ),
+    ids=_variant_id,
 )
 def test_hybrid_norms_lowered(variant, dtype, target, rng):
     """GatedRMSNorm and L2Norm, which ONNX has no op of: ``onnx`` inlines their bodies (standard
@@ -309,9 +313,7 @@ def _first_form(forms: tuple[str, ...], family: str, opset: int) -> str:
 @pytest.mark.parametrize(
     "variant",
     VARIANTS,
-    ids=lambda v: (
-        f"{v[0]}-{'+'.join(v[1]) or 'none'}-" + "-".join(f"{k}{val}" for k, val in v[2].items())
-    ),
+    ids=_variant_id,
 )
 @pytest.mark.parametrize("opset", [18, 23])
 def test_runtime_forms_match_reference(variant, dtype, runtime, opset, rng):
@@ -347,10 +349,7 @@ def test_runtime_forms_match_reference(variant, dtype, runtime, opset, rng):
 @pytest.mark.parametrize(
     "variant",
     HYBRID,
-    ids=lambda v: (
-        f"{v[0]}-{'+'.join(v[1]) or 'none'}-{v[3]}-"
-        + "-".join(f"{k}{val}" for k, val in v[2].items())
-    ),
+    ids=_variant_id,
 )
 def test_runtime_forms_of_hybrid_norms(variant, dtype, runtime, rng):
     """GatedRMSNorm and L2Norm written --for a runtime: L2Norm as the plain decomposition
