@@ -39,26 +39,35 @@ def _runtimes() -> str:
 
 
 def _matrix() -> str:
+    """One table per norm family of the decoders (the forms differ by it), the refusals'
+    reasons numbered below them."""
     from tests.support import portability
 
     reasons: dict[str, int] = {}
-    head = "| file | " + " | ".join(f"`{r}`" for r in portability.RUNNERS) + " |"
-    rows = [head, "|---" * (len(portability.RUNNERS) + 1) + "|"]
-    for file in portability.FILES:
-        cells = []
-        for runner in portability.RUNNERS:
-            outcome = portability.EXPECTED[(file, runner)]
-            if outcome == "ok":
-                cells.append("ok")
-            else:
-                number = reasons.setdefault(outcome, len(reasons) + 1)
-                cells.append(f"refused ({number})")
-        rows.append(f"| {file} | " + " | ".join(cells) + " |")
-    rows.append("")
+    rows: list[str] = []
+    titles = {"rms": "RMSNorm decoders", "layer": "LayerNorm decoders"}
+    for family, title in titles.items():
+        decoders = [d for d in portability.DECODERS if portability.NORMS[d] == family]
+        rows.append(f"{title} ({', '.join(decoders)}):")
+        rows.append("")
+        rows.append("| file | " + " | ".join(f"`{r}`" for r in portability.RUNNERS) + " |")
+        rows.append("|---" * (len(portability.RUNNERS) + 1) + "|")
+        for file in portability.FILES:
+            cells = []
+            for runner in portability.RUNNERS:
+                (outcome,) = {portability.EXPECTED[(d, file, runner)] for d in decoders}
+                if outcome == "ok":
+                    cells.append("ok")
+                else:
+                    cells.append(f"refused ({reasons.setdefault(outcome, len(reasons) + 1)})")
+            rows.append(f"| {file} | " + " | ".join(cells) + " |")
+        rows.append("")
     rows.extend(f"({number}) {reason}." for reason, number in reasons.items())
     rows.append("")
     rows.append(
-        "Runners: " + "; ".join(f"`{name}`: {text}" for name, text in _runner_texts().items()) + "."
+        "Runners: "
+        + "; ".join(f"`{name}`: {text}" for name, text in _runner_texts().items())
+        + "."
     )
     return "\n".join(rows)
 

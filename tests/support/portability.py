@@ -25,7 +25,7 @@ from onnxnorm import targets
 #: the decoders: the fusion tests' families (onnxnorm.nn.decoder, norms spelled out as Hugging
 #: Face writes them), two hybrid ones (Qwen3-Next: L2 norms; Mamba2: gated norms) and a
 #: quantized one (static QDQ), and one in float16 (Gemma 2's rounding order: float32 scale)
-DECODERS = ("llama", "gemma2", "qwen3", "qwen3_next", "mamba2", "llama_qdq", "gemma2_fp16")
+DECODERS = ("llama", "gemma2", "qwen3", "gpt2", "deepnet", "qwen3_next", "mamba2", "llama_qdq", "gemma2_fp16")
 #: the runtimes whose ``--for`` files are in the matrix: those that run here (ort-cpu's form is
 #: the function target's)
 FOR = tuple(r.name for r in targets.RUNTIMES.values() if r.tested_here and r.name != "ort-cpu")
@@ -51,12 +51,22 @@ _SHORT_CALL = (
 )
 
 
-def expected(file: str, runner: str) -> str:
-    """ "ok" (loads, runs, parity with the original on the reference runtime), or why the
-    runner refuses the file. The same for every decoder of the matrix."""
-    if file.startswith("for ") and runner == "reference" and file != "for onnx":
-        # at opset 18 these runtimes' RMS form is ONNX Runtime's SimplifiedLayerNormalization
-        return _NO_CONTRIB
+#: the norm family of each decoder's norms (all of its norms but the hybrids' gated and L2)
+NORMS = {d: "layer" if d in ("gpt2", "deepnet") else "rms" for d in DECODERS}
+#: the opset of the decoders' exports: LayerNormalization is a standard op there, RMSNormalization
+#: is not
+OPSET = 18
+
+
+def expected(decoder: str, file: str, runner: str) -> str:
+    """"ok" (loads, runs, parity with the original on the same runtime), or why the runner
+    refuses the file."""
+    if file.startswith("for ") and runner == "reference":
+        family = NORMS[decoder]
+        forms = targets.RUNTIMES[file.removeprefix("for ")].forms[family]
+        standard = family == "layer" or OPSET >= 23
+        first = next(f for f in forms if f != "standard" or standard)
+        return _NO_CONTRIB if first == "contrib" else "ok"
     if file in ("original",) or file.startswith("for "):
         return "ok"
     if runner in ("ort", "openvino+ext"):
@@ -74,7 +84,7 @@ def expected(file: str, runner: str) -> str:
     return _NO_LOCAL_FUNCTIONS if runner == "tract" else _NO_ONNXNORM
 
 
-EXPECTED = {(f, r): expected(f, r) for f in FILES for r in RUNNERS}
+EXPECTED = {(d, f, r): expected(d, f, r) for d in DECODERS for f in FILES for r in RUNNERS}
 
 
 @dataclasses.dataclass
