@@ -23,9 +23,13 @@ import onnx
 from onnxnorm import targets
 
 #: the decoders: the fusion tests' families (onnxnorm.nn.decoder, norms spelled out as Hugging
-#: Face writes them), two hybrid ones (Qwen3-Next: L2 norms; Mamba2: gated norms) and a
-#: quantized one (static QDQ), and one in float16 (Gemma 2's rounding order: float32 scale)
-DECODERS = ("llama", "gemma2", "qwen3", "gpt2", "deepnet", "qwen3_next", "mamba2", "llama_qdq", "gemma2_fp16")
+#: Face writes them): RMSNorm ones (Llama, Gemma 2, Qwen3), LayerNorm ones (GPT-2, DeepNet),
+#: two hybrids (Qwen3-Next: L2 norms; Mamba2: gated norms), a quantized one (static QDQ) and
+#: one in float16 (Gemma 2's rounding order: the scale in float32)
+DECODERS = (
+    *("llama", "gemma2", "qwen3", "gpt2", "deepnet"),
+    *("qwen3_next", "mamba2", "llama_qdq", "gemma2_fp16"),
+)
 #: the runtimes whose ``--for`` files are in the matrix: those that run here (ort-cpu's form is
 #: the function target's)
 FOR = tuple(r.name for r in targets.RUNTIMES.values() if r.tested_here and r.name != "ort-cpu")
@@ -59,7 +63,7 @@ OPSET = 18
 
 
 def expected(decoder: str, file: str, runner: str) -> str:
-    """"ok" (loads, runs, parity with the original on the same runtime), or why the runner
+    """ "ok" (loads, runs, parity with the original on the same runtime), or why the runner
     refuses the file."""
     if file.startswith("for ") and runner == "reference":
         family = NORMS[decoder]
