@@ -3,23 +3,33 @@
 Large models. ``load_model(path, load_weights=False)`` leaves tensors stored as external data
 where they are (only those under 1 KiB, which rules read as constants, are loaded), and the
 inline weights become references into the file itself (``onnxnorm._storage.wire``).
-``save_model`` writes a model whose external tensors still point into the input's data file by
-copying them, one at a time, into the output's own data file; a model over 2 GB, or one that
-came with external data, is written with external data (``<output>.data``), whose file starts
-as the input's (``onnxnorm._storage.filesystem.start_as``) so that the unchanged tensors keep
-their offsets. Files are written under temporary names in the output folder and renamed into
-place (data first, the model last), so no half-written file ever carries the output's name; a
-run killed while writing leaves only its temporary files (``.<output>.<pid>.*.tmp``), which the
-next write of the same output removes.
+``save_model`` (``write_model``, which also says what it wrote) writes a model whose external
+tensors still point into the input's data file; a model over 2 GB, or one that came with
+external data, is written with external data. How the output gets the unchanged tensors of the
+input's data file is its ``data`` mode (``DATA_MODES``, ``onnxnorm fuse --data``): ``copy``
+(the default) gives it a data file of its own, ``<output>.data``, which starts as the input's
+(``onnxnorm._storage.filesystem.start_as``: a clone where the file system shares extents, else
+a copy made by the kernel) so that the unchanged tensors keep their offsets; ``reflink`` the
+same, but only as a clone; ``link`` a hard link to the input's data file beside it
+(``<output>.linked.data``); ``reference`` names the input's data file where it is (the output's
+folder must hold it). In the last two only the new tensors are written, to ``<output>.data``.
+Files are written under temporary names in the output folder and renamed into place (data
+first, the model last), each to a name no file has (the old output's files step aside first);
+no half-written file ever carries the output's name, and no file the input reads is written,
+replaced or removed. A run killed while writing leaves only its temporary files
+(``.<output>.<pid>.*.tmp``), which the next write of the same output removes. Nothing is
+fsynced: a write is atomic for the processes that read the files, its durability across a
+power loss is the file system's.
 
 The parts are in ``onnxnorm._storage`` (paths, external data, the protobuf wire format, the
-file system's copies and temporary files); the names of theirs that callers use are importable
-from here too.
+file system's copies, links and temporary files); the names of theirs that callers use are
+importable from here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import itertools
 import os
 from collections.abc import Iterable
@@ -45,7 +55,10 @@ from onnxnorm._storage.external import (
 )
 from onnxnorm._storage.filesystem import (
     BLOCK,
+    DATA_MODES,
+    CannotClone,
     TempFiles,
+    clone_problem,
     copy_range,
     remove_stale_temps,
     start_as,
@@ -56,20 +69,24 @@ from onnxnorm._storage.paths import (
     check_output_folder,
     copy_rest,
     model_dir,
+    reference_location,
     write_folder,
 )
 from onnxnorm._storage.wire import load_weights_as_references, write_referenced
 from onnxnorm.errors import OnnxNormError, first_line
 
 __all__ = [
+    "DATA_MODES",
     "EXTERNAL_THRESHOLD",
     "SMALL_TENSOR",
     "ModelFile",
     "OnnxNormError",
+    "check_data",
     "check_input",
     "check_output",
     "check_output_folder",
     "copy_rest",
+    "data_path",
     "external_files",
     "external_location",
     "external_tensors",
@@ -78,9 +95,12 @@ __all__ = [
     "load_weights_as_references",
     "model_dir",
     "open_model",
+    "own_names",
     "save_model",
     "weightless_shell",
     "write_folder",
+    "write_model",
+    "Written",
 ]
 
 #: Protobuf cannot serialize a message over 2 GiB.
@@ -156,15 +176,100 @@ def save_model(
     like: str | os.PathLike | None = None,
     external: bool | None = None,
     extra: Iterable[TensorProto] = (),
+    data: str = "copy",
 ) -> Path:
-    """Writes ``model`` to ``path`` atomically.
+    """Writes ``model`` to ``path`` atomically (:func:`write_model`, which says what it
+    wrote)."""
+    return write_model(
+        model, path, source=source, like=like, external=external, extra=extra, data=data
+    ).path
+
+
+@dataclasses.dataclass
+class Written:
+    """What :func:`write_model` wrote: the model at ``path`` and the files it reads."""
+
+    path: Path
+    #: how the output got the input's unchanged external data (``DATA_MODES``)
+    data: str = "copy"
+    #: the output's own data file (``<path>.data``), where one was written
+    own_data: Path | None = None
+    #: how ``own_data`` started (copy, reflink): ``"cloned"`` (its extents shared with the
+    #: input's file), ``"copied"`` (the input's file copied whole), ``""`` (tensor by tensor)
+    how: str = ""
+    #: the input data file that ``own_data`` started as (copy, reflink)
+    base: Path | None = None
+    #: hard links beside the output (link): each link and the input file it is
+    links: dict[Path, Path] = dataclasses.field(default_factory=dict)
+    #: the input's data files it reads where they are (reference): the location it names each
+    #: by (relative to its folder) and the file as the input names it
+    referenced: dict[str, Path] = dataclasses.field(default_factory=dict)
+
+    def files(self) -> list[Path]:
+        """The files this output consists of (the input's, referenced, are not its own)."""
+        own = [self.own_data] if self.own_data is not None else []
+        return [self.path, *own, *self.links]
+
+    def describe(self) -> str:
+        """Where the output's weights are, in one line (empty where they are all inside it)."""
+        own = self.own_data.name if self.own_data is not None else None
+        new = f"; the new tensors in {own}" if own else ""
+        if self.referenced:
+            names = ", ".join(
+                f"{location} (the input's {file})" for location, file in self.referenced.items()
+            )
+            return (
+                f"the unchanged weights are read from {names} where they are: deleting or "
+                f"rewriting it breaks {self.path.name}{new}"
+            )
+        if self.links:
+            names = ", ".join(
+                f"{link.name}, a hard link to the input's {file}"
+                for link, file in self.links.items()
+            )
+            return (
+                f"the unchanged weights are in {names} (the same file under two names: "
+                "writing either in place changes both; onnx.load refuses a data file with "
+                f"several links, the input's too, ONNX Runtime reads them){new}"
+            )
+        if own is None:
+            return ""
+        if self.how == "cloned":
+            return (
+                f"{own}, a clone of the input's data file (extents shared, copy on write: no "
+                "byte of the unchanged weights copied)"
+            )
+        if self.how == "copied":
+            return (
+                f"{own}, a copy of the input's data file (this file system shares no extents "
+                "between files; --data link or --data reference copy nothing)"
+            )
+        return f"{own} holds every weight, copied tensor by tensor"
+
+
+def write_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike,
+    *,
+    source: str | os.PathLike | None = None,
+    like: str | os.PathLike | None = None,
+    external: bool | None = None,
+    extra: Iterable[TensorProto] = (),
+    data: str = "copy",
+) -> Written:
+    """Writes ``model`` to ``path`` atomically; returns what it wrote.
 
     ``source`` (or ``like``): the file the model was read from; external tensors of the model
     are read from its folder. ``extra``: more main-graph initializers, written after the
     model's own one at a time (so that a caller holding them need not copy them into
     ``model``). ``external``: write external data (default: when the model has external
-    tensors or would pass 2 GB). ``model`` itself is not changed.
+    tensors or would pass 2 GB). ``data``: how the output gets the unchanged tensors of the
+    input's external data files (``DATA_MODES``: copy, reflink, link, reference; see
+    :func:`check_data`). ``model`` itself is not changed, and no file the input reads is
+    written, replaced or removed.
     """
+    if data not in DATA_MODES:
+        raise ValueError(f"data={data!r}: choose one of {', '.join(DATA_MODES)}")
     extra = list(extra)
     path = check_output(path)
     source = source or like
@@ -175,19 +280,124 @@ def save_model(
             or any(uses_external_data(t) for t in extra)
             or _inline_size(model, extra) > _PROTOBUF_LIMIT
         )
+    _check_not_read(path, model, extra, source, source_dir)
     remove_stale_temps(path.parent, path.name)
     with TempFiles(path) as temps:
-        save = _Save(model, extra, path, source_dir, temps)
+        save = _Save(model, extra, path, source_dir, temps, data, source)
         try:
             if external:
-                save.with_data_file()
-            else:
-                save.inline()
+                return save.with_data_file()
+            save.inline()
+            return Written(path, data)
         except OnnxNormError:
             raise
+        except CannotClone as error:
+            raise OnnxNormError(
+                f"cannot write {path} with --data reflink: the file system cannot clone "
+                f"{error.file} ({error.strerror}); use --data copy, link or reference"
+            ) from None
         except OSError as error:
             raise OnnxNormError(f"cannot write {path}: {error.strerror or error}") from None
-    return path
+
+
+def data_path(path: str | os.PathLike) -> Path:
+    """The output's own data file: ``<path>.data``."""
+    path = Path(path)
+    return path.with_name(path.name + ".data")
+
+
+def own_names(path: str | os.PathLike) -> list[Path]:
+    """The files beside ``path`` that belong to it as an output (its data file and the hard
+    links of ``--data link``: ``<path>.linked.data``, ``<path>.linked-<n>.data``) and exist:
+    replaced or removed when ``path`` is written again."""
+    path = Path(path)
+    links = path.parent.glob(glob.escape(path.name) + ".linked*.data")
+    return [p for p in [data_path(path), *sorted(links)] if os.path.lexists(p)]
+
+
+def check_data(
+    model: onnx.ModelProto,
+    output: str | os.PathLike,
+    data: str,
+    source: str | os.PathLike | None,
+    extra: Iterable[TensorProto] = (),
+) -> None:
+    """Refuses, in one line and before any work, to write ``output`` for the model read from
+    ``source`` where the write would replace or remove a file the input reads (the output's
+    data file or links named as one of them), or where the ``data`` mode cannot do it:
+    ``reference`` where a data file of the input lies outside the output's folder (a model
+    reads external data only from its folder and below); ``link`` and ``reflink`` where it
+    lies on another file system than the output's folder (a hard link or a clone cannot cross
+    file systems), ``reflink`` where that file system cannot clone. ``copy`` always can."""
+    if data not in DATA_MODES:
+        raise OnnxNormError(f"--data {data}: choose one of {', '.join(DATA_MODES)}")
+    output = Path(output)
+    extra = list(extra)
+    if source is not None:
+        _check_not_read(output, model, extra, source, model_dir(source))
+    if data == "copy" or source is None:
+        return
+    folder = model_dir(output)
+    files = _data_files(model, extra, source).values()
+    for file in files:
+        if data == "reference":
+            reference_location(file, folder, output)
+        elif os.stat(file).st_dev != os.stat(folder).st_dev:
+            what = "hard link" if data == "link" else "clone"
+            raise OnnxNormError(
+                f"cannot write {output} with --data {data}: the input's data file {file} is on "
+                f"another file system than {folder}, and a {what} cannot cross file systems; "
+                "write the output on the input's file system, or use --data copy"
+            )
+    if data == "reflink" and files and (problem := clone_problem(output)):
+        raise OnnxNormError(
+            f"cannot write {output} with --data reflink: the file system of {folder} cannot "
+            f"clone files ({problem}); use --data copy, link or reference"
+        )
+
+
+def _data_files(
+    model: onnx.ModelProto, extra: list[TensorProto], source: str | os.PathLike
+) -> dict[Path, Path]:
+    """The input's external data files (the model file itself, which holds its inline weights,
+    left out) that the main graph's initializers and ``extra`` read: each resolved, and as the
+    input names it (its folder joined with the location)."""
+    folder, own = model_dir(source), Path(os.path.realpath(source))
+    files: dict[Path, Path] = {}
+    for tensor in itertools.chain(model.graph.initializer, extra):
+        if uses_external_data(tensor):
+            file = folder / external_location(tensor)[0]
+            resolved = Path(os.path.realpath(file))
+            if resolved != own:
+                files.setdefault(resolved, file)
+    return files
+
+
+def _check_not_read(
+    path: Path,
+    model: onnx.ModelProto,
+    extra: list[TensorProto],
+    source: str | os.PathLike | None,
+    source_dir: Path,
+) -> None:
+    """Refuses an output whose own files (the model, its data file, its links: each replaced or
+    removed by the write) would be one of the files the input reads."""
+    reads = {Path(os.path.realpath(source))} if source else set()
+    for tensor in itertools.chain(
+        external_tensors(model), (t for t in extra if uses_external_data(t))
+    ):
+        reads.add(Path(os.path.realpath(source_dir / external_location(tensor)[0])))
+    for name in (
+        path,
+        data_path(path),
+        path.with_name(path.name + ".linked.data"),
+        *own_names(path),
+    ):
+        if Path(os.path.realpath(name)) in reads:
+            raise OnnxNormError(
+                f"cannot write {path}: {name} is a file the input reads; the input is never "
+                "modified, choose another output"
+            )
 
 
 def _inline_size(model: onnx.ModelProto, extra: list[TensorProto]) -> int:
@@ -202,7 +412,7 @@ def _inline_size(model: onnx.ModelProto, extra: list[TensorProto]) -> int:
 
 @dataclasses.dataclass
 class _Save:
-    """One call of :func:`save_model`: the model and ``extra`` tensors written to ``path``, the
+    """One call of :func:`write_model`: the model and ``extra`` tensors written to ``path``, the
     external tensors read from ``source_dir``, under temporary names from ``temps``."""
 
     model: onnx.ModelProto
@@ -210,6 +420,8 @@ class _Save:
     path: Path
     source_dir: Path
     temps: TempFiles
+    data: str = "copy"
+    source: str | os.PathLike | None = None
 
     def inline(self) -> None:
         """Writes one file holding every tensor: the model without its referenced
@@ -239,41 +451,91 @@ class _Save:
                     patch.graph.initializer.add().CopyFrom(tensor)
                     f.write(patch.SerializeToString())
                     del patch
-        os.replace(tmp, self.path)
+        _put_in_place(self.path, tmp, {}, self.temps, companions=False)
 
-    def with_data_file(self) -> None:
-        """Writes the model and its data file ``<path>.data``, each under a temporary name,
-        and puts them in place."""
-        data_name = self.path.name + ".data"
+    def with_data_file(self) -> Written:
+        """Writes the model and its data file ``<path>.data`` (in ``link`` and ``reference``
+        modes: of the new tensors alone, where there are any; with the hard links beside it
+        in ``link``), each under a temporary name, and puts them in place."""
+        written = Written(self.path, self.data)
+        own = data_path(self.path)
         fd, tmp_data = self.temps.new(".data.tmp")
         out = weightless_shell(self.model)
         tensors = list(itertools.chain(self.model.graph.initializer, self.extra))
+        placed: dict[Path, str] = {}
         with os.fdopen(fd, "wb") as data:
-            _write_data(tensors, self.source_dir, data, data_name, out)
+            if self.data in ("link", "reference"):
+                kept = self._kept(written, placed)
+                _write_data(tensors, self.source_dir, data, own.name, out, kept=kept)
+            else:
+                base = _base_data(tensors, self.source_dir, data, self.data == "reflink")
+                if base is not None:
+                    written.base, written.how = base
+                _write_data(tensors, self.source_dir, data, own.name, out, base=written.base)
+            if data.tell() or self.data not in ("link", "reference"):
+                placed[own] = tmp_data
+                written.own_data = own
         fd, tmp_model = self.temps.new(".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(out.SerializeToString())
-        _put_in_place(self.path, tmp_model, tmp_data, data_name, self.temps)
+        _put_in_place(self.path, tmp_model, placed, self.temps)
+        return written
+
+    def _kept(self, written: Written, placed: dict[Path, str]) -> dict[Path, str]:
+        """The input's data files that the output reads, kept as they are (link, reference):
+        each (resolved) and the location the output names it by, a hard link made for each
+        under a temporary name in ``link`` (put in ``placed``, recorded in ``written``)."""
+        assert self.source is not None, "link and reference need the source model"
+        files = _data_files(self.model, self.extra, self.source)
+        kept: dict[Path, str] = {}
+        folder = model_dir(self.path)
+        for index, (resolved, file) in enumerate(sorted(files.items()), 1):
+            if self.data == "reference":
+                kept[resolved] = reference_location(file, folder, self.path)
+                written.referenced[kept[resolved]] = file
+                continue
+            suffix = ".linked.data" if len(files) == 1 else f".linked-{index}.data"
+            link = self.path.with_name(self.path.name + suffix)
+            try:
+                placed[link] = self.temps.link(resolved)
+            except OSError as error:
+                raise OnnxNormError(
+                    f"cannot write {self.path} with --data link: cannot hard-link {file} "
+                    f"into {folder} ({error.strerror or error}); use --data copy"
+                ) from None
+            kept[resolved] = link.name
+            written.links[link] = file
+        return kept
 
 
 def _write_data(
-    tensors: list[TensorProto], source_dir: Path, data, data_name: str, out: onnx.ModelProto
+    tensors: list[TensorProto],
+    source_dir: Path,
+    data,
+    data_name: str,
+    out: onnx.ModelProto,
+    *,
+    base: Path | None = None,
+    kept: dict[Path, str] | None = None,
 ) -> None:
     """Writes the data of ``tensors`` to ``data`` (the file to be named ``data_name``) and adds
     each to ``out``'s main graph: a reference into ``data_name`` for the external ones and those
-    of EXTERNAL_THRESHOLD bytes or more, the tensor itself for the rest. The unchanged tensors'
-    data file is shared (or copied) whole where it can be: they keep their offsets."""
-    base = _base_data(tensors, source_dir, data)
+    of EXTERNAL_THRESHOLD bytes or more, the tensor itself for the rest. The tensors that lie in
+    ``base`` (the file ``data`` started as: ``_base_data``) keep their offsets in ``data``;
+    those that lie in a file of ``kept`` (resolved) are not written: they keep their place in
+    it, which the output names by ``kept``'s location."""
+    kept = kept or {}
     offset = data.tell()
     for theirs in tensors:
         mine = out.graph.initializer.add()
         if uses_external_data(theirs):
             location, start, length = external_location(theirs)
             file = source_dir / location
-            if base is not None and file.resolve() == base:
+            resolved = Path(os.path.realpath(file))
+            if resolved == base or resolved in kept:
                 if length is None:
                     length = os.path.getsize(file) - start
-                _refer(mine, theirs, data_name, start, length)
+                _refer(mine, theirs, kept.get(resolved, data_name), start, length)
                 continue
             written = copy_range(file, start, length, data)
         elif theirs.HasField("raw_data") and theirs.ByteSize() >= EXTERNAL_THRESHOLD:
@@ -295,40 +557,63 @@ def _refer(mine: TensorProto, theirs: TensorProto, location: str, offset: int, l
     set_external_location(mine, location, offset, length)
 
 
-def _base_data(tensors: list[TensorProto], source_dir: Path, data) -> Path | None:
+def _base_data(
+    tensors: list[TensorProto], source_dir: Path, data, clone_only: bool = False
+) -> tuple[Path, str] | None:
     """Starts the output's data file (``data``, empty) as the one file that the external
-    ``tensors`` lie in, so that they keep their offsets (``files.start_as``: shared or copied,
-    the ranges no tensor uses released). Returns the file (resolved), or None where the tensors
-    lie in several files or fill too little of one: they are then copied one by one."""
+    ``tensors`` lie in, so that they keep their offsets (``filesystem.start_as``: shared or
+    copied, the ranges no tensor uses released). Returns the file (resolved) and how it was
+    started ("cloned" or "copied"), or None where the tensors lie in several files or fill too
+    little of one: they are then copied one by one. ``clone_only``: shared or refused
+    (``CannotClone``), never copied."""
     ranges: dict[Path, list[tuple[int, int]]] = {}
     for tensor in tensors:
         if uses_external_data(tensor):
             location, start, length = external_location(tensor)
-            file = (source_dir / location).resolve()
+            file = Path(os.path.realpath(source_dir / location))
             if length is None:
                 length = os.path.getsize(file) - start
             ranges.setdefault(file, []).append((start, start + length))
+    if len(ranges) > 1 and clone_only:
+        raise OnnxNormError(
+            f"--data reflink: the input's weights lie in {len(ranges)} files, and a clone "
+            "shares one whole file; use --data copy, link or reference"
+        )
     if len(ranges) != 1:
         return None
     ((file, used),) = ranges.items()
-    return file if start_as(data, file, used) else None
+    how = start_as(data, file, used, clone_only=clone_only)
+    return (file, how) if how else None
 
 
 def _put_in_place(
-    path: Path, tmp_model: str, tmp_data: str, data_name: str, temps: TempFiles
+    path: Path,
+    tmp_model: str,
+    placed: dict[Path, str],
+    temps: TempFiles,
+    *,
+    companions: bool = True,
 ) -> None:
-    """Renames the written data file, then the model, into place. The old model steps aside
-    first: a run killed before the new model is in place leaves no model, never the old model
-    beside the new data; a failed rename of the data puts it back."""
-    aside = None
-    if path.exists():
-        fd, aside = temps.new(".old.tmp")
-        os.close(fd)
-        os.replace(path, aside)
+    """Renames the written files (``placed``: each final path and its temporary name), then the
+    model, into place. The old model and (``companions``) its own files (``own_names``) step
+    aside first, so that each new file is renamed to a name no file has (see
+    ``TempFiles.move_aside``): a run killed before the new model is in place leaves no model,
+    never the old model beside the new data; a failed rename puts the old files back."""
+    old = [path] if os.path.lexists(path) else []
+    if companions:
+        old += own_names(path)
+    aside: dict[Path, str] = {}
+    done: list[Path] = []
     try:
-        os.replace(tmp_data, path.parent / data_name)
+        for file in old:
+            aside[file] = temps.move_aside(file)
+        for final, tmp in placed.items():
+            os.replace(tmp, final)
+            done.append(final)
+        os.replace(tmp_model, path)
     except OSError:
-        if aside is not None:
-            os.replace(aside, path)
+        for final in done:
+            os.unlink(final)
+        for file, name in aside.items():
+            os.rename(name, file)
         raise
-    os.replace(tmp_model, path)

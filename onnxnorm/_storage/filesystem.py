@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -21,6 +22,17 @@ FICLONE = 0x40049409
 #: the whole data file is copied, where it cannot be shared, when the tensors use this much of it
 _WHOLE_FILE_COPY = 0.9
 _CHUNK = 1 << 24
+
+#: how a written model gets the unchanged tensors of the input's external data
+#: (``onnxnorm._io.save_model(data=...)``, ``onnxnorm fuse --data``):
+#: ``copy``: a data file of its own, which starts as a clone of the input's where the file
+#: system shares extents (copy on write: XFS, btrfs), else as a copy made by the kernel;
+#: ``reflink``: the same, refused where the file system cannot clone (nothing is copied);
+#: ``link``: a hard link to the input's data file beside the output (the same file under two
+#: names), the new tensors in a data file of their own;
+#: ``reference``: the output names the input's data file where it is (the output's folder
+#: must hold it), the new tensors in a data file of their own.
+DATA_MODES = ("copy", "reflink", "link", "reference")
 
 
 def copy_range(file: Path, start: int, length: int | None, out) -> int:
@@ -56,32 +68,68 @@ def copy_range(file: Path, start: int, length: int | None, out) -> int:
     return total
 
 
-def start_as(out, file: Path, used: list[tuple[int, int]]) -> bool:
+def start_as(out, file: Path, used: list[tuple[int, int]], *, clone_only: bool = False) -> str:
     """Starts ``out`` (an empty file open for writing) as a copy of ``file``, of which only the
     byte ranges ``used`` matter: shared where the file system can (FICLONE: the two files share
     extents, copy on write, so writing one never changes the other; never a hard link), else
     copied in the kernel when the ranges fill most of the file. Ranges not used are then
     released (holes) and ``out`` is padded to a whole block, its position at the end. Returns
-    False, with ``out`` left empty, where it is neither shared nor worth copying whole."""
+    how: ``"cloned"`` or ``"copied"``; ``""``, with ``out`` left empty, where it is neither
+    shared nor worth copying whole. ``clone_only``: a file system that cannot share the file
+    raises :class:`CannotClone` instead of copying it.
+
+    ``out`` is never truncated: on ext4, truncating a file to size 0 marks it to be flushed to
+    the disk when it is closed (the auto_da_alloc heuristic, for programs that rewrite a file in
+    place without fsync), which made closing a 2.5 GB copy take most of a second."""
     import fcntl
 
     size = os.path.getsize(file)
     with open(file, "rb") as f:
         out.flush()
+        if os.fstat(out.fileno()).st_size:
+            raise ValueError("start_as needs an empty file")
         try:
             fcntl.ioctl(out.fileno(), FICLONE, f.fileno())
-        except OSError:
+            how = "cloned"
+        except OSError as error:
+            if clone_only:
+                raise CannotClone(file, error) from None
             filled = sum(b - a for a, b in _merged(used))
             if size == 0 or filled < _WHOLE_FILE_COPY * size:
-                return False
-            out.seek(0)
-            out.truncate()
+                return ""
             if copy_range(file, 0, size, out) != size:
                 raise OSError(f"{file} changed while it was copied") from None
+            how = "copied"
     out.seek(0, os.SEEK_END)
     _release_unused(out, _merged(used), size)
     out.write(b"\0" * (-size % BLOCK))
-    return True
+    return how
+
+
+class CannotClone(OSError):
+    """The file system refused to share ``file``'s extents with a new file (FICLONE)."""
+
+    def __init__(self, file: Path, error: OSError):
+        super().__init__(error.errno, error.strerror)
+        self.file = file
+
+
+def clone_problem(path: Path) -> str | None:
+    """Why the file system of ``path``'s folder cannot clone a file (FICLONE between two empty
+    temporary files beside ``path``, removed at once), None where it can."""
+    import fcntl
+
+    with TempFiles(path) as temps:
+        fd_a, _ = temps.new(".probe.tmp")
+        fd_b, _ = temps.new(".probe.tmp")
+        try:
+            fcntl.ioctl(fd_b, FICLONE, fd_a)
+        except OSError as error:
+            return error.strerror or str(error)
+        finally:
+            os.close(fd_a)
+            os.close(fd_b)
+    return None
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -132,12 +180,44 @@ class TempFiles:
         os.chmod(name, 0o666 & ~umask)
         return fd, name
 
+    def free_name(self, suffix: str) -> str:
+        """A temporary name that no file has yet, for a hard link or a file moved aside (both
+        must replace no file: see :meth:`move_aside`)."""
+        while True:
+            name = os.path.join(
+                self.path.parent, f".{self.path.name}.{os.getpid()}.{secrets.token_hex(6)}{suffix}"
+            )
+            if not os.path.lexists(name):
+                self.names.append(name)
+                return name
+
+    def link(self, file: Path) -> str:
+        """A hard link to ``file`` (the file a symbolic link leads to) under a temporary name;
+        OSError where the file system refuses it (EXDEV: another file system)."""
+        while True:
+            name = self.free_name(".link.tmp")
+            try:
+                os.link(file, name)
+                return name
+            except FileExistsError:
+                continue
+
+    def move_aside(self, path: Path) -> str:
+        """Renames ``path`` to a temporary name, removed at the end unless it is put back.
+
+        A file is put in place by renaming it to a name that no file has, never over one: on
+        ext4, a rename that replaces a file first flushes the renamed file's data to the disk
+        (the auto_da_alloc heuristic), most of a second for a 2.5 GB data file."""
+        name = self.free_name(".old.tmp")
+        os.rename(path, name)
+        return name
+
     def __enter__(self) -> TempFiles:
         return self
 
     def __exit__(self, *exc) -> None:
         for name in self.names:
-            if os.path.exists(name):
+            if os.path.lexists(name):
                 os.unlink(name)
 
 

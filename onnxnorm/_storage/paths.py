@@ -22,6 +22,31 @@ def model_dir(path: str | os.PathLike) -> Path:
     return Path(path).absolute().parent
 
 
+def reference_location(file: Path, folder: Path, output: Path) -> str:
+    """The location that a model written in ``folder`` (as ``output``) gives the data file
+    ``file`` (an input's, named as the input reads it) to read it where it is: its path
+    relative to ``folder``, in ``/`` form. Refused in one line where that path would leave the
+    folder (``..``: onnx and ONNX Runtime read external data only from the model's folder and
+    below) or would not lead to the same file."""
+    for a, b in ((file, folder), (file.resolve(), folder.resolve())):
+        relative = os.path.relpath(a, b)
+        if relative != os.pardir and not relative.startswith(os.pardir + os.sep):
+            break
+    else:
+        raise OnnxNormError(
+            f"cannot write {output} with --data reference: the input's data file {file} is "
+            f"not in the output's folder {folder} or below it, and a model reads external "
+            "data only there; write the output beside it, or use --data link (the same file "
+            "system) or --data copy"
+        )
+    if not os.path.samefile(folder / relative, file):
+        raise OnnxNormError(
+            f"cannot write {output} with --data reference: {folder / relative} is not the "
+            f"input's data file {file}"
+        )
+    return Path(relative).as_posix()
+
+
 def check_input(path: str | os.PathLike) -> Path:
     """Refuses, in one line, an input path that is not a readable regular file."""
     path = Path(path)

@@ -93,7 +93,31 @@ def register(commands: argparse._SubParsersAction) -> None:
         "branches), off for a file",
     )
     add_runtime_option(fuse)
+    add_data_option(fuse)
     fuse.set_defaults(run=run)
+
+
+def add_data_option(parser: argparse.ArgumentParser) -> None:
+    """``--data MODE``: how a model file's output gets the input's unchanged external data
+    (``onnxnorm._io.DATA_MODES``; the choices are spelled here so that ``--help`` imports
+    nothing)."""
+    parser.add_argument(
+        "--data",
+        choices=("copy", "reflink", "link", "reference"),
+        default="copy",
+        help="how the output gets the weights the pass leaves unchanged, for an input with "
+        "external data: 'copy' (default) writes OUTPUT.data, a file of its own that starts as "
+        "a clone of the input's data file where the file system shares extents (XFS, btrfs: "
+        "copy on write, no byte copied), else as a copy; 'reflink' the same, refused where the "
+        "file system cannot clone; 'link' makes OUTPUT.linked.data, a hard link to the "
+        "input's data file (same file system; the same file under two names: never write "
+        "either in place; onnx's loader refuses a data file with several links, the input's "
+        "too while the link exists, ONNX Runtime reads them); 'reference' names the input's "
+        "data file where it is, which must lie in the output's folder or below (deleting, "
+        "moving or rewriting the input then breaks the output). With 'link' and 'reference' "
+        "only the new tensors are written, to OUTPUT.data. The input's files are never "
+        "written",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             strict_precision=args.strict_precision,
             upgrade=args.upgrade_opset,
             verify=bool(args.verify),
+            data=args.data,
         )
     except CannotVerify as error:
         raise OnnxNormError(f"--verify {error}") from None
@@ -137,6 +162,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
+    where = result.written.describe() if result.written is not None else ""
+    if where:
+        print(f"data: {where}")
     print(f"wrote {args.output}")
     return 0
 
@@ -144,8 +172,14 @@ def run(args: argparse.Namespace) -> int:
 def run_folder(args: argparse.Namespace) -> int:
     """``onnxnorm fuse DIR -o OUT_DIR``: :func:`onnxnorm.fusion.folder.fuse_folder`."""
     from onnxnorm._io import check_output
+    from onnxnorm.errors import OnnxNormError
     from onnxnorm.fusion.folder import fuse_folder, onnx_files
 
+    if args.data != "copy":
+        raise OnnxNormError(
+            f"--data {args.data} applies to a model file; a folder's output is a folder of its "
+            "own, with every file copied (--data copy)"
+        )
     onnx_files(args.input)
     if args.json and args.json != "-":
         check_output(args.json)

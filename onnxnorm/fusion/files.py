@@ -21,7 +21,15 @@ from typing import Any
 
 import onnx
 
-from onnxnorm._io import ModelFile, check_output, open_model, save_model
+from onnxnorm._io import (
+    ModelFile,
+    Written,
+    check_data,
+    check_output,
+    open_model,
+    own_names,
+    write_model,
+)
 from onnxnorm.errors import OnnxNormError, first_line
 
 
@@ -51,6 +59,8 @@ class FileResult:
     data_files: set[Path] = dataclasses.field(default_factory=set)
     #: whether the output holds onnxnorm nodes (it runs fused where the library is registered)
     uses_onnxnorm: bool = False
+    #: what was written (the output's files, where its weights are: ``onnxnorm._io.Written``)
+    written: Written | None = None
 
     @property
     def ok(self) -> bool:
@@ -164,6 +174,7 @@ def fuse_file(
     verify: bool = False,
     name: str | None = None,
     make_folder: bool = False,
+    data: str = "copy",
 ) -> FileResult:
     """Fuses the model file ``source`` into ``output`` (its folder made where missing;
     ``target``, ``runtime``, ``strict_precision``, ``upgrade``: see
@@ -173,7 +184,10 @@ def fuse_file(
     run raises :class:`CannotVerify` after removing it. ``name``: how the result names the
     input (default: ``source`` as given). ``make_folder``: make ``output``'s folder where it is
     missing (else that is refused, before any work, as are an output that cannot be written
-    and an output that is the input). ``source`` is never modified."""
+    and an output that is the input). ``data``: how the output gets the input's unchanged
+    external data (``onnxnorm._io.DATA_MODES``; a mode that cannot write ``output``, such as
+    ``reference`` with the output outside the data file's folder, is refused before the pass).
+    ``source`` is never modified."""
     from onnxnorm import targets
     from onnxnorm.fusion import pipeline
     from onnxnorm.fusion.verify import uses_onnxnorm
@@ -185,6 +199,7 @@ def fuse_file(
         Path(output).parent.mkdir(parents=True, exist_ok=True)
     output = check_output(output, inputs=[source])  # before any work
     opened = open_model(source)
+    check_data(opened.model, output, data, opened.path)
     notes = input_notes(opened.model, opened.folder)
     fused, weights, report = pipeline.fuse_detached(
         opened.model,
@@ -195,7 +210,7 @@ def fuse_file(
         repairs=opened.repairs,
         runtime=runtime,
     )
-    save_model(fused, output, source=opened.path, extra=weights)
+    written = write_model(fused, output, source=opened.path, extra=weights, data=data)
     del weights
     result = FileResult(
         name=os.fspath(source) if name is None else name,
@@ -204,11 +219,12 @@ def fuse_file(
         notes=notes,
         data_files=opened.data_files(),
         uses_onnxnorm=uses_onnxnorm(fused),
+        written=written,
     )
     if verify:
-        written = ModelFile(output, fused, [])
+        fused_file = ModelFile(output, fused, [])
         try:
-            result.checks = compare(opened, written)
+            result.checks = compare(opened, fused_file)
         except Exception as error:  # noqa: BLE001 - ORT's own message says what failed
             remove_model(output)
             raise CannotVerify(first_line(error), output) from None
@@ -218,7 +234,9 @@ def fuse_file(
 
 
 def remove_model(path: str | os.PathLike) -> None:
-    """Removes a written model file and its external data file, where they exist."""
-    for name in (os.fspath(path), os.fspath(path) + ".data"):
-        if os.path.exists(name):
+    """Removes a written model file and its own files (its data file, the hard links of
+    ``--data link``: ``onnxnorm._io.own_names``), where they exist; never a file of the input
+    that it reads where it is (``--data reference``)."""
+    for name in (Path(path), *own_names(path)):
+        if os.path.lexists(name):
             os.unlink(name)
