@@ -22,6 +22,7 @@ from onnxnorm.fusion._base import (
     Rejected,
     Replacement,
     attribute,
+    constant,
     dtype,
     epsilon,
     scalar,
@@ -104,15 +105,22 @@ class ScaledSum(FusionRule):
         return divide(op, x, op.Add(scaled, eps), one, half, self.form)
 
     def inspect(self, context, x, eps, total, k, how=None, two=None, one=None, half=None, **_):
+        note, axis = core_checks(x, total.producer(), two, one, half, self.strict_precision)
         try:
             factor = scalar(k, "the factor")
         except Rejected:
-            raise NotThisPattern(f"{k.name!r} is not a constant") from None
-        note, axis = core_checks(x, total.producer(), two, one, half, self.strict_precision)
+            # TorchScript divides by x.shape[-1] as the graph computes it: Cast(Gather(Shape))
+            if how == 0 and axis == -1 and _last_dim_of(k, x):
+                factor = None
+            else:
+                raise NotThisPattern(f"{k.name!r} is not a constant") from None
         count = _count(x, axis)
-        if count is not None and (
-            (how == 0 and factor == count)
-            or (how == 1 and np.float32(factor) == np.float32(1) / np.float32(count))
+        if factor is None or (
+            count is not None
+            and (
+                (how == 0 and factor == count)
+                or (how == 1 and np.float32(factor) == np.float32(1) / np.float32(count))
+            )
         ):
             return Replacement(
                 "RMSNorm",
@@ -128,6 +136,47 @@ class ScaledSum(FusionRule):
             f"the sum of squares{counted} is {verb} {factor:g} before epsilon is added: not "
             "L2Norm's sum + epsilon, and not their mean (an RMSNorm)"
         )
+
+
+def _last_dim_of(k, x) -> bool:
+    """Whether ``k`` is X's last dim as the graph reads it off X's shape (``Cast(Gather(Shape(X),
+    -1))``, or ``Shape(X, start=-1)`` squeezed or not; X, or X cast): then dividing by it is
+    the mean over the last axis, whatever that dim is."""
+    node = k.producer()
+    while node is not None and node.op_type in ("Cast", "Squeeze", "Reshape", "Identity"):
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if node is None:
+        return False
+    if node.op_type == "Gather":
+        try:
+            values = constant(node.inputs[1], "the index").reshape(-1)
+        except Rejected:
+            return False
+        shape = node.inputs[0].producer()
+        rank = len(x.shape) if x.shape is not None else None
+        last = values.size == 1 and (values[0] == -1 or values[0] == (rank or 0) - 1)
+        if not last or shape is None or shape.op_type != "Shape" or shape.attributes.get("start"):
+            return False
+    elif node.op_type == "Shape":
+        start = node.attributes.get("start")
+        if start is None or start.as_int() != -1:
+            return False
+        shape = node
+    else:
+        return False
+    source = shape.inputs[0]
+    while source is not None and source is not x and source.producer() is not None:
+        producer = source.producer()
+        if producer.op_type != "Cast":
+            break
+        source = producer.inputs[0]
+    return source is x or _same_through_cast(source, x)
+
+
+def _same_through_cast(a, b) -> bool:
+    """Whether ``b`` is ``a`` cast (one value, read in another type)."""
+    producer = b.producer() if b is not None else None
+    return producer is not None and producer.op_type == "Cast" and producer.inputs[0] is a
 
 
 def _count(x, axis: int) -> int | None:
