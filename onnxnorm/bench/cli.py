@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "kernels": "onnxnorm.bench.kernels.cli",  # the CPU kernels against ORT, torch and a copy
     "e2e": "onnxnorm.bench.e2e.cli",  # generation with a KV cache, end to end
     "cuda": "onnxnorm.bench.cuda.cli",  # the CUDA kernels' bandwidth, on a GPU machine
+    "fuse": "onnxnorm.bench.fuse.cli",  # the fusion pass on a file against onnxscript and ORT
 }
 
 
