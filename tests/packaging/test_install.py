@@ -229,7 +229,16 @@ def test_every_command_outside_the_checkout(wheel, tmp_path):
     assert "verify: y (float32)" in fused.stdout and " ok" in fused.stdout
     ops = [n.op_type for n in onnx.load(work / "fused.onnx").graph.node]
     assert ops == ["RMSNorm"]
-    for command in ("export", "fuse", "bench"):
+    lowered = _sh(onnxnorm, "lower", "fused.onnx", "-o", "ov.onnx", "--for", "openvino", cwd=work)
+    assert "1 node(s) -> SimplifiedLayerNormalization" in lowered.stdout, lowered.stdout
+    unavailable = _sh(
+        python,
+        "-c",
+        "from onnxnorm.deploy import runners; print(runners.unavailable('tract'))",
+        cwd=work,
+    )
+    assert unavailable.stdout.strip() == "tract is not installed"
+    for command in ("export", "fuse", "bench", "lower"):
         assert _sh(onnxnorm, command, "--help", cwd=work).stdout.startswith(
             f"usage: onnxnorm {command}"
         )
