@@ -37,11 +37,17 @@ is measured by the same loop as it is, after ORT's transformers optimizer, and a
 fuse --target ort`` / ``--target fused``, which turns each norm and the quantizer after it into
 one quantized onnxnorm op (``RMSNormDynamicQuantizeLinear``, ``SkipRMSNormQuantizeLinear``, ...).
 
+With ``--runtime ort,openvino,tract,...`` it measures, instead, on each runtime the export as it
+is against onnxnorm's output written ``--for`` that runtime (``onnxnorm.fusion.lowering.lower(
+..., runtime=...)``) and the function file, run through :mod:`onnxnorm.deploy.runners` on the same
+inputs: a prefill and one decode step, single forward runs (``runtimes``).
+
 The benchmark is this package's modules, each of one concern: ``config`` (what is measured, the
 sizes), ``models`` (the decoders and their exports), ``variants`` (the models each tool makes),
 ``generation`` (the ORT loop), ``genai`` (onnxruntime-genai's folders and loop), ``profiling``
 (norm share), ``memory`` (peak memory), ``groups`` (a group timed and judged), ``report``
-(tables, plot, JSON), ``runner`` (every group) and ``cli`` (the command). Their public names
+(tables, plot, JSON), ``runner`` (every group), ``runtimes`` (``--runtime``: the export against
+onnxnorm's output on each runtime, its table and JSON) and ``cli`` (the command). Their public names
 are this package's too, imported on first use. The Hugging Face models, their KV-cache export,
 tokenizer, model-builder call and quantization are the fixtures the tests use too,
 :mod:`onnxnorm.testing.hf`.
@@ -66,6 +72,7 @@ _WHERE = {
             "QUANT_ONNXNORM_VARIANTS",
             "CALIBRATION_PROMPTS",
             "QUANTIZERS",
+            "RUNTIME_RUNNERS",
             "PROFILED_TOKENS",
             "NORM_CLASSES",
             "Config",
@@ -110,6 +117,17 @@ _WHERE = {
         "groups",
     ),
     **dict.fromkeys(("environment", "markdown", "overview", "plot", "write_json"), "report"),
+    **dict.fromkeys(
+        (
+            "make_runtime_models",
+            "runtime_feeds",
+            "runtime_row",
+            "runtime_group",
+            "runtimes_markdown",
+            "run_runtimes",
+        ),
+        "runtimes",
+    ),
     "run": "runner",
     "register": "cli",
 }

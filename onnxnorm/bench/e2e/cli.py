@@ -13,6 +13,7 @@ from onnxnorm.bench.e2e.config import (
     GENAI_CHOICES,
     GENAI_PRECISIONS,
     QUANTIZATIONS,
+    RUNTIME_RUNNERS,
     VARIANTS,
     Config,
     check_keep,
@@ -33,7 +34,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "--quantize, the same decoder quantized by ORT's quantize_dynamic / "
         "quantize_static, as it is and after onnxnorm fuse. Prints prefill and "
         "per-token latency, tokens/s, node counts, the share of norm kernels, peak "
-        "memory and whether the tokens agree.",
+        "memory and whether the tokens agree. With --runtime, instead: the export "
+        "against onnxnorm's output --for each runtime, on that runtime.",
     )
     e2e.add_argument(
         "--models",
@@ -78,6 +80,20 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         help="cpu, cuda, cuda-graph (onnxruntime-gpu; CUDA graphs apply to the "
         "genai rows) or auto: the CPU, and both CUDA rows where onnxruntime "
         "offers the CUDA provider (default)",
+    )
+    e2e.add_argument(
+        "--runtime",
+        type=choices_list(tuple(RUNTIME_RUNNERS)),
+        metavar="RUNNERS",
+        help="instead of the generation groups: on each of these comma-separated runners ("
+        + ", ".join(f"{r} with --for {t}" for r, t in RUNTIME_RUNNERS.items())
+        + "), the export as it is (its norms decomposed) against onnxnorm's output written "
+        "--for that runtime and the function file, with the same inputs: a prefill (batch 1, "
+        "--prompt tokens, the cache empty) and one decode step (1 token after a cache of "
+        "--prompt positions), each a single forward run timed on its own, not the generation "
+        "loop (--new-tokens, --variants, --quantize, --genai and --devices do not apply); the "
+        "ratio output / original, the outputs' largest difference and where the nodes ran; a "
+        "runner that cannot run here is a row that says why",
     )
     e2e.add_argument("--layers", type=int, default=Config.layers, help="decoder layers (default 8)")
     e2e.add_argument("--hidden", type=int, default=Config.hidden, help="hidden size (default 1024)")
@@ -143,10 +159,16 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.json, args.plot):
         if path:
             check_output(path)
+    if args.runtime is not None and not args.runtime:
+        raise OnnxNormError("--runtime needs one or more of " + ", ".join(RUNTIME_RUNNERS))
+    if args.plot and args.runtime:
+        raise OnnxNormError("--plot draws the generation groups; --runtime prints tables only")
     if args.plot:
         require("matplotlib", "onnxnorm bench e2e --plot")
     require("torch", "onnxnorm bench e2e")
     require("transformers", "onnxnorm bench e2e")
+    if args.runtime:
+        return _runtimes(args, config)
     if genai:
         require(
             "onnxruntime_genai",
@@ -172,5 +194,26 @@ def run(args: argparse.Namespace) -> int:
         keep=args.keep,
         prepare_only=args.prepare_only,
         quantize=tuple(dict.fromkeys(args.quantize)),
+    )
+    return 0
+
+
+def _runtimes(args: argparse.Namespace, config: Config) -> int:
+    """``--runtime``: the original export against onnxnorm's output on each runner."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    from onnxnorm.bench.e2e.runtimes import run_runtimes
+
+    run_runtimes(
+        args.models,
+        args.dtypes,
+        list(dict.fromkeys(args.runtime)),
+        config,
+        json_path=args.json,
+        keep=args.keep,
+        prepare_only=args.prepare_only,
     )
     return 0

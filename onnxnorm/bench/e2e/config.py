@@ -33,6 +33,15 @@ GENAI_VARIANTS = {
     "genai+onnxnorm": "onnxnorm genai (+ the library, registered in genai_config.json)",
 }
 DEVICES = ("cpu", "cuda", "cuda-graph")
+#: runner of ``onnxnorm.deploy.runners`` -> the ``--for`` runtime (``onnxnorm.targets.RUNTIMES``)
+#: whose output ``--runtime`` measures on it against the original export
+RUNTIME_RUNNERS = {
+    "ort": "ort-cpu",
+    "ort-plain": "onnx",
+    "ort-openvino": "ort-openvino",
+    "openvino": "openvino",
+    "tract": "tract",
+}
 #: quantization -> what makes it (``none``: the float export, the variants above)
 QUANTIZATIONS = {
     "dynamic": "onnxruntime.quantization.quantize_dynamic(src, dst, "
