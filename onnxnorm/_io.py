@@ -28,11 +28,12 @@ importable from here too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import itertools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
@@ -57,11 +58,14 @@ from onnxnorm._storage.filesystem import (
     BLOCK,
     DATA_MODES,
     CannotClone,
+    CopyInBackground,
     TempFiles,
     clone_problem,
     copy_range,
+    finish_start,
     remove_stale_temps,
     start_as,
+    worth_copying_whole,
 )
 from onnxnorm._storage.paths import (
     check_input,
@@ -87,6 +91,7 @@ __all__ = [
     "check_output_folder",
     "copy_rest",
     "data_path",
+    "data_started",
     "external_files",
     "external_location",
     "external_tensors",
@@ -256,6 +261,7 @@ def write_model(
     external: bool | None = None,
     extra: Iterable[TensorProto] = (),
     data: str = "copy",
+    started: CopyInBackground | None = None,
 ) -> Written:
     """Writes ``model`` to ``path`` atomically; returns what it wrote.
 
@@ -265,14 +271,17 @@ def write_model(
     ``model``). ``external``: write external data (default: when the model has external
     tensors or would pass 2 GB). ``data``: how the output gets the unchanged tensors of the
     input's external data files (``DATA_MODES``: copy, reflink, link, reference; see
-    :func:`check_data`). ``model`` itself is not changed, and no file the input reads is
-    written, replaced or removed.
+    :func:`check_data`). ``started``: the output's data file begun by :func:`data_started`,
+    used where the output's unchanged tensors lie in the file it copies. ``model`` itself is not
+    changed, and no file the input reads is written, replaced or removed.
     """
     if data not in DATA_MODES:
         raise ValueError(f"data={data!r}: choose one of {', '.join(DATA_MODES)}")
+    source = source or like
+    if data in ("link", "reference") and source is None:
+        raise ValueError(f"data={data!r} needs the source model file, whose data files it keeps")
     extra = list(extra)
     path = check_output(path)
-    source = source or like
     source_dir = model_dir(source) if source else path.parent.resolve()
     if external is None:
         external = (
@@ -283,7 +292,7 @@ def write_model(
     _check_not_read(path, model, extra, source, source_dir)
     remove_stale_temps(path.parent, path.name)
     with TempFiles(path) as temps:
-        save = _Save(model, extra, path, source_dir, temps, data, source)
+        save = _Save(model, extra, path, source_dir, temps, data, source, started)
         try:
             if external:
                 return save.with_data_file()
@@ -422,6 +431,7 @@ class _Save:
     temps: TempFiles
     data: str = "copy"
     source: str | os.PathLike | None = None
+    started: CopyInBackground | None = None
 
     def inline(self) -> None:
         """Writes one file holding every tensor: the model without its referenced
@@ -459,14 +469,24 @@ class _Save:
         in ``link``), each under a temporary name, and puts them in place."""
         written = Written(self.path, self.data)
         own = data_path(self.path)
-        fd, tmp_data = self.temps.new(".data.tmp")
         out = weightless_shell(self.model)
         tensors = list(itertools.chain(self.model.graph.initializer, self.extra))
         placed: dict[Path, str] = {}
+        started = self._started(tensors)
+        if started is not None:
+            fd, tmp_data = started
+        else:
+            fd, tmp_data = self.temps.new(".data.tmp")
         with os.fdopen(fd, "wb") as data:
             if self.data in ("link", "reference"):
                 kept = self._kept(written, placed)
                 _write_data(tensors, self.source_dir, data, own.name, out, kept=kept)
+            elif started is not None:
+                assert self.started is not None
+                ((file, used),) = _ranges(tensors, self.source_dir).items()
+                finish_start(data, used, self.started.size)
+                written.base, written.how = file, self.started.how
+                _write_data(tensors, self.source_dir, data, own.name, out, base=file)
             else:
                 base = _base_data(tensors, self.source_dir, data, self.data == "reflink")
                 if base is not None:
@@ -481,11 +501,27 @@ class _Save:
         _put_in_place(self.path, tmp_model, placed, self.temps)
         return written
 
+    def _started(self, tensors: list[TensorProto]) -> tuple[int, str] | None:
+        """The descriptor and temporary name of the data file that ``data_started`` began,
+        where the external ``tensors`` all lie in the file it copied and it ended (its error
+        raised); None where there is none or it is of no use (then it is stopped)."""
+        started = self.started
+        if started is None or self.data != "copy":
+            return None
+        ranges = _ranges(tensors, self.source_dir)
+        if set(ranges) != {started.file}:
+            started.cancel()
+            return None
+        if not started.result():
+            return None
+        self.temps.names.append(started.name)
+        return started.take(), started.name
+
     def _kept(self, written: Written, placed: dict[Path, str]) -> dict[Path, str]:
         """The input's data files that the output reads, kept as they are (link, reference):
         each (resolved) and the location the output names it by, a hard link made for each
         under a temporary name in ``link`` (put in ``placed``, recorded in ``written``)."""
-        assert self.source is not None, "link and reference need the source model"
+        assert self.source is not None  # write_model refuses link and reference without it
         files = _data_files(self.model, self.extra, self.source)
         kept: dict[Path, str] = {}
         folder = model_dir(self.path)
@@ -557,6 +593,19 @@ def _refer(mine: TensorProto, theirs: TensorProto, location: str, offset: int, l
     set_external_location(mine, location, offset, length)
 
 
+def _ranges(tensors: Iterable[TensorProto], source_dir: Path) -> dict[Path, list[tuple[int, int]]]:
+    """The byte ranges that the external ``tensors`` take, per file (resolved)."""
+    ranges: dict[Path, list[tuple[int, int]]] = {}
+    for tensor in tensors:
+        if uses_external_data(tensor):
+            location, start, length = external_location(tensor)
+            file = Path(os.path.realpath(source_dir / location))
+            if length is None:
+                length = os.path.getsize(file) - start
+            ranges.setdefault(file, []).append((start, start + length))
+    return ranges
+
+
 def _base_data(
     tensors: list[TensorProto], source_dir: Path, data, clone_only: bool = False
 ) -> tuple[Path, str] | None:
@@ -566,14 +615,7 @@ def _base_data(
     started ("cloned" or "copied"), or None where the tensors lie in several files or fill too
     little of one: they are then copied one by one. ``clone_only``: shared or refused
     (``CannotClone``), never copied."""
-    ranges: dict[Path, list[tuple[int, int]]] = {}
-    for tensor in tensors:
-        if uses_external_data(tensor):
-            location, start, length = external_location(tensor)
-            file = Path(os.path.realpath(source_dir / location))
-            if length is None:
-                length = os.path.getsize(file) - start
-            ranges.setdefault(file, []).append((start, start + length))
+    ranges = _ranges(tensors, source_dir)
     if len(ranges) > 1 and clone_only:
         raise OnnxNormError(
             f"--data reflink: the input's weights lie in {len(ranges)} files, and a clone "
@@ -584,6 +626,43 @@ def _base_data(
     ((file, used),) = ranges.items()
     how = start_as(data, file, used, clone_only=clone_only)
     return (file, how) if how else None
+
+
+@contextlib.contextmanager
+def data_started(
+    model: onnx.ModelProto,
+    output: str | os.PathLike,
+    data: str,
+    source: str | os.PathLike | None,
+) -> Iterator[CopyInBackground | None]:
+    """For ``data="copy"``, where the external tensors of ``model`` (read from ``source``) lie
+    in one data file and fill most of it: the output's data file started as a copy of it on a
+    thread, under a temporary name beside ``output``, while the caller runs the pass; hand it to
+    :func:`write_model` (``started=``), which waits for it and writes after it. The copy then
+    takes no time of its own where the pass takes longer, and never more than the pass where it
+    is on another core; a clone (where the file system can) takes none anyway. Yields None where
+    there is nothing to start; the copy is stopped and removed at the end unless it was
+    written."""
+    if data != "copy" or source is None:
+        yield None
+        return
+    folder = model_dir(source)
+    ranges = _ranges(external_tensors(model), folder)
+    files = _data_files(model, [], source)
+    if len(ranges) != 1 or set(ranges) != set(files):
+        yield None
+        return
+    ((file, used),) = ranges.items()
+    if not worth_copying_whole(os.path.getsize(file), used):
+        yield None
+        return
+    output = Path(output)
+    with TempFiles(output) as temps:
+        started = CopyInBackground(file, temps)
+        try:
+            yield started
+        finally:
+            started.close()
 
 
 def _put_in_place(

@@ -9,9 +9,11 @@ or where a file system refuses them, the bytes go through this process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import tempfile
+import threading
 from pathlib import Path
 
 #: the block that large tensors are aligned to in a data file (for mmap and clones)
@@ -22,6 +24,10 @@ FICLONE = 0x40049409
 #: the whole data file is copied, where it cannot be shared, when the tensors use this much of it
 _WHOLE_FILE_COPY = 0.9
 _CHUNK = 1 << 24
+#: a copy on a thread goes in chunks this large, so that a cancel stops it within one
+_THREAD_CHUNK = 1 << 26
+#: copy_file_range's errors that mean "not here": the bytes then go through this process
+_NO_KERNEL_COPY = (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM)
 
 #: how a written model gets the unchanged tensors of the input's external data
 #: (``onnxnorm._io.save_model(data=...)``, ``onnxnorm fuse --data``):
@@ -73,10 +79,10 @@ def start_as(out, file: Path, used: list[tuple[int, int]], *, clone_only: bool =
     byte ranges ``used`` matter: shared where the file system can (FICLONE: the two files share
     extents, copy on write, so writing one never changes the other; never a hard link), else
     copied in the kernel when the ranges fill most of the file. Ranges not used are then
-    released (holes) and ``out`` is padded to a whole block, its position at the end. Returns
-    how: ``"cloned"`` or ``"copied"``; ``""``, with ``out`` left empty, where it is neither
-    shared nor worth copying whole. ``clone_only``: a file system that cannot share the file
-    raises :class:`CannotClone` instead of copying it.
+    released (holes) and ``out`` is padded to a whole block, its position at the end
+    (:func:`finish_start`). Returns how: ``"cloned"`` or ``"copied"``; ``""``, with ``out``
+    left empty, where it is neither shared nor worth copying whole. ``clone_only``: a file
+    system that cannot share the file raises :class:`CannotClone` instead of copying it.
 
     ``out`` is never truncated: on ext4, truncating a file to size 0 marks it to be flushed to
     the disk when it is closed (the auto_da_alloc heuristic, for programs that rewrite a file in
@@ -94,16 +100,101 @@ def start_as(out, file: Path, used: list[tuple[int, int]], *, clone_only: bool =
         except OSError as error:
             if clone_only:
                 raise CannotClone(file, error) from None
-            filled = sum(b - a for a, b in _merged(used))
-            if size == 0 or filled < _WHOLE_FILE_COPY * size:
+            if not worth_copying_whole(size, used):
                 return ""
             if copy_range(file, 0, size, out) != size:
                 raise OSError(f"{file} changed while it was copied") from None
             how = "copied"
+    finish_start(out, used, size)
+    return how
+
+
+def worth_copying_whole(size: int, used: list[tuple[int, int]]) -> bool:
+    """Whether the byte ranges ``used`` fill enough of a file of ``size`` bytes that it is
+    copied whole (then holes punched) rather than range by range."""
+    return size > 0 and sum(b - a for a, b in _merged(used)) >= _WHOLE_FILE_COPY * size
+
+
+def finish_start(out, used: list[tuple[int, int]], size: int) -> None:
+    """Ends the start of ``out`` as a copy of a file of ``size`` bytes: the ranges not
+    ``used`` released (holes), ``out`` padded to a whole block, its position at the end."""
     out.seek(0, os.SEEK_END)
     _release_unused(out, _merged(used), size)
     out.write(b"\0" * (-size % BLOCK))
-    return how
+
+
+class CopyInBackground:
+    """A data file started as a copy of ``file`` on a thread, while this one goes on (the pass):
+    a new temporary file from ``temps``, cloned where the file system can, else copied by the
+    kernel (``copy_file_range``, which leaves the interpreter free) in chunks, between which
+    :meth:`cancel` stops it. :meth:`result` waits for it; :meth:`take` hands its descriptor
+    over (the caller then writes after the copy and closes it); :meth:`close` stops and closes
+    what was not taken (``temps`` removes the file)."""
+
+    def __init__(self, file: Path, temps: TempFiles):
+        self.file = file
+        self.fd, self.name = temps.new(".data.tmp")
+        self.how = ""
+        self.size = 0
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="onnxnorm-copy", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import fcntl
+
+        try:
+            with open(self.file, "rb") as f:
+                self.size = os.fstat(f.fileno()).st_size
+                try:
+                    fcntl.ioctl(self.fd, FICLONE, f.fileno())
+                    self.how = "cloned"
+                    return
+                except OSError:
+                    pass
+                done, kernel = 0, hasattr(os, "copy_file_range")
+                while done < self.size and not self._stop.is_set():
+                    n = min(_THREAD_CHUNK, self.size - done)
+                    if kernel:
+                        try:
+                            n = os.copy_file_range(f.fileno(), self.fd, n, done, done)
+                        except OSError as error:
+                            if done or error.errno not in _NO_KERNEL_COPY:
+                                raise
+                            kernel = False
+                            continue
+                    else:
+                        n = os.pwrite(self.fd, os.pread(f.fileno(), n, done), done)
+                    if n == 0:
+                        raise OSError(f"{self.file} ends before its size while it is copied")
+                    done += n
+                self.how = "copied" if done == self.size else ""
+        except BaseException as error:  # noqa: BLE001 - raised again by result()
+            self._error = error
+
+    def result(self) -> str:
+        """How the copy ended: ``"cloned"``, ``"copied"``, or ``""`` where it was cancelled;
+        its error raised again."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.how
+
+    def take(self) -> int:
+        """The file's descriptor, now the caller's to write and close."""
+        fd, self.fd = self.fd, -1
+        return fd
+
+    def cancel(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def close(self) -> None:
+        self.cancel()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class CannotClone(OSError):

@@ -26,6 +26,7 @@ from onnxnorm._io import (
     Written,
     check_data,
     check_output,
+    data_started,
     open_model,
     own_names,
     write_model,
@@ -200,17 +201,21 @@ def fuse_file(
     output = check_output(output, inputs=[source])  # before any work
     opened = open_model(source)
     check_data(opened.model, output, data, opened.path)
-    notes = input_notes(opened.model, opened.folder)
-    fused, weights, report = pipeline.fuse_detached(
-        opened.model,
-        target=target,
-        base_dir=str(opened.folder),
-        strict_precision=strict_precision,
-        upgrade=upgrade,
-        repairs=opened.repairs,
-        runtime=runtime,
-    )
-    written = write_model(fused, output, source=opened.path, extra=weights, data=data)
+    # the output's data file is copied on a thread while the pass runs
+    with data_started(opened.model, output, data, opened.path) as started:
+        notes = input_notes(opened.model, opened.folder)
+        fused, weights, report = pipeline.fuse_detached(
+            opened.model,
+            target=target,
+            base_dir=str(opened.folder),
+            strict_precision=strict_precision,
+            upgrade=upgrade,
+            repairs=opened.repairs,
+            runtime=runtime,
+        )
+        written = write_model(
+            fused, output, source=opened.path, extra=weights, data=data, started=started
+        )
     del weights
     result = FileResult(
         name=os.fspath(source) if name is None else name,

@@ -464,3 +464,77 @@ def test_a_folder_takes_only_copy(tmp_path, capsys):
         "folder of its own, with every file copied (--data copy)"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_the_copy_runs_beside_the_pass(tmp_path, monkeypatch):
+    """--data copy starts the output's data file as a copy of the input's on a thread before the
+    pass and writes after it: the unchanged tensors keep their offsets, the replaced ones' bytes
+    become holes, the output runs as the input does."""
+    from onnxnorm import _io as io_module
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    source = _conv(folder)
+    begun = []
+    real = io_module.CopyInBackground
+
+    def spy(file, temps):
+        begun.append(real(file, temps))
+        return begun[-1]
+
+    monkeypatch.setattr(io_module, "CopyInBackground", spy)
+    out = tmp_path / "fused.onnx"
+    result = files.fuse_file(source, out)
+    assert len(begun) == 1 and begun[0].file == source.with_name("conv.onnx.data").resolve()
+    assert result.written is not None and result.written.how == begun[0].how != ""
+    theirs, mine = _locations(source), _locations(out)
+    assert mine["conv2.w"][1:] == theirs["conv2.w"][1:]
+    _, start, length = theirs["conv.w"]  # replaced by the folded weight: a hole now
+    with open(out.with_name("fused.onnx.data"), "rb") as f:
+        f.seek(start)
+        assert length and f.read(length) == bytes(length)
+    for have, want in zip(_outputs(out), _outputs(source)):
+        np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-4)
+    assert _listing(tmp_path) == ["fused.onnx", "fused.onnx.data", "in"]
+
+
+def test_a_pass_that_fails_stops_the_copy_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    from onnxnorm.errors import OnnxNormError
+    from onnxnorm.fusion import pipeline
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    source = _decoder(folder)
+
+    def failing(*args, **kwargs):
+        raise OnnxNormError("the pass failed")
+
+    monkeypatch.setattr(pipeline, "fuse_detached", failing)
+    out = tmp_path / "out" / "fused.onnx"
+    out.parent.mkdir()
+    status, _, err = _fuse(capsys, source, out)
+    assert status == 1 and err.strip() == "onnxnorm: error: the pass failed"
+    assert _listing(out.parent) == []
+
+
+def test_a_copy_of_no_use_is_stopped_and_the_output_written_as_ever(tmp_path):
+    """A copy begun of another file than the one the output's tensors lie in is not used (nor
+    left behind)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    source = _decoder(folder)
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"\x01" * (1 << 20))
+    model = _io.load_model(source, load_weights=False)
+    out = tmp_path / "fused.onnx"
+    with filesystem.TempFiles(out) as temps:
+        begun = filesystem.CopyInBackground(other, temps)
+        written = _io.write_model(model, out, source=source, started=begun)
+        begun.close()
+    assert (
+        written.how in ("cloned", "copied")
+        and written.base == source.with_name("model.onnx.data").resolve()
+    )
+    assert _listing(tmp_path) == ["fused.onnx", "fused.onnx.data", "in", "other.bin"]
+    for have, want in zip(_outputs(out), _outputs(source)):
+        assert np.array_equal(have, want)
