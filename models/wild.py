@@ -224,6 +224,58 @@ def shared_input(opset: int) -> onnx.ModelProto:
     return g.model([("x", FLOAT)], [("a", FLOAT), ("b", FLOAT)])
 
 
+def inlined_layer_norms(opset: int = 18) -> onnx.ModelProto:
+    """Two LayerNormalization nodes expanded into ONNX's own function body by onnx's inliner
+    (``inline_schema_functions``, as tools that inline functions write them): the first gives
+    its Mean and InvStdDev (the mean a graph output, both read by a Mul, as a training graph or
+    an analysis tool reads them), the second only Y (the body writes its statistics all the
+    same, unused)."""
+    from onnx.inliner import inline_selected_functions
+
+    g = Graph(opset, seed=8)
+    weights = []
+    for name in ("ln_a", "ln_b"):
+        weights += [
+            g.weight(f"{name}.weight", (HIDDEN,), 0.3, 1.0),
+            g.weight(f"{name}.bias", (HIDDEN,), 0.1),
+        ]
+    g.nodes.append(
+        helper.make_node(
+            "LayerNormalization",
+            ["x", *weights[:2]],
+            ["a", "a_mean", "a_inv_std"],
+            name="ln_a",
+            epsilon=1e-5,
+        )
+    )
+    h = g.matmul("a", "dense")
+    g.nodes.append(
+        helper.make_node("LayerNormalization", [h, *weights[2:]], ["y"], name="ln_b", epsilon=1e-5)
+    )
+    g.nodes.append(helper.make_node("Mul", ["a_mean", "a_inv_std"], ["spread"], name="spread"))
+    dims: list = ["batch", "sequence", HIDDEN]
+    stats: list = ["batch", "sequence", 1]
+    graph = helper.make_graph(
+        g.nodes,
+        "inlined",
+        [helper.make_tensor_value_info("x", FLOAT, dims)],
+        [
+            helper.make_tensor_value_info("y", FLOAT, dims),
+            helper.make_tensor_value_info("a_mean", FLOAT, stats),
+            helper.make_tensor_value_info("spread", FLOAT, stats),
+        ],
+        g.inits,
+        # (the inliner wants the type of every input of the functions it expands)
+        value_info=[helper.make_tensor_value_info(w, FLOAT, [HIDDEN]) for w in weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = inline_selected_functions(
+        model, [("", "LayerNormalization")], inline_schema_functions=True
+    )
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
 @dataclasses.dataclass(frozen=True)
 class Wild:
     name: str
@@ -263,6 +315,8 @@ def corpus() -> list[Wild]:
         Wild("sum_is_output_opset12", lambda: sum_is_output(12), {"SkipLayerNorm": 1}),
         Wild("shared_input_opset11", lambda: shared_input(11), {"LayerNorm": 1, "RMSNorm": 1}),
         Wild("bert_opset18", lambda: bert(18), {"SkipLayerNorm": 5}),
+        # the norm whose statistics are read becomes the standard LayerNormalization
+        Wild("inlined_layer_norms_opset18", inlined_layer_norms, {"LayerNorm": 1}),
     ]
     return entries
 

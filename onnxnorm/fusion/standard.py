@@ -1,13 +1,18 @@
 """LayerNorm as other tools spell it out: ONNX's own function body of LayerNormalization (what
 onnx's function expansion and the tools that inline functions write) and the form tf2onnx
 writes for Keras' LayerNormalization. Each computes the same function as onnxnorm's LayerNorm
-in another arrangement of float32 arithmetic, which the report notes.
+in another arrangement of float32 arithmetic, which the report notes. A function body whose
+statistics (LayerNormalization's Mean and InvStdDev outputs) are read becomes the standard op
+again, which gives them.
 
 (ONNX's function body of RMSNormalization needs no rule of its own: it is the decomposed RMSNorm
 of ``norms.RMSCore`` with axes computed from X's rank, which ``checks.mean_axis`` evaluates.)
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -40,6 +45,20 @@ FOLDED = (
     "the original folds Scale into 1 / sqrt(var + eps) and computes x * s + (Bias - "
     "mean * s) (TensorFlow's batch_normalization); onnxnorm computes (x - mean) / "
     "sqrt(var + eps) * Scale + Bias: the same function, rounded differently"
+)
+
+
+#: the report's note on a function body whose statistics are used: it becomes the standard op
+STANDARD = (
+    "became ONNX's LayerNormalization, not onnxnorm's LayerNorm, for every target: its "
+    "statistics ({names}) are used outside the norm, and the standard op gives them as its "
+    "Mean and InvStdDev outputs; ONNX Runtime's kernel sums them in another order"
+)
+#: ... and in half precision, where the standard op rounds in the other order
+STANDARD_ROUNDING = (
+    "in {type}, LayerNormalization rounds once at the end (order B) where the function body "
+    "rounds the normalized value to {type} before its Scale and Bias (order A): Y may differ "
+    "by one unit in the last place"
 )
 
 
@@ -141,19 +160,180 @@ def _outside_uses(value: ir.Value, nodes) -> list[ir.Node]:
     return [u for u in value.consumers() if u not in nodes and not dead(u)]
 
 
+def _default_opset(model: ir.Model) -> int | None:
+    imports = model.opset_imports
+    return imports.get("", imports.get("ai.onnx"))
+
+
+#: a dim of a shape computed from X's: X's dim i as ("X", i), else its constant value
+_Dim = int | tuple[str, int]
+
+
+def _dims_from_x(value: ir.Value | None, x: ir.Value, what: str, depth: int = 8) -> list[_Dim]:
+    """A 1-D shape computed from X's shape as ONNX's function body computes the shape of the
+    statistics (``Concat(Slice(Shape(X), 0, axis), ConstantOfShape(rank - axis))``), whose dims
+    need not be static: each of X's dims it holds as ("X", i), constants as their values."""
+    try:
+        return [int(v) for v in int_values(value, what).reshape(-1)]
+    except Rejected:
+        if value is None or depth == 0:
+            raise
+    node = value.producer()
+    op = node.op_type if node is not None else None
+    if node is None or node.domain not in ("", "ai.onnx") or None in node.inputs:
+        pass
+    elif op == "Shape" and node.inputs[0] is x and x.shape is not None:
+        rank = x.shape.rank()
+        # (Shape's start and end clamp as Python's slices do)
+        whole: list[_Dim] = [("X", i) for i in range(rank)]
+        return whole[attribute(node, "start", 0) : attribute(node, "end", rank)]
+    elif op == "Identity":
+        return _dims_from_x(node.inputs[0], x, what, depth - 1)
+    elif op == "Concat" and attribute(node, "axis", 0) in (0, -1):
+        return [d for v in node.inputs for d in _dims_from_x(v, x, what, depth - 1)]
+    elif op == "Slice" and len(node.inputs) >= 3:
+        data = _dims_from_x(node.inputs[0], x, what, depth - 1)
+        starts, ends, *rest = (int_values(v, what).reshape(-1) for v in node.inputs[1:])
+        axes = [int(a) for a in rest[0]] if rest else [0]
+        steps = [int(a) for a in rest[1]] if len(rest) > 1 else [1]
+        if starts.size == 1 and ends.size == 1 and axes in ([0], [-1]) and steps == [1]:
+            return data[int(starts[0]) : int(ends[0])]
+    elif op == "ConstantOfShape":
+        count = int_values(node.inputs[0], what).reshape(-1)
+        fill = attribute(node, "value", None)
+        array = fill.numpy().reshape(-1) if fill is not None else np.zeros(1, np.float32)
+        if count.size == 1 and array.size == 1 and array.dtype.kind in "iu":
+            return [int(array[0])] * int(count[0])
+    raise Rejected(
+        f"{what} ({value.name!r}) is not computed from X's shape in a way this pass follows"
+    )
+
+
+def _check_statistics_shape(shape: ir.Value, x: ir.Value, axis: int) -> None:
+    """LayerNormalization's Mean and InvStdDev have X's dims before ``axis``, then 1s: the
+    function body reshapes its [rows, 1] statistics to that shape."""
+    what = "the shape of the statistics"
+    dims = _dims_from_x(shape, x, what)
+    if x.shape is None:
+        raise Rejected(f"the shape of X ({x.name!r}) is unknown")
+    x_dims = list(x.shape.dims)
+    kept = len(x_dims) + axis
+
+    def known(d: _Dim) -> int | ir.SymbolicDim | None:
+        return x_dims[d[1]] if isinstance(d, tuple) else d
+
+    def same(d: _Dim, i: int) -> bool:
+        mine, xs = known(d), x_dims[i]
+        return d == ("X", i) or (mine == xs and (isinstance(xs, int) or xs.value is not None))
+
+    if (
+        len(dims) != len(x_dims)
+        or not all(same(d, i) for i, d in enumerate(dims[:kept]))
+        or not all(known(d) == 1 for d in dims[kept:])
+    ):
+        shown = [f"X[{d[1]}]" if isinstance(d, tuple) else d for d in dims]
+        raise Rejected(
+            f"the statistics are reshaped to {shown}, not to X's dims before axis {axis} "
+            "then 1s (the shape of LayerNormalization's Mean and InvStdDev)"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Statistics:
+    """Where the statistics of a function body go: the outputs of the Reshapes of its mean and of
+    its inverse standard deviation to X's rank (LayerNormalization's Mean and InvStdDev; None
+    where unused)."""
+
+    mean: ir.Value | None
+    inv_std_dev: ir.Value | None
+
+    def names(self) -> str:
+        return ", ".join(repr(v.name) for v in (self.mean, self.inv_std_dev) if v is not None)
+
+
+def _is_op(node: ir.Node, op_type: str) -> bool:
+    return node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _view(
+    value: ir.Value, users: list[ir.Node], x: ir.Value, axis: int, what: str
+) -> ir.Value | None:
+    """The Reshape of a statistic to X's rank, the one reader of ``value`` (None: no reader)."""
+    for user in users:
+        if not _is_op(user, "Reshape") or user.inputs[0] is not value:
+            raise Rejected(
+                f"the {what} ({value.name!r}) is read by {user.op_type} node {user.name!r}: "
+                "LayerNormalization gives it in X's rank, not in the function body's [rows, 1] "
+                "view"
+            )
+        shape = user.inputs[1] if len(user.inputs) > 1 else None
+        if shape is None:
+            raise Rejected(f"Reshape node {user.name!r} has no shape")
+        _check_statistics_shape(shape, x, axis)
+    if len(users) > 1:
+        raise Rejected(
+            f"the {what} ({value.name!r}) is reshaped by {len(users)} nodes; "
+            "LayerNormalization gives it once"
+        )
+    return users[0].outputs[0] if users else None
+
+
+def _statistics(nodes, x: ir.Value, axis: int, mean: ir.Value, std: ir.Value) -> _Statistics | None:
+    """What of the function body's statistics is used outside the norm (None: nothing): its mean
+    and the reciprocal of its standard deviation, each reshaped to X's rank, as the body
+    computes LayerNormalization's Mean and InvStdDev."""
+    for value, what in ((mean, "mean"), (std, "standard deviation")):
+        if value.is_graph_output():
+            raise Rejected(
+                f"the {what} ({value.name!r}) is a graph output in the function body's "
+                "[rows, 1] view: LayerNormalization gives it in X's rank"
+            )
+    inverse, readers = None, []
+    for user in _outside_uses(std, nodes):
+        if not _is_op(user, "Reciprocal"):
+            raise Rejected(
+                f"the standard deviation ({std.name!r}) is read by {user.op_type} node "
+                f"{user.name!r}: LayerNormalization gives only its reciprocal (InvStdDev)"
+            )
+        if inverse is not None:
+            raise Rejected(f"the standard deviation ({std.name!r}) is inverted twice")
+        inverse = user.outputs[0]
+        if inverse.is_graph_output():
+            raise Rejected(
+                f"the inverse standard deviation ({inverse.name!r}) is a graph output in the "
+                "function body's [rows, 1] view: LayerNormalization gives it in X's rank"
+            )
+        readers = _outside_uses(inverse, nodes)
+    mean_readers = _outside_uses(mean, nodes)
+    if not mean_readers and not readers:
+        return None
+    return _Statistics(
+        _view(mean, mean_readers, x, axis, "mean"),
+        _view(inverse, readers, x, axis, "inverse standard deviation") if inverse else None,
+    )
+
+
 class ExpandedLayerNorm(FusionRule):
     """ONNX's function body of LayerNormalization (opset 17): X flattened to [rows, cols] at
     ``axis``, cast to ``stash_type``, the mean and E[x^2] - E[x]^2 over each row, the normalized
     value cast back to X's type, times ``Flatten(Scale, 0)``, plus ``Flatten(B, 0)`` (an
     Identity without B), reshaped to X's shape. The match is anchored on that Flatten/Reshape
-    pair: the reduction over the flattened row is the one over X's dims [axis, rank)."""
+    pair: the reduction over the flattened row is the one over X's dims [axis, rank).
+
+    Where the body's statistics are used (its mean and ``Reciprocal`` of its standard
+    deviation, each reshaped to X's rank: LayerNormalization's Mean and InvStdDev outputs), the
+    match becomes one standard ``LayerNormalization`` with those outputs, on every target:
+    onnxnorm's LayerNorm does not give them."""
 
     title = "LayerNorm (ONNX LayerNormalization function body)"
-    #: X's 2-D view may have other readers: its producer then stays for them
-    shared = ("x2d",)
+    #: X's 2-D view may have other readers: its producer then stays for them (and the
+    #: statistics, where the standard op takes their readers: ``check`` sets it per match)
+    shared: tuple[str, ...] = ("x2d",)
 
     def __init__(self, tracker, strict_precision: bool = False) -> None:
         super().__init__(tracker, "ExpandedLayerNormalization", strict_precision)
+        #: the statistics the accepted match gives its readers (None: the onnxnorm op)
+        self._statistics: _Statistics | None = None
 
     def pattern(self, op, x, eps, scale2d, bias2d, shape, like, flat_shape):
         x2d = pattern.OrValue([op.Flatten(x), op.Reshape(x, flat_shape)], name="x2d")
@@ -172,6 +352,10 @@ class ExpandedLayerNorm(FusionRule):
         biased = pattern.OrValue([op.Add(scaled, bias2d), op.Identity(scaled), scaled])
         return op.Reshape(biased, shape, _outputs=["y"])
 
+    def check(self, context: Any, **bindings: Any) -> Any:  # type: ignore[override]
+        self._statistics, self.shared = None, ("x2d",)
+        return super().check(context, **bindings)
+
     def inspect(
         self,
         context,
@@ -189,15 +373,6 @@ class ExpandedLayerNorm(FusionRule):
         bias2d=None,
         **_,
     ):
-        nodes = set(context.nodes)
-        used = [v for v in (mean, std) if _outside_uses(v, nodes) or v.is_graph_output()]
-        if used:
-            raise Rejected(
-                f"the statistics ({', '.join(repr(v.name) for v in used)}) are used "
-                "outside the norm (LayerNormalization's Mean / InvStdDev outputs); "
-                "the fused op does not give them, and keeping their nodes beside it "
-                "would compute the statistics twice"
-            )
         x_type = dtype(x, "X")
         stats = dtype(xu, "the statistics")
         if xu is not x2d and stats != FLOAT:
@@ -212,6 +387,7 @@ class ExpandedLayerNorm(FusionRule):
             )
         note = statistics_type(stats, self.strict_precision)
         axis = _flatten_axis(x2d.producer(), x)
+        statistics = _statistics(set(context.nodes), x, axis, mean, std)
         scale = _flat_weight(scale2d, x, axis, "Scale")
         bias = _flat_weight(bias2d, x, axis, "Bias") if bias2d is not None else None
         check_type(x_type, Y=y, Scale=scale, **({"Bias": bias} if bias is not None else {}))
@@ -226,16 +402,66 @@ class ExpandedLayerNorm(FusionRule):
                     "of the flattened X"
                 )
         self._check_shape(x, shape)
+        attributes = {"axis": axis, "epsilon": epsilon(scalar(eps, "epsilon"))}
+        inputs = {"X": x, "Scale": scale, "Bias": bias}
+        if statistics is None:
+            return Replacement(
+                "LayerNorm",
+                inputs,
+                {**attributes, "cast_before_scale": int(x_type != FLOAT)},
+                _notes(ONE_PASS, note),
+            )
+        # the statistics are used: the standard op, which gives them
+        if stats != FLOAT:
+            raise Rejected(
+                f"the statistics ({statistics.names()}) are used outside the norm and "
+                f"computed in {stats.name} (no Cast to stash_type FLOAT): LayerNormalization "
+                "gives them in FLOAT"
+            )
+        opset = _default_opset(context.model)
+        if opset is not None and opset < 17:
+            raise Rejected(
+                f"the statistics ({statistics.names()}) are used outside the norm and only "
+                f"LayerNormalization gives them, which needs opset 17; the model imports "
+                f"opset {opset} (converted down after ONNX wrote the function body?)"
+            )
+        self._statistics, self.shared = statistics, ("x2d", "mean", "std")
+        rounding = STANDARD_ROUNDING.format(type=x_type.name) if x_type != FLOAT else ""
         return Replacement(
             "LayerNorm",
-            {"X": x, "Scale": scale, "Bias": bias},
-            {
-                "axis": axis,
-                "epsilon": epsilon(scalar(eps, "epsilon")),
-                "cast_before_scale": int(x_type != FLOAT),
-            },
-            _notes(ONE_PASS, note),
+            inputs,
+            {**attributes, "cast_before_scale": 0},
+            _notes(STANDARD.format(names=statistics.names()), rounding),
         )
+
+    def rewrite(self, op, y, total=None, **bindings):
+        statistics, self._statistics = self._statistics, None
+        if statistics is None:
+            return super().rewrite(op, y, total, **bindings)
+        accepted, self._accepted = self._accepted, None
+        if accepted is None:
+            raise RuntimeError(f"{self.title}: rewrite without a check that accepted the match")
+        root, new = accepted
+        self.tracker.fused(self.title, root, new.note)
+        inputs = [new.inputs["X"], new.inputs["Scale"]]
+        if new.inputs.get("Bias") is not None:
+            inputs.append(new.inputs["Bias"])
+        outputs = op.LayerNormalization(
+            *inputs,
+            axis=new.attributes["axis"],
+            epsilon=new.attributes["epsilon"],
+            stash_type=int(FLOAT),
+            _outputs=2 if statistics.inv_std_dev is None else 3,
+            _name=f"{root.name}/LayerNormalization" if root.name else None,
+        )
+        # the readers of the body's statistics (graph outputs too) read the op's outputs
+        for old, value in zip((statistics.mean, statistics.inv_std_dev), outputs[1:]):
+            if old is not None:
+                value.name = old.name
+                value.type = old.type or ir.TensorType(FLOAT)
+                value.shape = old.shape
+                old.replace_all_uses_with(value, replace_graph_outputs=True)
+        return outputs[0]
 
     @staticmethod
     def _check_shape(x: ir.Value, shape: ir.Value) -> None:

@@ -185,14 +185,21 @@ def _statistics_dropped(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def test_backend_layer_norm_expansions():
     """Every expanded LayerNormalization backend test: as given, its Mean and InvStdDev are
-    graph outputs, which the fused op does not give: left alone, with the reason. Without them
-    each fuses into one LayerNorm with the expansion's axis, epsilon and inputs."""
+    graph outputs, which onnxnorm's LayerNorm does not give: it becomes the standard
+    LayerNormalization again, with the reason (tests/fusion/test_standard_expansion.py has the
+    rest). Without them each fuses into one LayerNorm with the expansion's axis, epsilon and
+    inputs."""
     cases = {k: v for k, v in backend_cases().items() if "layer_normalization" in k}
     assert len(cases) == 38
     for name, case in sorted(cases.items()):
         fused, report, nodes = _fused(case.model)
-        assert not nodes, name
-        _assert_left_alone(case.model, fused, report, EXPANDED, "are used outside the norm")
+        assert not nodes and _ops(fused) == ["LayerNormalization"], (name, str(report))
+        assert report[EXPANDED].notes[0].reason.startswith("became ONNX's LayerNormalization")
+        inputs, outputs = case.data_sets[0]
+        feeds = dict(zip((i.name for i in case.model.graph.input), inputs))
+        rtol, atol = reference.tolerance(np.float32)
+        for have, want in zip(_run(fused, feeds, False), outputs, strict=True):
+            np.testing.assert_allclose(have, want, rtol, atol)
 
         model = _statistics_dropped(case.model)
         fused, report, nodes = _fused(model)
