@@ -127,8 +127,8 @@ def test_the_written_model_is_checked_to_load(monkeypatch):
     original = CORPUS["gpt2_opset13"].build()
     real = pipeline.lower_with_notes
 
-    def broken(model, target, weights=()):
-        lowered, notes = real(model, target, weights)
+    def broken(model, target, weights=(), runtime=None):
+        lowered, notes = real(model, target, weights, runtime)
         lowered.graph.node[-1].input[0] = "lost"  # a value the rewrite forgot to produce
         return lowered, notes
 
