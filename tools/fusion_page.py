@@ -323,8 +323,11 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         "function body of LayerNormalization as onnx's function expansion writes it (Flatten to "
         "rows, `E[x^2] - E[x]^2`, Reshape back; also after constant folding), tf2onnx's Keras "
         "LayerNorm (the scale folded into the reciprocal, `x * s + (beta - mean * s)`); the "
-        "expansion of RMSNormalization is found by the core rule. Statistics over several "
-        "trailing axes (`axis` 0 to rank - 1) are fused with that axis.",
+        "expansion of RMSNormalization is found by the core rule. Where that function body's "
+        "statistics are used (its Mean / InvStdDev are graph outputs or read by other nodes), "
+        "it becomes one standard LayerNormalization with those outputs, for every target (the "
+        "report says so; its exactness: `tests/fusion/test_standard_expansion.py`). Statistics "
+        "over several trailing axes (`axis` 0 to rank - 1) are fused with that axis.",
         "2. **sandwich**, **skip**, **xbias** (`residual.py`): norm -> add -> norm becomes a "
         "Sandwich op; the Add before a norm a Skip op (with Sum when the sum is used again: "
         "Pre-Norm; without: Post-Norm); `alpha * r + f` a Skip op with `alpha` (DeepNorm, float32 "
