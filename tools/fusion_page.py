@@ -361,6 +361,7 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         "cannot hold (bfloat16 below 13, ...) is written without one, with the reason, or the "
         "model is converted to the oldest opset that can (`--upgrade-opset`).",
         "",
+        "",
         "A rule fires only when it can prove the semantics: float32 statistics, the mean over "
         "trailing axes with keepdims, scalar constant epsilon and exponent, Scale/Bias a suffix "
         "of X's shape, residual operands of provably equal shape (ORT's symbolic shape inference "
