@@ -17,6 +17,10 @@ from onnxnorm.ops import catalogue
 #: The element types an onnxnorm node takes, from the catalogue.
 DATA_TYPES = frozenset(ir.DataType[t[len("tensor(") : -1].upper()] for t in catalogue.DATA_TYPES)
 FLOAT = ir.DataType.FLOAT
+#: the metadata key the pass sets on a standard op it wrote itself (an expansion whose
+#: statistics are used becomes ONNX's LayerNormalization): the rule that turns that op into an
+#: onnxnorm op leaves it alone rather than report it a second time
+WRITTEN_BY_PASS = "onnxnorm.written_by"
 
 
 class Rejected(Exception):

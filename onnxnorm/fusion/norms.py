@@ -34,6 +34,7 @@ from onnxscript.rewriter import pattern
 from onnxnorm.fusion._base import (
     DATA_TYPES,
     FLOAT,
+    WRITTEN_BY_PASS,
     FusionRule,
     NotThisPattern,
     Rejected,
@@ -506,6 +507,8 @@ class StandardLayerNorm(FusionRule):
 
     def inspect(self, context, x, scale, y, **_):
         node = y.producer()
+        if WRITTEN_BY_PASS in node.metadata_props:  # reported by the rule that wrote it
+            raise NotThisPattern("written by the pass for its statistics")
         _extra_outputs_unused(node)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         note = _stash(node, self.strict_precision)

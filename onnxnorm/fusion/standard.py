@@ -20,6 +20,7 @@ from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion._base import (
     FLOAT,
+    WRITTEN_BY_PASS,
     FusionRule,
     Rejected,
     Replacement,
@@ -454,6 +455,9 @@ class ExpandedLayerNorm(FusionRule):
             _outputs=2 if statistics.inv_std_dev is None else 3,
             _name=f"{root.name}/LayerNormalization" if root.name else None,
         )
+        written = outputs[0].producer()
+        if written is not None:
+            written.metadata_props[WRITTEN_BY_PASS] = self.title
         # the readers of the body's statistics (graph outputs too) read the op's outputs
         for old, value in zip((statistics.mean, statistics.inv_std_dev), outputs[1:]):
             if old is not None:
