@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -168,6 +169,11 @@ def _new_files(folder: Path, before: set[str]) -> list[Path]:
     return [folder / name for name in sorted(set(os.listdir(folder)) - before)]
 
 
+def _under(gib: float | None) -> str:
+    """Where a run was limited, the words saying so (a failure may be the limit's)."""
+    return f" under the {gib:g} GiB limit" if gib is not None else ""
+
+
 def _limit(gib: float | None):
     """A ``preexec_fn`` that caps the child's address space at ``gib`` GiB (None: no cap)."""
     if gib is None:
@@ -223,8 +229,12 @@ def run_once(
             else:
                 path.unlink()
         os.sync()
-    if result.returncode == -9:
-        raise RuntimeError("killed (SIGKILL: out of memory?)")
+    if "MemoryError" in result.stderr:
+        raise RuntimeError("out of memory (MemoryError)" + _under(memory_limit))
+    if result.returncode < 0:
+        name = signal.Signals(-result.returncode).name
+        why = " (the kernel's out-of-memory killer?)" if name == "SIGKILL" else ""
+        raise RuntimeError(f"killed by {name}{why}" + _under(memory_limit))
     if result.returncode != 0 or "RESULT " not in result.stdout:
         raise RuntimeError(
             last_line(result.stderr) if result.stderr else f"exit {result.returncode}"
