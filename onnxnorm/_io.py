@@ -369,11 +369,11 @@ def _data_files(
     model: onnx.ModelProto, extra: list[TensorProto], source: str | os.PathLike
 ) -> dict[Path, Path]:
     """The input's external data files (the model file itself, which holds its inline weights,
-    left out) that the main graph's initializers and ``extra`` read: each resolved, and as the
-    input names it (its folder joined with the location)."""
+    left out) that the model's tensors (subgraphs' and attributes' included) and ``extra``
+    read: each resolved, and as the input names it (its folder joined with the location)."""
     folder, own = model_dir(source), Path(os.path.realpath(source))
     files: dict[Path, Path] = {}
-    for tensor in itertools.chain(model.graph.initializer, extra):
+    for tensor in itertools.chain(external_tensors(model), extra):
         if uses_external_data(tensor):
             file = folder / external_location(tensor)[0]
             resolved = Path(os.path.realpath(file))
@@ -444,15 +444,18 @@ class _Save:
         fd, tmp = self.temps.new(".tmp")
         referenced = [t for t in model.graph.initializer if uses_external_data(t)]
         with os.fdopen(fd, "wb") as f:
-            if referenced:
-                main = weightless_shell(model)
+            main = weightless_shell(model)
+            nested = list(external_tensors(main))  # of subgraphs and attributes
+            if referenced or nested:
+                for tensor in nested:
+                    _load_into(tensor, self.source_dir)
                 main.graph.initializer.extend(
                     t for t in model.graph.initializer if not uses_external_data(t)
                 )
                 f.write(main.SerializeToString())
-                del main
             else:
                 f.write(model.SerializeToString())
+            del main
             for tensor in itertools.chain(referenced, self.extra):
                 if uses_external_data(tensor):
                     write_referenced(f, tensor, self.source_dir)
@@ -471,8 +474,11 @@ class _Save:
         own = data_path(self.path)
         out = weightless_shell(self.model)
         tensors = list(itertools.chain(self.model.graph.initializer, self.extra))
+        # the external tensors of subgraphs and attributes, in ``out`` itself: written like the
+        # main graph's, each updated where it lies
+        nested = list(external_tensors(out))
         placed: dict[Path, str] = {}
-        started = self._started(tensors)
+        started = self._started(tensors + nested)
         if started is not None:
             fd, tmp_data = started
         else:
@@ -480,18 +486,25 @@ class _Save:
         with os.fdopen(fd, "wb") as data:
             if self.data in ("link", "reference"):
                 kept = self._kept(written, placed)
+                # ONNX Runtime refuses a subgraph's tensor in a file of several hard links
+                # (onnx's checker: "a potential hardlink attack"): in link mode those are copied
+                linked = self.data == "link"
                 _write_data(tensors, self.source_dir, data, own.name, out, kept=kept)
+                _write_data([], self.source_dir, data, own.name, out, nested,
+                            kept={} if linked else kept)  # fmt: skip
             elif started is not None:
                 assert self.started is not None
-                ((file, used),) = _ranges(tensors, self.source_dir).items()
+                ((file, used),) = _ranges(tensors + nested, self.source_dir).items()
                 finish_start(data, used, self.started.size)
                 written.base, written.how = file, self.started.how
-                _write_data(tensors, self.source_dir, data, own.name, out, base=file)
+                _write_data(tensors, self.source_dir, data, own.name, out, nested, base=file)
             else:
-                base = _base_data(tensors, self.source_dir, data, self.data == "reflink")
+                base = _base_data(tensors + nested, self.source_dir, data, self.data == "reflink")
                 if base is not None:
                     written.base, written.how = base
-                _write_data(tensors, self.source_dir, data, own.name, out, base=written.base)
+                _write_data(
+                    tensors, self.source_dir, data, own.name, out, nested, base=written.base
+                )
             if data.tell() or self.data not in ("link", "reference"):
                 placed[own] = tmp_data
                 written.own_data = own
@@ -550,6 +563,7 @@ def _write_data(
     data,
     data_name: str,
     out: onnx.ModelProto,
+    nested: Iterable[TensorProto] = (),
     *,
     base: Path | None = None,
     kept: dict[Path, str] | None = None,
@@ -559,11 +573,17 @@ def _write_data(
     of EXTERNAL_THRESHOLD bytes or more, the tensor itself for the rest. The tensors that lie in
     ``base`` (the file ``data`` started as: ``_base_data``) keep their offsets in ``data``;
     those that lie in a file of ``kept`` (resolved) are not written: they keep their place in
-    it, which the output names by ``kept``'s location."""
+    it, which the output names by ``kept``'s location. ``nested``: external tensors of
+    ``out``'s subgraphs and attributes, written the same way and updated where they lie."""
     kept = kept or {}
     offset = data.tell()
-    for theirs in tensors:
-        mine = out.graph.initializer.add()
+    pairs = [(out.graph.initializer.add(), theirs) for theirs in tensors]
+    for tensor in nested:
+        theirs = TensorProto()
+        theirs.CopyFrom(tensor)
+        tensor.Clear()
+        pairs.append((tensor, theirs))
+    for mine, theirs in pairs:
         if uses_external_data(theirs):
             location, start, length = external_location(theirs)
             file = source_dir / location
@@ -585,6 +605,16 @@ def _write_data(
         pad = -offset % (BLOCK if written >= BLOCK else 64)  # for mmap and clones
         data.write(b"\0" * pad)
         offset += pad
+
+
+def _load_into(tensor: TensorProto, source_dir: Path) -> None:
+    """Makes the external ``tensor`` hold its own bytes (read from ``source_dir``)."""
+    location, start, length = external_location(tensor)
+    with open(source_dir / location, "rb") as f:
+        f.seek(start)
+        tensor.raw_data = f.read() if length is None else f.read(length)
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.DEFAULT
 
 
 def _refer(mine: TensorProto, theirs: TensorProto, location: str, offset: int, length: int):
