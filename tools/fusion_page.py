@@ -362,6 +362,15 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         "model is converted to the oldest opset that can (`--upgrade-opset`).",
         "",
         "",
+        "Grouped gated norms (Mamba2, Nemotron-H, Bamba, GraniteMoeHybrid, Falcon-H1) also fuse "
+        "with dynamic batch and sequence dims: the group reshapes' targets, computed from `Shape` "
+        "nodes (TorchScript's `Shape`/`Gather`/`Div`/`Concat`, the dynamo exporter's `Shape(start,"
+        " end)` and `Concat` with constants, `Slice`, 0 and -1 dims), are evaluated over symbolic "
+        "dims, so the view back is proved to restore X's shape without ONNX Runtime's symbolic "
+        "inference; a grouped view that the dynamo exporter's optimizer merged with the view "
+        "before it (Falcon-H1's per-head scan output viewed as whole rows) becomes the op of that "
+        "tensor reshaped to the output's shape (`tests/fusion/test_gated_dynamic.py`).",
+        "",
         "A rule fires only when it can prove the semantics: float32 statistics, the mean over "
         "trailing axes with keepdims, scalar constant epsilon and exponent, Scale/Bias a suffix "
         "of X's shape, residual operands of provably equal shape (ORT's symbolic shape inference "
