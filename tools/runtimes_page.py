@@ -65,9 +65,7 @@ def _matrix() -> str:
     rows.extend(f"({number}) {reason}." for reason, number in reasons.items())
     rows.append("")
     rows.append(
-        "Runners: "
-        + "; ".join(f"`{name}`: {text}" for name, text in _runner_texts().items())
-        + "."
+        "Runners: " + "; ".join(f"`{name}`: {text}" for name, text in _runner_texts().items()) + "."
     )
     return "\n".join(rows)
 
