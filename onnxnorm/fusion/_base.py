@@ -123,7 +123,14 @@ class FusionRule(pattern.RewriteRuleClassBase):
         #: in float16/bfloat16 (the fused op computes them in float32)
         self.strict_precision = strict_precision
         tracker.register(self.title)
+        tracker.adopt(self)
         self._accepted: tuple[ir.Node, Replacement] | None = None
+
+    def forget(self) -> None:
+        """Drops what a check kept for its rewrite (the match it accepted): the pipeline reuses
+        its rules from run to run, and a check whose match was then not rewritten must not
+        keep the last run's graph alive."""
+        self._accepted = None
 
     # onnxscript calls check(context, **bindings), as its docs write a rule's check; its base
     # class declares check(op, *args, **kwargs)

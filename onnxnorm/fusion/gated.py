@@ -229,6 +229,10 @@ class GroupAbsorb(FusionRule):
         #: (root, target, allowzero, shape) of the Reshape that gives the accepted match its X
         self._reshape_x: tuple[ir.Node, ir.Value | np.ndarray, int, ir.Shape | None] | None = None
 
+    def forget(self) -> None:
+        super().forget()
+        self._reshape_x = None
+
     def pattern(self, op, z, s1, s2):
         view = op.Reshape(z, s1, _outputs=["view"])
         norm = op.RMSNorm(

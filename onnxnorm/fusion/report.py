@@ -138,6 +138,10 @@ class Tracker:
         self._fused.setdefault(title, set())
         self._notes.setdefault(title, {})
 
+    def adopt(self, rule: object) -> None:
+        """A rule built to report here (the pipeline's relay keeps its rules; a run's own
+        tracker needs nothing of them)."""
+
     def checked(self, title: str, root: ir.Node, reason: str | None) -> None:
         reasons = self._seen[title].setdefault(root, [])
         if reason and reason not in reasons:

@@ -336,6 +336,10 @@ class ExpandedLayerNorm(FusionRule):
         #: the statistics the accepted match gives its readers (None: the onnxnorm op)
         self._statistics: _Statistics | None = None
 
+    def forget(self) -> None:
+        super().forget()
+        self._statistics = None
+
     def pattern(self, op, x, eps, scale2d, bias2d, shape, like, flat_shape):
         x2d = pattern.OrValue([op.Flatten(x), op.Reshape(x, flat_shape)], name="x2d")
         # (a tag: onnxscript 0.7's commute cannot clone an untagged backtracking OrValue)
