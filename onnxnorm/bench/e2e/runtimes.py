@@ -30,6 +30,7 @@ cannot run here (:func:`onnxnorm.deploy.runners.unavailable`) gives a row with i
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.metadata
 import importlib.util
@@ -380,7 +381,12 @@ def runtime_group(
     models = make_runtime_models(
         family, dtype, config, folder, [RUNTIME_RUNNERS[n] for n in names], log
     )
-    group: dict[str, Any] = {"family": family, "dtype": dtype, "models": models, "rows": []}
+    group: dict[str, Any] = {
+        "family": family,
+        "dtype": dtype,
+        "models": {m: {k: v for k, v in made.items() if k != "path"} for m, made in models.items()},
+        "rows": [],
+    }
     if "error" in models["original"]:
         group["error"] = f"the export fails: {models['original']['error']}"
         return group
@@ -517,7 +523,9 @@ def _write(
             {
                 "complete": complete,
                 "environment": env,
-                "config": {**stamp(config), "repeats": config.repeats},
+                "config": {
+                    k: v for k, v in dataclasses.asdict(config).items() if k != "new_tokens"
+                },
                 "runtimes": dict(RUNTIME_RUNNERS),
                 "shapes": {
                     "prefill": f"batch 1, {config.prompt} tokens, the cache empty",
