@@ -70,6 +70,8 @@ class Runtime:
     evidence: str
     #: the runtime runs here (from PyPI, on a CPU): the portability tests cover it
     tested_here: bool = True
+    #: the runner of ``onnxnorm.deploy.runners`` that runs this form here (None: none does)
+    runner: str | None = None
 
     @property
     def keeps_ops(self) -> bool:
@@ -102,6 +104,7 @@ RUNTIMES = {
             "ONNX Runtime, CPU provider, with the onnxnorm library",
             _LIBRARY,
             f"the library's CPU kernels for every op ({_MATRIX})",
+            runner="ort",
         ),
         Runtime(
             "ort-cuda",
@@ -115,6 +118,7 @@ RUNTIMES = {
             "ONNX Runtime with the OpenVINO plugin execution provider (onnxruntime-ep-openvino)",
             _lowered(_CONTRIB_FIRST),
             f"the provider takes ONNX Runtime's norm ops whole, and refuses onnxnorm's ({_MATRIX})",
+            runner="ort-openvino",
         ),
         Runtime(
             "openvino",
@@ -122,6 +126,7 @@ RUNTIMES = {
             _lowered(_STANDARD_FIRST),
             "the compiled model's MVN and RMS layers, and no onnxnorm op read by the frontend "
             f"without onnxnorm's extension ({_MATRIX})",
+            runner="openvino",
         ),
         Runtime(
             "webgpu",
@@ -146,15 +151,21 @@ RUNTIMES = {
             "tract (sonos/tract, its Python package)",
             _lowered(_STANDARD_FIRST),
             f"tract 0.23 runs both standard ops and ONNX Runtime's, not onnxnorm's ({_MATRIX})",
+            runner="tract",
         ),
         Runtime(
             "onnx",
             "any ONNX runtime: standard ONNX ops only",
             _lowered(_STANDARD_ONLY),
             f"onnx's reference evaluator and ONNX Runtime without the library ({_MATRIX})",
+            runner="ort-plain",
         ),
     )
 }
+
+
+#: runner of ``onnxnorm.deploy.runners`` -> the runtime whose form it runs best
+RUNTIME_OF = {r.runner: r.name for r in RUNTIMES.values() if r.runner}
 
 
 def check_runtime(runtime: object) -> str:

@@ -158,7 +158,7 @@ def test_another_runtimes_error_is_the_lines_that_say_what_failed():
     "argv, message",
     [
         (["--runtime", "cuda"], "argument --runtime: unknown cuda"),
-        (["--runtime", ","], "--runtime needs one or more of ort, ort-plain, ort-openvino"),
+        (["--runtime", ","], "--runtime needs one or more of ort, ort-openvino, openvino"),
         (["--runtime", "ort", "--plot", "x.png"], "--plot draws the generation groups"),
     ],
 )

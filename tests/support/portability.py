@@ -36,13 +36,7 @@ FOR = tuple(r.name for r in targets.RUNTIMES.values() if r.tested_here and r.nam
 FILES = ("original", "function", "fused", *(f"for {r}" for r in FOR))
 RUNNERS = ("ort", "ort-plain", "ort-openvino", "openvino", "openvino+ext", "tract", "reference")
 #: the runner that runs each ``--for`` runtime's file
-RUNNER_OF = {
-    "ort-cpu": "ort",
-    "ort-openvino": "ort-openvino",
-    "openvino": "openvino",
-    "tract": "tract",
-    "onnx": "ort-plain",
-}
+RUNNER_OF = {runtime: runner for runner, runtime in targets.RUNTIME_OF.items()}
 
 #: why a runner refuses a file, by what it reads of it
 _NO_ONNXNORM = "reads no onnxnorm op"

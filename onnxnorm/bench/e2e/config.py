@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from onnxnorm import targets
+
 FAMILIES = ("llama", "gemma2")
 DTYPES = ("float32", "float16")
 #: variant -> what a user runs to get it
@@ -35,13 +37,7 @@ GENAI_VARIANTS = {
 DEVICES = ("cpu", "cuda", "cuda-graph")
 #: runner of ``onnxnorm.deploy.runners`` -> the ``--for`` runtime (``onnxnorm.targets.RUNTIMES``)
 #: whose output ``--runtime`` measures on it against the original export
-RUNTIME_RUNNERS = {
-    "ort": "ort-cpu",
-    "ort-plain": "onnx",
-    "ort-openvino": "ort-openvino",
-    "openvino": "openvino",
-    "tract": "tract",
-}
+RUNTIME_RUNNERS = targets.RUNTIME_OF
 #: quantization -> what makes it (``none``: the float export, the variants above)
 QUANTIZATIONS = {
     "dynamic": "onnxruntime.quantization.quantize_dynamic(src, dst, "
