@@ -1,5 +1,5 @@
 """Norms computed in double (X cast to DOUBLE, the statistics, scale and bias in double, the
-result cast back; issue 43, point 7). onnxnorm computes statistics in float32: a result rounded
+result cast back). onnxnorm computes statistics in float32: a result rounded
 to float16/bfloat16 is fused, with a note saying what changes (at most one unit in the last
 place, measured: docs/fusion.md), and checked here against the original on rows of every
 magnitude; a float32 or double result, or any under ``strict_precision``, stays, with the
