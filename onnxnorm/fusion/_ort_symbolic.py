@@ -8,12 +8,16 @@ equal either stops the inference or, with ``auto_merge``, declares them equal, t
 nothing else, and the inference goes on past the op (``infer_shapes`` would also save the model
 to the working directory where it stops; here the shapes found so far are kept).
 
+Upstream also reads a Constant's value from its ``value`` attribute alone, and stops at a
+Constant written with ``value_float``, ``value_ints``, ...; here those are read too.
+
 What it overrides and reads, none of it public (read on onnxruntime 1.21 to 1.32):
-``_check_merged_dims``, ``_broadcast_shapes``, ``_onnx_infer_single_node``, ``_preprocess``,
-``_infer_impl``, ``_update_output_from_vi`` (where present), and the attributes
-``symbolic_dims_``, ``known_vi_``, ``run_``, ``out_mp_``. The public API that would replace
-them: an option of ``SymbolicShapeInference.infer_shapes`` to give a broadcast of unproven dims
-a fresh symbol instead of merging them or stopping, and to return the shapes found so far.
+``_check_merged_dims``, ``_broadcast_shapes``, ``_onnx_infer_single_node``, ``_infer_Constant``,
+``_preprocess``, ``_infer_impl``, ``_update_output_from_vi`` (where present), and the attributes
+``symbolic_dims_``, ``known_vi_``, ``sympy_data_``, ``run_``, ``out_mp_``. The public API that
+would replace them: an option of ``SymbolicShapeInference.infer_shapes`` to give a broadcast of
+unproven dims a fresh symbol instead of merging them or stopping, and to return the shapes found
+so far, and a Constant read from any of its attributes.
 
 Where a future ONNX Runtime changes these, the pass goes on with onnx's shapes alone (its
 caller, ``passes.symbolic_shapes``, is best effort), and :func:`check`, which the tests call on
@@ -27,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 #: ops whose output shape ORT's symbolic inference takes from onnx's, broadcasting their inputs
@@ -36,10 +41,18 @@ _METHODS = (
     "_check_merged_dims",
     "_broadcast_shapes",
     "_onnx_infer_single_node",
+    "_infer_Constant",
     "_preprocess",
     "_infer_impl",
 )
 _ATTRIBUTES = ("symbolic_dims_", "known_vi_", "run_", "out_mp_")
+#: a Constant's attributes other than ``value`` that hold a number or numbers, and their type
+_CONSTANT_NUMBERS = {
+    "value_float": "float32",
+    "value_floats": "float32",
+    "value_int": "int64",
+    "value_ints": "int64",
+}
 
 
 def _upstream():
@@ -73,6 +86,16 @@ def _inference_class():
         def _check_merged_dims(self, dims, allow_broadcast=True):
             if not allow_broadcast:  # dims an op requires to be equal (Concat, MatMul's inner)
                 super()._check_merged_dims(dims, allow_broadcast)
+
+        def _infer_Constant(self, node):
+            for attr in node.attribute:
+                if attr.name == "value":
+                    super()._infer_Constant(node)
+                elif attr.name in _CONSTANT_NUMBERS:
+                    number = onnx.helper.get_attribute_value(attr)
+                    self.sympy_data_[node.output[0]] = np.array(
+                        number, dtype=_CONSTANT_NUMBERS[attr.name]
+                    )
 
         def _broadcast_shapes(self, shape1, shape2):
             shape = super()._broadcast_shapes(shape1, shape2)
@@ -119,13 +142,18 @@ def check() -> None:
     missing = [m for m in _METHODS if not callable(getattr(upstream, m, None))]
     assert not missing, f"{version}: SymbolicShapeInference lacks {missing}"
     graph = helper.make_graph(
-        [helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Add", ["a", "a"], ["d"])],
+        [
+            helper.make_node("Add", ["a", "b"], ["c"]),
+            helper.make_node("Add", ["a", "a"], ["d"]),
+            helper.make_node("Constant", [], ["one"], value_float=1.0),
+            helper.make_node("Add", ["d", "one"], ["e"]),
+        ],
         "check",
         [
             helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4]),
             helper.make_tensor_value_info("b", TensorProto.FLOAT, ["m", 4]),
         ],
-        [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("c", "d")],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("c", "d", "e")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     instance = _inference_class()(2**31 - 1, False, False, 0)
@@ -138,6 +166,8 @@ def check() -> None:
         for v in list(inferred.graph.value_info) + list(inferred.graph.output)
     }
     assert shapes.get("d") == ["n", 4], f"{version}: Add(a, a) gives {shapes.get('d')}"
+    # past a Constant of value_float (upstream stops at it)
+    assert shapes.get("e") == ["n", 4], f"{version}: Add(d, value_float 1) gives {shapes.get('e')}"
     broadcast = shapes.get("c")
     first = broadcast[0] if broadcast else None
     assert isinstance(first, str) and first.startswith("onnxnorm_unknown_"), (

@@ -20,6 +20,7 @@ onnxnorm nodes lowered to the target (``lowering.py``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -33,15 +34,34 @@ from onnxscript.rewriter import pattern
 from onnxnorm import targets
 from onnxnorm._validate import Repair, check
 from onnxnorm.errors import OutputDoesNotLoad
-from onnxnorm.fusion import batch_norm, detached, gated, l2, norms, passes, quantized, residual
-from onnxnorm.fusion._onnxscript_private import root_op
+from onnxnorm.fusion import (
+    batch_norm,
+    detached,
+    driver,
+    gated,
+    l2,
+    norms,
+    passes,
+    quantized,
+    residual,
+)
 from onnxnorm.fusion.detached import upgrade_opset
 from onnxnorm.fusion.lowering import lower_with_notes
 from onnxnorm.fusion.report import FusionReport, Tracker
 from onnxnorm.ops import catalogue
 from onnxnorm.targets import TARGETS
 
-__all__ = ["TARGETS", "Detached", "Fused", "fuse", "fuse_detached", "fuse_ir", "rules", "stages"]
+__all__ = [
+    "TARGETS",
+    "Detached",
+    "Fused",
+    "fuse",
+    "fuse_detached",
+    "fuse_ir",
+    "rules",
+    "stage_rules",
+    "stages",
+]
 
 
 class Fused(NamedTuple):
@@ -60,26 +80,29 @@ class Detached(NamedTuple):
     report: FusionReport
 
 
+def stage_rules(tracker: Tracker, strict_precision: bool = False) -> list[tuple[str, list]]:
+    """The pipeline's stages in order, each with its rules (uncommuted: the driver commutes a
+    rule once a graph may match it)."""
+    return [
+        (
+            "norms",
+            norms.norm_rules(tracker, strict_precision)
+            + l2.scaled_sum_rules(tracker, strict_precision),
+        ),
+        ("gated", gated.gated_rules(tracker, strict_precision)),
+        ("sandwich", residual.sandwich_rules(tracker)),
+        ("skip", residual.skip_rules(tracker)),
+        ("xbias", residual.xbias_rules(tracker)),
+    ]
+
+
 def stages(
     tracker: Tracker, strict_precision: bool = False
 ) -> list[tuple[str, pattern.RewriteRuleSet]]:
     """The rule sets of the pipeline, in order (each is applied until nothing changes)."""
     return [
-        (
-            "norms",
-            pattern.RewriteRuleSet(
-                norms.norm_rules(tracker, strict_precision)
-                + l2.scaled_sum_rules(tracker, strict_precision),
-                commute=True,
-            ),
-        ),
-        (
-            "gated",
-            pattern.RewriteRuleSet(gated.gated_rules(tracker, strict_precision), commute=True),
-        ),
-        ("sandwich", pattern.RewriteRuleSet(residual.sandwich_rules(tracker), commute=True)),
-        ("skip", pattern.RewriteRuleSet(residual.skip_rules(tracker), commute=True)),
-        ("xbias", pattern.RewriteRuleSet(residual.xbias_rules(tracker), commute=True)),
+        (name, pattern.RewriteRuleSet(rules, commute=True))
+        for name, rules in stage_rules(tracker, strict_precision)
     ]
 
 
@@ -92,128 +115,10 @@ def rules(tracker: Tracker | None = None, strict_precision: bool = False) -> pat
     Pass a :class:`Tracker` to learn what the rules found, fused and skipped
     (``tracker.report()``). ``strict_precision``: see :func:`fuse`.
     """
-    tracker = tracker or Tracker()
-    return pattern.RewriteRuleSet(
-        norms.norm_rules(tracker, strict_precision)
-        + l2.scaled_sum_rules(tracker, strict_precision)
-        + gated.gated_rules(tracker, strict_precision)
-        + residual.sandwich_rules(tracker)
-        + residual.skip_rules(tracker)
-        + residual.xbias_rules(tracker),
-        commute=True,
-    )
-
-
-class Driver:
-    """Applies a rule set like ``RewriteRuleSet.apply_to_model``, but tries at each node only
-    the rules whose pattern is rooted at that node's op type (most nodes of a model root no
-    pattern), which makes the pass several times faster on large models."""
-
-    def __init__(self, rule_set: pattern.RewriteRuleSet):
-        self.rules = [(rule, root_op(rule)) for rule in rule_set.rules]
-        self._for_op: dict[tuple[str, str], list] = {}
-
-    def candidates(self, domain: str, op_type: str) -> list:
-        """The rules that may be rooted at a node of this op, in the rule set's order."""
-        key = (domain, op_type)
-        if key not in self._for_op:
-            self._for_op[key] = [
-                rule for rule, ident in self.rules if ident is None or ident == key
-            ]
-        return self._for_op[key]
-
-    def _graph(self, model: ir.Model, graph) -> int:
-        count = 0
-        for node in graph:
-            domain = "" if node.domain == "ai.onnx" else node.domain
-            for rule in self.candidates(domain, node.op_type):
-                delta = rule.try_rewrite(model, graph, node)
-                if delta is None:
-                    continue
-                ir.convenience.replace_nodes_and_values(
-                    graph, node, [], delta.new_nodes, delta.match.outputs, delta.new_outputs
-                )
-                count += 1
-                break
-            for attr in node.attributes.values():
-                if attr.type == ir.AttributeType.GRAPH:
-                    count += self._graph(model, attr.value)
-                elif attr.type == ir.AttributeType.GRAPHS:
-                    for sub in attr.value:
-                        count += self._graph(model, sub)
-        return count
-
-    def apply(self, model: ir.Model) -> int:
-        count = self._graph(model, model.graph)
-        for function in list(model.functions.values()):
-            count += self._graph(model, function)
-        if count:
-            # the matched nodes are dead now; gone first, they leave their names to the new
-            common_passes.RemoveUnusedNodesPass()(model)
-            common_passes.NameFixPass()(model)
-        return count
-
-
-class _Relay(Tracker):
-    """The tracker the cached rules (:func:`_drivers`) report to: it keeps the titles they
-    registered when they were built, and the rules themselves, and passes what they find to
-    the tracker of the run."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.titles: list[str] = []
-        self.rules: list = []
-        self.target = Tracker()
-
-    def register(self, title: str) -> None:
-        self.titles.append(title)
-
-    def adopt(self, rule: object) -> None:
-        self.rules.append(rule)
-
-    def checked(self, title: str, root: ir.Node, reason: str | None) -> None:
-        self.target.checked(title, root, reason)
-
-    def fused(self, title: str, root: ir.Node, note: str = "") -> None:
-        self.target.fused(title, root, note)
-
-
-class _Built(threading.local):
-    """The stages' rules and drivers, built once per thread and strictness: building them (the
-    patterns and their commuted variants) took 0.06 to 0.2 s of every run, most of a small
-    model's. Per thread, because a rule keeps the match it accepted until it rewrites it."""
-
-    def __init__(self) -> None:
-        self.drivers: dict[bool, tuple[_Relay, list[tuple[str, Driver]]]] = {}
-
-
-_BUILT = _Built()
-
-
-@contextlib.contextmanager
-def _drivers(tracker: Tracker, strict_precision: bool) -> Iterator[list[tuple[str, Driver]]]:
-    """The stages' drivers, their rules reporting to ``tracker`` (registered in it in the
-    order :func:`stages` builds them); what a rule kept of a match is dropped at the end."""
-    if strict_precision not in _BUILT.drivers:
-        relay = _Relay()
-        built = [(name, Driver(rules)) for name, rules in stages(relay, strict_precision)]
-        _BUILT.drivers[strict_precision] = (relay, built)
-    relay, built = _BUILT.drivers[strict_precision]
-    relay.target = tracker
-    for title in relay.titles:
-        tracker.register(title)
-    try:
-        yield built
-    finally:
-        relay.target = Tracker()
-        for rule in relay.rules:
-            rule.forget()
-
-
-def _fixpoint(model: ir.Model, driver: Driver, limit: int = 20) -> None:
-    for _ in range(limit):
-        if not driver.apply(model):
-            return
+    every = [
+        rule for _, found in stage_rules(tracker or Tracker(), strict_precision) for rule in found
+    ]
+    return pattern.RewriteRuleSet(every, commute=True)
 
 
 def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
@@ -252,11 +157,11 @@ def fuse_ir(
     # exporters cast one value to float32 twice; the rules want one value per computation
     passes.remove_noop_casts(model)
     common_passes.CommonSubexpressionEliminationPass()(model)
-    with _drivers(tracker, strict_precision) as drivers:
-        for name, driver in drivers:
+    with driver.drivers(stage_rules, tracker, strict_precision) as stage_drivers:
+        for name, stage_driver in stage_drivers:
             if progress:
                 progress(name)
-            _fixpoint(model, driver)
+            stage_driver.fixpoint(model)
     if progress:
         progress("quantize")
     quantized.fuse_quantizers(model, tracker)
@@ -273,6 +178,34 @@ def fuse_ir(
     return tracker
 
 
+_PAUSED = threading.Lock()
+_pausing = 0  # the runs that paused the collector and have not ended
+_was_enabled = False
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a run builds and rewrites its graph:
+    the run allocates many objects that live until it ends, and each full collection on the
+    way walked all of them and everything imported before (on a small model, a third of the
+    pass). The garbage a run leaves is collected once the collector runs again; concurrent
+    runs share one pause, which the last of them ends."""
+    global _pausing, _was_enabled
+    with _PAUSED:
+        if _pausing == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _pausing += 1
+    try:
+        yield
+    finally:
+        with _PAUSED:
+            _pausing -= 1
+            if _pausing == 0 and _was_enabled:
+                gc.enable()
+
+
+@_collector_paused()
 def fuse_detached(
     model: onnx.ModelProto,
     target: str = "function",

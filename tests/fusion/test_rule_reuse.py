@@ -1,5 +1,5 @@
 """The pass builds its rules once per thread and strictness and reuses them from run to run
-(``pipeline._drivers``): a run's report and output do not depend on what ran before, in this
+(``driver.drivers``): a run's report and output do not depend on what ran before, in this
 thread or beside it in another, nor on a run that failed half-way."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from onnxnorm.fusion import fuse, pipeline
+from onnxnorm.fusion import driver, fuse, pipeline
 from onnxnorm.fusion.lowering import lower
 from onnxnorm.testing.graphs import single_node_model
 
@@ -58,5 +58,5 @@ def test_a_failed_run_leaves_nothing_behind(monkeypatch):
         _run("SkipRMSNorm")
     monkeypatch.undo()
     assert _run("SkipRMSNorm") == before
-    relay, _ = pipeline._BUILT.drivers[False]
+    relay, _ = driver._BUILT.drivers[(pipeline.stage_rules, False)]
     assert all(getattr(rule, "_accepted", None) is None for rule in relay.rules)

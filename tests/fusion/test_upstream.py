@@ -9,7 +9,8 @@ from __future__ import annotations
 from onnxscript.rewriter import pattern
 
 from onnxnorm.fusion import _onnxscript_private, _ort_symbolic
-from onnxnorm.fusion.pipeline import Driver, stages
+from onnxnorm.fusion.driver import Driver
+from onnxnorm.fusion.pipeline import stage_rules
 from onnxnorm.fusion.report import Tracker
 
 
@@ -20,9 +21,9 @@ def test_onnxscript_rule_roots_are_read():
 def test_every_onnxnorm_rule_has_a_fixed_root():
     """Each rule of the pass is tried only at nodes of its root op: none may fall back to every
     node (which would be correct, but slow on large models)."""
-    for name, rule_set in stages(Tracker()):
-        driver = Driver(rule_set)
-        unrooted = [rule.name for rule, ident in driver.rules if ident is None]
+    for name, found in stage_rules(Tracker()):
+        driver = Driver(found)
+        unrooted = [entry.rule.name for entry in driver.entries if entry.root is None]
         assert not unrooted, (name, unrooted)
 
 
