@@ -122,6 +122,36 @@ L2 (FLA)           y = x / sqrt(sum(x^2) + eps)      the sum, not the mean
 * Gemma 3n's RMSNorm, `x * pow(mean(x^2) + eps, -0.5)` (with a weight, and without one for
   its value norm), is the plain `RMSNorm` written with `Pow(., -0.5)` instead of a square root.
 
+## Q/K norms and rotary
+
+Most attention layers of 2025-26 normalize their queries and keys and then rotate them by
+their positions (RoPE); Llama 4 rotates first and normalizes after. onnxnorm's
+`RMSNormRotary`, `LayerNormRotary` and `L2NormRotary` ([ops.md](ops.md#rmsnormrotary)) compute
+both, for Q and K in one call, in each model's own rounding. What the families do (read from
+transformers 5.25's modeling code; A and B are the rounding orders above; "in T" means eager
+PyTorch's `q * cos + rotate_half(q) * sin` rounding each step to the model's type, `rotary_in_t
+= 1`; "float32" a rotation computed in float32 and rounded once, `rotary_in_t = 0`):
+
+| family | norm, weight | order | where | rotary | attributes |
+|---|---|---|---|---|---|
+| Qwen3, Qwen3-MoE, Qwen3-VL, Apertus, GLM-4-MoE | RMSNorm, [head_dim] | A | on [b, s, h, d] (Apertus: [b, h, s, d]), then transpose, rotary | half-split, in T (GLM-4-MoE partial, 0.5; Qwen3-VL's multimodal sections built into its per-token cos/sin) | `cast_before_scale = 1`, `rotary_in_t = 1`, `layout = 2` (Apertus 1) |
+| Gemma 3, Qwen3-Next, Qwen3.5 | RMSNorm, 1 + w, [head_dim] | B | Gemma 3 on [b, h, s, d]; Qwen3-Next on [b, s, h, d] | half-split, in T; Qwen3-Next partial (0.25) | `scale_offset = 1`, `rotary_in_t = 1` |
+| Gemma 3n | RMSNorm (`pow(., -0.5)`), [head_dim] | B | norm and rotary on [b, s, h, d], then transpose | half-split, in T | `layout = 0` or 2 |
+| OLMo 2, OLMo 3 | RMSNorm over the whole projection, [heads * head_dim] | B | on [b, s, h * d], then view, transpose, rotary | half-split, float32 (cos and sin kept in float32) | `per_head = 0`, `head_size`, `layout = 2`, `rotary_in_t = 0`, float32 Cos/Sin |
+| Cohere (Command R+) | LayerNorm without bias, [heads, head_dim] | B | on [b, s, h, d], then transpose | interleaved pairs, float32 from cos and sin rounded to T | `LayerNormRotary`, `interleaved = 1`, `rotary_in_t = 0` |
+| StableLM 2 | LayerNorm without bias per head, [heads, head_dim] | B | on [b, h, s, d] | half-split, partial (0.25), in T | `LayerNormRotary`, `layout = 1`, `rotary_dim` |
+| Phi-2, Persimmon | LayerNorm with bias, [head_dim] | B | Phi on [b, h, s, d] | half-split, partial, in T | `LayerNormRotary` with Bias, `rotary_dim` |
+| Chameleon | LayerNorm with bias, [heads, head_dim] | A | on [b * s, h, d] | half-split, in T | `LayerNormRotary`, `cast_before_scale = 1` |
+| Llama 4 | rotary, then RMSNorm without weight | - | on [b, s, h, d], then transpose | interleaved pairs, float32 (complex product, float32 angles) | `rotary_first = 1`, `interleaved = 1`, `rotary_in_t = 0` |
+| nanochat | rotary, then RMSNorm without weight | - | on [b, h, s, d] | half-split, in T | `rotary_first = 1`, `layout = 1` |
+
+Hugging Face models pass cos and sin per token, full width (`cat(freqs, freqs)`, or each
+repeated for interleaved pairs): the ops take that form as it is, one angle per value (no
+proof that the halves repeat is needed), as well as ONNX's form, one angle per pair, either
+per token or gathered from caches by position ids. Models without a Q/K norm (Cohere 2, SmolLM3,
+GLM-4) rotate with ONNX's `RotaryEmbedding` or its decomposition alone, which the ops do not
+replace.
+
 ## Where the norm goes: Pre-Norm, Post-Norm, Sandwich-Norm, DeepNorm
 
 For a sublayer F (attention or MLP) of layer l:

@@ -52,6 +52,8 @@ ONNXTensorElementDataType TypeOf(const OrtCustomOp* op, const ParamSpec& p) {
       return static_cast<const TableOp*>(op)->y_open ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : OnnxType(e.u);
     case TypeVar::kQ: return OnnxType(e.q);
     case TypeVar::kF: return OnnxType(ElemType::kFloat32);
+    case TypeVar::kI: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    case TypeVar::kA: return OnnxType(e.s);  // (no op of the native table has angles yet)
   }
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }

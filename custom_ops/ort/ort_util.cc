@@ -172,13 +172,14 @@ bool HasAttributeOfOtherKind(const OrtApi& api, const OrtKernelInfo* info, const
 }
 
 // Whether value passes check (the catalogue's CHECKS, by name).
-static_assert(kAttrCheckCount == 5, "a new check in onnxnorm/ops/catalogue.py needs its rule here");
+static_assert(kAttrCheckCount == 6, "a new check in onnxnorm/ops/catalogue.py needs its rule here");
 bool Holds(AttrCheck check, double value) {
   switch (check) {
     case AttrCheck::kNone: return true;
     case AttrCheck::kFinite: return std::isfinite(value);
     case AttrCheck::kFiniteNonNegative: return std::isfinite(value) && value >= 0.0;
     case AttrCheck::kZeroOrOne: return value == 0.0 || value == 1.0;
+    case AttrCheck::kZeroOneOrTwo: return value == 0.0 || value == 1.0 || value == 2.0;
     // (an int attribute's value is whole; its kind is checked apart)
     case AttrCheck::kNonNegativeInt: return std::isfinite(value) && value >= 0.0 && value == std::floor(value);
   }

@@ -1,5 +1,6 @@
 """The ONNX function bodies of the catalogue ops: ``function_proto`` writes the body of one op's
-overload (``onnxnorm.ops.overloads``) in standard ops of one opset.
+overload (``onnxnorm.ops.overloads``) in standard ops of one opset; the rotary ops'
+(``catalogue.ROTARY_OPS``) are written by ``onnxnorm.ops.rotary_bodies`` with the helpers here.
 
 A body is written in standard ops of the model's own opset (onnx and ONNX Runtime refuse a body
 importing another version), any from opset 7: LayerNormalization from opset 17,
@@ -34,16 +35,27 @@ from onnxnorm.ops.overloads import X_TYPE_NAMES, group_size, input_part, parse_o
 
 _FLOAT = TensorProto.FLOAT
 _ATTR_TYPES = {"int": onnx.AttributeProto.INT, "float": onnx.AttributeProto.FLOAT}
-_ATTRIBUTE_KINDS = {a.name: a.kind for spec in catalogue.OPS.values() for a in spec.attributes}
+_ATTRIBUTE_KINDS = {
+    a.name: a.kind
+    for spec in (*catalogue.OPS.values(), *catalogue.ROTARY_OPS.values())
+    for a in spec.attributes
+}
 
 
-class _Body(OpsetWriter):
+class Body(OpsetWriter):
     """Collects the nodes of one function body; each call adds a node and returns its output.
     ``x_type``: X's element type (below MIN_OPSET); ``values``: the node's attribute values
-    (below REF_OPSET, else None: the body refers to its attributes)."""
+    (below REF_OPSET, else None: the body refers to its attributes); ``x``: the name of the
+    input whose type the body's results take (X; Q for the rotary ops)."""
 
-    def __init__(self, opset: int, x_type: int | None = None, values: dict[str, Any] | None = None):
-        self.opset, self.x_type, self.values = opset, x_type, values
+    def __init__(
+        self,
+        opset: int,
+        x_type: int | None = None,
+        values: dict[str, Any] | None = None,
+        x: str = "X",
+    ):
+        self.opset, self.x_type, self.values, self.x = opset, x_type, values, x
         self.nodes: list[onnx.NodeProto] = []
 
     def __call__(self, op: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
@@ -71,7 +83,7 @@ class _Body(OpsetWriter):
     def to_x(self, value: str, out: str | None = None) -> str:
         """``value`` cast to X's type: CastLike from MIN_OPSET, else Cast to the type named."""
         if self.opset >= MIN_OPSET:
-            return self("CastLike", value, "X", out=out)
+            return self("CastLike", value, self.x, out=out)
         return self("Cast", value, to=self.x_type, out=out)
 
     def round(self, value: str) -> str:
@@ -93,8 +105,10 @@ def _float8_reason(opset: int) -> str:
 def body_problem(op: str, opset: int, x_type: int | None, q_type: int | None = None) -> str | None:
     """Why no function body of ``op`` can be written in standard opset ``opset`` for an X of
     element type ``x_type`` (None: not known) and, for a static quantized op, a Y of ``q_type``
-    (None: not known), in words a user can act on; None where one can."""
+    (None: not known), in words a user can act on; None where one can. (The rotary ops' X is
+    their Q.)"""
     spec = catalogue.get(op)
+    x = spec.inputs[0].name
 
     def convert(needed: int) -> str:
         return (
@@ -114,17 +128,17 @@ def body_problem(op: str, opset: int, x_type: int | None, q_type: int | None = N
         )
     if x_type == TensorProto.BFLOAT16 and opset < BFLOAT16_MIN_OPSET:
         return (
-            f"X is bfloat16, which ONNX casts to from opset {BFLOAT16_MIN_OPSET} on (Cast-13); "
+            f"{x} is bfloat16, which ONNX casts to from opset {BFLOAT16_MIN_OPSET} on (Cast-13); "
             + convert(BFLOAT16_MIN_OPSET)
         )
     if opset < MIN_OPSET and x_type is None:
         return (
-            f"the element type of X is not declared and shape inference does not find it; a "
-            f"body below opset {MIN_OPSET} (no CastLike) must name it: declare X's type "
+            f"the element type of {x} is not declared and shape inference does not find it; a "
+            f"body below opset {MIN_OPSET} (no CastLike) must name it: declare {x}'s type "
             f"(value_info) or convert the model to opset {MIN_OPSET} or newer"
         )
     if opset < MIN_OPSET and x_type not in X_TYPE_NAMES:
-        return f"X is {type_name(x_type)}, not float, float16 or bfloat16"
+        return f"{x} is {type_name(x_type)}, not float, float16 or bfloat16"
     if (
         spec.quantize == "static"
         and q_type == TensorProto.FLOAT8E4M3FN
@@ -182,9 +196,9 @@ def scale_and_shift(
     return y
 
 
-def _rows(b: _Body, zf: str) -> str:
-    """``zf`` flattened to [rows, cols] at the node's axis."""
-    axis = b.attr("axis")
+def _rows(b: Body, zf: str, axis: int | None = None) -> str:
+    """``zf`` flattened to [rows, cols] at ``axis`` (None: the node's axis)."""
+    axis = b.attr("axis") if axis is None else axis
     if isinstance(axis, int) and axis < 0 and b.opset < 11:
         # Flatten takes a negative axis from opset 11: to [-1, <dims from axis>] first
         dims = b("Concat", b.ints([-1]), b.shape(zf, axis), axis=0)
@@ -192,7 +206,7 @@ def _rows(b: _Body, zf: str) -> str:
     return b("Flatten", zf, axis=axis)
 
 
-def _rms_of_rows(b: _Body, rows: str, axis: int, total: bool = False) -> str:
+def _rms_of_rows(b: Body, rows: str, axis: int, total: bool = False) -> str:
     """``rows`` divided by the root of the mean (``total``: the sum) of their squares over
     ``axis`` plus epsilon, in float32."""
     if total:
@@ -202,7 +216,7 @@ def _rms_of_rows(b: _Body, rows: str, axis: int, total: bool = False) -> str:
     return b("Div", rows, b("Sqrt", b("Add", squares, b.scalar(b.attr("epsilon")))))
 
 
-def _gated_body(b: _Body, parts: set[str], present: set[str], order_a: bool, offset) -> None:
+def _gated_body(b: Body, parts: set[str], present: set[str], order_a: bool, offset) -> None:
     """GatedRMSNorm's Y: the gate's activation in float32 (Sigmoid, or SiLU as g * Sigmoid(g)),
     multiplied into float32(X) before the statistics (``gatefirst``, not rounded) or into the
     scaled result after them; groups of ``group<n>`` values as a third axis of the rows, whose
@@ -231,8 +245,9 @@ def _gated_body(b: _Body, parts: set[str], present: set[str], order_a: bool, off
     b.to_x(y, out="Y")
 
 
-def _normalize(b: _Body, spec: catalogue.OpSpec, z: str) -> str:
-    """``z`` normalized over [axis, rank) in float32, without any scale.
+def normalize(b: Body, spec: catalogue.OpSpec, z: str, axis: int | None = None) -> str:
+    """``z`` normalized over [axis, rank) in float32, without any scale (``axis`` None: the
+    node's axis). An L2 norm divides by the root of the sum of squares.
 
     The rows are flattened to [rows, cols]. For LayerNorm each row is first shifted by its
     first element: the result is the same (LayerNorm ignores a constant shift) but a row with
@@ -240,7 +255,9 @@ def _normalize(b: _Body, spec: catalogue.OpSpec, z: str) -> str:
     LayerNormalization kernel alone loses them.
     """
     zf = b("Cast", z, to=_FLOAT)
-    rows = _rows(b, zf)
+    rows = _rows(b, zf, axis)
+    if spec.norm == "l2":
+        return b("Reshape", _rms_of_rows(b, rows, 1, total=True), b.shape(zf))
     if spec.norm == "layer":
         rows = b("Sub", rows, b.slice(rows, [0], [1], [1]))
     if (spec.norm == "layer" and b.opset >= 17) or (spec.norm == "rms" and b.opset >= 23):
@@ -266,13 +283,17 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     provider lacks for bfloat16.
     """
     spec = catalogue.get(op)
+    if spec.rotary:
+        from onnxnorm.ops import rotary_bodies  # (it builds on this module)
+
+        return rotary_bodies.function_proto(op, variant, opset)
     parts, x_type, values = parse_overload(spec, variant, opset)
     problem = body_problem(op, opset, x_type)
     if problem:
         raise ValueError(f"no {op} body for overload {variant!r}: {problem}")
     order_a = "a" in parts
     present = {name for name in spec.optional_inputs if input_part(name) in parts}
-    b = _Body(opset, x_type, values)
+    b = Body(opset, x_type, values)
     inputs = [p.name for p in spec.inputs]
     offset = b.attr("scale_offset") if "offset" in parts else None
 
@@ -281,7 +302,7 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
         (``mixed``: in float32, without the last rounding to X's type)."""
         y = scale_and_shift(
             b,
-            _normalize(b, spec, z),
+            normalize(b, spec, z),
             scale if scale in present else None,
             bias if bias in present else None,
             offset,
@@ -335,7 +356,7 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     )
 
 
-def _quantize(b: _Body, spec: catalogue.OpSpec, y: str, with_zero_point: bool) -> None:
+def _quantize(b: Body, spec: catalogue.OpSpec, y: str, with_zero_point: bool) -> None:
     """Y (and for dynamic quantization Y_scale, Y_zero_point) from the norm's output ``y`` in
     X's type: QuantizeLinear or DynamicQuantizeLinear of y in float32, as the unfused graph
     quantizes it (DynamicQuantizeLinear takes float32 only, so a float16 / bfloat16 graph casts

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from onnxnorm.ops import catalogue, functions
 
-_TYPES = {"T": "T", "S": "S (T or float32)", "U": "U (T, or float32)", "F": "float32"}
+_TYPES = {
+    "T": "T",
+    "S": "S (T or float32)",
+    "U": "U (T, or float32)",
+    "F": "float32",
+    "I": "int64",
+    "A": "A (T or float32)",
+}
 
 
 def _type(spec: catalogue.OpSpec, var: str) -> str:
@@ -63,7 +70,29 @@ def render() -> str:
         "Y_float is the norm's output in X's type, for graphs where it has other consumers.",
         "",
     ]
-    for spec in catalogue.OPS.values():
+    lines += _ops(catalogue.OPS)
+    lines += [
+        "## The norm site of attention: Q/K norm and rotary",
+        "",
+        "The ops below normalize the queries and keys of attention per head (or per token) and "
+        "rotate them by their positions (RoPE) in one call, Q and K together where a graph has "
+        "both: the Q/K norm of Qwen3, Gemma 3, OLMo 2, Cohere, StableLM, Phi and many more, "
+        "and Llama 4's rotary followed by its weightless norm (which model uses which form: "
+        "[norms.md](norms.md#qk-norms-and-rotary)). Cos and Sin are of type A (T or float32, "
+        "the norm weights' type S apart); PositionIds are int64. The numpy reference "
+        "(`onnxnorm.ops.reference`) and the function bodies are written; the kernels, the "
+        "fusion and the torch side follow, and until then the ops are not in the native "
+        "library: a node of them runs as its function body.",
+        "",
+    ]
+    lines += _ops(catalogue.ROTARY_OPS)
+    return "\n".join(lines)
+
+
+def _ops(specs: dict[str, catalogue.OpSpec]) -> list[str]:
+    """The section of each op: its summary, formula and parameters."""
+    lines: list[str] = []
+    for spec in specs.values():
         lines += [
             f"## {spec.name}",
             "",
@@ -88,7 +117,7 @@ def render() -> str:
         lines += ["", "| attribute | type | default | meaning |", "|---|---|---|---|"]
         lines += [f"| {a.name} | {a.kind} | {a.default!r} | {a.doc} |" for a in spec.attributes]
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str], render=render) -> int:

@@ -75,7 +75,8 @@ def overload(
     has more outputs than the call). A quantized op's body has its optional Y_float output
     (and every output before it) when the node has it (``float``), else ends before it. A
     float32 Y (attribute ``y_float32``, the mixed form of LayerNorm and RMSNorm) is
-    ``yfloat32``.
+    ``yfloat32``. A rotary op's name has the parts of its layout and rotation
+    (``_rotary_parts``).
 
     Below MIN_OPSET the name ends in X's element type ``x_type``, below REF_OPSET also in the
     node's attribute values (``attrs``, defaults for those absent): see the module docstring."""
@@ -86,6 +87,8 @@ def overload(
     parts += ["a"] if cast_before_scale else []
     if spec.gated:
         parts += _gated_parts({**spec.defaults, **(attrs or {})}, "Gate" in present)
+    if spec.rotary:
+        parts += _rotary_parts({**spec.defaults, **(attrs or {})})
     parts += ["yfloat32"] if y_float32 else []
     if spec.quantize != "none" and with_float:
         parts += ["float"]
@@ -100,7 +103,8 @@ def overload(
         parts.append(X_TYPE_NAMES[x_type])
     if opset < REF_OPSET:
         values = {**spec.defaults, **(attrs or {})}
-        parts += [f"axis{int(values['axis'])}", f"eps{_number(values['epsilon'])}"]
+        parts += [f"axis{int(values['axis'])}"] if "axis" in values else []
+        parts += [f"eps{_number(values['epsilon'])}"]
         parts += [f"alpha{_number(values['alpha'])}"] if "alpha" in values else []
     return "_".join(parts)
 
@@ -116,15 +120,33 @@ def _gated_parts(values: dict[str, Any], gated: bool) -> list[str]:
     return parts
 
 
-_GROUP_PART = re.compile(r"group([0-9]+)")
+def _rotary_parts(values: dict[str, Any]) -> list[str]:
+    """The parts that give a rotary op's body its shape: ``layout1`` / ``layout2``,
+    ``headsize<n>`` (3-D Q and K, reshaped by head_size), ``pertoken`` (per_head = 0),
+    ``rotary<n>`` (a rotary_dim, the rest of each head passed through), ``interleaved``,
+    ``rotaryfirst`` and ``rotaryint`` (rotary_in_t = 1); the defaults have no part. Whether K
+    is present is its input part, ``k``; Cos's width needs none (the body reads it)."""
+    parts = [f"layout{int(values['layout'])}"] if values["layout"] else []
+    parts += [f"headsize{int(values['head_size'])}"] if values["head_size"] else []
+    parts += ["pertoken"] if values["per_head"] == 0 else []
+    parts += [f"rotary{int(values['rotary_dim'])}"] if values["rotary_dim"] else []
+    parts += ["interleaved"] if values["interleaved"] else []
+    parts += ["rotaryfirst"] if values["rotary_first"] else []
+    parts += ["rotaryint"] if values["rotary_in_t"] else []
+    return parts
 
 
 def group_size(parts: set[str]) -> int:
     """The group size an overload names (0: none)."""
+    return number_part(parts, "group")
+
+
+def number_part(parts: set[str], prefix: str) -> int:
+    """The number of an overload's part ``<prefix><n>`` (``group64``, ``rotary32``; 0: no
+    such part)."""
     for part in parts:
-        match = _GROUP_PART.fullmatch(part)
-        if match:
-            return int(match[1])
+        if part.startswith(prefix) and part[len(prefix) :].isdigit():
+            return int(part[len(prefix) :])
     return 0
 
 
@@ -179,6 +201,9 @@ def node_variant(node: onnx.NodeProto, opset: int = MIN_OPSET, x_type: int | Non
     def has(output: str) -> bool:
         index = spec.output_index(output)
         return index is not None and len(node.output) > index and bool(node.output[index])
+
+    if spec.rotary and not has("KOut"):  # a K without KOut: the body has QOut alone
+        present = [name for name in present if name != "K"]
 
     return overload(
         spec,

@@ -12,7 +12,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from onnxnorm.ops import catalogue
+from onnxnorm.ops import catalogue, rotation
 
 _DTYPES = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
 
@@ -64,14 +64,10 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
     Y_float). ``y_float32 = 1`` gives LayerNorm's and RMSNorm's Y in float32 (the mixed form:
     X float16 or bfloat16, weights float32; Y before its last rounding to X's type)."""
     spec = catalogue.get(op)
-    names = [p.name for p in spec.inputs]
-    if len(inputs) > len(names):
-        raise ValueError(f"{op}: takes at most {len(names)} inputs, got {len(inputs)}")
-    given = dict(zip(names, list(inputs) + [None] * (len(names) - len(inputs))))
-    for name in spec.required_inputs:
-        if given[name] is None:
-            raise ValueError(f"{op}: input {name} is required")
+    given = _given(spec, inputs)
     a = check_attributes(spec, attrs)
+    if spec.rotary:
+        return _rotary_outputs(spec, given, a)
 
     x = np.asarray(given["X"])
     t = x.dtype
@@ -96,6 +92,100 @@ def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> list[np.ndarray]:
         return [_gated(spec, x, axis, a, given["Scale"], given["Gate"])]
     outputs = _float_outputs(spec, x, axes, a, given, yt)
     return outputs if spec.quantize == "none" else _quantized_outputs(spec, outputs, given)
+
+
+def _given(spec: catalogue.OpSpec, inputs: tuple) -> dict[str, np.ndarray | None]:
+    """The op's inputs by name (None for an absent optional one); required ones checked."""
+    names = [p.name for p in spec.inputs]
+    if len(inputs) > len(names):
+        raise ValueError(f"{spec.name}: takes at most {len(names)} inputs, got {len(inputs)}")
+    given = dict(zip(names, list(inputs) + [None] * (len(names) - len(inputs))))
+    for name in spec.required_inputs:
+        if given[name] is None:
+            raise ValueError(f"{spec.name}: input {name} is required")
+    return given
+
+
+def _rotary_outputs(
+    spec: catalogue.OpSpec, given: dict[str, np.ndarray | None], a: dict[str, Any]
+) -> list[np.ndarray]:
+    """QOut (and KOut) of a rotary op: each of Q and K normalized and rotated in turn."""
+    op = spec.name
+    q = np.asarray(given["Q"])
+    t = q.dtype
+    if t not in _DTYPES:
+        raise TypeError(f"{op}: Q must be float32, float16 or bfloat16, got {t}")
+    for p in spec.inputs:
+        value = given[p.name]
+        if value is None:
+            continue
+        if p.type_var == "T" and (value.dtype != t or value.ndim != q.ndim):
+            raise TypeError(f"{op}: {p.name} must be of Q's type and rank, got {value.dtype}")
+        if p.type_var in ("S", "A") and value.dtype not in (t, np.dtype(np.float32)):
+            raise TypeError(f"{op}: {p.name} must be of Q's type {t} or float32, got {value.dtype}")
+    for var, names in (("S", "the norm weights"), ("A", "Cos and Sin")):
+        named = (given[p.name] for p in spec.inputs if p.type_var == var)
+        types = {value.dtype for value in named if value is not None}
+        if len(types) > 1:
+            raise TypeError(f"{op}: {names} must share one type, got {sorted(map(str, types))}")
+    if a["per_head"] == 0 and a["layout"] == 1:
+        raise ValueError(f"{op}: per_head = 0 normalizes a token's heads together: layout 0 or 2")
+    rows = rotation.to_rows(q, a, op, "Q")
+    batch, seq, _, head_size = rows.shape
+    rotary_dim = a["rotary_dim"] or head_size
+    if rotary_dim % 2 or rotary_dim > head_size:
+        raise ValueError(
+            f"{op}: rotary_dim must be even and at most head_size {head_size}, got {rotary_dim}"
+        )
+    positions = given["PositionIds"]
+    if positions is not None and positions.dtype != np.int64:
+        raise TypeError(f"{op}: PositionIds must be int64, got {positions.dtype}")
+    cos, sin = rotation.angles(
+        _required(given, "Cos"),
+        _required(given, "Sin"),
+        positions,
+        batch,
+        seq,
+        rotary_dim,
+        a["interleaved"],
+        op,
+    )
+    outputs = []
+    for name in ("Q", "K"):
+        x = given[name]
+        if x is None:
+            continue
+        x_rows = rotation.to_rows(x, a, op, name)
+        if x_rows.shape[:2] != (batch, seq) or x_rows.shape[3] != head_size:
+            raise ValueError(f"{op}: {name} of shape {x.shape} does not match Q's {q.shape}")
+        heads = x_rows.shape[2]
+        scale, bias = (
+            _head_weight(op, w, given.get(w), heads, head_size)
+            for w in (name + "Scale", name + "Bias")
+        )
+        axes = (3,) if a["per_head"] else (2, 3)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
+            turn = (cos, sin, rotary_dim, a["interleaved"], a["rotary_in_t"])
+            if a["rotary_first"]:
+                y = normalize(spec, rotation.rotate(x_rows, *turn), axes, a, scale, bias)
+            else:
+                y = rotation.rotate(normalize(spec, x_rows, axes, a, scale, bias), *turn)
+        outputs.append(rotation.from_rows(y, x.shape, a["layout"]))
+    return outputs
+
+
+def _head_weight(
+    op: str, name: str, value: np.ndarray | None, heads: int, head_size: int
+) -> np.ndarray | None:
+    """A rotary op's norm weight as [1 or heads, head_size]: one head's, or each head's."""
+    if value is None:
+        return None
+    if value.size not in (head_size, heads * head_size):
+        raise ValueError(
+            f"{op}: {name} of shape {value.shape} must hold head_size = {head_size} values or "
+            f"heads * head_size = {heads * head_size}"
+        )
+    return value.reshape(-1, head_size)
 
 
 def _required(given: dict[str, np.ndarray | None], name: str) -> np.ndarray:
@@ -235,7 +325,7 @@ def _float_outputs(
     op, t = spec.name, x.dtype
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
         if not spec.has_residual:
-            return [_norm(spec, x, axes, a, given.get("Scale"), given.get("Bias"), yt)]
+            return [normalize(spec, x, axes, a, given.get("Scale"), given.get("Bias"), yt)]
         residual = _required(given, "Residual")
         if residual.dtype != t or residual.shape != x.shape:
             raise ValueError(
@@ -248,10 +338,10 @@ def _float_outputs(
             if x_bias is not None:
                 total = total + x_bias.astype(np.float64)
         else:
-            inner = _norm(spec, x, axes, a, given["InnerScale"], given["InnerBias"])
+            inner = normalize(spec, x, axes, a, given["InnerScale"], given["InnerBias"])
             total = residual.astype(np.float64) + inner.astype(np.float64)
         z = total.astype(t)
-        return [_norm(spec, z, axes, a, given["Scale"], given["Bias"]), z]
+        return [normalize(spec, z, axes, a, given["Scale"], given["Bias"]), z]
 
 
 _QUANT_DTYPES = {
@@ -343,7 +433,7 @@ def dynamic_quantize_linear(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return quantize_linear(f, scale_array, zero_point), scale_array, zero_point
 
 
-def _norm(
+def normalize(
     spec: catalogue.OpSpec,
     z: np.ndarray,
     axes: tuple[int, ...],

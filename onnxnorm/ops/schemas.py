@@ -1,5 +1,5 @@
-"""The catalogue's ops as onnx schemas, so that onnx.checker, onnx shape inference and the
-PyTorch exporter know them."""
+"""The catalogue's ops (``catalogue.OPS`` and the rotary ops of ``catalogue.ROTARY_OPS``) as onnx
+schemas, so that onnx.checker, onnx shape inference and the PyTorch exporter know them."""
 
 from __future__ import annotations
 
@@ -127,6 +127,81 @@ def _inference(spec: catalogue.OpSpec):
     return infer
 
 
+def _rotary_inference(spec: catalogue.OpSpec):
+    """Type and shape inference of a rotary op: QOut has Q's type and shape, KOut K's; with
+    layout 2 the shape is [batch, heads, seq, head_size] (Q's dims 1 and 2 swapped, a 3-D Q's
+    heads * head_size split by head_size first). K must have Q's type, the norm weights (S)
+    and Cos and Sin (A) Q's type or float32, each group one type; Q and K are 3-D (with
+    head_size, layout 0 or 2) or 4-D, and per_head = 0 needs layout 0 or 2."""
+    types = {"T": "Q's type", "S": "Q's type or float32", "A": "Q's type or float32"}
+
+    def fail(ctx, message: str) -> None:
+        raise onnx.shape_inference.InferenceError(f"{ctx.get_display_name()}: {message}")
+
+    def attribute(ctx, name: str) -> int:
+        value = ctx.get_attribute(name)
+        return value.i if value is not None else spec.attribute(name).default
+
+    def given(ctx, index: int) -> onnx.TypeProto | None:
+        if index >= ctx.get_num_inputs() or not ctx.has_input(index):
+            return None
+        value = ctx.get_input_type(index)
+        return value if value is not None and value.HasField("tensor_type") else None
+
+    def out_dims(ctx, name: str, x: onnx.TypeProto, layout: int, head_size: int):
+        dims = list(x.tensor_type.shape.dim)
+        if len(dims) not in (3, 4):
+            fail(ctx, f"{name} must be 3-D or 4-D, got rank {len(dims)}")
+        if len(dims) == 3 and (not head_size or layout == 1):
+            fail(ctx, f"a 3-D {name} needs head_size (> 0) and layout 0 or 2")
+        if layout != 2:
+            return dims
+        if len(dims) == 4:
+            return [dims[0], dims[2], dims[1], dims[3]]
+        heads = onnx.TensorShapeProto.Dimension()
+        if dims[2].HasField("dim_value"):
+            heads.dim_value = dims[2].dim_value // head_size
+        size = onnx.TensorShapeProto.Dimension(dim_value=head_size)
+        return [dims[0], heads, dims[1], size]
+
+    def infer(ctx) -> None:
+        q = given(ctx, 0)
+        if q is None:
+            return
+        q_type = q.tensor_type.elem_type
+        found: dict[str, set[int]] = {"S": set(), "A": set()}
+        for index, param in enumerate(spec.inputs[1:], start=1):
+            value = given(ctx, index)
+            if value is None or param.type_var not in types:
+                continue
+            elem = value.tensor_type.elem_type
+            if elem not in ({q_type} if param.type_var == "T" else {q_type, _FLOAT}):
+                fail(
+                    ctx,
+                    f"{param.name} must be of {types[param.type_var]} "
+                    f"({onnx.TensorProto.DataType.Name(q_type)}), got "
+                    f"{onnx.TensorProto.DataType.Name(elem)}",
+                )
+            found.get(param.type_var, set()).add(elem)
+        for var, names in (("S", "the norm weights"), ("A", "Cos and Sin")):
+            if len(found[var]) > 1:
+                fail(ctx, f"{names} must share one type")
+        layout, head_size = attribute(ctx, "layout"), attribute(ctx, "head_size")
+        if layout == 1 and attribute(ctx, "per_head") == 0:
+            fail(ctx, "per_head = 0 normalizes a token's heads together: layout 0 or 2")
+        for index, name in enumerate(("Q", "K")):
+            x = given(ctx, index)
+            if x is None or index >= ctx.get_num_outputs() or not ctx.has_output(index):
+                continue
+            out = onnx.TypeProto()
+            out.tensor_type.elem_type = q_type
+            if x.tensor_type.HasField("shape"):
+                out.tensor_type.shape.dim.extend(out_dims(ctx, name, x, layout, head_size))
+            ctx.set_output_type(index, out)
+
+    return infer
+
+
 def op_schema(spec: catalogue.OpSpec) -> defs.OpSchema:
     attributes = []
     for a in spec.attributes:
@@ -144,12 +219,14 @@ def op_schema(spec: catalogue.OpSpec) -> defs.OpSchema:
         type_constraints=_type_constraints(spec),
         attributes=attributes,
     )
-    schema.set_type_and_shape_inference_function(_inference(spec))
+    schema.set_type_and_shape_inference_function(
+        _rotary_inference(spec) if spec.rotary else _inference(spec)
+    )
     return schema
 
 
 def register() -> None:
-    """Registers every catalogue op with onnx (idempotent)."""
-    for spec in catalogue.OPS.values():
+    """Registers every catalogue op (those of OPS and ROTARY_OPS) with onnx (idempotent)."""
+    for spec in (*catalogue.OPS.values(), *catalogue.ROTARY_OPS.values()):
         if not defs.has(spec.name, catalogue.VERSION, catalogue.DOMAIN):
             defs.register_schema(op_schema(spec))

@@ -46,6 +46,8 @@ TYPE_VARS = {
     "mixed-precision form, attribute y_float32 = 1: Y before its last rounding to T)",
     "Q": "the quantized type: uint8, int8 or float8e4m3fn (the op's quant_types)",
     "F": "float32",
+    "I": "int64 (position ids)",
+    "A": "the rotation angles' type (Cos, Sin): T or float32",
 }
 
 
@@ -75,6 +77,7 @@ CHECKS: dict[str, Check] = {
             lambda value: _is_finite(value) and value >= 0,
         ),
         Check("zero_or_one", "0 or 1", lambda value: value in (0, 1)),
+        Check("zero_one_or_two", "0, 1 or 2", lambda value: value in (0, 1, 2)),
         Check(
             "non_negative_int",
             "an integer >= 0",
@@ -103,7 +106,8 @@ class Attribute:
 class Param:
     name: str
     #: a key of TYPE_VARS: "T" (the node's data type), "S" (T or float32: Scale and Bias), "Q"
-    #: (a quantized output and its zero point), "F" (float32 always)
+    #: (a quantized output and its zero point), "F" (float32 always), "I" (int64), "A" (T or
+    #: float32: Cos and Sin)
     type_var: str
     doc: str
     optional: bool = False
@@ -144,6 +148,8 @@ class OpSpec:
             "U": DATA_TYPES,
             "Q": self.quant_types,
             "F": ("tensor(float)",),
+            "I": ("tensor(int64)",),
+            "A": DATA_TYPES,
         }
         used = {p.type_var for p in self.inputs + self.outputs}
         return {var: allowed[var] for var in TYPE_VARS if var in used}
@@ -171,6 +177,12 @@ class OpSpec:
     def gated(self) -> bool:
         """Takes the gate input Gate, and the attributes of a gated norm (GatedRMSNorm)."""
         return any(p.name == "Gate" for p in self.inputs)
+
+    @property
+    def rotary(self) -> bool:
+        """Rotates its inputs as well as normalizing them: the Q/K ops of attention, with their
+        Cos and Sin (RMSNormRotary, LayerNormRotary)."""
+        return any(p.name == "Cos" for p in self.inputs)
 
     @property
     def has_residual(self) -> bool:

@@ -6,7 +6,8 @@ A model's graph inputs are the op's inputs it is given, its outputs the op's out
 for, each of the type its type variable says: T (and Y of type U) X's type, U float32 where the
 node's ``y_float32`` is 1, Q the type of the Y_zero_point given (else the op's first
 quantized type, uint8), F float32. X's shape is every output's that is of X's type, and the
-quantized Y's; the others (a dynamic op's Y_scale and Y_zero_point) are scalars.
+quantized Y's; the others (a dynamic op's Y_scale and Y_zero_point) are scalars. A rotary op's
+Q stands for X; QOut has Q's shape and KOut K's, in the output's layout.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def _dtype_and_shape(value: Any) -> tuple[np.dtype, tuple]:
         return np.dtype(value.dtype), tuple(value.shape)
     dtype, shape = value
     return np.dtype(dtype), tuple(shape)
+
+
+def _rotary_dims(shape: tuple, attrs: Mapping[str, Any]) -> tuple:
+    """The shape of a rotary op's output of an input of ``shape``: that shape, or with layout
+    2 [batch, heads, seq, head_size] (a 3-D input's last dim split by head_size)."""
+    if attrs.get("layout", 0) != 2:
+        return shape
+    if len(shape) == 3:
+        return (shape[0], shape[2] // attrs["head_size"], shape[1], attrs["head_size"])
+    return (shape[0], shape[2], shape[1], shape[3])
 
 
 def single_node_model(
@@ -82,7 +93,7 @@ def single_node_model(
     unknown = set(given) - {p.name for p in spec.inputs}
     if unknown:
         raise ValueError(f"{op} has no input {', '.join(sorted(unknown))}")
-    x_dtype, x_shape = given["X"]
+    x_dtype, x_shape = given[spec.inputs[0].name]  # X (a rotary op's Q)
     x_type = helper.np_dtype_to_tensor_dtype(x_dtype)
     q_type: int
     if "Y_zero_point" in given:
@@ -115,6 +126,8 @@ def single_node_model(
         name = output_names.get(p.name, p.name.lower() + ("_out" if quantized else ""))
         elem = types[p.type_var]
         dims = x_shape if p.type_var in ("T", "U") or p.name == "Y" else []
+        if spec.rotary:  # QOut of Q's shape, KOut of K's, in the output layout
+            dims = _rotary_dims(given.get(p.name[: -len("Out")], given["Q"])[1], attrs)
         if elem == TensorProto.BFLOAT16 and bfloat16_as_float32:
             node_outputs.append(name + "_raw")
             nodes.append(helper.make_node("Cast", [name + "_raw"], [name], to=TensorProto.FLOAT))

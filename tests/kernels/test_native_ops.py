@@ -144,6 +144,7 @@ _BAD_VALUES = {
     "finite": float("inf"),
     "finite_non_negative": -1.0,
     "zero_or_one": 2,
+    "zero_one_or_two": 3,
     "non_negative_int": -1,
 }
 

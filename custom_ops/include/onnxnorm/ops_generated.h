@@ -111,22 +111,25 @@ enum class AttrCheck : int32_t {
   kFinite = 1,
   kFiniteNonNegative = 2,
   kZeroOrOne = 3,
-  kNonNegativeInt = 4,
+  kZeroOneOrTwo = 4,
+  kNonNegativeInt = 5,
 };
 inline constexpr const char* kAttrCheckNames[] = {
     "none",
     "finite",
     "finite_non_negative",
     "zero_or_one",
+    "zero_one_or_two",
     "non_negative_int",
 };
-inline constexpr int kAttrCheckCount = 5;
+inline constexpr int kAttrCheckCount = 6;
 // What a value must be, for messages: "attribute <name> must be <requirement>, got <value>".
 inline constexpr const char* kAttrCheckRequirements[kAttrCheckCount] = {
     "any value",
     "a finite number",
     "a finite number >= 0",
     "0 or 1",
+    "0, 1 or 2",
     "an integer >= 0",
 };
 
@@ -136,14 +139,18 @@ inline constexpr const char* kAttrCheckRequirements[kAttrCheckCount] = {
 //   U: Y's type: T, or float32 where T is float16 or bfloat16 and S is float32 (the mixed-precision form, attribute y_float32 = 1: Y before its last rounding to T)
 //   Q: the quantized type: uint8, int8 or float8e4m3fn (the op's quant_types)
 //   F: float32
+//   I: int64 (position ids)
+//   A: the rotation angles' type (Cos, Sin): T or float32
 enum class TypeVar : int32_t {
   kT = 0,
   kS = 1,
   kU = 2,
   kQ = 3,
   kF = 4,
+  kI = 5,
+  kA = 6,
 };
-inline constexpr const char* kTypeVarNames[] = {"T", "S", "U", "Q", "F"};
+inline constexpr const char* kTypeVarNames[] = {"T", "S", "U", "Q", "F", "I", "A"};
 
 // A read-only view of a constant array.
 template <typename T>

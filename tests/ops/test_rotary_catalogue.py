@@ -1,0 +1,55 @@
+"""The rotary ops in the catalogue: defined once, found by name beside the norm ops, every
+attribute with a rule the native library knows, documented in docs/ops.md; not yet in the
+native op table (their kernels follow), so the library does not claim them."""
+
+from __future__ import annotations
+
+import pytest
+
+from onnxnorm import _native
+from onnxnorm.ops import catalogue, docs
+
+ROTARY = list(catalogue.ROTARY_OPS)
+
+
+def test_rotary_ops_are_their_own_family():
+    assert ROTARY == ["RMSNormRotary", "LayerNormRotary", "L2NormRotary"]
+    assert not set(ROTARY) & set(catalogue.OPS)
+    for name in ROTARY:
+        spec = catalogue.get(name)
+        assert spec is catalogue.ROTARY_OPS[name] and spec.rotary
+        assert [p.name for p in spec.outputs] == ["QOut", "KOut"]
+        assert spec.required_inputs == ("Q", "Cos", "Sin")
+    assert not any(spec.rotary for spec in catalogue.OPS.values())
+    with pytest.raises(KeyError, match="RMSNormRotary"):
+        catalogue.get("NoSuchOp")
+
+
+@pytest.mark.parametrize("name", ROTARY)
+def test_rotary_attributes_and_types_are_known(name):
+    spec = catalogue.ROTARY_OPS[name]
+    for a in spec.attributes:
+        assert a.check in catalogue.CHECKS, a.name
+        assert a.validate(a.default) is None, a.name
+    assert {p.type_var for p in spec.inputs + spec.outputs} <= set(catalogue.TYPE_VARS)
+    constraints = spec.type_constraints
+    assert constraints["I"] == ("tensor(int64)",)
+    assert constraints["A"] == catalogue.DATA_TYPES
+    # the norm's own inputs follow its kind: weights but for L2, a bias for LayerNorm alone
+    names = {p.name for p in spec.inputs}
+    assert ("QScale" in names) == (spec.norm != "l2")
+    assert ("QBias" in names) == (spec.norm == "layer")
+    assert spec.attribute("layout").validate(3) == "must be 0, 1 or 2, got 3"
+
+
+def test_rotary_ops_are_documented():
+    page = docs.render()
+    for name in ROTARY:
+        assert f"## {name}" in page
+    assert "## The norm site of attention: Q/K norm and rotary" in page
+
+
+def test_the_native_library_does_not_claim_the_rotary_ops():
+    ops = _native.manifest()["ops"]
+    names = {entry["name"] for entry in ops}
+    assert names == set(catalogue.OPS)
