@@ -56,6 +56,14 @@ def help_text() -> str:
 # the upstream source and version where no machine here runs the runtime.
 FORMS = ("library", "contrib", "standard", "decomposed", "body")
 FAMILIES = ("layer", "rms", "gated", "l2")
+# The rotary ops (RMSNormRotary, LayerNormRotary, L2NormRotary: the Q/K norm and the rotary
+# embedding) are a family of their own, outside FAMILIES (the norm families, which the runtimes
+# page tabulates): the library's runtimes keep the op (with its body, which runs where the
+# library has no kernel of it), "onnx" writes ONNX's norm op and RotaryEmbedding where the opset
+# has them and they are exact (standard; checked in plain ONNX Runtime by
+# tests/fusion/test_rotary_lowering.py), and the other runtimes the function body, the form that
+# each is known to run (nothing here shows them reading either RotaryEmbedding).
+ROTARY = "rotary"
 
 
 @dataclass(frozen=True)
@@ -83,11 +91,17 @@ def _lowered(layer: tuple[str, ...], rms: tuple[str, ...] | None = None) -> dict
     """The forms of a runtime the onnxnorm library does not serve: LayerNorm's as given, RMSNorm's
     the same unless given; GatedRMSNorm as its body (of the runtimes here only ONNX Runtime's
     CPU and CUDA providers have an op of it, and they run the library); L2Norm spelled out
-    (no runtime has an op with its epsilon)."""
-    return {"layer": layer, "rms": rms or layer, "gated": ("body",), "l2": ("decomposed", "body")}
+    (no runtime has an op with its epsilon); the rotary ops as their body."""
+    return {
+        "layer": layer,
+        "rms": rms or layer,
+        "gated": ("body",),
+        "l2": ("decomposed", "body"),
+        ROTARY: ("body",),
+    }
 
 
-_LIBRARY = dict.fromkeys(FAMILIES, ("library",))
+_LIBRARY = dict.fromkeys((*FAMILIES, ROTARY), ("library",))
 #: ONNX Runtime's ops first (the providers that have kernels of them but not of onnxnorm's)
 _CONTRIB_FIRST = ("contrib", "decomposed", "body")
 #: ONNX's ops where the opset has them, else ONNX Runtime's (runtimes that read both)
@@ -156,7 +170,7 @@ RUNTIMES = {
         Runtime(
             "onnx",
             "any ONNX runtime: standard ONNX ops only",
-            _lowered(_STANDARD_ONLY),
+            {**_lowered(_STANDARD_ONLY), ROTARY: ("standard", "body")},
             f"onnx's reference evaluator and ONNX Runtime without the library ({_MATRIX})",
             runner="ort-plain",
         ),

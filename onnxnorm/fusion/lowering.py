@@ -1,16 +1,19 @@
 """Lowering onnxnorm nodes to a fusion target (docs/design.md).
 
 ``lower(model, target)`` returns a new model; the input is left as it is. This module walks
-the graphs and picks each node's form; ``norm_writer.py`` writes a node in the form picked.
+the graphs and picks each node's form; ``norm_writer.py`` writes a node in the form picked
+(``rope_writer.py`` a rotary op).
 
 - ``function``: onnxnorm nodes with their model-local function bodies (``attach_functions``).
 - ``fused``: onnxnorm nodes without bodies (``strip_functions``; the library is required).
 - ``ort``: ONNX Runtime's own ops: LayerNormalization, SimplifiedLayerNormalization (ORT
   registers both in the ONNX domain, as contrib ops from version 1 and LayerNormalization as
   ONNX's from 17) and com.microsoft SkipLayerNormalization / SkipSimplifiedLayerNormalization;
-  onnxruntime 1.32 loads and runs all four in models of every standard opset from 7 (measured).
+  onnxruntime 1.32 loads and runs all four in models of every standard opset from 7 (measured);
+  for the rotary ops com.microsoft RotaryEmbedding besides.
 - ``onnx``: standard ONNX only: LayerNormalization (opset >= 17), RMSNormalization
-  (opset >= 23); below those opsets the catalogue's own function body is inlined.
+  (opset >= 23), and RotaryEmbedding (opset >= 23) for the rotary ops; below those opsets the
+  catalogue's own function body is inlined.
 
 Every opset from 7 is lowered; what the lowering writes besides the norm ops (shapes, constants,
 casts) is in the model's own opset's ops, through the body builder's ``functions.OpsetWriter``.
@@ -40,6 +43,40 @@ in ONNX Runtime, where the division gives NaN), and so does ``ort`` for L2Norm. 
 ONNX Runtime's ``com.microsoft GatedRMSNorm`` for a GatedRMSNorm it computes exactly
 (``ort_gated.py`` says where), and inlines the function body elsewhere, with the reason.
 
+The rotary ops (``catalogue.ROTARY_OPS``: the Q/K norm and RoPE, written by ``rope_writer.py``)
+become the norm op of the target over each head (each token: per_head = 0), with a unit scale
+and the weights after it as above, for Q and for K, and a RotaryEmbedding: ONNX's (opset 23;
+``onnx``) or ONNX Runtime's ``com.microsoft RotaryEmbedding`` (``ort``, at every opset), with the
+Transposes and Reshapes of the layouts, in the order of ``rotary_first``. RotaryEmbedding takes
+one angle per rotated pair: Cos and Sin of one per pair are taken as they are (per token: as
+``onnx``'s op takes them, expanded to Q's batch where they hold one row for it); one per value
+only where both are initializers whose halves (interleaved: pairs) hold the same bits, their
+first halves then written as new initializers. ONNX Runtime's op gathers its caches by position
+ids, so ``ort`` needs the node's PositionIds. Elsewhere the function body is inlined, with the
+reason: L2NormRotary (no op of ONNX or ONNX Runtime is its norm), ``onnx`` below opset 23, Cos of
+one angle per value not proved to repeat (per token, from the model's own rotary: the common
+case of exported Hugging Face models), ``ort`` without PositionIds, Q or K of a head size or head
+count not known, and rotary_in_t = 1 for float16 / bfloat16 (below).
+
+Measured with onnxruntime 1.32 on CPU (``tests/fusion/test_rotary_lowering.py`` checks the
+float16 and bfloat16 findings): ONNX's RotaryEmbedding-23 and com.microsoft's compute float16 in
+float32 and round once (their float16 results are the bits of the float32 op's rounded to
+float16, in 262,144 of 262,144 values; rounding each product and the sum to float16 agrees
+with 66% of them); neither has a bfloat16 kernel (com.microsoft's: not implemented; ONNX's falls
+back to its function, whose bfloat16 Mul ORT's CPU provider has no kernel of); for float32 both
+round the first product and take the second in one fused multiply-add (``fma(cos, x1, -(sin *
+x2))``), within a float32 unit in the last place of the products rounded apart; com.microsoft's
+needs ``num_heads`` for a partial rotation, and neither broadcasts per-token caches of one row
+over the batch. ONNX's own definition of RotaryEmbedding (its function) rounds each step in T
+(rotary_in_t = 1), ONNX Runtime's kernel once (rotary_in_t = 0), so for float16 / bfloat16 the
+op is run on float32 values (Casts around it), where every reading computes in float32 and
+rounds once to Q's type: rotary_in_t = 0, as the body computes it (over the test matrix the
+same bits as the reference in every value, and as the body in all but 4 in 100,000, where the
+fused multiply-add and the body's rounded products round apart); ``ort`` runs com.microsoft's
+op on float16 values directly where Cos and Sin are float16 too (the same bits, measured).
+rotary_in_t = 1 (each product rounded to Q's type, as eager PyTorch computes) is no reading of
+ONNX Runtime's, so its 16-bit nodes get the body.
+
 A quantized op becomes its norm, lowered as above, and the QuantizeLinear or
 DynamicQuantizeLinear it stands for (after a Cast to float32 for a float16 / bfloat16 X, where
 the quantizer computes in float32 anyway), its zero point as given: a float8e4m3fn zero point
@@ -56,8 +93,8 @@ import onnx
 from onnx import helper
 
 from onnxnorm import targets
-from onnxnorm.fusion.norm_writer import NormWriter
 from onnxnorm.fusion.ort_gated import MS_DOMAIN, ms_gated_rms_norm_problem
+from onnxnorm.fusion.rope_writer import ROTARY_OPSET, RopeWriter
 from onnxnorm.ops import catalogue, functions
 from onnxnorm.ops.functions import Note
 
@@ -116,7 +153,7 @@ def lower_with_notes(
 _FORM_TARGETS = {"contrib": "ort", "standard": "onnx", "decomposed": "decomposed"}
 
 
-class _Lowerer(NormWriter):
+class _Lowerer(RopeWriter):
     """Walks the model's graphs and writes each onnxnorm node for ``target``, or in the first
     form of its family in ``forms`` (a runtime's, ``targets.RUNTIMES``) it can take."""
 
@@ -167,7 +204,7 @@ class _Lowerer(NormWriter):
             p.name: (node.output[i] if i < len(node.output) and node.output[i] else None)
             for i, p in enumerate(spec.outputs)
         }
-        x = args["X"]
+        x = args[spec.inputs[0].name]  # X (a rotary op's Q)
         self.t = self.types.get(x) if x is not None else None
         #: the mixed form: a float32 Y of a 16-bit X
         self.mixed = bool(attrs.get("y_float32", 0))
@@ -177,12 +214,14 @@ class _Lowerer(NormWriter):
 
     def _lower(self, node, spec, attrs, args, outs) -> tuple[str, str]:
         """``node`` written for ``self.target``."""
-        x, t = args["X"], self.t
+        x, t = args[spec.inputs[0].name], self.t
         problem = functions.node_problem(node, self.opset, self.types)
         if problem:
             return self._keep(node, problem)
         if x is None or t is None:
-            return self._inline(node, "the element type of X is unknown")
+            return self._inline(node, f"the element type of {spec.inputs[0].name} is unknown")
+        if spec.rotary:
+            return self._rotary(node, spec, attrs, args, outs)
         if spec.gated or spec.norm == "l2":
             return self._hybrid(node, spec, attrs, args, outs)
         if self._core_op(spec) is None:
@@ -206,6 +245,8 @@ class _Lowerer(NormWriter):
         """``node`` in the first form of its family (``self.forms``) it can be written in;
         the reason names the forms passed over."""
         family = "l2" if spec.norm == "l2" else "gated" if spec.gated else spec.norm
+        if spec.rotary:
+            family = targets.ROTARY
         passed: list[str] = []
         for form in (self.forms or {}).get(family, ("body",)):
             if form == "library":
@@ -219,7 +260,7 @@ class _Lowerer(NormWriter):
                 if problem:
                     return self._keep(node, problem)
                 return self._inline(node, "; ".join(passed))
-            why = self._unavailable(form, family, spec, attrs, args["X"])
+            why = self._unavailable(form, family, spec, attrs, args[spec.inputs[0].name])
             if why:
                 passed.append(f"not {form}: {why}")
                 continue
@@ -230,6 +271,8 @@ class _Lowerer(NormWriter):
 
     def _unavailable(self, form: str, family: str, spec, attrs, x: str | None) -> str:
         """Why ``node`` cannot be written in ``form`` ("": it can)."""
+        if family == targets.ROTARY:
+            return self._rotary_unavailable(form, spec)
         if form == "standard":
             if family in ("gated", "l2"):
                 return "ONNX has no such op"
@@ -245,6 +288,17 @@ class _Lowerer(NormWriter):
                 return "not spelled out but as its function body"
             if x is None or self._normalized_count(x, attrs["axis"]) is None:
                 return "the rank of X is unknown"
+        return ""
+
+    def _rotary_unavailable(self, form: str, spec) -> str:
+        """Why a rotary node cannot be written in ``form`` ("": it may be; the lowering says
+        where not, and inlines the body)."""
+        if form == "decomposed":
+            return "not spelled out but as its function body"
+        if spec.norm == "l2":
+            return f"{'ONNX' if form == 'standard' else 'ONNX Runtime'} has no L2 norm op"
+        if form == "standard" and self.opset < ROTARY_OPSET:
+            return f"opset {self.opset} has no RotaryEmbedding (needs {ROTARY_OPSET})"
         return ""
 
 

@@ -1,6 +1,7 @@
 """The ONNX function bodies of the catalogue ops: ``function_proto`` writes the body of one op's
 overload (``onnxnorm.ops.overloads``) in standard ops of one opset; the rotary ops'
-(``catalogue.ROTARY_OPS``) are written by ``onnxnorm.ops.rotary_bodies`` with the helpers here.
+(``catalogue.ROTARY_OPS``) are written by ``onnxnorm.ops.rotary_bodies`` with the helpers here
+(``functions.function_proto`` picks the one of an op).
 
 A body is written in standard ops of the model's own opset (onnx and ONNX Runtime refuse a body
 importing another version), any from opset 7: LayerNormalization from opset 17,
@@ -284,9 +285,7 @@ def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
     """
     spec = catalogue.get(op)
     if spec.rotary:
-        from onnxnorm.ops import rotary_bodies  # (it builds on this module)
-
-        return rotary_bodies.function_proto(op, variant, opset)
+        raise ValueError(f"{op}: a rotary op's body is onnxnorm.ops.rotary_bodies'")
     parts, x_type, values = parse_overload(spec, variant, opset)
     problem = body_problem(op, opset, x_type)
     if problem:

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import onnx
 from onnx import TensorProto
 
-from onnxnorm.ops import catalogue
-from onnxnorm.ops.bodies import body_problem, function_proto, scale_and_shift
+from onnxnorm.ops import bodies, catalogue, rotary_bodies
+from onnxnorm.ops.bodies import body_problem, scale_and_shift
 from onnxnorm.ops.opsets import (
     BFLOAT16_MIN_OPSET,
     DEFAULT_DOMAINS,
@@ -69,6 +69,15 @@ __all__ = [
     "strip_functions",
     "value_types",
 ]
+
+
+def function_proto(op: str, variant: str, opset: int) -> onnx.FunctionProto:
+    """The body of ``op``'s overload ``variant`` in standard opset ``opset``: a norm op's
+    (``bodies.function_proto``) or a rotary op's (``rotary_bodies.function_proto``)."""
+    if catalogue.get(op).rotary:
+        return rotary_bodies.function_proto(op, variant, opset)
+    return bodies.function_proto(op, variant, opset)
+
 
 #: What a node becomes whose body cannot be written (``Note.emitted``).
 WITHOUT_BODY = "onnxnorm node without a function body (runs with the onnxnorm library only)"

@@ -1,7 +1,7 @@
 """The ONNX function bodies of the rotary ops (``catalogue.ROTARY_OPS``: RMSNormRotary,
 LayerNormRotary, L2NormRotary): ``function_proto`` writes the body of one op's overload
-(``onnxnorm.ops.overloads``) in standard ops of one opset; ``bodies.function_proto`` hands the
-rotary ops to it.
+(``onnxnorm.ops.overloads``) in standard ops of one opset; ``functions.function_proto`` hands
+the rotary ops to it.
 
 The body takes Q (and K) to rows of heads, [batch, seq, heads, head_size] (layout 1: [batch,
 heads, seq, head_size], as it is; 3-D: reshaped by head_size), normalizes them with the norm

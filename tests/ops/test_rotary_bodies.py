@@ -20,9 +20,7 @@ from onnxnorm.ops import catalogue, functions, reference
 from onnxnorm.testing.graphs import single_node_model
 from tests.support.helpers import assert_close, run
 from tests.support.matrix import DTYPES
-
-BATCH, SEQ, Q_HEADS, K_HEADS, HEAD_SIZE, MAX_POSITION = 2, 3, 4, 2, 16, 12
-EPS = 2.0**-16
+from tests.support.rotary_cases import HEAD_SIZE, arrays_and_attrs, fit
 
 #: each axis of the matrix (besides the op and Q's type) and its values. layout: 0, 1, 2 (4-D)
 #: and "0-3d", "2-3d" ([batch, seq, heads * head_size]); rotary_dim: the whole head (0), a
@@ -60,14 +58,6 @@ def _allowed(op: str, case: dict) -> bool:
     ):
         return False
     return not (norm != "rms" and case.get("scale_offset", 0.0))
-
-
-def _fit(op: str, case: dict) -> dict:
-    """``case`` without the weights, rounding order and offset ``op`` does not have."""
-    norm = catalogue.get(op).norm
-    if norm == "l2":
-        case = {**case, "weights": "none", "cast_before_scale": 0, "weight_type": "T"}
-    return case if norm == "rms" else {**case, "scale_offset": 0.0}
 
 
 def _pairwise(op: str, seed: int) -> list[dict]:
@@ -142,61 +132,6 @@ def _matrix():
             yield pytest.param(op, case, id=_case_id(op, case))
 
 
-def _arrays_and_attrs(op: str, case: dict, rng: np.random.Generator):
-    """The inputs (by catalogue name) and attributes of one case."""
-    spec = catalogue.get(op)
-    t = DTYPES[case["dtype"]]
-    layout, three_d = int(case["layout"][0]), case["layout"].endswith("3d")
-    attrs = {
-        "epsilon": EPS,
-        "layout": layout,
-        "interleaved": case["interleaved"],
-        "rotary_dim": case["rotary_dim"],
-        "rotary_first": case["rotary_first"],
-        "per_head": case["per_head"],
-        "rotary_in_t": case["rotary_in_t"],
-        "head_size": HEAD_SIZE if three_d else 0,
-        "cast_before_scale": case["cast_before_scale"],
-        "scale_offset": case["scale_offset"],
-    }
-    attrs = {k: v for k, v in attrs.items() if k in spec.defaults}
-
-    def qk(heads):
-        if three_d:
-            shape = (BATCH, SEQ, heads * HEAD_SIZE)
-        elif layout == 1:
-            shape = (BATCH, heads, SEQ, HEAD_SIZE)
-        else:
-            shape = (BATCH, SEQ, heads, HEAD_SIZE)
-        return (rng.standard_normal(shape) * 1.5 + 0.3).astype(t)
-
-    arrays = {"Q": qk(Q_HEADS)}
-    if case["k"]:
-        arrays["K"] = qk(K_HEADS)
-    w_type = t if case["weight_type"] == "T" else np.float32
-    for name, heads in (("Q", Q_HEADS), ("K", K_HEADS)):
-        if case["weights"] == "none" or name not in arrays:
-            continue
-        shape = (HEAD_SIZE,) if case["weights"] == "shared" else (heads, HEAD_SIZE)
-        if case["per_head"] == 0 and case["weights"] == "per-head":
-            shape = (heads * HEAD_SIZE,)
-        arrays[name + "Scale"] = (rng.standard_normal(shape) * 0.3 + 1).astype(w_type)
-        if spec.norm == "layer":
-            arrays[name + "Bias"] = (rng.standard_normal(shape) * 0.3).astype(w_type)
-    rotary = case["rotary_dim"] or HEAD_SIZE
-    per_pair, ids = case["cache"].startswith("pairs"), case["cache"].endswith("ids")
-    width = rotary // 2 if per_pair else rotary
-    if ids:
-        shape = (MAX_POSITION, width)
-        arrays["PositionIds"] = rng.integers(0, MAX_POSITION, (BATCH, SEQ)).astype(np.int64)
-    else:
-        shape = (1 if case["cache"].endswith("batch1") else BATCH, SEQ, width)
-    angle = rng.uniform(-np.pi, np.pi, shape)
-    a_type = t if case["angle_type"] == "T" else np.float32
-    arrays["Cos"], arrays["Sin"] = np.cos(angle).astype(a_type), np.sin(angle).astype(a_type)
-    return arrays, attrs
-
-
 def _model(op, arrays, attrs, opset=18):
     """The one-node model with its body, at ``opset``, with the IR version of that opset's
     ONNX release (which the body raises to 10)."""
@@ -224,7 +159,7 @@ def _assert_matches(model, arrays, op, attrs, dtype):
 
 @pytest.mark.parametrize("op, case", _matrix())
 def test_body_matches_reference(op, case, rng):
-    arrays, attrs = _arrays_and_attrs(op, case, rng)
+    arrays, attrs = arrays_and_attrs(op, case, rng)
     model = _model(op, arrays, attrs)
     (node,) = [n for n in model.graph.node if n.domain == ops.DOMAIN]
     (function,) = model.functions
@@ -275,8 +210,8 @@ def _opset_params():
 
 @pytest.mark.parametrize("op, case, opset", _opset_params())
 def test_body_at_every_opset(op, case, opset, rng):
-    case = _fit(op, case)
-    arrays, attrs = _arrays_and_attrs(op, case, rng)
+    case = fit(op, case)
+    arrays, attrs = arrays_and_attrs(op, case, rng)
     model = _model(op, arrays, attrs, opset)
     (node,) = [n for n in model.graph.node if n.domain == ops.DOMAIN]
     (function,) = model.functions
@@ -296,7 +231,7 @@ def test_bfloat16_below_opset_13_has_no_body(rng):
     """Cast-13 added bfloat16: at opset 12 a bfloat16 rotary node keeps no body and the note
     says why and what to do."""
     case = {**OPSET_CASES["q-3d-layout2-rotaryfirst"], "weights": "none"}
-    arrays, attrs = _arrays_and_attrs("L2NormRotary", case, rng)
+    arrays, attrs = arrays_and_attrs("L2NormRotary", case, rng)
     model = single_node_model("L2NormRotary", arrays, attrs, opset=12, functions=False)
     notes: list = []
     functions.attach_functions(model, notes)
@@ -320,7 +255,7 @@ def test_checker_and_shape_inference(op, layout, rng):
     node and the body); with the graph outputs' shapes cleared, onnx shape inference gives
     QOut and KOut the reference's shapes and Q's type."""
     case = {**DEFAULTS, "layout": layout, "dtype": "float16"}
-    arrays, attrs = _arrays_and_attrs(op, case, rng)
+    arrays, attrs = arrays_and_attrs(op, case, rng)
     model = _model(op, arrays, attrs)
     onnx.checker.check_model(model, full_check=True)
     spec = catalogue.get(op)
