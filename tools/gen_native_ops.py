@@ -4,8 +4,9 @@
 
 The catalogue (onnxnorm/ops/catalogue.py) defines each op once; this renders it as one C++17
 include: the enums that number element types, norm kinds, residual kinds, ops and attribute
-checks, and the op specs (inputs, outputs, attributes with their defaults and checks, the
-(T, S, U) type sets). The CPU kernels, the ORT glue and the CUDA kernels all include it.
+checks, and the op specs of every op of the domain (``catalogue.ALL_OPS``: the norm ops, then
+the rotary ops; inputs, outputs, attributes with their defaults and checks, the (T, S, U) type
+sets). The CPU kernels, the ORT glue and the CUDA kernels all include it.
 tests/kernels/test_native_ops.py fails when the committed file differs from ``render()``.
 """
 
@@ -77,7 +78,7 @@ def _enum(name: str, doc: str, names: list[str], members: list[str] | None = Non
 def _shared_defaults(catalogue) -> dict[str, object]:
     """Each attribute name with its default; an attribute must mean the same in every op."""
     found: dict[str, object] = {}
-    for spec in catalogue.OPS.values():
+    for spec in catalogue.ALL_OPS.values():
         for a in spec.attributes:
             if found.setdefault(a.name, a) != a:
                 raise ValueError(
@@ -146,8 +147,8 @@ def render(catalogue=None) -> str:
         "QuantizeLinear or DynamicQuantizeLinear.",
         list(catalogue.QUANTIZE_KINDS),
     ) + [""]
-    out += _enum("OpId", "The ops of the domain, in catalogue order.", list(catalogue.OPS))
-    out += [f"inline constexpr int kOpCount = {len(catalogue.OPS)};", ""]
+    out += _enum("OpId", "The ops of the domain, in catalogue order.", list(catalogue.ALL_OPS))
+    out += [f"inline constexpr int kOpCount = {len(catalogue.ALL_OPS)};", ""]
     out += _enum("AttrKind", "Kinds of attribute values.", list(_ATTR_KINDS)) + [""]
     out += _enum(
         "AttrCheck", "Rules for attribute values (catalogue.CHECKS).", [c.name for c in checks]
@@ -247,7 +248,7 @@ def render(catalogue=None) -> str:
         optional = "true" if p.optional else "false"
         return f"{{{_string(p.name)}, TypeVar::{_camel(p.type_var)}, {optional}}}"
 
-    for name, spec in catalogue.OPS.items():
+    for name, spec in catalogue.ALL_OPS.items():
         unknown_checks = [a.name for a in spec.attributes if a.check not in catalogue.CHECKS]
         if unknown_checks:
             raise ValueError(
@@ -274,7 +275,7 @@ def render(catalogue=None) -> str:
         ]
         out += ["};", ""]
     out += ["}  // namespace generated", "", "inline constexpr OpSpec kOps[kOpCount] = {"]
-    for name, spec in catalogue.OPS.items():
+    for name, spec in catalogue.ALL_OPS.items():
         out.append(
             f"    {{{_string(name)}, OpId::{_camel(name)}, {int(catalogue.VERSION)}, "
             f"NormKind::{_camel(spec.norm)}, ResidualKind::{_camel(spec.residual)},"

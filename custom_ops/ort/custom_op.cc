@@ -22,10 +22,11 @@ constexpr bool kCudaRowsOnCpu = true;
 constexpr bool kCudaRowsOnCpu = false;
 #endif
 
-// Whether a line of the table goes into the domain.
+// Whether a line of the table goes into the domain. (The rotary ops have CPU lines alone, which
+// stay in the test build whose CUDA lines claim the CPU.)
 bool Registered(const KernelEntry& e, bool with_cuda) {
   if (e.provider == Provider::kCuda) return with_cuda;
-  return !kCudaRowsOnCpu;
+  return !kCudaRowsOnCpu || IsRotary(*e.spec);
 }
 
 std::atomic<const OrtApi*> g_api{nullptr};
@@ -53,7 +54,7 @@ ONNXTensorElementDataType TypeOf(const OrtCustomOp* op, const ParamSpec& p) {
     case TypeVar::kQ: return OnnxType(e.q);
     case TypeVar::kF: return OnnxType(ElemType::kFloat32);
     case TypeVar::kI: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-    case TypeVar::kA: return OnnxType(e.s);  // (no op of the native table has angles yet)
+    case TypeVar::kA: return OnnxType(e.a);
   }
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }
@@ -123,21 +124,63 @@ int ORT_API_CALL GetVariadicHomogeneity(const OrtCustomOp*) { return 1; }
 
 int ORT_API_CALL GetStartVersion(const OrtCustomOp* op) { return EntryOf(op).spec->since_version; }
 
-// The node's attribute y_float32 (0 where absent or unreadable).
-int64_t YFloat32(const OrtApi& api, OrtShapeInferContext* context) {
+// The node's int attribute `name` (fallback where absent or unreadable).
+int64_t IntAttribute(const OrtApi& api, OrtShapeInferContext* context, const char* name, int64_t fallback) {
   const OrtOpAttr* attr = nullptr;
-  if (OrtStatus* s = api.ShapeInferContext_GetAttribute(context, "y_float32", &attr)) {
+  if (OrtStatus* s = api.ShapeInferContext_GetAttribute(context, name, &attr)) {
     api.ReleaseStatus(s);
-    return 0;
+    return fallback;
   }
   int64_t value = 0;
   size_t size = 0;
-  if (attr == nullptr) return 0;
+  if (attr == nullptr) return fallback;
   if (OrtStatus* s = api.ReadOpAttr(attr, ORT_OP_ATTR_INT, &value, sizeof(value), &size)) {
     api.ReleaseStatus(s);
-    return 0;
+    return fallback;
   }
   return value;
+}
+
+// The node's attribute y_float32 (0 where absent or unreadable).
+int64_t YFloat32(const OrtApi& api, OrtShapeInferContext* context) {
+  return IntAttribute(api, context, "y_float32", 0);
+}
+
+// A rotary op's QOut (output 0) with layout 2: [batch, heads, seq, head_size] of Q's type, from
+// Q of shape [batch, seq, heads, head_size] or [batch, seq, heads * head_size] (head_size > 0);
+// nothing where that shape cannot be told (the kernel reports a bad shape).
+void SetTransposedQOut(const OrtApi& api, OrtShapeInferContext* context, const OrtTensorTypeAndShapeInfo* q_info,
+                       size_t rank) {
+  if (rank != 3 && rank != 4) return;
+  int64_t dims[4];
+  const char* names[4];
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  OrtStatus* s = api.GetDimensions(q_info, dims, rank);
+  if (s == nullptr) s = api.GetSymbolicDimensions(q_info, names, rank);
+  if (s == nullptr) s = api.GetTensorElementType(q_info, &type);
+  if (s != nullptr) {
+    api.ReleaseStatus(s);
+    return;
+  }
+  int64_t out[4] = {dims[0], rank == 4 ? dims[2] : -1, dims[1], rank == 4 ? dims[3] : -1};
+  const char* out_names[4] = {names[0], rank == 4 ? names[2] : "", names[1], rank == 4 ? names[3] : ""};
+  if (rank == 3) {
+    const int64_t head_size = IntAttribute(api, context, "head_size", attr_default::kHeadSize);
+    if (head_size <= 0 || (dims[2] >= 0 && dims[2] % head_size != 0)) return;
+    out[1] = dims[2] >= 0 ? dims[2] / head_size : -1;
+    out[3] = head_size;
+  }
+  OrtTensorTypeAndShapeInfo* q_out = nullptr;
+  if (OrtStatus* st = api.CreateTensorTypeAndShapeInfo(&q_out)) {
+    api.ReleaseStatus(st);
+    return;
+  }
+  s = api.SetTensorElementType(q_out, type);
+  if (s == nullptr) s = api.SetDimensions(q_out, out, 4);
+  if (s == nullptr) s = api.SetSymbolicDimensions(q_out, out_names, 4);
+  if (s == nullptr) s = api.ShapeInferContext_SetOutputTypeShape(context, 0, q_out);
+  if (s != nullptr) api.ReleaseStatus(s);
+  api.ReleaseTensorTypeAndShapeInfo(q_out);
 }
 
 // Y of X's shape in float32 (the mixed form), set as output 0.
@@ -185,8 +228,14 @@ OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferCon
     return nullptr;
   }
   if (rank == 0) return nullptr;  // unknown rank (or a scalar X, which Compute rejects)
-  // The ops whose Y is of type U: float32 where the node says so (attribute y_float32)
   const KernelEntry& entry = EntryOf(op);
+  // A rotary op's QOut: Q's type and shape, but transposed with layout 2 (KOut is left alone, as
+  // Sum below)
+  if (IsRotary(*entry.spec) && IntAttribute(*api, context, "layout", attr_default::kLayout) == 2) {
+    SetTransposedQOut(*api, context, x_info, rank);
+    return nullptr;
+  }
+  // The ops whose Y is of type U: float32 where the node says so (attribute y_float32)
   if (entry.spec->outputs.size() > 0 && entry.spec->outputs[0].type == TypeVar::kU && YFloat32(*api, context) == 1) {
     SetFloat32Y(*api, context, x_info, rank);
     return nullptr;

@@ -13,6 +13,16 @@ constexpr Provider kProviders[] = {Provider::kCpu, Provider::kCuda};
 // The quantized types an op's rows span: its TypeVar::kQ types, or one placeholder.
 constexpr size_t QuantRows(const OpSpec& spec) { return spec.quant_types.size() > 0 ? spec.quant_types.size() : 1; }
 
+// The angle types (TypeVar::kA) a rotary op's rows span for X of type t: t, and float32 where t
+// is not float32; one placeholder (t) for the other ops.
+constexpr size_t AngleRows(const OpSpec& spec, ElemType t) { return IsRotary(spec) && t != ElemType::kFloat32 ? 2 : 1; }
+constexpr ElemType AngleType(ElemType t, size_t i) { return i == 0 ? t : ElemType::kFloat32; }
+
+// Whether the op has rows on the provider: the rotary ops have no CUDA kernels.
+constexpr bool OnProvider(const OpSpec& spec, Provider provider) {
+  return provider == Provider::kCpu || !IsRotary(spec);
+}
+
 // Whether the (T, S) of the op's type set i comes earlier in its list: all the U of one (T, S) are
 // one row of the table.
 constexpr bool Repeats(const OpSpec& spec, size_t i) {
@@ -37,8 +47,11 @@ constexpr bool YFromNode(const OpSpec& spec, size_t i) {
 constexpr size_t CountKernels() {
   size_t count = 0;
   for (const OpSpec& spec : kOps) {
-    for (size_t i = 0; i < spec.types.size(); ++i) {
-      if (!Repeats(spec, i)) count += (sizeof(kProviders) / sizeof(kProviders[0])) * QuantRows(spec);
+    for (Provider provider : kProviders) {
+      if (!OnProvider(spec, provider)) continue;
+      for (size_t i = 0; i < spec.types.size(); ++i) {
+        if (!Repeats(spec, i)) count += QuantRows(spec) * AngleRows(spec, spec.types[i].t);
+      }
     }
   }
   return count;
@@ -52,24 +65,38 @@ bool HasTypeVar(const OpSpec& spec, TypeVar var) {
   return false;
 }
 
-// Each op for every (T, S) (and Q) its schema allows on both providers, with its U or, where a
-// (T, S) has several, Y's type read from the node. Once the
-// library is registered ORT never falls back to the function body, so no combination may be
-// missing.
+// The factory of an op's kernels on a provider.
+constexpr KernelFactory FactoryOf(const OpSpec& spec, Provider provider) {
+  if (IsRotary(spec)) return &CreateRotaryCpuKernel;
+  return provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel;
+}
+
+// Each op for every (T, S) (and Q; and A, for the rotary ops) its schema allows on both
+// providers (the rotary ops on the CPU alone), with its U or, where a (T, S) has several, Y's
+// type read from the node. Once the library is registered ORT never falls back to the function
+// body, so no combination may be missing.
 constexpr std::array<KernelEntry, kKernelCount> BuildTable() {
   std::array<KernelEntry, kKernelCount> table{};
   size_t i = 0;
   for (const OpSpec& spec : kOps) {
     for (Provider provider : kProviders) {
+      if (!OnProvider(spec, provider)) continue;
       for (size_t k = 0; k < spec.types.size(); ++k) {
         if (Repeats(spec, k)) continue;
         const TypeSet& types = spec.types[k];
         for (size_t q = 0; q < QuantRows(spec); ++q) {
           const ElemType q_type = spec.quant_types.size() > 0 ? spec.quant_types[q] : ElemType::kUInt8;
-          table[i++] = KernelEntry{&spec,    types.t,
-                                   types.s,  types.u,
-                                   q_type,   YFromNode(spec, k),
-                                   provider, provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel};
+          for (size_t a = 0; a < AngleRows(spec, types.t); ++a) {
+            table[i++] = KernelEntry{&spec,
+                                     types.t,
+                                     types.s,
+                                     types.u,
+                                     q_type,
+                                     AngleType(types.t, a),
+                                     YFromNode(spec, k),
+                                     provider,
+                                     FactoryOf(spec, provider)};
+          }
         }
       }
     }
@@ -170,8 +197,8 @@ std::string BuildManifest() {
     o += ",\"quant_types\":";
     AppendJsonList(o, spec.quant_types,
                    [](std::string& o2, ElemType q) { AppendJsonString(o2, kElemTypeNames[static_cast<int>(q)]); });
-    // [provider, T, S] (and U for the ops with a Y of type U, Q for the quantized ops) of every
-    // kernel for this op: each row of the table, once per U it takes
+    // [provider, T, S] (and U for the ops with a Y of type U, Q for the quantized ops, A for the
+    // rotary ops) of every kernel for this op: each row of the table, once per U it takes
     o += ",\"kernels\":[";
     bool first = true;
     for (const KernelEntry& e : kKernels) {
@@ -192,6 +219,10 @@ std::string BuildManifest() {
         if (spec.quantize != QuantizeKind::kNone) {
           o += ',';
           AppendJsonString(o, kElemTypeNames[static_cast<int>(e.q)]);
+        }
+        if (IsRotary(spec)) {
+          o += ',';
+          AppendJsonString(o, kElemTypeNames[static_cast<int>(e.a)]);
         }
         o += ']';
       }

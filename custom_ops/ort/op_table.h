@@ -30,14 +30,15 @@ struct KernelEntry;
 using KernelFactory = OrtStatus* (*)(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry,
                                      Kernel** out);
 
-// One line of the registration table: an op for one (T, S) (and Q, for the quantized ops) on one
-// execution provider.
+// One line of the registration table: an op for one (T, S) (and Q, for the quantized ops; A, for
+// the rotary ops) on one execution provider.
 struct KernelEntry {
   const OpSpec* spec;
   ElemType t;  // type of the TypeVar::kT inputs and outputs
   ElemType s;  // type of the TypeVar::kS inputs
   ElemType u;  // type of the TypeVar::kU output (Y of LayerNorm, RMSNorm; else t), unless y_from_node
   ElemType q;  // type of the TypeVar::kQ inputs and outputs (quantized ops; else kUInt8, unused)
+  ElemType a;  // type of the TypeVar::kA inputs (the rotary ops' Cos and Sin: t or kFloat32; else t, unused)
   // Y (TypeVar::kU) may be of more than one type for this (T, S) (t, or float32 for a 16-bit t
   // with float32 weights): the row declares it of any type and each kernel takes the type of its
   // node's Y (checked at kernel creation).
@@ -51,6 +52,19 @@ struct KernelEntry {
 // launcher of libonnxnorm_cuda_ops.so (loaded on the first CUDA kernel) on ORT's compute stream.
 OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 OrtStatus* CreateCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
+// The factory of the rotary ops (rotary_op.cc), on the CPU execution provider only: the CUDA
+// library has no rotary kernels, so the table has no CUDA rows for them and ORT places their
+// nodes on the CPU in a CUDA session.
+OrtStatus* CreateRotaryCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
+
+// Whether the op normalizes and rotates (inputs Cos and Sin of type TypeVar::kA): RMSNormRotary,
+// LayerNormRotary, L2NormRotary.
+constexpr bool IsRotary(const OpSpec& spec) {
+  for (const ParamSpec& p : spec.inputs) {
+    if (p.type == TypeVar::kA) return true;
+  }
+  return false;
+}
 
 // Every op x type pair (x quantized type) x provider.
 Span<KernelEntry> KernelTable();

@@ -79,10 +79,9 @@ def render() -> str:
         "both: the Q/K norm of Qwen3, Gemma 3, OLMo 2, Cohere, StableLM, Phi and many more, "
         "and Llama 4's rotary followed by its weightless norm (which model uses which form: "
         "[norms.md](norms.md#qk-norms-and-rotary)). Cos and Sin are of type A (T or float32, "
-        "the norm weights' type S apart); PositionIds are int64. The numpy reference "
-        "(`onnxnorm.ops.reference`) and the function bodies are written; the kernels, the "
-        "fusion and the torch side follow, and until then the ops are not in the native "
-        "library: a node of them runs as its function body.",
+        "the norm weights' type S apart); PositionIds are int64. The library runs them on the "
+        "CPU; on the CUDA execution provider their nodes run on the CPU kernel until CUDA "
+        "kernels of them exist.",
         "",
     ]
     lines += _ops(catalogue.ROTARY_OPS)

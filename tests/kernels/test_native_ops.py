@@ -1,6 +1,7 @@
 """The native library's op table is the catalogue's: the generated include is current and follows
-catalogue changes, the manifest the built library exports says what the catalogue says (ids,
-inputs, outputs, attributes with their defaults and checks, type pairs on each provider), its
+catalogue changes, the manifest the built library exports says what the catalogue says (every op
+of ALL_OPS: ids, inputs, outputs, attributes with their defaults and checks, type pairs on each
+provider, the rotary ops' angle types on the CPU), its
 attribute errors are worded as the catalogue words them, and the Python mirror of NormArgs has
 the library's layout."""
 
@@ -63,23 +64,24 @@ def test_generator_follows_the_catalogue():
         name: dataclasses.replace(
             spec, attributes=tuple(epsilon if a.name == "epsilon" else a for a in spec.attributes)
         )
-        for name, spec in cat.OPS.items()
+        for name, spec in cat.ALL_OPS.items()
     }
-    text = gen.render(_catalogue_with(OPS=ops))
+    text = gen.render(_catalogue_with(ALL_OPS=ops))
     assert "inline constexpr float kEpsilon = 1e-06f;" in text
     assert '{"epsilon", AttrKind::kFloat, 0, 1e-06f, AttrCheck::kFinite},' in text
     assert text != GENERATED.read_text()
 
     renamed = {
         ("Norm" + name): dataclasses.replace(spec, name="Norm" + name)
-        for name, spec in cat.OPS.items()
+        for name, spec in cat.ALL_OPS.items()
     }
-    assert "  kNormRMSNorm = 1," in gen.render(_catalogue_with(OPS=renamed))
+    text = gen.render(_catalogue_with(ALL_OPS=renamed))
+    assert "  kNormRMSNorm = 1," in text and "  kNormRMSNormRotary = 16," in text
 
     unknown = dataclasses.replace(cat.EPSILON, check="positive")
     bad = {"LayerNorm": dataclasses.replace(cat.OPS["LayerNorm"], attributes=(unknown,))}
     with pytest.raises(ValueError, match="name no check"):
-        gen.render(_catalogue_with(OPS=bad))
+        gen.render(_catalogue_with(ALL_OPS=bad))
     with pytest.raises(ValueError, match="no native element type"):
         gen.render(_catalogue_with(DATA_TYPES=catalogue.DATA_TYPES + ("tensor(double)",)))
 
@@ -89,12 +91,13 @@ def test_manifest_matches_catalogue(manifest):
     assert manifest["elem_types"] == [_native.elem_type_name(t) for t in catalogue.DATA_TYPES]
     assert manifest["elem_types"] == list(_native.ELEM_TYPES)
     assert manifest["quant_types"] == [_native.elem_type_name(t) for t in catalogue.QUANT_TYPES]
-    assert [entry["name"] for entry in manifest["ops"]] == list(catalogue.OPS)
+    # the norm ops, then the rotary ops (ids after the norm ops')
+    assert [entry["name"] for entry in manifest["ops"]] == list(catalogue.ALL_OPS)
     type_name = _native.elem_type_name
     pairs = [(type_name(t), type_name(s)) for t, s in catalogue.TYPE_PAIRS]
     for index, entry in enumerate(manifest["ops"]):
-        spec = catalogue.OPS[entry["name"]]
-        assert entry["id"] == index == _native.OP_IDS[spec.name]
+        spec = catalogue.ALL_OPS[entry["name"]]
+        assert entry["id"] == index == _native.OP_IDS.get(spec.name, index)
         assert entry["since_version"] == catalogue.VERSION
         assert (entry["norm"], entry["residual"]) == (spec.norm, spec.residual)
         assert (entry["quantize"], entry["quant_types"]) == (
@@ -117,8 +120,18 @@ def test_manifest_matches_catalogue(manifest):
             else:
                 assert np.float32(got["default"]) == np.float32(a.default), (spec.name, got)
         # every (T, S) the schema allows, on both providers (ORT never falls back to the body);
-        # the ops whose Y is of type U for every (T, S, U), the quantized ops for every Q
-        if spec.quantize == "none":
+        # the ops whose Y is of type U for every (T, S, U), the quantized ops for every Q; the
+        # rotary ops on the CPU alone (no CUDA kernels: ORT places them on the CPU), for every
+        # (T, S) and angle type A (T or float32)
+        if spec.rotary:
+            f32 = type_name("tensor(float)")
+            want = [
+                ("CPUExecutionProvider", type_name(t), type_name(s), a)
+                for t, s, _ in spec.type_sets
+                for a in dict.fromkeys((type_name(t), f32))
+            ]
+            assert len(want) == (9 if spec.norm != "l2" else 5)
+        elif spec.quantize == "none":
             has_u = any(p.type_var == "U" for p in spec.outputs)
             want = [
                 (provider, type_name(t), type_name(s)) + ((type_name(u),) if has_u else ())

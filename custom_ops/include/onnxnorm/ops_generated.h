@@ -77,6 +77,9 @@ enum class OpId : int32_t {
   kSkipRMSNormDynamicQuantizeLinear = 13,
   kGatedRMSNorm = 14,
   kL2Norm = 15,
+  kRMSNormRotary = 16,
+  kLayerNormRotary = 17,
+  kL2NormRotary = 18,
 };
 inline constexpr const char* kOpIdNames[] = {
     "LayerNorm",
@@ -95,8 +98,11 @@ inline constexpr const char* kOpIdNames[] = {
     "SkipRMSNormDynamicQuantizeLinear",
     "GatedRMSNorm",
     "L2Norm",
+    "RMSNormRotary",
+    "LayerNormRotary",
+    "L2NormRotary",
 };
-inline constexpr int kOpCount = 16;
+inline constexpr int kOpCount = 19;
 
 // Kinds of attribute values.
 enum class AttrKind : int32_t {
@@ -215,6 +221,13 @@ inline constexpr float kAlpha = 1.0f;
 inline constexpr int64_t kGroupSize = 0;
 inline constexpr int64_t kActivation = 0;
 inline constexpr int64_t kNormBeforeGate = 1;
+inline constexpr int64_t kHeadSize = 0;
+inline constexpr int64_t kLayout = 0;
+inline constexpr int64_t kPerHead = 1;
+inline constexpr int64_t kRotaryDim = 0;
+inline constexpr int64_t kInterleaved = 0;
+inline constexpr int64_t kRotaryFirst = 0;
+inline constexpr int64_t kRotaryInT = 0;
 }  // namespace attr_default
 
 namespace generated {
@@ -631,6 +644,100 @@ inline constexpr TypeSet kL2NormTypes[] = {
     {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
 };
 
+inline constexpr ParamSpec kRMSNormRotaryInputs[] = {
+    {"Q", TypeVar::kT, false},
+    {"K", TypeVar::kT, true},
+    {"QScale", TypeVar::kS, true},
+    {"KScale", TypeVar::kS, true},
+    {"Cos", TypeVar::kA, false},
+    {"Sin", TypeVar::kA, false},
+    {"PositionIds", TypeVar::kI, true},
+};
+inline constexpr ParamSpec kRMSNormRotaryOutputs[] = {
+    {"QOut", TypeVar::kT, false},
+    {"KOut", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kRMSNormRotaryAttributes[] = {
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"scale_offset", AttrKind::kFloat, 0, 0.0f, AttrCheck::kFinite},
+    {"head_size", AttrKind::kInt, 0, 0.0f, AttrCheck::kNonNegativeInt},
+    {"layout", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOneOrTwo},
+    {"per_head", AttrKind::kInt, 1, 0.0f, AttrCheck::kZeroOrOne},
+    {"rotary_dim", AttrKind::kInt, 0, 0.0f, AttrCheck::kNonNegativeInt},
+    {"interleaved", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"rotary_first", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"rotary_in_t", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+};
+inline constexpr TypeSet kRMSNormRotaryTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
+
+inline constexpr ParamSpec kLayerNormRotaryInputs[] = {
+    {"Q", TypeVar::kT, false},
+    {"K", TypeVar::kT, true},
+    {"QScale", TypeVar::kS, true},
+    {"KScale", TypeVar::kS, true},
+    {"QBias", TypeVar::kS, true},
+    {"KBias", TypeVar::kS, true},
+    {"Cos", TypeVar::kA, false},
+    {"Sin", TypeVar::kA, false},
+    {"PositionIds", TypeVar::kI, true},
+};
+inline constexpr ParamSpec kLayerNormRotaryOutputs[] = {
+    {"QOut", TypeVar::kT, false},
+    {"KOut", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kLayerNormRotaryAttributes[] = {
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"cast_before_scale", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"head_size", AttrKind::kInt, 0, 0.0f, AttrCheck::kNonNegativeInt},
+    {"layout", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOneOrTwo},
+    {"per_head", AttrKind::kInt, 1, 0.0f, AttrCheck::kZeroOrOne},
+    {"rotary_dim", AttrKind::kInt, 0, 0.0f, AttrCheck::kNonNegativeInt},
+    {"interleaved", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"rotary_first", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"rotary_in_t", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+};
+inline constexpr TypeSet kLayerNormRotaryTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kFloat16, ElemType::kFloat32, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+    {ElemType::kBFloat16, ElemType::kFloat32, ElemType::kBFloat16},
+};
+
+inline constexpr ParamSpec kL2NormRotaryInputs[] = {
+    {"Q", TypeVar::kT, false},
+    {"K", TypeVar::kT, true},
+    {"Cos", TypeVar::kA, false},
+    {"Sin", TypeVar::kA, false},
+    {"PositionIds", TypeVar::kI, true},
+};
+inline constexpr ParamSpec kL2NormRotaryOutputs[] = {
+    {"QOut", TypeVar::kT, false},
+    {"KOut", TypeVar::kT, true},
+};
+inline constexpr AttrSpec kL2NormRotaryAttributes[] = {
+    {"epsilon", AttrKind::kFloat, 0, 1e-05f, AttrCheck::kFiniteNonNegative},
+    {"head_size", AttrKind::kInt, 0, 0.0f, AttrCheck::kNonNegativeInt},
+    {"layout", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOneOrTwo},
+    {"per_head", AttrKind::kInt, 1, 0.0f, AttrCheck::kZeroOrOne},
+    {"rotary_dim", AttrKind::kInt, 0, 0.0f, AttrCheck::kNonNegativeInt},
+    {"interleaved", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"rotary_first", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+    {"rotary_in_t", AttrKind::kInt, 0, 0.0f, AttrCheck::kZeroOrOne},
+};
+inline constexpr TypeSet kL2NormRotaryTypes[] = {
+    {ElemType::kFloat32, ElemType::kFloat32, ElemType::kFloat32},
+    {ElemType::kFloat16, ElemType::kFloat16, ElemType::kFloat16},
+    {ElemType::kBFloat16, ElemType::kBFloat16, ElemType::kBFloat16},
+};
+
 }  // namespace generated
 
 inline constexpr OpSpec kOps[kOpCount] = {
@@ -730,6 +837,24 @@ inline constexpr OpSpec kOps[kOpCount] = {
      {generated::kL2NormAttributes, 2},
      QuantizeKind::kNone, {nullptr, 0},
      {generated::kL2NormTypes, 3}},
+    {"RMSNormRotary", OpId::kRMSNormRotary, 1, NormKind::kRms, ResidualKind::kNone,
+     {generated::kRMSNormRotaryInputs, 7},
+     {generated::kRMSNormRotaryOutputs, 2},
+     {generated::kRMSNormRotaryAttributes, 10},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kRMSNormRotaryTypes, 5}},
+    {"LayerNormRotary", OpId::kLayerNormRotary, 1, NormKind::kLayer, ResidualKind::kNone,
+     {generated::kLayerNormRotaryInputs, 9},
+     {generated::kLayerNormRotaryOutputs, 2},
+     {generated::kLayerNormRotaryAttributes, 9},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kLayerNormRotaryTypes, 5}},
+    {"L2NormRotary", OpId::kL2NormRotary, 1, NormKind::kL2, ResidualKind::kNone,
+     {generated::kL2NormRotaryInputs, 5},
+     {generated::kL2NormRotaryOutputs, 2},
+     {generated::kL2NormRotaryAttributes, 8},
+     QuantizeKind::kNone, {nullptr, 0},
+     {generated::kL2NormRotaryTypes, 3}},
 };
 
 // Every (T, S) an op accepts (catalogue.TYPE_PAIRS).

@@ -1,0 +1,328 @@
+// The row algorithm of the rotary ops (onnxnorm/rotary_kernels.h), written once over the vector
+// "instruction set" type Isa of norm_rows.h, whose statistics, normalizer and weights it uses:
+// a rotary row's norm gives the bits of the norm kernels' row of the same values.
+//
+// Included by the rotary unit of each instruction set (rotary_portable.cc, rotary_avx2.cc,
+// rotary_avx512.cc, rotary_avx512_bf16.cc) after its isa_<set>.h; a unit that defines
+// ONNXNORM_ONLY_BFLOAT16 holds the kernels of a bfloat16 T only. Everything here has internal
+// linkage (see cpu_internal.h).
+//
+// Per row (one head, or with per_head = 0 one token's heads), reading the row's input once:
+//   rotary_first = 0: the statistics of the row (norm_rows.h's RowStats: the same float32 sums
+//     in the same order); then for each head of the row, its values normalized and scaled into a
+//     float32 head buffer, rounded to T; the buffer's first rotary_dim values rotated in place;
+//     the buffer stored at the head's place in the output (layout 2: [batch, heads, seq,
+//     head_size]).
+//   rotary_first = 1: each head of the row rotated into a float32 row buffer, rounded to T; the
+//     statistics of the buffer; each head normalized from it into the output.
+// The rotation of a pair (a, b) with angles (cos_a, sin_a) for a and (cos_b, sin_b) for b:
+//   a' = a * cos_a - b * sin_a,  b' = b * cos_b + a * sin_b
+// each product rounded to float32 (no fused multiply-add), the sum rounded to T; rotary_in_t = 1
+// (a 16-bit T) rounds the angles and each product to T first. Half-split pairs (value j with
+// j + rotary_dim / 2) rotate a vector of W pairs at a time; interleaved pairs (2j, 2j + 1) are
+// gathered W at a time into blocks and rotated by the same vector code.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "norm_rows.h"
+#include "onnxnorm/rotary_kernels.h"
+
+namespace onnxnorm {
+namespace cpu {
+namespace {
+
+// The rotation of W half-split pairs (a, b) with their angles, rounded to T (E); kInT: the
+// angles and products rounded to T as well.
+template <class E, bool kInT>
+ONNXNORM_INLINE void RotateVectors(V a, V b, V ca, V sa, V cb, V sb, V* ra, V* rb) {
+  if constexpr (kInT) {
+    ca = Isa::Round(E{}, ca);
+    sa = Isa::Round(E{}, sa);
+    cb = Isa::Round(E{}, cb);
+    sb = Isa::Round(E{}, sb);
+    *ra = Isa::Round(E{}, Isa::Sub(Isa::Round(E{}, Isa::Mul(a, ca)), Isa::Round(E{}, Isa::Mul(b, sa))));
+    *rb = Isa::Round(E{}, Isa::Add(Isa::Round(E{}, Isa::Mul(b, cb)), Isa::Round(E{}, Isa::Mul(a, sb))));
+  } else {
+    *ra = Isa::Round(E{}, Isa::Sub(Isa::Mul(a, ca), Isa::Mul(b, sa)));
+    *rb = Isa::Round(E{}, Isa::Add(Isa::Mul(b, cb), Isa::Mul(a, sb)));
+  }
+}
+
+// The first rotary_dim values of a head (float32 values of T's precision, in h) rotated in place
+// by one token's angles c and s (of A; angle_width per token: rotary_dim / 2, one per pair, or
+// rotary_dim, one per value), rounded to T.
+template <class E, class A, bool kInT>
+inline void RotateHead(float* h, const typename A::St* c, const typename A::St* s, int64_t rotary_dim, bool per_value,
+                       bool interleaved) {
+  const int64_t half = rotary_dim / 2;
+  if (!interleaved) {
+    // a pair's second value's angle: at j + half (one per value) or j's own (one per pair)
+    const int64_t second = per_value ? half : 0;
+    int64_t j = 0;
+    for (; j + W <= half; j += W) {
+      V ra, rb;
+      RotateVectors<E, kInT>(Isa::Load(F32{}, h + j), Isa::Load(F32{}, h + j + half), Isa::Load(A{}, c + j),
+                             Isa::Load(A{}, s + j), Isa::Load(A{}, c + j + second), Isa::Load(A{}, s + j + second), &ra,
+                             &rb);
+      Isa::Store(F32{}, h + j, ra);
+      Isa::Store(F32{}, h + j + half, rb);
+    }
+    if (j < half) {
+      const int rem = static_cast<int>(half - j);
+      V ra, rb;
+      RotateVectors<E, kInT>(Isa::LoadN(F32{}, h + j, rem), Isa::LoadN(F32{}, h + j + half, rem),
+                             Isa::LoadN(A{}, c + j, rem), Isa::LoadN(A{}, s + j, rem),
+                             Isa::LoadN(A{}, c + j + second, rem), Isa::LoadN(A{}, s + j + second, rem), &ra, &rb);
+      Isa::StoreN(F32{}, h + j, ra, rem);
+      Isa::StoreN(F32{}, h + j + half, rb, rem);
+    }
+    return;
+  }
+  // interleaved: W pairs at a time, their values and angles gathered into blocks (copies, exact)
+  // for the vector rotation, the results scattered back (a scalar rotation of the pairs would be
+  // vectorized by the compiler into fused multiply-adds, whatever the contraction flags say)
+  for (int64_t j = 0; j < half; j += W) {
+    const int count = half - j < W ? static_cast<int>(half - j) : W;
+    alignas(64) float block[6][W] = {};
+    for (int k = 0; k < count; ++k) {
+      const int64_t pair = j + k;
+      const int64_t ia = per_value ? 2 * pair : pair, ib = per_value ? 2 * pair + 1 : pair;
+      block[0][k] = h[2 * pair];
+      block[1][k] = h[2 * pair + 1];
+      block[2][k] = ToFloat(A{}, c[ia]);
+      block[3][k] = ToFloat(A{}, s[ia]);
+      block[4][k] = ToFloat(A{}, c[ib]);
+      block[5][k] = ToFloat(A{}, s[ib]);
+    }
+    V ra, rb;
+    RotateVectors<E, kInT>(Isa::Load(F32{}, block[0]), Isa::Load(F32{}, block[1]), Isa::Load(F32{}, block[2]),
+                           Isa::Load(F32{}, block[3]), Isa::Load(F32{}, block[4]), Isa::Load(F32{}, block[5]), &ra,
+                           &rb);
+    Isa::Store(F32{}, block[0], ra);
+    Isa::Store(F32{}, block[1], rb);
+    for (int k = 0; k < count; ++k) {
+      h[2 * (j + k)] = block[0][k];
+      h[2 * (j + k) + 1] = block[1][k];
+    }
+  }
+}
+
+// Where a head's normalized values go: a float32 buffer (rounded to T, for the rotation that
+// follows) or the output (the store rounds to T).
+template <class E>
+struct ToBuffer {
+  float* out;
+  ONNXNORM_INLINE void Put(int64_t i, V v) const { Isa::Store(F32{}, out + i, Isa::Round(E{}, v)); }
+  ONNXNORM_INLINE void PutN(int64_t i, V v, int rem) const { Isa::StoreN(F32{}, out + i, Isa::Round(E{}, v), rem); }
+};
+template <class E>
+struct ToOutput {
+  typename E::St* out;
+  ONNXNORM_INLINE void Put(int64_t i, V v) const { Isa::Store(E{}, out + i, v); }
+  ONNXNORM_INLINE void PutN(int64_t i, V v, int rem) const { Isa::StoreN(E{}, out + i, v, rem); }
+};
+
+// One head's n values from src, normalized by nz with the weights wt (as stored), into dst.
+template <bool kScale, bool kBias, class Nz, class Wt, class Src, class Dst>
+inline void NormalizeHead(const Src& source, const Nz& normalizer, const Wt& weights, int64_t n, const Dst& sink) {
+  const Src src = source;
+  const Nz nz = normalizer;
+  const Wt wt = weights;
+  const Dst dst = sink;
+  const V zero = Isa::Zero();
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const V sv = kScale ? wt.Scale(i) : zero;
+    const V bv = kBias ? wt.Bias(i) : zero;
+    dst.Put(i, nz.template Apply<kScale, kBias>(src.Load(i), sv, bv));
+  }
+  if (i < n) {
+    const int rem = static_cast<int>(n - i);
+    const V sv = kScale ? wt.ScaleN(i, rem) : zero;
+    const V bv = kBias ? wt.BiasN(i, rem) : zero;
+    dst.PutN(i, nz.template Apply<kScale, kBias>(src.LoadN(i, rem), sv, bv), rem);
+  }
+}
+
+// NormalizeHead with the weights that are present (kMayBias: false for the norms without a bias).
+template <bool kMayBias, class Nz, class Wt, class Src, class Dst>
+inline void NormalizeHeadWith(const Src& src, const Nz& nz, const Wt& wt, bool has_scale, bool has_bias, int64_t n,
+                              const Dst& dst) {
+  if constexpr (kMayBias) {
+    if (has_bias) {
+      if (has_scale) {
+        NormalizeHead<true, true>(src, nz, wt, n, dst);
+      } else {
+        NormalizeHead<false, true>(src, nz, wt, n, dst);
+      }
+      return;
+    }
+  }
+  if (has_scale) {
+    NormalizeHead<true, false>(src, nz, wt, n, dst);
+  } else {
+    NormalizeHead<false, false>(src, nz, wt, n, dst);
+  }
+}
+
+// Loads n values of T into a float32 buffer (exactly), or stores a float32 buffer of T's
+// precision as T.
+template <class E>
+inline void Widen(const typename E::St* x, float* h, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) Isa::Store(F32{}, h + i, Isa::Load(E{}, x + i));
+  if (i < n) Isa::StoreN(F32{}, h + i, Isa::LoadN(E{}, x + i, static_cast<int>(n - i)), static_cast<int>(n - i));
+}
+template <class E>
+inline void Narrow(const float* h, typename E::St* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) Isa::Store(E{}, y + i, Isa::Load(F32{}, h + i));
+  if (i < n) Isa::StoreN(E{}, y + i, Isa::LoadN(F32{}, h + i, static_cast<int>(n - i)), static_cast<int>(n - i));
+}
+
+template <NormKind NK, class E, class S, class A, bool kOrderA, bool kInT>
+void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float* scratch) {
+  using T = typename E::St;
+  using WT = typename S::St;
+  using AT = typename A::St;
+  constexpr bool kMayBias = NK == NormKind::kLayer;
+  alignas(64) float stack[kRotaryStackFloats];
+  float* const buffer = RotaryScratchFloats(a) > kRotaryStackFloats ? scratch : stack;
+  const int64_t d = a.head_size;
+  const int64_t rows_q = RotaryRows(a, a.q);
+  const bool per_value = a.angle_width == a.rotary_dim;
+  const bool interleaved = a.interleaved != 0;
+  const WeightPrep<E, S, kOrderA> prep(a.scale_offset);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const bool is_q = r < rows_q;
+    const RotaryTensor& t = is_q ? a.q : a.k;
+    const int64_t local = is_q ? r : r - rows_q;
+    const int64_t heads = t.heads;
+    // the row's token (b, s), its first head and head count
+    int64_t b, s, h0 = 0, nh = heads;
+    if (!a.per_head) {
+      b = local / a.seq;
+      s = local % a.seq;
+    } else if (a.layout == 1) {
+      h0 = local / a.seq % heads;
+      b = local / a.seq / heads;
+      s = local % a.seq;
+      nh = 1;
+    } else {
+      h0 = local % heads;
+      b = local / heads / a.seq;
+      s = local / heads % a.seq;
+      nh = 1;
+    }
+    const int64_t n = nh * d;
+    const T* xr = static_cast<const T*>(t.x) + local * n;
+    const int64_t token = b * a.seq + s;
+    const int64_t cache_row = a.position_ids != nullptr ? a.position_ids[token] : (b % a.cache_batch) * a.seq + s;
+    const AT* c = static_cast<const AT*>(a.cos) + cache_row * a.angle_width;
+    const AT* sn = static_cast<const AT*>(a.sin) + cache_row * a.angle_width;
+    // head h's output (layout 2: [batch, heads, seq, head_size]; else where its input is)
+    auto out = [&](int64_t hh) {
+      const int64_t h = h0 + hh;
+      const int64_t at = a.layout == 2 ? ((b * heads + h) * a.seq + s) * d : local * n + hh * d;
+      return static_cast<T*>(t.y) + at;
+    };
+    auto weights = [&](int64_t hh) {
+      const int64_t h = h0 + hh;
+      const WT* scale = static_cast<const WT*>(t.scale);
+      const WT* bias = static_cast<const WT*>(t.bias);
+      return StoredWeights<E, S, kOrderA>{scale != nullptr ? scale + h % t.scale_rows * d : nullptr,
+                                          bias != nullptr ? bias + h % t.bias_rows * d : nullptr, prep};
+    };
+    RowParams p;
+    p.n = n;
+    p.inv_n = NK == NormKind::kL2 ? 1.0 : 1.0 / static_cast<double>(n);  // (L2: the sum of squares itself)
+    p.epsilon = static_cast<double>(a.epsilon);
+    p.offset = a.scale_offset;
+    const bool has_scale = t.scale != nullptr, has_bias = kMayBias && t.bias != nullptr;
+    if (!a.rotary_first) {
+      const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(PlainSource<E>{xr}, p), p.offset);
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        NormalizeHeadWith<kMayBias>(PlainSource<E>{xr + hh * d}, nz, weights(hh), has_scale, has_bias, d,
+                                    ToBuffer<E>{buffer});
+        RotateHead<E, A, kInT>(buffer, c, sn, a.rotary_dim, per_value, interleaved);
+        Narrow<E>(buffer, out(hh), d);
+      }
+    } else {
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        Widen<E>(xr + hh * d, buffer + hh * d, d);
+        RotateHead<E, A, kInT>(buffer + hh * d, c, sn, a.rotary_dim, per_value, interleaved);
+      }
+      const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(PlainSource<F32>{buffer}, p), p.offset);
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        NormalizeHeadWith<kMayBias>(PlainSource<F32>{buffer + hh * d}, nz, weights(hh), has_scale, has_bias, d,
+                                    ToOutput<E>{out(hh)});
+      }
+    }
+  }
+}
+
+// The kernel of norm NK for T of E, weights of S and angles of A: the rows in the call's rounding
+// order (float32 takes order B, where the two agree) and rotation rounding.
+template <NormKind NK, class E, class S, class A>
+void RotaryRows(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float* scratch) {
+  if (row_begin >= row_end || a.head_size <= 0) return;
+  if constexpr (!std::is_same<E, F32>::value) {
+    const bool in_t = a.rotary_in_t != 0;
+    if (a.cast_before_scale && NK != NormKind::kL2) {
+      if (in_t) {
+        RotaryRowsOf<NK, E, S, A, true, true>(a, row_begin, row_end, scratch);
+      } else {
+        RotaryRowsOf<NK, E, S, A, true, false>(a, row_begin, row_end, scratch);
+      }
+      return;
+    }
+    if (in_t) {
+      RotaryRowsOf<NK, E, S, A, false, true>(a, row_begin, row_end, scratch);
+      return;
+    }
+  }
+  RotaryRowsOf<NK, E, S, A, false, false>(a, row_begin, row_end, scratch);
+}
+
+// The kernels of T = E: weights of S (E or float32; E alone for L2, which has none), angles of
+// E or float32.
+template <NormKind NK, class E>
+RotaryRowsFn PickRotaryTypes(ElemType w, ElemType a) {
+  constexpr ElemType kE = std::is_same<E, F32>::value   ? ElemType::kFloat32
+                          : std::is_same<E, F16>::value ? ElemType::kFloat16
+                                                        : ElemType::kBFloat16;
+  if (a != kE && a != ElemType::kFloat32) return nullptr;
+  const bool a32 = a == ElemType::kFloat32;
+  if (w == kE) return a32 ? &RotaryRows<NK, E, E, F32> : &RotaryRows<NK, E, E, E>;
+  if constexpr (NK != NormKind::kL2 && !std::is_same<E, F32>::value) {
+    if (w == ElemType::kFloat32) return a32 ? &RotaryRows<NK, E, F32, F32> : &RotaryRows<NK, E, F32, E>;
+  }
+  return nullptr;
+}
+
+template <NormKind NK>
+RotaryRowsFn PickRotaryX(ElemType x, ElemType w, ElemType a) {
+  switch (x) {
+#if !defined(ONNXNORM_ONLY_BFLOAT16)
+    case ElemType::kFloat32: return PickRotaryTypes<NK, F32>(w, a);
+    case ElemType::kFloat16: return PickRotaryTypes<NK, F16>(w, a);
+#endif
+    case ElemType::kBFloat16: return PickRotaryTypes<NK, BF16>(w, a);
+    default: return nullptr;
+  }
+}
+
+inline RotaryRowsFn PickRotary(NormKind norm, ElemType x, ElemType w, ElemType a) {
+  switch (norm) {
+    case NormKind::kRms: return PickRotaryX<NormKind::kRms>(x, w, a);
+    case NormKind::kLayer: return PickRotaryX<NormKind::kLayer>(x, w, a);
+    case NormKind::kL2: return PickRotaryX<NormKind::kL2>(x, w, a);
+  }
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace onnxnorm
