@@ -393,6 +393,21 @@ def markdown(rows, timing, size, baseline, large=()) -> str:
         "`gated.py` and `l2.py`; Gemma 3n's `Pow(., -0.5)` spelling in the norm core): "
         "[fusion-gated.md](fusion-gated.md), with the families' table.",
         "",
+        "Q/K norms and their rotary (the stage **rotary**, `rotary.py`): a per-head norm (or OLMo "
+        "2's norm of the whole projection, through its view to heads) and the rotary after it, `x "
+        "* cos + partner(x) * sin` with the partner any chain of Slice, Split, Neg, Concat, "
+        "Unsqueeze and Reshape on the last axis that evaluates to `rotate_half` or to the "
+        "interleaved pairs (partial rotary: the Concat with the rest of each head), through the "
+        "Transpose between them, the angles unsqueezed at the head axis or folded into constants, "
+        "become one `RMSNormRotary` / `LayerNormRotary` / `L2NormRotary` node; then a layer's Q "
+        "node and K node (projections of the same hidden state, the same angles and attributes) "
+        "become one node with both. Tested on Qwen3, Gemma 3, OLMo 2, Cohere and Phi with both "
+        "exporters (`tests/fusion/test_rotary_fusion.py`). Not matched yet, each left as a norm "
+        "op and its rotary with the reason: a rotation computed in float32 on a float16/bfloat16 "
+        "Q (the Cast pair of OLMo 2, Cohere and Llama 4 in half precision), a rotary before the "
+        "norm (Llama 4), ONNX's and ONNX Runtime's RotaryEmbedding ops, and onnxruntime-genai's "
+        "GroupQueryAttention with its own rotary.",
+        "",
         "## Corpus",
         "",
         "Tiny random-weight transformers models built from configs in code "

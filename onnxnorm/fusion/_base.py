@@ -45,6 +45,11 @@ class Replacement:
     #: inputs the rewrite first reshapes to 1-D (a grouped norm's [groups, group_size] Scale,
     #: which the op takes as one row of weights)
     flatten: tuple[str, ...] = ()
+    #: the outputs the node gets (0: every output of the op; a rotary op of Q alone: 1)
+    outputs: int = 0
+    #: inputs the rewrite first reshapes to the shape given (Reshape's 0 keeps a dim): a
+    #: rotary op's constant angles [batch, 1, seq, dim] as [batch, seq, dim]
+    reshape: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, node: ir.Node) -> Replacement:
@@ -173,11 +178,19 @@ class FusionRule(pattern.RewriteRuleClassBase):
             value = new.inputs.get(name)
             if value is not None:
                 new = dataclasses.replace(new, inputs={**new.inputs, name: _flat(op, value)})
+        for name, shape in new.reshape.items():
+            value = new.inputs[name]
+            if value is None:
+                continue
+            target = op.Constant(value=ir.tensor(np.array(shape, np.int64)))
+            viewed = op.Reshape(value, target)
+            viewed.type = value.type
+            new = dataclasses.replace(new, inputs={**new.inputs, name: viewed})
         outputs = op.op(
             new.op,
             *new.arguments(),
             _domain=catalogue.DOMAIN,
-            _outputs=len(catalogue.get(new.op).outputs),
+            _outputs=new.outputs or len(catalogue.get(new.op).outputs),
             _name=f"{root.name}/{new.op}" if root.name else None,
             **new.attributes,
         )

@@ -44,6 +44,7 @@ from onnxnorm.fusion import (
     passes,
     quantized,
     residual,
+    rotary,
 )
 from onnxnorm.fusion.detached import upgrade_opset
 from onnxnorm.fusion.lowering import lower_with_notes
@@ -90,6 +91,7 @@ def stage_rules(tracker: Tracker, strict_precision: bool = False) -> list[tuple[
             + l2.scaled_sum_rules(tracker, strict_precision),
         ),
         ("gated", gated.gated_rules(tracker, strict_precision)),
+        ("rotary", rotary.rotary_rules(tracker)),
         ("sandwich", residual.sandwich_rules(tracker)),
         ("skip", residual.skip_rules(tracker)),
         ("xbias", residual.xbias_rules(tracker)),
@@ -127,14 +129,19 @@ def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
     if isinstance(model, onnx.ModelProto):
         from onnxnorm.ops.functions import onnxnorm_nodes
 
-        op_types = [n.op_type for n in onnxnorm_nodes(model)]
+        nodes = [(n.op_type, sum(1 for o in n.output if o)) for n in onnxnorm_nodes(model)]
     else:
-        op_types = [
-            n.op_type
+        nodes = [
+            (n.op_type, sum(1 for o in n.outputs if o is not None))
             for n in ir.traversal.RecursiveGraphIterator(model.graph)
             if n.domain == catalogue.DOMAIN
         ]
-    held = [catalogue.NORM_OPS.get((catalogue.DOMAIN, t), (0, 0)) for t in op_types]
+    held = []
+    for op_type, outputs in nodes:
+        norms, adds = catalogue.NORM_OPS.get((catalogue.DOMAIN, op_type), (0, 0))
+        # a rotary op normalizes each tensor it has (QOut, and KOut)
+        rotary = op_type in catalogue.ROTARY_OPS
+        held.append((norms * outputs if rotary else norms, adds))
     return sum(n for n, _ in held), sum(a for _, a in held)
 
 
@@ -162,6 +169,7 @@ def fuse_ir(
             if progress:
                 progress(name)
             stage_driver.fixpoint(model)
+    rotary.pair(model, tracker)
     if progress:
         progress("quantize")
     quantized.fuse_quantizers(model, tracker)

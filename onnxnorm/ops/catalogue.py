@@ -589,7 +589,8 @@ FLOAT_OPS = {name: spec for name, spec in OPS.items() if spec.quantize == "none"
 QUANTIZED_OPS = {name: spec for name, spec in OPS.items() if spec.quantize != "none"}
 #: Every single op of any domain that computes a norm, as (domain, op type) -> (norms, residual
 #: adds) one node of it holds: the catalogue's ops (a Skip op one norm and one add, a Sandwich
-#: op two norms and one add, a quantized op its norm's), then the norm ops of ONNX and of ONNX
+#: op two norms and one add, a quantized op its norm's, a rotary op one norm per tensor it
+#: normalizes: Q, and K where the node has it), then the norm ops of ONNX and of ONNX
 #: Runtime (which registers LayerNormalization and SimplifiedLayerNormalization in both the
 #: ONNX domain and com.microsoft). What counts norms (the fusion comparison, the export's
 #: report) and what counts norm time (the generation benchmark's profile) reads this one table,
@@ -597,7 +598,7 @@ QUANTIZED_OPS = {name: spec for name, spec in OPS.items() if spec.quantize != "n
 NORM_OPS: dict[tuple[str, str], tuple[int, int]] = {
     **{
         (DOMAIN, name): (2 if spec.residual == "sandwich" else 1, int(spec.residual != "none"))
-        for name, spec in OPS.items()
+        for name, spec in ALL_OPS.items()
     },
     ("", "LayerNormalization"): (1, 0),
     ("", "RMSNormalization"): (1, 0),

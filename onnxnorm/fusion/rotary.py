@@ -1,0 +1,575 @@
+"""Q/K norm and rotary: a per-head norm (an onnxnorm RMSNorm, LayerNorm or L2Norm node, after
+the norms stage) and the rotary embedding after it become one ``RMSNormRotary``,
+``LayerNormRotary`` or ``L2NormRotary`` node; then the node of a layer's Q and the node of its
+K, rotated by the same angles, become one node with both (:func:`pair`).
+
+The rotary is matched as the models compute it, ``x * cos + partner(x) * sin`` (rooted at the
+Add; for a partial rotary at the Concat of that sum and the rest of each head), where
+``partner(x)`` is any chain of Slice, Split, Neg, Concat, Unsqueeze and Reshape on x's last axis
+(:func:`index_map` evaluates it): ``rotate_half`` (``cat(-x2, x1)``) is the half-split form,
+``stack(-x[1::2], x[::2]).flatten`` the interleaved one, whatever ops an exporter spells them
+with. ``cos`` and ``sin`` are the per-token angles unsqueezed at the head axis (the axis tells
+the layout); the norm before is taken whole, through the Transpose to [batch, heads, seq, head]
+a model writes between its norm and its rotary (``layout = 2``), and through the view of a norm
+over the whole projection (OLMo 2: ``per_head = 0``).
+
+What is not matched yet: a rotation computed in float32 on a float16/bfloat16 Q (a Cast to
+float32 before and one back after: OLMo 2, Cohere and Llama 4 in half precision) and a rotary
+before the norm (Llama 4); ONNX's and ONNX Runtime's RotaryEmbedding ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxnorm.fusion._base import (
+    FusionRule,
+    NotThisPattern,
+    Rejected,
+    Replacement,
+    attribute,
+    constant,
+    dtype,
+    int_values,
+)
+from onnxnorm.fusion.report import Tracker
+from onnxnorm.ops import catalogue
+
+#: the norm op -> its rotary op
+ROTARY_OF = {"RMSNorm": "RMSNormRotary", "LayerNorm": "LayerNormRotary", "L2Norm": "L2NormRotary"}
+#: the depth of a partner chain the evaluation follows
+_DEPTH = 12
+
+
+def _rank(value: ir.Value, what: str) -> int:
+    if value.shape is None:
+        raise Rejected(f"the rank of {what} ({value.name!r}) is unknown")
+    return value.shape.rank()
+
+
+def _last_dim(value: ir.Value, what: str) -> int:
+    dims = list(value.shape.dims) if value.shape is not None else []
+    if not dims or not isinstance(dims[-1], int):
+        raise Rejected(f"the last dim of {what} ({value.name!r}) is not static")
+    return dims[-1]
+
+
+def _axis(node: ir.Node, value: ir.Value, default: int = 0) -> int:
+    axis = attribute(node, "axis", default)
+    rank = _rank(value, "a rotary operand")
+    return axis % rank
+
+
+def index_map(
+    value: ir.Value, source: ir.Value, depth: int = _DEPTH
+) -> tuple[np.ndarray, np.ndarray]:
+    """(index, sign) of each value of ``value``'s trailing axes in terms of ``source``'s last
+    axis: value[..., i] = sign[i] * source[..., index[i]] (arrays of the trailing axes' shape,
+    one axis, or two inside an interleaved stack); NotThisPattern where ``value`` is not such
+    a rearrangement of ``source``."""
+    if value is source:
+        n = _last_dim(source, "the rotated tensor")
+        return np.arange(n), np.ones(n, np.int64)
+    node = value.producer()
+    if node is None or depth == 0 or node.domain not in ("", "ai.onnx"):
+        raise NotThisPattern("not a rearrangement of the rotated tensor")
+    op, data = node.op_type, node.inputs[0]
+    if data is None:
+        raise NotThisPattern(f"{op} without input")
+    rank = _rank(value, "a rotary operand")
+    if op == "Identity" or (op == "Cast" and _widens(node)):
+        return index_map(data, source, depth - 1)
+    if op == "Neg":
+        index, sign = index_map(data, source, depth - 1)
+        return index, -sign
+    if op == "Concat":
+        parts = [index_map(v, source, depth - 1) for v in node.inputs if v is not None]
+        inner = parts[0][0].ndim
+        if _axis(node, value) != rank - 1 or any(p[0].ndim != inner for p in parts):
+            raise NotThisPattern("a Concat across another axis")
+        return (
+            np.concatenate([p[0] for p in parts], axis=-1),
+            np.concatenate([p[1] for p in parts], axis=-1),
+        )
+    if op in ("Slice", "Split"):
+        index, sign = index_map(data, source, depth - 1)
+        if index.ndim != 1:
+            raise NotThisPattern(f"a {op} inside a stack")
+        part = _sliced(node, value, rank, len(index))
+        return index[part], sign[part]
+    if op == "Unsqueeze":
+        index, sign = index_map(data, source, depth - 1)
+        axes = attribute(node, "axes", None)
+        if axes is None and len(node.inputs) > 1:
+            axes = int_values(node.inputs[1], "Unsqueeze's axes").reshape(-1).tolist()
+        if index.ndim != 1 or [a % rank for a in axes or []] != [rank - 1]:
+            raise NotThisPattern("an Unsqueeze of another axis")
+        return index[:, None], sign[:, None]
+    if op in ("Reshape", "Flatten"):
+        index, sign = index_map(data, source, depth - 1)
+        if index.ndim != 2 or _rank(data, "a rotary operand") != rank + 1:
+            raise NotThisPattern("a Reshape of other axes")
+        if _last_dim(value, "a rotary operand") != index.size:
+            raise NotThisPattern("a Reshape of other axes")
+        return index.reshape(-1), sign.reshape(-1)
+    if op == "Mul":
+        other = node.inputs[1]
+        try:
+            factor = constant(other, "a factor")
+        except Rejected:
+            raise NotThisPattern("a product with a variable") from None
+        if factor.size != 1 or float(factor.reshape(-1)[0]) not in (1.0, -1.0):
+            raise NotThisPattern("a product with a factor other than +-1")
+        index, sign = index_map(data, source, depth - 1)
+        return index, sign * int(factor.reshape(-1)[0])
+    raise NotThisPattern(f"a {op} in the rotation's partner")
+
+
+def _widens(node: ir.Node) -> bool:
+    """A Cast to float32 of a float16, bfloat16 or float32 value: exact."""
+    data = node.inputs[0]
+    exact = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.FLOAT)
+    return (
+        attribute(node, "to", None) == ir.DataType.FLOAT
+        and data is not None
+        and data.dtype in exact
+    )
+
+
+def _unwidened(value: ir.Value) -> ir.Value:
+    """``value`` before an exact Cast to float32 (itself where there is none)."""
+    node = value.producer()
+    if node is not None and node.op_type == "Cast" and node.domain == "" and _widens(node):
+        return _input(node)
+    return value
+
+
+def _input(node: ir.Node, index: int = 0) -> ir.Value:
+    """An input a match needs (NotThisPattern where the node leaves it out)."""
+    value = node.inputs[index] if index < len(node.inputs) else None
+    if value is None:
+        raise NotThisPattern(f"{node.op_type} without input {index}")
+    return value
+
+
+def _sliced(node: ir.Node, value: ir.Value, rank: int, size: int) -> slice:
+    """The slice of the last axis that a Slice or a Split output ``value`` takes."""
+    if node.op_type == "Split":
+        axis = _axis(node, value)
+        if axis != rank - 1:
+            raise NotThisPattern("a Split of another axis")
+        outputs = list(node.outputs)
+        sizes = attribute(node, "split", None)
+        if sizes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+            sizes = int_values(node.inputs[1], "Split's sizes").reshape(-1).tolist()
+        if sizes is None:
+            if size % len(outputs):
+                raise NotThisPattern("an uneven Split")
+            sizes = [size // len(outputs)] * len(outputs)
+        start = sum(sizes[: outputs.index(value)])
+        return slice(start, start + sizes[outputs.index(value)])
+    starts, ends = (int_values(v, "Slice's bounds").reshape(-1) for v in node.inputs[1:3])
+    axes = (
+        int_values(node.inputs[3], "Slice's axes").reshape(-1)
+        if len(node.inputs) > 3 and node.inputs[3] is not None
+        else np.arange(len(starts))
+    )
+    steps = (
+        int_values(node.inputs[4], "Slice's steps").reshape(-1)
+        if len(node.inputs) > 4 and node.inputs[4] is not None
+        else np.ones(len(starts), np.int64)
+    )
+    if len(axes) != 1 or int(axes[0]) % rank != rank - 1:
+        raise NotThisPattern("a Slice of another axis")
+    start, end, step = (int(v[0]) for v in (starts, ends, steps))
+    return slice(*slice(start, end, step).indices(size))
+
+
+def rotation_kind(index: np.ndarray, sign: np.ndarray) -> int:
+    """``interleaved`` (0 or 1) of a partner's index map; NotThisPattern for any other."""
+    n = len(index)
+    half = n // 2
+    if index.ndim != 1 or n % 2:
+        raise NotThisPattern("a partner of odd length")
+    positions = np.arange(n)
+    if (index == (positions + half) % n).all() and (
+        sign == np.where(positions < half, -1, 1)
+    ).all():
+        return 0
+    pairs = positions ^ 1
+    if (index == pairs).all() and (sign == np.where(positions % 2 == 0, -1, 1)).all():
+        return 1
+    if (index == (positions + half) % n).all() and (
+        sign == np.where(positions < half, 1, -1)
+    ).all():
+        raise Rejected(
+            "the rotation turns the other way (partner cat(x2, -x1)): sin would be negated"
+        )
+    raise NotThisPattern("a partner that is no rotation")
+
+
+def _angles(
+    operand: ir.Value, what: str, x: ir.Value, head_axis: int | None
+) -> tuple[ir.Value, int, tuple | None]:
+    """The per-token angles [batch or 1, seq, dim] under ``operand`` (the factor of the rotated
+    tensor ``x``), the head axis they broadcast over, and the shape a Reshape must give them
+    (None: they are the Unsqueeze's input, as they are): an Unsqueeze at the head axis, or a
+    4-D tensor with a 1 there (a constant an exporter folded); ``head_axis``: the axis where
+    the layout says the heads are (None: not known, the one where x has more than one)."""
+    rank = _rank(x, "the rotated tensor")
+    node = operand.producer()
+    if node is not None and node.op_type == "Unsqueeze" and node.domain in ("", "ai.onnx"):
+        axes = attribute(node, "axes", None)
+        if axes is None and len(node.inputs) > 1:
+            axes = int_values(node.inputs[1], f"{what}'s Unsqueeze axes").reshape(-1).tolist()
+        angles = node.inputs[0]
+        if angles is None or len(axes or []) != 1 or _rank(angles, what) != 3:
+            raise Rejected(f"{what} is not [batch, seq, dim] angles unsqueezed at one axis")
+        return angles, axes[0] % rank, None
+    dims = list(operand.shape.dims) if operand.shape is not None else []
+    x_dims = list(x.shape.dims) if x.shape is not None else []
+    if len(dims) != 4 or len(x_dims) != 4:
+        raise Rejected(f"{what} ({operand.name!r}) is not angles broadcast over the heads")
+    # the head axis: where the angles have 1 and the other axis (the sequence) is x's
+    heads = [
+        a
+        for a in (1, 2)
+        if dims[a] == 1 and dims[3 - a] == x_dims[3 - a] and (head_axis is None or a == head_axis)
+    ][:1]
+    if len(heads) != 1 or not isinstance(dims[3], int):
+        raise Rejected(f"{what} ({operand.name!r}) does not tell the head axis")
+    return operand, heads[0], (0, -1, dims[3]) if heads[0] == 1 else (0, 0, dims[3])
+
+
+def _users_inside(values: list[ir.Value], nodes: set[ir.Node]) -> None:
+    for value in values:
+        if value.is_graph_output():
+            raise Rejected(f"{value.name!r} is a graph output")
+        for user in value.consumers():
+            if user not in nodes:
+                raise Rejected(
+                    f"{value.name!r} is also used by {user.op_type} node {user.name!r}, "
+                    "outside the norm and its rotary"
+                )
+
+
+def _chain(value: ir.Value, stop: ir.Value) -> set[ir.Node]:
+    """The nodes between ``stop`` and ``value`` (the partner's rearrangement)."""
+    found: set[ir.Node] = set()
+    pending = [value]
+    while pending:
+        current = pending.pop()
+        if current is stop:
+            continue
+        node = current.producer()
+        if node is None or node in found:
+            continue
+        found.add(node)
+        pending.extend(v for v in node.inputs if v is not None)
+    return found
+
+
+class _NormRotary(FusionRule):
+    """The base of the two rules: the norm under the rotated tensor, the angles, the layout."""
+
+    title = "Q/K norm and rotary"
+
+    def _replacement(
+        self,
+        root: ir.Node,
+        rotated: ir.Value,
+        base: ir.Value,
+        cos: ir.Value,
+        sin: ir.Value,
+        partner: ir.Value,
+        inside: set[ir.Node],
+        in_float32: bool = False,
+    ) -> Replacement:
+        """The node of a match: ``rotated`` is the tensor the partner rearranges (a head, or its
+        leading part), ``base`` the whole heads; ``in_float32``: the rotation is computed in
+        float32 from them (the Casts around it in the match)."""
+        rank = _rank(base, "the rotated tensor")
+        if rank != 4:
+            raise NotThisPattern("not a 4-D tensor of heads")
+        interleaved = rotation_kind(*index_map(partner, rotated))
+        # the norm, through the transpose before the rotary (layout 2: the heads on axis 1)
+        norm_out, transposed, known = base, None, None
+        producer = base.producer()
+        if producer is not None and producer.op_type == "Transpose" and producer.domain == "":
+            if list(attribute(producer, "perm", [])) != [0, 2, 1, 3]:
+                raise Rejected("the Transpose before the rotary is not [0, 2, 1, 3]")
+            transposed, norm_out, known = producer, _input(producer), 1
+        cos_angles, head_axis, cos_view = _angles(cos, "cos", rotated, known)
+        sin_angles, sin_axis, sin_view = _angles(sin, "sin", rotated, known)
+        if head_axis != sin_axis or head_axis not in (1, 2):
+            raise Rejected("cos and sin are unsqueezed at different axes, or not at a head axis")
+        if transposed is not None and head_axis != 1:
+            raise Rejected("the angles broadcast over another axis than the transposed heads")
+        layout = 2 if transposed is not None else (1 if head_axis == 1 else 0)
+        inside |= {n for n in (cos.producer(), sin.producer()) if n is not None}
+        inside |= _chain(partner, rotated)
+        norm = norm_out.producer()
+        head_size = 0
+        per_head = 1
+        if norm is not None and norm.op_type == "Reshape" and norm.domain == "" and layout == 2:
+            # OLMo 2: the norm over the whole projection [b, s, h * d], then the view to heads
+            view, norm_out = norm, _input(norm)
+            norm = norm_out.producer()
+            head_size = _last_dim(base, "a head")
+            if (
+                _rank(norm_out, "the norm's output") != 3
+                or _last_dim(norm_out, "the norm's output") % head_size
+            ):
+                raise Rejected(
+                    "the view before the rotary does not split the norm's rows into heads"
+                )
+            per_head = 0
+            inside.add(view)
+        if norm is None or norm.domain != catalogue.DOMAIN or norm.op_type not in ROTARY_OF:
+            raise NotThisPattern("no onnxnorm norm before the rotary")
+        spec = catalogue.get(norm.op_type)
+        x = _input(norm)
+        axis = attribute(norm, "axis", -1) % _rank(x, "the norm's X")
+        if axis != _rank(x, "the norm's X") - 1:
+            raise Rejected("the norm before the rotary spans more than the last axis")
+        if attribute(norm, "y_float32", 0):
+            raise Rejected("the norm before the rotary has a float32 output")
+        inside |= {root, norm} | ({transposed} if transposed is not None else set())
+        _users_inside([norm_out] + ([base] if transposed is not None else []), inside)
+        t = dtype(rotated, "the rotated tensor")
+        if in_float32:  # angles of Q's type cast to float32 are Q's type's angles
+            cos_angles, sin_angles = _unwidened(cos_angles), _unwidened(sin_angles)
+        allowed = (t, ir.DataType.FLOAT) if in_float32 else (t,)
+        if dtype(cos_angles, "cos") not in allowed or dtype(sin_angles, "sin") not in allowed:
+            raise Rejected("cos and sin are not of the rotated tensor's type")
+        if cos_angles.shape != sin_angles.shape or cos_view != sin_view:
+            raise Rejected("cos and sin differ in shape")
+        rotary_dim = _last_dim(rotated, "the rotated values")
+        head = _last_dim(base, "a head")
+        if _last_dim(cos_angles, "cos") != rotary_dim:
+            raise Rejected("cos is not one angle per rotated value")
+        op = ROTARY_OF[norm.op_type]
+        given = {
+            p.name: (norm.inputs[i] if i < len(norm.inputs) else None)
+            for i, p in enumerate(spec.inputs)
+        }
+        inputs: dict[str, ir.Value | None] = {"Q": x, "Cos": cos_angles, "Sin": sin_angles}
+        if op != "L2NormRotary":
+            inputs["QScale"] = given.get("Scale")
+        if op == "LayerNormRotary":
+            inputs["QBias"] = given.get("Bias")
+        attributes = {
+            "epsilon": attribute(norm, "epsilon", 1e-5),
+            "layout": layout,
+            "head_size": head_size,
+            "per_head": per_head,
+            "rotary_dim": 0 if rotary_dim == head else rotary_dim,
+            "interleaved": interleaved,
+            # eager PyTorch rounds each step in the model's type; in float32 both are one
+            "rotary_in_t": int(t != ir.DataType.FLOAT and not in_float32),
+        }
+        if op != "L2NormRotary":
+            attributes["cast_before_scale"] = attribute(norm, "cast_before_scale", 0)
+        if op == "RMSNormRotary":
+            attributes["scale_offset"] = attribute(norm, "scale_offset", 0.0)
+        views = {name: v for name, v in (("Cos", cos_view), ("Sin", sin_view)) if v is not None}
+        return Replacement(op, inputs, attributes, outputs=1, reshape=views)
+
+
+class NormRotary(_NormRotary):
+    """``x * cos + partner(x) * sin`` over the whole head, x the norm's output."""
+
+    def pattern(self, op, x, cos, partner, sin):
+        return op.Add(op.Mul(x, cos), op.Mul(partner, sin), _outputs=["y"])
+
+    def inspect(self, context, x, cos, partner, sin, **_) -> Replacement:
+        producer = x.producer()
+        if producer is not None and producer.op_type in ("Slice", "Split"):
+            raise NotThisPattern("a partial rotary: the Concat after it is the match")
+        return self._replacement(context.root, x, x, cos, sin, partner, set(context.nodes))
+
+
+class PartialNormRotary(_NormRotary):
+    """A partial rotary: the rotated leading values of each head, then the rest, concatenated."""
+
+    def pattern(self, op, x, cos, partner, sin, rest):
+        rotated = op.Add(op.Mul(x, cos), op.Mul(partner, sin))
+        return op.Concat(rotated, rest, _outputs=["y"])
+
+    def inspect(self, context, x, cos, partner, sin, rest, **_) -> Replacement:
+        for value in (x, rest):
+            producer = value.producer()
+            if producer is None or producer.op_type not in ("Slice", "Split"):
+                raise NotThisPattern("not the two parts of a head")
+        base = x.producer().inputs[0]
+        if rest.producer().inputs[0] is not base:
+            raise NotThisPattern("the two parts are of different tensors")
+        head = _last_dim(base, "a head")
+        rank = _rank(base, "the rotated tensor")
+        first = _sliced(x.producer(), x, rank, head)
+        second = _sliced(rest.producer(), rest, rank, head)
+        if (
+            (first.start, first.step, second.step) != (0, 1, 1)
+            or second.start != first.stop
+            or second.stop != head
+        ):
+            raise Rejected("the rotated part and the rest do not split each head in two")
+        if _axis(context.root, context.output_values[0]) != rank - 1:
+            raise NotThisPattern("a Concat of another axis")
+        inside = set(context.nodes) | {x.producer(), rest.producer()}
+        return self._replacement(context.root, x, base, cos, sin, partner, inside)
+
+
+class FloatNormRotary(_NormRotary):
+    """The rotation in float32 of a float16/bfloat16 norm's output: ``Cast(x * cos + partner *
+    sin)`` back to its type, x the output cast to float32 (OLMo 2, Cohere)."""
+
+    def pattern(self, op, x, cos, partner, sin):
+        return op.Cast(op.Add(op.Mul(x, cos), op.Mul(partner, sin)), _outputs=["y"])
+
+    def inspect(self, context, x, cos, partner, sin, **_) -> Replacement:
+        widening = x.producer()
+        if widening is None or widening.op_type != "Cast" or not _widens(widening):
+            raise NotThisPattern("no float32 rotation of a narrower tensor")
+        base = widening.inputs[0]
+        t = dtype(base, "the rotated tensor")
+        if t == ir.DataType.FLOAT or attribute(context.root, "to", None) != t:
+            raise NotThisPattern("not rounded back to the rotated tensor's type")
+        inside = set(context.nodes) | {widening}
+        return self._replacement(
+            context.root, base, base, cos, sin, partner, inside, in_float32=True
+        )
+
+
+def rotary_rules(tracker: Tracker) -> list:
+    return [
+        NormRotary.rule(tracker, "NormRotary"),
+        PartialNormRotary.rule(tracker, "PartialNormRotary"),
+        FloatNormRotary.rule(tracker, "FloatNormRotary"),
+    ]
+
+
+#: the report's title of the pairing
+PAIRED = "Q/K norm and rotary: Q and K in one node"
+#: the ops a projection's output passes through before its norm (a view, a chunk, a bias)
+_VIEWS = {
+    "Reshape",
+    "Transpose",
+    "Slice",
+    "Split",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Add",
+    "Cast",
+}
+
+
+def _is_constant(value: ir.Value) -> bool:
+    """An initializer or a Constant's output, through Identity nodes (TorchScript shares an
+    initializer between equal weights so)."""
+    while True:
+        node = value.producer()
+        if node is None:
+            return value.const_value is not None and not value.is_graph_input()
+        if node.op_type == "Constant":
+            return True
+        if node.op_type != "Identity" or node.inputs[0] is None:
+            return False
+        value = node.inputs[0]
+
+
+def _source(value: ir.Value | None, depth: int = 8) -> ir.Value | None:
+    """The input of the projection (MatMul, Gemm) ``value`` is a view of: Q and K of one
+    attention layer project the same hidden state."""
+    while value is not None and depth:
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type in ("MatMul", "Gemm"):
+            return node.inputs[0]
+        if node.op_type not in _VIEWS:
+            return None
+        value, depth = node.inputs[0], depth - 1
+        if node.op_type == "Add":  # a projection's bias: the operand that is no constant
+            variable = [v for v in node.inputs if v is not None and not _is_constant(v)]
+            value = variable[0] if len(variable) == 1 else None
+    return None
+
+
+def _angle_source(value: ir.Value | None) -> object:
+    """The angles a rotary node reads: the same tensor under the view the rule gave each node
+    of folded constant angles is the same angles."""
+    node = value.producer() if value is not None else None
+    if node is not None and node.op_type == "Reshape" and node.domain == "":
+        try:
+            shape = tuple(int_values(node.inputs[1], "a view's shape").reshape(-1).tolist())
+        except Rejected:
+            return value
+        return (node.inputs[0], shape)
+    return value
+
+
+def _key(node: ir.Node) -> tuple | None:
+    """What two rotary nodes of Q alone must share to become one node of Q and K: the op, the
+    angles (the same values), the attributes, and the hidden state both project."""
+    if node.domain != catalogue.DOMAIN or node.op_type not in ROTARY_OF.values():
+        return None
+    if len(node.outputs) != 1 or (len(node.inputs) > 1 and node.inputs[1] is not None):
+        return None
+    spec = catalogue.get(node.op_type)
+    names = [p.name for p in spec.inputs]
+    given = dict(zip(names, node.inputs))
+    source = _source(given.get("Q"))
+    if source is None:
+        return None
+    attributes = tuple(sorted((k, repr(a.value)) for k, a in node.attributes.items()))
+    angles = tuple(_angle_source(given.get(n)) for n in ("Cos", "Sin", "PositionIds"))
+    return (node.op_type, source, angles, attributes)
+
+
+def pair(model: ir.Model, tracker: Tracker) -> int:
+    """Each two rotary nodes of Q alone that project the same hidden state with the same angles
+    and attributes (a layer's Q and K) become one node with both, placed where the later one
+    was; the number of nodes made."""
+    tracker.register(PAIRED)
+    made = 0
+    for graph in model.graphs():
+        groups: dict[tuple, list[ir.Node]] = {}
+        for node in graph:
+            key = _key(node)
+            if key is not None:
+                groups.setdefault(key, []).append(node)
+        for nodes in groups.values():
+            if len(nodes) != 2:
+                continue
+            q, k = nodes
+            spec = catalogue.get(q.op_type)
+            names = [p.name for p in spec.inputs]
+            inputs = {**dict(zip(names, q.inputs))}
+            for name, value in zip(names, k.inputs):
+                if name == "Q":
+                    inputs["K"] = value
+                elif name in ("QScale", "QBias"):
+                    inputs["K" + name[1:]] = value
+            values = [inputs.get(name) for name in names]
+            while values[-1] is None:
+                values.pop()
+            both = ir.Node(
+                catalogue.DOMAIN,
+                q.op_type,
+                values,
+                attributes=list(q.attributes.values()),
+                num_outputs=2,
+                name=f"{q.name}+K" if q.name else None,
+            )
+            for new, old in zip(both.outputs, (q.outputs[0], k.outputs[0])):
+                new.type, new.shape = old.type, old.shape
+            ir.convenience.replace_nodes_and_values(
+                graph, k, [q, k], [both], [q.outputs[0], k.outputs[0]], list(both.outputs)
+            )
+            tracker.checked(PAIRED, both, None)
+            tracker.fused(PAIRED, both)
+            made += 1
+    return made
