@@ -393,6 +393,105 @@ def test_bench_gated_and_l2_contenders_agree(dtype):
                 )
 
 
+def test_bench_kernels_rotary_rows(tmp_path, capsys):
+    """The rotary ops run on grouped-query attention's shapes (decode 1 and 8 tokens, a 512-token
+    prefill in layouts 0 and 2) against ORT's norm and RotaryEmbedding for Q and K (n/a in
+    bfloat16, which ORT's RotaryEmbedding lacks), the decomposed graph, torch, the floor and a
+    copy of Q and K; --ops RMSNormRotary picks them."""
+    from onnxnorm.bench import kernels
+
+    for op in ops.catalogue.ROTARY_OPS:
+        assert list(kernels.op_shapes(op)) == [
+            "q32k8-1x1x128",
+            "q32k8-1x8x128",
+            "q32k8-1x512x128",
+            "q32k8-1x512x128-bhsd",
+        ]
+        assert kernels.ORT_BUILTINS[op], op
+    out, data = _bench_kernels(
+        tmp_path, capsys, "--ops", "RMSNormRotary", "--dtypes", "float32,bfloat16",
+        "--shapes", "q32k8-1x1x128,q32k8-1x512x128-bhsd,1x1x4096",
+    )  # fmt: skip
+    rows = {(r["shape"], r["dtype"]): r for r in data["results"]}
+    assert set(rows) == {
+        (shape, dtype)
+        for shape in ("q32k8-1x1x128", "q32k8-1x512x128-bhsd")
+        for dtype in ("float32", "bfloat16")
+    }
+    for key, row in rows.items():
+        times = row["median_seconds"]
+        assert row["op"] == "RMSNormRotary", key
+        assert times["onnxnorm"] > 0 and times["decomposed"] is not None, (key, row["notes"])
+        assert times["torch"] > 0 and times["floor"] > 0 and times["copy"] > 0, key
+        assert isinstance(row["target_misses"], list), key
+    assert rows[("q32k8-1x1x128", "float32")]["best_ort"] in {
+        "ort:" + label for label in kernels.ORT_BUILTINS["RMSNormRotary"]
+    }
+    bf16 = rows[("q32k8-1x1x128", "bfloat16")]
+    assert bf16["best_ort"] is None
+    assert "RotaryEmbedding" in bf16["notes"]["ort:SimplifiedLayerNormalization+RotaryEmbedding"]
+    assert "| RMSNormRotary | q32k8-1x512x128-bhsd | float32 |" in out
+
+
+def test_bench_rotary_targets():
+    """A rotary row meets its targets at 1.5x ORT's norm and RotaryEmbedding, and on a prefill
+    row within 1.2x of the copy's time; by the median and the best-of times."""
+    from onnxnorm.bench import kernels
+
+    def row(shape, mine, ort_time, copy):
+        times = {"onnxnorm": mine, "ort:SimplifiedLayerNormalization+RotaryEmbedding": ort_time}
+        times |= {"copy": copy, "floor": 1.0, "decomposed": 100 * mine}
+        return kernels.Result("RMSNormRotary", shape, "float16", times, {}, dict(times))
+
+    assert row("q32k8-1x1x128", 1.0, 1.5, 0.1).verdict() == "met"
+    assert row("q32k8-1x1x128", 1.0, 1.4, 0.1).targets() == [
+        "1.40x as fast as SimplifiedLayerNormalization+RotaryEmbedding < 1.5x"
+    ]
+    assert row("q32k8-1x512x128", 1.2, 2.0, 1.0).verdict() == "met"
+    assert row("q32k8-1x512x128-bhsd", 1.3, 2.0, 1.0).verdict() == (
+        "MISSED: 1.30x the copy's time > 1.2x"
+    )
+    assert row("q32k8-1x512x128", 1.0, None, 0.5).targets() == ["2.00x the copy's time > 1.2x"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])  # (session.run takes no bfloat16)
+def test_bench_rotary_contenders_agree(dtype):
+    """The benchmark's models of the rotary ops compute what the onnxnorm node computes, on a
+    small shape with each row's attributes (layouts 0 and 2): ORT's norm and RotaryEmbedding
+    (LpNormalization: without an epsilon), the decomposed graph and torch eager."""
+    from onnxnorm import runtime
+    from onnxnorm.bench import kernels
+    from onnxnorm.bench.kernels import rotary
+
+    rng = np.random.default_rng(7)
+    rtol, atol = (1e-5, 1e-5) if dtype == "float32" else (4e-3, 8e-3)
+
+    def y(model, arrays, with_library):
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = runtime.session(model, options, with_library=with_library)
+        names = {i.name for i in session.get_inputs()}
+        feeds = {n: a for n, a in arrays.items() if n in names}
+        return [a.astype(np.float32) for a in session.run(None, feeds)]
+
+    for op in ops.catalogue.ROTARY_OPS:
+        for name in ("q32k8-1x8x128", "q32k8-1x512x128-bhsd"):
+            case = kernels.op_shapes(op)[name]
+            small = kernels.OpShape((1, 3, 4, 128), case.attrs, case.scale, (1, 3, 2, 128))
+            arrays = rotary.make_arrays(op, small, dtype, rng)
+            ours = y(rotary.onnxnorm_model(op, dtype, small), arrays, True)
+            assert [a.shape for a in ours] == list(rotary.output_shapes(small).values())
+            theirs = {"decomposed": y(rotary.decomposed_model(op, dtype, small), arrays, False)}
+            for label in kernels.ORT_BUILTINS[op]:
+                theirs[label] = y(rotary.ort_builtin_model(label, dtype, small), arrays, False)
+            theirs["torch"] = [t.float().numpy() for t in rotary.torch_call(op, small, arrays)()]
+            for contender, outputs in theirs.items():
+                for mine, other in zip(ours, outputs, strict=True):
+                    np.testing.assert_allclose(
+                        mine, other, rtol, atol, err_msg=f"{op} {name} {contender}"
+                    )
+
+
 def test_bench_quant_types_are_the_catalogues():
     """--quant-type offers the types the benchmark has a zero point for, which must be the
     catalogue's quantized types (its options are declared without importing the catalogue)."""

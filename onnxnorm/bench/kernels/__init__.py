@@ -45,6 +45,16 @@ GatedRMSNorm and L2Norm run on shapes of their own (``OP_SHAPES``: Qwen3-Next's 
 gated norms, the gated delta-net's q/k L2 norm; one token and 512), held to being at least
 ``DECOMPOSED_SPEEDUP`` times as fast as the decomposed graph.
 
+The rotary ops (RMSNormRotary, LayerNormRotary, L2NormRotary: Q and K normalized per head and
+rotated in one node) run on grouped-query attention's shapes (``OP_SHAPES``: 32 query heads and 8
+key heads of 128, weights [128], caches [4096, 64] gathered by the positions; 1, 8 and 512
+tokens, and the 512 in layout 2) against, for each of Q and K, ORT's norm followed by its
+RotaryEmbedding (com.microsoft's, or ONNX's of opset 23) in one graph, the node's function body
+inlined at opset 18 (``decomposed``), torch eager (the norm, then transformers'
+``q * cos + rotate_half(q) * sin``), ORT's floor (Concat of Q and K) and a copy of Q and K; held
+to being at least ``ROTARY_SPEEDUP`` times as fast as ORT's ops and, on the prefill rows, within
+``ROTARY_COPY_FACTOR`` of the copy's time (module ``rotary``).
+
 ONNX Runtime sessions use ``--threads`` intra-op threads and IO binding with preallocated inputs
 and outputs, so no call allocates or copies. The Q/K-norm shape (1, 512, 32, 128) normalized over
 128 is run as (1, 16384, 128) for every contender (the same bytes and math; ORT's Skip ops want
@@ -52,9 +62,10 @@ rank 3).
 
 The benchmark is this package's modules: ``cases`` (the shapes, dtypes and targets;
 :class:`Result`, a row), ``graphs`` (the ONNX models of the contenders), ``contenders`` (the
-calls timed), ``measure`` (a row, a run), ``report`` (the tables, the plot) and ``cli`` (the
-command). Their public names are this package's too, imported on first use. The instruction set
-of the library is :func:`onnxnorm._native.active_isa`.
+calls timed), ``rotary`` (the rotary ops' inputs and contenders), ``measure`` (a row, a run),
+``report`` (the tables, the plot) and ``cli`` (the command). Their public names are this
+package's too, imported on first use. The instruction set of the library is
+:func:`onnxnorm._native.active_isa`.
 """
 
 from onnxnorm import _lazy
@@ -74,6 +85,11 @@ _WHERE = {
             "SINGLE_TOKEN_SHAPES",
             "FLOOR_FACTOR",
             "QUANT_SPEEDUP",
+            "ROTARY_SPEEDUP",
+            "ROTARY_COPY_SHAPES",
+            "ROTARY_COPY_FACTOR",
+            "ROTARY_MAX_POSITION",
+            "ROTARY_THETA",
             "DTYPES",
             "EPSILON",
             "Y_SCALE",

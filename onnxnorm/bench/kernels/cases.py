@@ -20,12 +20,43 @@ SHAPES: dict[str, tuple[int, ...]] = {
 
 @dataclasses.dataclass(frozen=True)
 class OpShape:
-    """A shape of an op with shapes of its own: X's shape (every contender's), the node's
-    attributes (the model's norm), Scale's shape (None: no Scale)."""
+    """A shape of an op with shapes of its own: X's shape (every contender's; a rotary op's Q),
+    the node's attributes (the model's norm), Scale's shape (None: no Scale; a rotary op's
+    QScale and KScale), and a rotary op's K's shape."""
 
     x: tuple[int, ...]
     attrs: dict[str, Any]
     scale: tuple[int, ...] | None
+    k: tuple[int, ...] | None = None
+
+
+#: the rotary ops' caches: one angle per rotated pair for this many positions, RoPE's base
+ROTARY_MAX_POSITION = 4096
+ROTARY_THETA = 1e6
+#: the rotary ops' attributes (Qwen3's Q/K norm as its exported graph has it, which the fusion
+#: keeps: epsilon 1e-6, rounding order A, the rotation rounded in X's type as eager PyTorch
+#: computes it, half-split, the whole head rotated; layout 0 or 2)
+_ROTARY_ATTRS = {"epsilon": 1e-6, "rotary_in_t": 1}
+
+
+def _rotary_shapes(op: str) -> dict[str, OpShape]:
+    """A rotary op's shapes: Qwen3 / Llama-style grouped-query attention, 32 query heads and 8
+    key heads of 128, batch 1, a decode step of 1 and of 8 tokens and a 512-token prefill in
+    layout 0 (Q [1, tokens, 32, 128] in and out), and the prefill in layout 2 (the outputs
+    [1, heads, tokens, 128]: the transpose to attention's layout taken in)."""
+    attrs = dict(_ROTARY_ATTRS)
+    if op != "L2NormRotary":
+        attrs["cast_before_scale"] = 1
+    shapes = {}
+    for tokens, layout in ((1, 0), (8, 0), (512, 0), (512, 2)):
+        name = f"q32k8-1x{tokens}x128" + ("-bhsd" if layout == 2 else "")
+        shapes[name] = OpShape(
+            (1, tokens, 32, 128),
+            {**attrs, "layout": layout},
+            None if op == "L2NormRotary" else (128,),
+            (1, tokens, 8, 128),
+        )
+    return shapes
 
 
 #: the ops whose shapes are those of the models they come from: op -> --shapes name -> shape.
@@ -33,7 +64,8 @@ class OpShape:
 #: Scale [128] shared by the heads, the gate after the norm) and Mamba2's (d_inner 4096 in 8
 #: groups, Scale [4096], the gate first), both rounding in order A as their torch code does; a
 #: decode step (one token) and a 512-token prefill each. L2Norm: the gated delta-net's q/k norm,
-#: [batch, tokens, heads, head_dim 128].
+#: [batch, tokens, heads, head_dim 128]. The rotary ops: _rotary_shapes (Q with K, their
+#: weights [128], the caches ROTARY_MAX_POSITION x 64 gathered by each token's position).
 OP_SHAPES: dict[str, dict[str, OpShape]] = {
     "GatedRMSNorm": {
         f"{model}-1x{tokens}x{width}": OpShape((1, tokens, width), attrs, scale)
@@ -57,9 +89,12 @@ OP_SHAPES: dict[str, dict[str, OpShape]] = {
         f"qk-l2-1x{tokens}x16x128": OpShape((1, tokens, 16, 128), {"epsilon": 1e-6}, None)
         for tokens in (1, 512)
     },
+    **{op: _rotary_shapes(op) for op in ("RMSNormRotary", "LayerNormRotary", "L2NormRotary")},
 }
 #: every --shapes name
-ALL_SHAPES = (*SHAPES, *(name for shapes in OP_SHAPES.values() for name in shapes))
+ALL_SHAPES = tuple(
+    dict.fromkeys((*SHAPES, *(name for shapes in OP_SHAPES.values() for name in shapes)))
+)
 
 
 def op_shapes(op: str, wanted: list[str] | None = None) -> dict[str, OpShape]:
@@ -89,13 +124,19 @@ BANDWIDTH_SHAPES = ("4x512x4096", "1x2048x8192")
 BANDWIDTH_FRACTION = 0.90
 SINGLE_TOKEN_SHAPES = ("1x1x4096",)
 FLOOR_FACTOR = 1.2
-# The ops of OP_SHAPES, which no single ORT op computes in every form, are held to the graph
+# The norm ops of OP_SHAPES, which no single ORT op computes in every form, are held to the graph
 # their models export instead: at least DECOMPOSED_SPEEDUP times as fast as ONNX Runtime running
 # the decomposed norm (and, where ORT has a built-in op for the form, no slower than it).
 DECOMPOSED_SPEEDUP = 2.0
 # The quantized ops' target instead: on the large shapes at least QUANT_SPEEDUP times as fast as
 # ORT's fastest norm followed by its quantizer (elsewhere no slower).
 QUANT_SPEEDUP = 1.5
+# The rotary ops' targets instead: at least ROTARY_SPEEDUP times as fast as ORT's fastest norm
+# followed by its RotaryEmbedding (for Q and K), and on the prefill rows (ROTARY_COPY_SHAPES)
+# within ROTARY_COPY_FACTOR of the time of a copy of Q and K.
+ROTARY_SPEEDUP = 1.5
+ROTARY_COPY_SHAPES = ("q32k8-1x512x128", "q32k8-1x512x128-bhsd")
+ROTARY_COPY_FACTOR = 1.2
 DTYPES = ("float32", "float16", "bfloat16")
 EPSILON = 1e-5
 Y_SCALE = 0.02
@@ -151,6 +192,17 @@ class Result:
             return ["no onnxnorm time"]
         name, best = self.best_ort(times)
         ort = name.removeprefix("ort:") if name is not None else ""
+        copy = times.get("copy")
+        if catalogue.get(self.op).rotary:
+            if best is not None and best / mine < ROTARY_SPEEDUP:
+                misses.append(f"{best / mine:.2f}x as fast as {ort} < {ROTARY_SPEEDUP}x")
+            if (
+                self.shape in ROTARY_COPY_SHAPES
+                and copy is not None
+                and mine > ROTARY_COPY_FACTOR * copy
+            ):
+                misses.append(f"{mine / copy:.2f}x the copy's time > {ROTARY_COPY_FACTOR}x")
+            return misses
         if catalogue.get(self.op).quantize != "none":
             if best is not None and self.shape in BANDWIDTH_SHAPES and best / mine < QUANT_SPEEDUP:
                 misses.append(f"{best / mine:.2f}x as fast as {ort} < {QUANT_SPEEDUP}x")
@@ -168,7 +220,6 @@ class Result:
             misses.append(
                 f"{decomposed / mine:.2f}x as fast as the decomposed graph < {DECOMPOSED_SPEEDUP}x"
             )
-        copy = times.get("copy")
         if self.shape in BANDWIDTH_SHAPES and copy is not None and copy / mine < BANDWIDTH_FRACTION:
             misses.append(
                 f"{100 * copy / mine:.0f}% of copy bandwidth < {100 * BANDWIDTH_FRACTION:.0f}%"
@@ -188,7 +239,7 @@ class Result:
         def kind(miss: str) -> str:
             if miss.startswith("slower"):
                 return "slower"
-            if "bandwidth" in miss:
+            if "bandwidth" in miss or "copy's time" in miss:
                 return "bandwidth"
             return "speed-up" if " as fast as " in miss else miss
 

@@ -12,7 +12,7 @@ from onnxnorm.bench.kernels.cases import ALL_SHAPES, DTYPES, QUANT_TYPE, QUANT_Z
 def _ops() -> tuple[str, ...]:
     from onnxnorm.ops import catalogue
 
-    return tuple(catalogue.OPS)
+    return tuple(catalogue.ALL_OPS)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -33,8 +33,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         type=choices_list(ALL_SHAPES),
         default=None,
         help=f"comma-separated shapes from {', '.join(SHAPES)} (the ops without shapes of their "
-        f"own), {', '.join(s for s in ALL_SHAPES if s not in SHAPES)} (GatedRMSNorm's and "
-        "L2Norm's, from the models that have them); each op runs those it has (default: all)",
+        f"own), {', '.join(s for s in ALL_SHAPES if s not in SHAPES)} (GatedRMSNorm's, "
+        "L2Norm's and the rotary ops', from the models that have them); each op runs those it "
+        "has (default: all)",
     )
     kernels.add_argument(
         "--dtypes",

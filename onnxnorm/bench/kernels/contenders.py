@@ -222,10 +222,12 @@ def ort_runner(
     keep: list,
     output_shape: tuple[int, ...] | None = None,
     library: str | None = None,
+    output_shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> Callable[[], None]:
     """A call of the model through IO binding (inputs and outputs preallocated, so no call
     allocates or copies; ``keep`` holds them and the session alive); with_library registers the
-    onnxnorm library, ``library`` (a path) another build of it instead."""
+    onnxnorm library, ``library`` (a path) another build of it instead. The outputs are of the
+    first array's type and shape, or ``output_shape``, or by their name ``output_shapes``'."""
     import onnxruntime as ort
 
     from onnxnorm import runtime
@@ -250,7 +252,7 @@ def ort_runner(
             keep.append(value)
             binding.bind_ortvalue_input(name, value)
     for out in sess.get_outputs():
-        shape, dtype = output_shape or x.shape, x.dtype
+        shape, dtype = (output_shapes or {}).get(out.name, output_shape or x.shape), x.dtype
         if out.name in ("ys_out", "yz_out"):  # DynamicQuantizeLinear's scalars
             shape, dtype = (), np.dtype(np.float32 if out.name == "ys_out" else np.uint8)
         elif out.type in ("tensor(int8)", "tensor(uint8)", "tensor(float8e4m3fn)"):

@@ -24,6 +24,17 @@ ORT_BUILTINS = {
     # takes the gate first has no ORT op); ONNX's LpNormalization (p = 2): without an epsilon
     "GatedRMSNorm": ["GatedRMSNorm"],
     "L2Norm": ["LpNormalization"],
+    # the rotary ops (Q and K; onnxnorm.bench.kernels.rotary): for each of Q and K the norm, then
+    # com.microsoft RotaryEmbedding ("RotaryEmbedding") or ONNX's ("RotaryEmbedding-23")
+    "RMSNormRotary": [
+        "SimplifiedLayerNormalization+RotaryEmbedding",
+        "RMSNormalization-23+RotaryEmbedding-23",
+    ],
+    "LayerNormRotary": [
+        "LayerNormalization-17+RotaryEmbedding",
+        "LayerNormalization-17+RotaryEmbedding-23",
+    ],
+    "L2NormRotary": ["LpNormalization+RotaryEmbedding", "LpNormalization+RotaryEmbedding-23"],
 }
 # the quantized ops: each built-in of their norm followed by ORT's quantizer
 _QUANTIZERS = {"static": "QuantizeLinear", "dynamic": "DynamicQuantizeLinear"}

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from onnxnorm.bench import common, timing
-from onnxnorm.bench.kernels import graphs
+from onnxnorm.bench.kernels import graphs, rotary
 from onnxnorm.bench.kernels.cases import QUANT_TYPE, QUANT_ZERO_POINTS, Y_SCALE, Result, op_shapes
 from onnxnorm.bench.kernels.contenders import decomposed_model, ort_runner, threaded_copy, torch_fn
 from onnxnorm.bench.kernels.report import (
@@ -37,15 +37,16 @@ def bench_case(
     quant_type: str = QUANT_TYPE,
 ) -> Result:
     """One row: ``op`` on ``shape_name`` in ``dtype`` (a static quantized op quantizing to
-    ``quant_type``), every contender timed."""
+    ``quant_type``), every contender timed (a rotary op's: module ``rotary``'s)."""
     import torch
 
     case = op_shapes(op, [shape_name])[shape_name]
     shape, attrs, scale_shape = case.x, case.attrs, case.scale
     d = shape[-1]
     np_type = graphs.np_dtype(dtype)
-    arrays = {}
-    for name in graphs.input_names(op).values():
+    spec = catalogue.get(op)
+    arrays = rotary.make_arrays(op, case, dtype, rng) if spec.rotary else {}
+    for name in [] if spec.rotary else graphs.input_names(op).values():
         if name == "ys":
             arrays[name] = np.array(Y_SCALE, np_type)
         elif name == "yz":
@@ -73,6 +74,25 @@ def bench_case(
     def model():
         return graphs.onnxnorm_model(op, dtype, shape, d, quant_type, attrs, scale_shape)
 
+    if spec.rotary:
+        torch.set_num_threads(threads)
+        rotary.add_contenders(op, dtype, case, arrays, add, threads, keep, compare)
+        # Q and K read, QOut and KOut written: a copy of Q and K
+        nbytes = arrays["q"].nbytes + arrays["k"].nbytes
+        return _time(
+            op,
+            shape_name,
+            dtype,
+            fns,
+            times,
+            notes,
+            nbytes,
+            threads,
+            repeats,
+            min_sample,
+            warmup,
+            keep,
+        )
     add("onnxnorm", lambda: ort_runner(model(), arrays, threads, True, keep))
     for name, path in (compare or {}).items():  # other builds of the library, for before/after
         add(
@@ -98,7 +118,6 @@ def bench_case(
                 decomposed_model(op, dtype, arrays, attrs), arrays, threads, False, keep
             ),
         )
-    spec = catalogue.get(op)
     two_inputs = spec.has_residual or spec.gated
     floor_shape = (2 * shape[0], *shape[1:]) if two_inputs else shape
     add(
@@ -144,6 +163,41 @@ def bench_case(
     # much as it reads): X [Residual] [Gate] read, Y [Sum] written
     moved = 2 + 2 * spec.has_residual + spec.gated
     nbytes = moved * arrays["x"].nbytes // 2
+    static = spec.quantize == "static"
+    return _time(
+        op,
+        shape_name,
+        dtype,
+        fns,
+        times,
+        notes,
+        nbytes,
+        threads,
+        repeats,
+        min_sample,
+        warmup,
+        keep,
+        quant_type if static else None,
+    )
+
+
+def _time(
+    op: str,
+    shape_name: str,
+    dtype: str,
+    fns: dict[str, Callable[[], None]],
+    times: dict[str, float | None],
+    notes: dict[str, str],
+    nbytes: int,
+    threads: int,
+    repeats: int,
+    min_sample: float,
+    warmup: float,
+    keep: list,
+    quant_type: str | None = None,
+) -> Result:
+    """Times ``fns`` and a copy of ``nbytes`` (the bytes the op reads, copied: it writes as many)
+    interleaved; the row, with the contenders that did not run (``times``, ``notes``)."""
     source = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     target = np.empty_like(source)
     np.copyto(target, source)
@@ -162,8 +216,7 @@ def bench_case(
     for t in (times, best):
         t["copy"] = min(v for k, v in t.items() if k.startswith("copy:") and v is not None)
     keep.clear()  # the sessions and their buffers
-    static = catalogue.get(op).quantize == "static"
-    return Result(op, shape_name, dtype, times, notes, best, quant_type if static else None)
+    return Result(op, shape_name, dtype, times, notes, best, quant_type)
 
 
 def run(

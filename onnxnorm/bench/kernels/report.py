@@ -114,7 +114,7 @@ def plot(results: list[Result], path: str) -> None:
 
     from onnxnorm.ops import catalogue
 
-    ops = [op for op in catalogue.OPS if any(r.op == op for r in results)]
+    ops = [op for op in catalogue.ALL_OPS if any(r.op == op for r in results)]
     contenders = ["best ORT built-in", "decomposed", "torch", "floor", "copy"]
     colors = {
         "best ORT built-in": "#d62728",
