@@ -80,7 +80,7 @@ def _torch_gated(attrs: dict[str, Any]) -> Callable:
     return norm_then_gate if attrs.get("norm_before_gate", 1) else gate_then_norm
 
 
-def _torch_l2(attrs: dict[str, Any]) -> Callable:
+def torch_l2(attrs: dict[str, Any]) -> Callable:
     """L2Norm as the gated delta-net's torch code writes it: x * rsqrt(sum(x^2) + eps) in float32
     (torch's F.normalize divides by max(norm, eps) instead)."""
     import torch
@@ -101,7 +101,7 @@ def torch_fn(op: str, decomposed: bool, attrs: dict[str, Any] | None = None) -> 
     if spec.gated:
         return _torch_gated(attrs or {})
     if spec.norm == "l2":
-        return _torch_l2(attrs or {})
+        return torch_l2(attrs or {})
     norm = _torch_norm(spec.norm, decomposed)
     layer = spec.norm == "layer"
     if spec.residual == "none":

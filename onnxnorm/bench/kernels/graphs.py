@@ -78,7 +78,9 @@ def zero_point(quant_type: str) -> np.ndarray:
     return np.array(QUANT_ZERO_POINTS[quant_type], _native.QUANT_NP_TYPES[quant_type])
 
 
-def _model(nodes, inputs: dict[str, tuple], outputs: list[str], dtype: str, opsets: dict[str, int]):
+def graph_model(
+    nodes, inputs: dict[str, tuple], outputs: list[str], dtype: str, opsets: dict[str, int]
+):
     """A model of ``nodes``: ``inputs`` (name -> shape) and ``outputs`` of X's type."""
     from onnx import helper
 
@@ -284,10 +286,10 @@ def ort_builtin_model(
             activation=activation,
         )
         inputs = {"x": x_shape, "s": tuple(scale_shape), "g": x_shape}
-        return _model([node], inputs, ["y"], dtype, {"": 17, ms: 1})
+        return graph_model([node], inputs, ["y"], dtype, {"": 17, ms: 1})
     if label == "LpNormalization":  # (no epsilon)
         node = helper.make_node("LpNormalization", ["x"], ["y"], axis=-1, p=2)
-        return _model([node], {"x": x_shape}, ["y"], dtype, {"": 17})
+        return graph_model([node], {"x": x_shape}, ["y"], dtype, {"": 17})
 
     def norm(op: str, inputs: list[str], output: str = "y"):  # over the last axis
         return helper.make_node(op, inputs, [output], axis=-1, epsilon=EPSILON)
@@ -299,23 +301,25 @@ def ort_builtin_model(
     w = {"s": (d,)}
     wb = {"s": (d,), "b": (d,)}
     if label == "LayerNormalization-17":
-        return _model(
+        return graph_model(
             [norm("LayerNormalization", ["x", "s", "b"])], {**xs, **wb}, ["y"], dtype, {"": 17}
         )
     if label == "RMSNormalization-23":
-        return _model([norm("RMSNormalization", ["x", "s"])], {**xs, **w}, ["y"], dtype, {"": 23})
+        return graph_model(
+            [norm("RMSNormalization", ["x", "s"])], {**xs, **w}, ["y"], dtype, {"": 23}
+        )
     if label == "SimplifiedLayerNormalization":
-        return _model(
+        return graph_model(
             [norm("SimplifiedLayerNormalization", ["x", "s"])], {**xs, **w}, ["y"], dtype, {"": 17}
         )
     rs = {"r": x_shape}
     opsets = {"": 17, ms: 1}
     if label == "SkipLayerNormalization":
-        return _model(
+        return graph_model(
             [skip(label, ["x", "r", "s", "b"])], {**xs, **rs, **wb}, ["y", "sum"], dtype, opsets
         )
     if label == "SkipSimplifiedLayerNormalization":
-        return _model(
+        return graph_model(
             [skip(label, ["x", "r", "s"])], {**xs, **rs, **w}, ["y", "sum"], dtype, opsets
         )
     if label == "LayerNormalization+SkipLayerNormalization":
@@ -324,13 +328,13 @@ def ort_builtin_model(
             skip("SkipLayerNormalization", ["inner", "r", "s", "b"]),
         ]
         inputs = {**xs, **rs, **wb, "si": (d,), "bi": (d,)}
-        return _model(nodes, inputs, ["y", "sum"], dtype, opsets)
+        return graph_model(nodes, inputs, ["y", "sum"], dtype, opsets)
     if label == "SimplifiedLayerNormalization+SkipSimplifiedLayerNormalization":
         nodes = [
             norm("SimplifiedLayerNormalization", ["x", "si"], "inner"),
             skip("SkipSimplifiedLayerNormalization", ["inner", "r", "s"]),
         ]
-        return _model(nodes, {**xs, **rs, **w, "si": (d,)}, ["y", "sum"], dtype, opsets)
+        return graph_model(nodes, {**xs, **rs, **w, "si": (d,)}, ["y", "sum"], dtype, opsets)
     raise KeyError(label)
 
 
@@ -343,7 +347,7 @@ def ort_floor_model(op: str, dtype: str, x_shape):
     spec = catalogue.get(op)
     if not spec.has_residual and not spec.gated:
         node = helper.make_node("Identity", ["x"], ["y"])
-        return _model([node], {"x": x_shape}, ["y"], dtype, {"": 17})
+        return graph_model([node], {"x": x_shape}, ["y"], dtype, {"": 17})
     second = "r" if spec.has_residual else "g"
     node = helper.make_node("Concat", ["x", second], ["y"], axis=0)
-    return _model([node], {"x": x_shape, second: x_shape}, ["y"], dtype, {"": 17})
+    return graph_model([node], {"x": x_shape, second: x_shape}, ["y"], dtype, {"": 17})

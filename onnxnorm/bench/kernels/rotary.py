@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from onnxnorm.bench.kernels.cases import EPSILON, ROTARY_MAX_POSITION, ROTARY_THETA, OpShape
-from onnxnorm.bench.kernels.graphs import ORT_BUILTINS, _model, np_dtype
+from onnxnorm.bench.kernels.graphs import ORT_BUILTINS, graph_model, np_dtype
 from onnxnorm.ops import catalogue
 
 #: catalogue input -> the name of its array (every contender's graph input of that name)
@@ -192,7 +192,7 @@ def ort_builtin_model(label: str, dtype: str, case: OpShape):
     cache = (ROTARY_MAX_POSITION, head // 2)
     inputs.update(cos=cache, sin=cache)
     opset = 23 if "-23" in label else norm_opset
-    model = _model(nodes, inputs, ["q_out", "k_out"], dtype, {"": opset, ms: 1})
+    model = graph_model(nodes, inputs, ["q_out", "k_out"], dtype, {"": opset, ms: 1})
     graph = model.graph
     graph.input.append(helper.make_tensor_value_info("pos", TensorProto.INT64, case.x[:2]))
     if layout != 2:
@@ -212,7 +212,7 @@ def floor_model(dtype: str, case: OpShape):
 
     node = helper.make_node("Concat", ["q", "k"], ["y"], axis=2)
     assert case.k is not None
-    return _model([node], {"q": case.x, "k": case.k}, ["y"], dtype, {"": 17})
+    return graph_model([node], {"q": case.x, "k": case.k}, ["y"], dtype, {"": 17})
 
 
 def torch_call(op: str, case: OpShape, arrays: dict[str, np.ndarray]) -> Callable[[], Any]:
@@ -225,7 +225,7 @@ def torch_call(op: str, case: OpShape, arrays: dict[str, np.ndarray]) -> Callabl
     import torch
     import torch.nn.functional as F
 
-    from onnxnorm.bench.kernels.contenders import _torch_l2
+    from onnxnorm.bench.kernels.contenders import torch_l2
 
     spec = catalogue.get(op)
     epsilon = case.attrs.get("epsilon", EPSILON)
@@ -240,7 +240,7 @@ def torch_call(op: str, case: OpShape, arrays: dict[str, np.ndarray]) -> Callabl
     pos = t["pos"]
     cos = torch.cat([t["cos"][pos]] * 2, dim=-1)
     sin = torch.cat([t["sin"][pos]] * 2, dim=-1)
-    l2 = _torch_l2({"epsilon": epsilon})
+    l2 = torch_l2({"epsilon": epsilon})
     width = (case.x[-1],)
 
     def norm(x, s, b):
