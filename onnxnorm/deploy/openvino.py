@@ -71,6 +71,7 @@ _ELEMENT_TYPES = {
     "u8": TensorProto.UINT8,
     "i8": TensorProto.INT8,
     "f8e4m3": TensorProto.FLOAT8E4M3FN,  # OpenVINO's f8e4m3 is e4m3fn (max 448, no Inf)
+    "i64": TensorProto.INT64,  # a rotary op's PositionIds
 }
 
 _INSTALL = "pip install openvino"
@@ -94,7 +95,7 @@ def extensions() -> list[Any]:
     frontend = importlib.import_module("openvino.frontend.onnx")
     return [
         frontend.ConversionExtension(name, catalogue.DOMAIN, _converter(name))
-        for name in catalogue.OPS
+        for name in catalogue.ALL_OPS
     ]
 
 
@@ -169,7 +170,11 @@ def _splice(sub: Any, spec: catalogue.OpSpec, given: dict[str, Any], prefix: str
     # type alone counts)
     for parameter in sub.get_parameters():
         parameter.output(0).replace(given[parameter.get_friendly_name()])
-    return [results[f"{p.name}_out"].input_value(0) for p in spec.outputs]
+    return [
+        results[f"{p.name}_out"].input_value(0)
+        for p in spec.outputs
+        if f"{p.name}_out" in results  # (a rotary node of Q alone has no KOut)
+    ]
 
 
 def _inputs(spec: catalogue.OpSpec, context: Any) -> list[tuple[Any, int, int | None] | None]:
@@ -234,7 +239,10 @@ def _lowered(
         declared.append(helper.make_tensor_value_info(param.name, element, dims))
     while names and not names[-1]:
         names.pop()
-    outputs = [f"{p.name}_out" for p in spec.outputs]
+    # a rotary node of Q alone has QOut alone
+    order = [p.name for p in spec.inputs]
+    alone = spec.rotary and inputs[order.index("K")] is None
+    outputs = [f"{p.name}_out" for p in spec.outputs if not (alone and p.name == "KOut")]
     node = helper.make_node(spec.name, names, outputs, name=spec.name, domain=catalogue.DOMAIN)
     node.attribute.extend(helper.make_attribute(k, v) for k, v in sorted(attributes.items()))
     graph = helper.make_graph(

@@ -1,6 +1,7 @@
-"""PyTorch side: norm modules, residual blocks fused with their norms, the catalogue ops as torch
-custom ops, conversion of existing models, export, and the small reference decoders that
-``onnxnorm export FAMILY`` builds (``decoder``, ``families``).
+"""PyTorch side: norm modules, the Q/K norm and rotary of attention (``QKNormRotary``), residual
+blocks fused with their norms, the catalogue ops as torch custom ops, conversion of existing
+models, export, and the small reference decoders that ``onnxnorm export FAMILY`` builds
+(``decoder``, ``families``).
 
 Needs torch (``pip install 'onnxnorm[torch]'``). The names below are imported on first use, so
 this package imports without torch, and without loading it (``onnxnorm export --help`` and
@@ -17,6 +18,8 @@ _WHERE = {
     "GatedRMSNorm": "modules",
     "L2Norm": "modules",
     "LayerNorm": "modules",
+    "QKNormRotary": "rotary",
+    "norm_rotary": "rotary",
     "RMSNorm": "modules",
     "convert": "converter",
     "export": "exporter",

@@ -21,7 +21,8 @@ Norm placements (``position``), each for the attention and the MLP sublayer of e
 
 Token mixers (``mixer``), for the norms of hybrid LLMs:
 
-* ``attention``: softmax attention in every layer;
+* ``attention``: softmax attention in every layer (with a Q/K norm, RoPE after it: one rotary
+  node of Q and K per layer in the onnxnorm impl);
 * ``gated_deltanet``: Qwen3-Next's hybrid. Every ``full_attention_interval``-th layer is
   softmax attention with Q/K norms and an output gate, the others linear attention
   (:class:`GatedDeltaNet`) whose queries and keys go through L2Norm and whose output goes
@@ -194,12 +195,17 @@ class Decoder(nn.Module):
 
     def expected_nodes(self) -> collections.Counter:
         """The onnxnorm nodes that the export of the ``onnxnorm`` impl holds, by op type: one
-        per norm, or per residual add fused with the norm after it."""
+        per norm, or per residual add fused with the norm after it, or per attention layer's
+        Q/K norms with their rotary (``RMSNormRotary`` or ``LayerNormRotary`` of Q and K)."""
         c = self.config
         kind = "RMSNorm" if c.norm == "rms" else "LayerNorm"
         kinds = [c.layer_kind(i) for i in range(c.layers)]
         nodes: collections.Counter = collections.Counter()
-        nodes[kind] += int(c.embedding_norm) + 2 * kinds.count("attention") * int(c.qk_norm)
+        nodes[kind] += int(c.embedding_norm)
+        if c.qk_norm and c.has_rotary:
+            nodes[kind + "Rotary"] += kinds.count("attention")
+        elif c.qk_norm:
+            nodes[kind] += 2 * kinds.count("attention")
         # a gated norm in each linear-attention and Mamba2 layer, L2Norms of q and k in the first
         nodes["GatedRMSNorm"] += kinds.count("linear_attention") + kinds.count("mamba2")
         nodes["L2Norm"] += 2 * kinds.count("linear_attention")

@@ -292,13 +292,40 @@ def export(
                 raise OnnxNormError(_exporter_failure(second)) from second
     finally:
         model.train(was_training)
-    proto = program.model_proto
+    proto = single_output_rotary(program.model_proto)
     if not allow_no_norms and not any(True for _ in functions.onnxnorm_nodes(proto)):
         raise OnnxNormError(_no_norms_message(model))
     proto = lower(proto, mode, runtime)
     if path is not None:
         save(proto, path, external_data)
     return proto
+
+
+def single_output_rotary(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each rotary node of Q alone (``catalogue.ROTARY_OPS``, K left out) given
+    its one output, QOut, as the fusion writes it: the exporter gives a node every output of
+    its schema, and KOut is never used there. Changed in place and returned."""
+    dropped: set[str] = set()
+    for node in model.graph.node:
+        if (
+            node.domain == catalogue.DOMAIN
+            and node.op_type in catalogue.ROTARY_OPS
+            and (len(node.input) < 2 or not node.input[1])
+            and len(node.output) > 1
+        ):
+            dropped.update(name for name in node.output[1:] if name)
+            del node.output[1:]
+    if dropped:
+        used = {name for node in model.graph.node for name in node.input}
+        used |= {output.name for output in model.graph.output}
+        if dropped & used:
+            raise OnnxNormError(
+                f"a rotary node of Q alone has its KOut used: {sorted(dropped & used)}"
+            )
+        kept = [info for info in model.graph.value_info if info.name not in dropped]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(kept)
+    return model
 
 
 def _eager_failure(

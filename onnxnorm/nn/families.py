@@ -303,6 +303,8 @@ def get(name: str) -> Family:
 POSITIONS = ("pre", "post", "sandwich", "deepnorm", "reordered")
 NORMS = ("rms", "layer")
 IMPLS = ("onnxnorm", "decomposed")
+#: the Q/K norms of the decoder's attention: none, over each head, over the whole projection
+QK_NORMS = ("", "head", "full")
 
 
 @dataclasses.dataclass
@@ -320,7 +322,15 @@ class DecoderConfig:
     cast_before_scale: int = 0  # rounding order: 1 = A (Llama, T5), 0 = B (Gemma, torch)
     weight: bool = True  # False: non-parametric norms (OLMo)
     bias: bool = False  # LayerNorm bias
-    qk_norm: bool = False  # norms of the queries and keys over head_dim (Qwen3, Gemma 3)
+    #: norms of the queries and keys: "head" (or True) over each head (Qwen3, Gemma 3), "full"
+    #: over the whole projection (OLMo 2), "" (or False) none
+    qk_norm: bool | str = False
+    #: RoPE on the queries and keys after their norms; None: where there is a Q/K norm (the
+    #: onnxnorm impl then exports the norm and the rotary as one rotary node)
+    rotary: bool | None = None
+    #: the rotation in float32 with float32 angles, rounded once (OLMo 2); else in the model's
+    #: type, as eager PyTorch rounds it
+    rotary_float32: bool = False
     embedding_norm: bool = False  # a norm right after the embedding (BLOOM, BERT)
     final_norm: bool | None = None  # None: yes for pre, sandwich and reordered
     impl: str = "onnxnorm"
@@ -336,6 +346,12 @@ class DecoderConfig:
     conv_kernel: int = 4  # the causal depthwise convolution of both linear mixers
 
     def __post_init__(self) -> None:
+        qk_norm: Any = self.qk_norm
+        if isinstance(qk_norm, bool):
+            qk_norm = "head" if qk_norm else ""
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm must be one of {QK_NORMS} (or a bool), got {qk_norm!r}")
+        self.qk_norm = qk_norm
         if self.norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if self.position not in POSITIONS:
@@ -381,6 +397,11 @@ class DecoderConfig:
         return "attention"
 
     @property
+    def has_rotary(self) -> bool:
+        """Whether the attention rotates its queries and keys (RoPE)."""
+        return bool(self.qk_norm) if self.rotary is None else self.rotary
+
+    @property
     def has_final_norm(self) -> bool:
         if self.final_norm is not None:
             return self.final_norm
@@ -397,7 +418,9 @@ class DecoderConfig:
 def decoder_config(family: Family | str, **overrides: Any) -> DecoderConfig:
     """A :class:`onnxnorm.nn.decoder.DecoderConfig` normalized the way ``family`` is (needs
     torch). Placements the decoder does not build (``parallel``) become ``pre`` with the same
-    norms. A hybrid family's decoder gets the family's token mixer."""
+    norms. A hybrid family's decoder gets the family's token mixer. The attention of a family
+    with a Q/K norm has it ("head" or "full") and RoPE after it, rotated in float32 for the
+    norm over the whole projection (OLMo 2 computes it so)."""
     if isinstance(family, str):
         family = get(family)
     position = "pre" if family.position == "parallel" else family.position
@@ -408,7 +431,8 @@ def decoder_config(family: Family | str, **overrides: Any) -> DecoderConfig:
         scale_offset=family.scale_offset,
         weight=family.weight,
         bias=family.bias and family.weight,
-        qk_norm=bool(family.qk_norm),
+        qk_norm=family.qk_norm,
+        rotary_float32=family.qk_norm == "full",
         embedding_norm=family.embedding_norm,
         cast_before_scale=1 if family.order == "A" else 0,
         mixer=family.mixer,

@@ -17,34 +17,100 @@ from torch import nn
 from onnxnorm.nn.decoder_norms import make_gated_norm, make_l2_norm, make_norm
 from onnxnorm.nn.families import DecoderConfig
 
+#: RoPE's base (Llama's, Qwen's and most families')
+ROPE_THETA = 10000.0
+
+
+def rope_angles(
+    seq: int, head_dim: int, dtype: torch.dtype, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of positions 0 .. seq - 1 as Hugging Face's rotary embeddings compute them:
+    one angle per value (the halves repeated), [1, seq, head_dim], in float32 then ``dtype``."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    inv_freq = 1.0 / (ROPE_THETA**exponent)
+    positions = torch.arange(seq, dtype=torch.float32, device=device)
+    freqs = positions[:, None] * inv_freq[None, :]
+    angles = torch.cat([freqs, freqs], dim=-1)[None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` ([batch, heads, seq, head_dim]; cos and sin
+    [1, seq, head_dim] unsqueezed at the head axis), in x's type: rounded at each step where
+    the angles are of x's type, in float32 and rounded once where they are float32 (OLMo 2)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return ((x * cos) + (rotate_half(x) * sin)).to(x.dtype)
+
 
 class Attention(nn.Module):
-    """Softmax attention, with Q/K norms over head_dim (``qk_norm``) and, in Qwen3-Next's
-    hybrid (``mixer="gated_deltanet"``), its output gate: q_proj gives each head's query and
-    gate, and the output is multiplied by the gate's sigmoid before o_proj."""
+    """Softmax attention, with Q/K norms (``qk_norm``: over head_dim, or over the whole
+    projection for ``"full"``, OLMo 2's) and RoPE after them (``config.has_rotary``) and, in
+    Qwen3-Next's hybrid (``mixer="gated_deltanet"``), its output gate: q_proj gives each
+    head's query and gate, and the output is multiplied by the gate's sigmoid before o_proj.
+
+    With ``impl="onnxnorm"`` the Q/K norms and the rotary are one rotary op of Q and K
+    (:func:`onnxnorm.nn.norm_rotary`, with the norms ``q_norm`` and ``k_norm``); the
+    decomposed impl spells them out as Hugging Face's attention layers do (the norms on
+    [batch, seq, heads, head_dim], the transpose, ``apply_rotary_pos_emb``)."""
 
     def __init__(self, config: DecoderConfig):
         super().__init__()
         self.heads, self.kv_heads = config.heads, config.kv_heads or config.heads
-        d = config.head_dim
+        d = self.head_dim = config.head_dim
         self.output_gate = config.mixer == "gated_deltanet"
         self.q_proj = nn.Linear(config.hidden, self.heads * d * (1 + self.output_gate), bias=False)
         self.k_proj = nn.Linear(config.hidden, self.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(config.hidden, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, config.hidden, bias=False)
-        self.q_norm = make_norm(d, config) if config.qk_norm else None
-        self.k_norm = make_norm(d, config) if config.qk_norm else None
+        self.full = config.qk_norm == "full"
+        q_size, k_size = (self.heads * d, self.kv_heads * d) if self.full else (d, d)
+        self.q_norm = make_norm(q_size, config) if config.qk_norm else None
+        self.k_norm = make_norm(k_size, config) if config.qk_norm else None
+        self.rotary = config.has_rotary
+        self.rotary_float32 = config.rotary_float32
+        self.fused = self.rotary and bool(config.qk_norm) and config.impl == "onnxnorm"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.heads, -1)
+        heads = (batch, seq, -1, self.head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)
         if self.output_gate:
-            q, gate = q.chunk(2, dim=-1)
-        k = self.k_proj(x).view(batch, seq, self.kv_heads, -1)
-        v = self.v_proj(x).view(batch, seq, self.kv_heads, -1)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, gate = q.view(batch, seq, self.heads, -1).chunk(2, dim=-1)
+        v = self.v_proj(x).view(heads).transpose(1, 2)
+        if self.rotary:
+            angle_type = torch.float32 if self.rotary_float32 else x.dtype
+            cos, sin = rope_angles(seq, self.head_dim, angle_type, x.device)
+        if self.fused:
+            from onnxnorm.nn.rotary import norm_rotary
+
+            if not self.full:
+                q, k = q.view(heads), k.view(heads)
+            q, k = norm_rotary(
+                self.q_norm,
+                self.k_norm,
+                q,
+                k,
+                cos,
+                sin,
+                head_size=self.head_dim if self.full else 0,
+                layout=2,
+                per_head=not self.full,
+                rotary_in_t=not self.rotary_float32,
+            )
+        else:
+            if self.full and self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.view(heads), k.view(heads)
+            if not self.full and self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            if self.rotary:
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)

@@ -17,7 +17,8 @@ from onnx import helper
 from onnxnorm.errors import MissingDependency
 from onnxnorm.ops import catalogue, reference
 from onnxnorm.testing.graphs import single_node_model
-from tests.support.helpers import assert_float8_equal, reference_outputs
+from tests.support import rotary_cases
+from tests.support.helpers import assert_close, assert_float8_equal, reference_outputs
 from tests.support.matrix import BF16, DTYPES, F8, F32
 
 ov = pytest.importorskip("openvino")
@@ -75,8 +76,9 @@ _OV_TYPES = {
     F8: "f8e4m3",
     np.dtype(np.uint8): "u8",
     np.dtype(np.int8): "i8",
+    np.dtype(np.int64): "i64",
 }
-_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _tensor(array):
@@ -197,6 +199,31 @@ def test_every_op(op, dtype, optional, core, rng):
             assert found >= norms, layers  # becomes a second RMS layer with that weight)
         else:
             assert found == norms, layers
+
+
+#: rotary cases (tests/support/rotary_cases.py's axes): Qwen3's form, Cohere's, OLMo 2's
+ROTARY = [
+    ("RMSNormRotary", {"layout": "2-3d", "weights": "shared", "rotary_in_t": 1, "k": True}),
+    ("LayerNormRotary", {"interleaved": 1, "weights": "per-head", "k": True}),
+    ("RMSNormRotary", {"per_head": 0, "layout": "2-3d", "weights": "per-head", "k": False}),
+    ("L2NormRotary", {"rotary_dim": 8, "cache": "values-token", "rotary_first": 1, "k": True}),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("op, axes", ROTARY, ids=[f"{op}-{i}" for i, (op, _) in enumerate(ROTARY)])
+def test_rotary_ops(op, axes, dtype, core, rng):
+    """The rotary ops through the extension (each node lowered --for openvino: its body), Q
+    and K or Q alone: the reference's outputs."""
+    case = {**rotary_cases.DEFAULTS, **axes, "dtype": dtype}
+    arrays, attrs = rotary_cases.arrays_and_attrs(op, rotary_cases.fit(op, case), rng)
+    model = single_node_model(op, arrays, attrs, functions=False, optional_outputs="K" in arrays)
+    got = _run(_compile(model, core), arrays)
+    spec = catalogue.get(op)
+    want = reference.run(op, *[arrays.get(p.name) for p in spec.inputs], **attrs)
+    assert len(got) == len(want) == (2 if "K" in arrays else 1)
+    for g, w in zip(got, want):
+        assert_close(g, w, DTYPES[dtype])
 
 
 # (op, present optional inputs, attributes, per-head weights, weights' type: None = X's)
@@ -433,7 +460,7 @@ def test_without_the_extension_openvino_refuses_onnxnorm_files(llama):
 def test_api(rng):
     """One extension per catalogue op; ``add_to`` returns its core (adding them twice is
     harmless); ``read_model`` takes a path, bytes or a ModelProto."""
-    assert len(onnxnorm_openvino.extensions()) == len(catalogue.OPS)
+    assert len(onnxnorm_openvino.extensions()) == len(catalogue.ALL_OPS)
     core = ov.Core()
     assert onnxnorm_openvino.add_to(core) is core
     onnxnorm_openvino.add_to(core)

@@ -77,8 +77,11 @@ def test_expected_nodes_count_every_norm_once():
         config = decoder.DecoderConfig(position=position, qk_norm=True)
         model = decoder.build(config)
         nodes = model.expected_nodes()
-        # every norm module is in exactly one node; a Sandwich node holds two
-        held = sum(n * (2 if op.startswith("Sandwich") else 1) for op, n in nodes.items())
+        # every norm module is in exactly one node; a Sandwich node holds two, and so does a
+        # rotary node of Q and K
+        two = ("Sandwich", "RMSNormRotary", "LayerNormRotary")
+        held = sum(n * (2 if op.startswith(two) else 1) for op, n in nodes.items())
+        assert nodes["RMSNormRotary"] == config.layers
         assert held == model.count_norms(), position
 
 

@@ -209,9 +209,9 @@ def test_family_export_needs_no_source_tree(tmp_path):
     counts = collections.Counter(
         n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node if n.domain == "onnxnorm"
     )
-    # Pre-Norm with Q/K norms over head_dim: 1 + 2 (Q, K) RMSNorm per layer plus the first
-    # and final norms, the residual adds fused into SkipRMSNorm
-    assert counts["RMSNorm"] >= 3 and counts["SkipRMSNorm"] >= 1, counts
+    # Pre-Norm with Q/K norms over head_dim: the first norm, the residual adds fused into
+    # SkipRMSNorm, the Q/K norms and their rotary one RMSNormRotary of Q and K per layer
+    assert counts == {"RMSNorm": 1, "SkipRMSNorm": 2, "RMSNormRotary": 1}, counts
 
 
 def test_output_checked_before_the_model_is_built(tmp_path, capsys):
@@ -236,7 +236,13 @@ def test_output_checked_before_the_model_is_built(tmp_path, capsys):
 
 #: hybrid family -> the norm nodes of its 2-layer decoder
 HYBRIDS = {
-    "qwen3_next": {"RMSNorm": 3, "SkipRMSNorm": 4, "GatedRMSNorm": 1, "L2Norm": 2},
+    "qwen3_next": {
+        "RMSNorm": 1,
+        "RMSNormRotary": 1,
+        "SkipRMSNorm": 4,
+        "GatedRMSNorm": 1,
+        "L2Norm": 2,
+    },
     "mamba2": {"RMSNorm": 1, "SkipRMSNorm": 2, "GatedRMSNorm": 2},
 }
 
