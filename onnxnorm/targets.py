@@ -123,10 +123,8 @@ RUNTIMES = {
         Runtime(
             "ort-cuda",
             "ONNX Runtime, CUDA provider, with the onnxnorm library",
-            # the rotary ops have CPU kernels alone: their bodies run on the CUDA provider
-            {**_LIBRARY, ROTARY: ("body",)},
-            "the library's CUDA kernels for every norm op (tests/cuda/, tools/gpu_check.sh); the "
-            "rotary ops have none yet, so they are written as their function bodies",
+            _LIBRARY,
+            "the library's CUDA kernels for every op (tests/cuda/, tools/gpu_check.sh)",
             tested_here=False,
         ),
         Runtime(

@@ -6,15 +6,19 @@
 #   machine      GPU, driver, nvcc, torch;
 #   build        the CPU and CUDA libraries into the build folder (cmake, ONNXNORM_CUDA=ON; for
 #                the GPU present only, unless ONNXNORM_CUDA_ARCHITECTURES says otherwise);
-#   correctness  tests/cuda/test_cuda.py but its ONNX Runtime tests: the correctness matrix of
-#                tests/support/cuda_harness.py (every op x dtype x rounding order x optional input
-#                against the numpy reference through the C launcher; the quantized ops' values,
-#                scale and zero point exactly the reference's; GatedRMSNorm's gates and groups,
-#                L2Norm's per-head rows), bad arguments, streams;
+#   correctness  tests/cuda/test_cuda.py and tests/cuda/test_cuda_rotary.py but their ONNX Runtime
+#                tests: the correctness matrix of tests/support/cuda_harness.py (every op x dtype x
+#                rounding order x optional input against the numpy reference through the C
+#                launcher; the quantized ops' values, scale and zero point exactly the reference's;
+#                GatedRMSNorm's gates and groups, L2Norm's per-head rows), the rotary ops' matrix
+#                of tests/support/cuda_rotary.py, bad arguments, streams;
 #   bandwidth    python -m onnxnorm.bench.cuda: the bandwidth tables of bfloat16 and float16 (the
 #                float ops against a copy, torch and, with onnxruntime-gpu, ONNX Runtime's CUDA
-#                ops; then the norms of hybrid models), also written as Markdown and JSON;
-#   ort          the ONNX Runtime tests of tests/cuda/test_cuda.py and tests/cuda/test_cuda_ort.py on the
+#                ops; then the norms of hybrid models), also written as Markdown and JSON; then
+#                the rotary ops' rows (tests/support/cuda_rotary.py --bench: RMSNormRotary of Q
+#                and K of 32 and 8 heads of 128, for 1, 8 and 512 tokens);
+#   ort          the ONNX Runtime tests of tests/cuda/test_cuda.py, tests/cuda/test_cuda_rotary.py
+#                and tests/cuda/test_cuda_ort.py on the
 #                CUDA execution provider, with onnxruntime-gpu installed from the parts that
 #                tools/gpu_carry.py cut (build/carry/, carried over several calls) when they are
 #                all there, else with whatever onnxruntime the machine has (skipped without its
@@ -218,7 +222,7 @@ if want correctness; then
   else
     # (the host-emulation tests are for machines without a GPU: the GPU tests cover them here;
     # the ONNX Runtime tests are the ort step's)
-    tests correctness tests/cuda/test_cuda.py -k "not host_emulation and not test_ort_" \
+    tests correctness tests/cuda/test_cuda.py tests/cuda/test_cuda_rotary.py -k "not host_emulation and not test_ort_" \
       && record correctness ok || record correctness "FAILED ($?)"
   fi
 fi
@@ -226,17 +230,24 @@ fi
 if want bandwidth; then
   step "bandwidth"; step_start=$SECONDS
   bench=(-m onnxnorm.bench.cuda --reps "${GPU_CHECK_REPS:-30}" --json "$build/cuda_bench.json")
+  rotary_bench=(tests/support/cuda_rotary.py --bench --reps "${GPU_CHECK_REPS:-30}" --json "$build/cuda_rotary_bench.json")
   if ! have_build; then
     record bandwidth "skipped (no build in $build)"
   elif [[ "$dry" == 1 ]]; then
     "$python" "${bench[@]}" --help >/dev/null && printf 'dry run: %s %s\n' "$python" "${bench[*]}" \
+      && "$python" "${rotary_bench[@]}" --help >/dev/null \
+      && printf 'dry run: %s %s\n' "$python" "${rotary_bench[*]}" \
       && record bandwidth ok || record bandwidth "FAILED (options)"
   else
     # (ONNX Runtime's CUDA ops are a contender where onnxruntime-gpu is ready)
     ort_gpu || echo "the ONNX Runtime columns: n/a"
     "$python" "${bench[@]}" | tee "$build/cuda_bench.md"
     status=${PIPESTATUS[0]}
-    keep "$build/cuda_bench.md" "$build/cuda_bench.json"
+    # the rotary ops' rows (no contenders: a device copy of Q and K as the yardstick)
+    "$python" "${rotary_bench[@]}" | tee "$build/cuda_rotary_bench.md"
+    rotary_status=${PIPESTATUS[0]}
+    [[ $status == 0 ]] && status=$rotary_status
+    keep "$build/cuda_bench.md" "$build/cuda_bench.json" "$build/cuda_rotary_bench.md" "$build/cuda_rotary_bench.json"
     [[ $status == 0 ]] && record bandwidth ok || record bandwidth "FAILED ($status)"
   fi
 fi
@@ -247,13 +258,13 @@ if want ort; then
     record ort "skipped (no build in $build)"
   elif [[ "$dry" == 1 ]]; then
     ort_gpu || true
-    tests ort -rP tests/cuda/test_cuda.py tests/cuda/test_cuda_ort.py -k "test_ort_ or test_cuda_ort" \
-      && record ort ok || record ort "FAILED (collection)"
+    tests ort -rP tests/cuda/test_cuda.py tests/cuda/test_cuda_rotary.py tests/cuda/test_cuda_ort.py \
+      -k "test_ort_ or test_cuda_ort" && record ort ok || record ort "FAILED (collection)"
   elif ! ort_gpu; then
     record ort "skipped (no onnxruntime with a working CUDA provider)"
   else
-    tests ort -rP tests/cuda/test_cuda.py tests/cuda/test_cuda_ort.py -k "test_ort_ or test_cuda_ort" \
-      && record ort ok || record ort "FAILED ($?)"
+    tests ort -rP tests/cuda/test_cuda.py tests/cuda/test_cuda_rotary.py tests/cuda/test_cuda_ort.py \
+      -k "test_ort_ or test_cuda_ort" && record ort ok || record ort "FAILED ($?)"
   fi
 fi
 

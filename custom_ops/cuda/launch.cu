@@ -7,6 +7,7 @@
 
 #include "norm_kernels.cuh"
 #include "onnxnorm/cuda_launch.h"
+#include "rotary_kernels.cuh"
 
 namespace onnxnorm {
 namespace cuda {
@@ -97,6 +98,9 @@ bool Check(const NormArgs* args, char* err, size_t len) {
   }
   const OpSpec& op = kOps[static_cast<int>(a.op)];
   const char* n = op.name;
+  if (HasInput(op, "Cos")) {
+    return Write(err, len, "onnxnorm::%s is a rotary op: launch it with onnxnorm_cuda_launch_rotary", n), false;
+  }
   if (static_cast<int>(a.x_type) < 0 || static_cast<int>(a.x_type) >= kElemTypeCount) {
     return Write(err, len, "onnxnorm::%s: X must be float32, float16 or bfloat16 (type code %d)", n,
                  static_cast<int>(a.x_type)),
@@ -249,7 +253,9 @@ cudaError_t Dispatch(const NormArgs& a, int config, cudaStream_t stream) {
   if constexpr (I == kOpCount) {
     return cudaErrorInvalidValue;
   } else {
-    if (static_cast<int>(a.op) == I) {
+    if constexpr (HasInput(kOps[I], "Cos")) {
+      // (a rotary op: onnxnorm_cuda_launch_rotary's, refused by Check)
+    } else if (static_cast<int>(a.op) == I) {
       if constexpr (HasInput(kOps[I], "Gate")) {
         if (a.gate != nullptr) {
           return a.norm_before_gate != 0
@@ -279,6 +285,205 @@ int LaunchResult(const NormArgs& a, int config, cudaError_t status, char* err, s
         onnxnorm::kOps[static_cast<int>(a.op)].name, name, (long long)a.rows, (long long)a.cols,
         cudaGetErrorString(status), cudaGetErrorName(status));
   return ONNXNORM_CUDA_LAUNCH_FAILED;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rotary ops
+// ---------------------------------------------------------------------------------------------
+// The rotary op of a norm kind (RMSNormRotary, LayerNormRotary, L2NormRotary), or nullptr.
+const OpSpec* RotaryOp(NormKind norm) {
+  for (const OpSpec& op : kOps) {
+    if (HasInput(op, "Cos") && op.norm == norm) return &op;
+  }
+  return nullptr;
+}
+
+bool FloatType(ElemType t) { return t == ElemType::kFloat32 || t == ElemType::kFloat16 || t == ElemType::kBFloat16; }
+
+bool AnyRotaryWeight(const RotaryArgs& a) { return a.q.scale || a.q.bias || a.k.scale || a.k.bias; }
+
+// The values of the call's widest row (Q's or K's).
+int64_t RotaryWidth(const RotaryArgs& a) {
+  const int64_t q = a.q.x != nullptr ? RotaryRowWidth(a, a.q) : 0;
+  const int64_t k = a.k.x != nullptr ? RotaryRowWidth(a, a.k) : 0;
+  return q > k ? q : k;
+}
+
+// True when a rotary call's arguments are fine, else false with the problem written into err
+// (worded as the CPU kernel's ORT errors where both check the same thing). The ORT glue has
+// checked shapes and attributes already; this guards direct callers (ctypes).
+bool CheckRotary(const RotaryArgs* args, const CudaRotaryArgs* call, char* err, size_t len) {
+  char scratch[8];
+  if (err == nullptr || len == 0) {
+    err = scratch;
+    len = sizeof(scratch);
+  }
+  if (args == nullptr || call == nullptr) return Write(err, len, "onnxnorm CUDA: args or call is NULL"), false;
+  const RotaryArgs& a = *args;
+  const CudaRotaryArgs& c = *call;
+  const OpSpec* op = RotaryOp(a.norm);
+  if (op == nullptr) return Write(err, len, "onnxnorm CUDA: unknown norm kind %d", static_cast<int>(a.norm)), false;
+  const char* n = op->name;
+  if (!FloatType(c.q_type)) {
+    return Write(err, len, "onnxnorm::%s: Q must be float32, float16 or bfloat16 (type code %d)", n,
+                 static_cast<int>(c.q_type)),
+           false;
+  }
+  if (a.norm == NormKind::kL2 && AnyRotaryWeight(a)) {
+    return Write(err, len, "onnxnorm::%s takes no QScale, KScale, QBias or KBias", n), false;
+  }
+  if (a.norm == NormKind::kRms && (a.q.bias || a.k.bias)) {
+    return Write(err, len, "onnxnorm::%s takes no QBias or KBias", n), false;
+  }
+  if (AnyRotaryWeight(a) && c.weight_type != c.q_type && c.weight_type != ElemType::kFloat32) {
+    return Write(err, len, "onnxnorm::%s: the norm weights must be of Q's type %s or float32, got %s", n,
+                 TypeName(c.q_type), TypeName(c.weight_type)),
+           false;
+  }
+  if (c.angle_type != c.q_type && c.angle_type != ElemType::kFloat32) {
+    return Write(err, len, "onnxnorm::%s: Cos and Sin must be of Q's type %s or float32, got %s", n, TypeName(c.q_type),
+                 TypeName(c.angle_type)),
+           false;
+  }
+  const struct {
+    const char* name;
+    int32_t value;
+  } flags[] = {{"cast_before_scale", a.cast_before_scale},
+               {"per_head", a.per_head},
+               {"interleaved", a.interleaved},
+               {"rotary_first", a.rotary_first},
+               {"rotary_in_t", a.rotary_in_t}};
+  for (const auto& f : flags) {
+    if (f.value != 0 && f.value != 1) {
+      return Write(err, len, "onnxnorm::%s: %s must be 0 or 1, got %d", n, f.name, f.value), false;
+    }
+  }
+  if (a.layout < 0 || a.layout > 2) {
+    return Write(err, len, "onnxnorm::%s: layout must be 0, 1 or 2, got %d", n, a.layout), false;
+  }
+  if (a.per_head == 0 && a.layout == 1) {
+    return Write(err, len, "onnxnorm::%s: per_head = 0 normalizes a token's heads together: layout 0 or 2", n), false;
+  }
+  if (!(std::isfinite(a.epsilon) && a.epsilon >= 0.f)) {
+    return Write(err, len, "onnxnorm::%s: epsilon must be a finite number >= 0, got %g", n, (double)a.epsilon), false;
+  }
+  if (!std::isfinite(a.scale_offset) || (a.norm != NormKind::kRms && a.scale_offset != 0.f)) {
+    return Write(err, len, "onnxnorm::%s: scale_offset must be finite (and 0 for ops without it), got %g", n,
+                 (double)a.scale_offset),
+           false;
+  }
+  const struct {
+    const char* name;
+    int64_t value;
+  } sizes[] = {{"batch", a.batch},       {"seq", a.seq},           {"head_size", a.head_size},
+               {"Q's heads", a.q.heads}, {"K's heads", a.k.heads}, {"angle_rows", c.angle_rows}};
+  for (const auto& s : sizes) {
+    if (s.value < 0)
+      return Write(err, len, "onnxnorm::%s: %s must be >= 0, got %lld", n, s.name, (long long)s.value), false;
+  }
+  if (a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.head_size) {
+    return Write(err, len, "onnxnorm::%s: rotary_dim must be even and at most head_size %lld, got %lld", n,
+                 (long long)a.head_size, (long long)a.rotary_dim),
+           false;
+  }
+  if (a.angle_width != a.rotary_dim / 2 && a.angle_width != a.rotary_dim) {
+    return Write(err, len,
+                 "onnxnorm::%s: Cos's last dim must be rotary_dim / 2 = %lld (one angle per pair) or rotary_dim = "
+                 "%lld (one per value), got %lld",
+                 n, (long long)(a.rotary_dim / 2), (long long)a.rotary_dim, (long long)a.angle_width),
+           false;
+  }
+  // (products of sizes of tensors that exist do not overflow: the ORT glue's are; a direct
+  // caller's are bounded here)
+  const int64_t kMax = int64_t{1} << 30;
+  if (a.batch > kMax || a.seq > kMax || a.head_size > kMax || a.q.heads > kMax || a.k.heads > kMax ||
+      (a.batch > 0 && a.seq > kMax / a.batch) || (a.batch * a.seq > 0 && a.q.heads > kMax / (a.batch * a.seq)) ||
+      (a.batch * a.seq > 0 && a.k.heads > kMax / (a.batch * a.seq))) {
+    return Write(err, len, "onnxnorm::%s: the sizes overflow", n), false;
+  }
+  // nothing to compute (empty tensors may have no data pointer): nothing else is read
+  if (a.batch * a.seq * (a.q.heads + a.k.heads) * a.head_size == 0) return true;
+  if (a.q.x == nullptr || a.q.y == nullptr) return Write(err, len, "onnxnorm::%s: input Q is required", n), false;
+  if (a.k.y != nullptr && a.k.x == nullptr) return Write(err, len, "onnxnorm::%s: output KOut needs input K", n), false;
+  if (a.k.x != nullptr && a.k.y == nullptr) {
+    return Write(err, len, "onnxnorm::%s: input K needs output KOut (leave both out for Q alone)", n), false;
+  }
+  if (RotaryWidth(a) > INT32_MAX || a.head_size > INT32_MAX / 2) {
+    return Write(err, len, "onnxnorm::%s: rows of %lld values are wider than the CUDA kernels take (2^31 - 1)", n,
+                 (long long)RotaryWidth(a)),
+           false;
+  }
+  if (a.cos == nullptr || a.sin == nullptr) {
+    return Write(err, len, "onnxnorm::%s: input %s is required", n, a.cos == nullptr ? "Cos" : "Sin"), false;
+  }
+  const struct {
+    const char* name;
+    const void* ptr;
+    int64_t rows;
+    int64_t heads;
+  } weights[] = {{"QScale", a.q.scale, a.q.scale_rows, a.q.heads},
+                 {"QBias", a.q.bias, a.q.bias_rows, a.q.heads},
+                 {"KScale", a.k.scale, a.k.scale_rows, a.k.heads},
+                 {"KBias", a.k.bias, a.k.bias_rows, a.k.heads}};
+  for (const auto& w : weights) {
+    if (w.ptr != nullptr && w.rows != 1 && w.rows != w.heads) {
+      return Write(err, len,
+                   "onnxnorm::%s: %s must hold head_size = %lld values or heads * head_size = %lld (it has %lld rows)",
+                   n, w.name, (long long)a.head_size, (long long)(w.heads * a.head_size), (long long)w.rows),
+             false;
+    }
+  }
+  if (a.position_ids == nullptr) {
+    if ((a.cache_batch != 1 && a.cache_batch != a.batch) || c.angle_rows < a.cache_batch * a.seq) {
+      return Write(err, len,
+                   "onnxnorm::%s: without PositionIds, Cos is per token, [batch or 1, seq, C] with batch %lld and seq "
+                   "%lld, got cache_batch %lld and %lld rows",
+                   n, (long long)a.batch, (long long)a.seq, (long long)a.cache_batch, (long long)c.angle_rows),
+             false;
+    }
+  }
+  if (reinterpret_cast<uintptr_t>(c.position_error) % 4 != 0) {
+    return Write(err, len, "onnxnorm::%s: position_error must be 4-byte aligned", n), false;
+  }
+  return true;
+}
+
+// The kernel for a rotary call: an index into kRotaryConfigs, or -1 for the general kernel.
+int ChooseRotaryConfig(const RotaryArgs& a) {
+  const int64_t d = a.head_size;
+  const int64_t per_head = a.rotary_dim / 2 + (d - a.rotary_dim + 1) / 2;
+  const int64_t slots = (RotaryWidth(a) / (d > 0 ? d : 1)) * per_head;
+  for (int i = 0; i < kNumRotaryConfigs; ++i) {
+    const RotaryConfig& c = kRotaryConfigs[i];
+    if (static_cast<int64_t>(c.tpr) * c.slots >= slots) return i;
+  }
+  return -1;
+}
+
+void RotaryKernelName(const RotaryArgs& a, const CudaRotaryArgs& c, int config, char* out, size_t len) {
+  char plan[48];
+  if (config < 0) {
+    std::snprintf(plan, sizeof(plan), "general:block%d", kRotaryStreamBlock);
+  } else {
+    const RotaryConfig& r = kRotaryConfigs[config];
+    if (r.tpr == r.block) {
+      std::snprintf(plan, sizeof(plan), "regs:block%dx%d", r.block, r.slots);
+    } else {
+      std::snprintf(plan, sizeof(plan), "regs:%s%dx%d", r.tpr == 32 ? "warp" : "subwarp", r.tpr, r.slots);
+    }
+  }
+  const bool w = a.norm != NormKind::kL2 && AnyRotaryWeight(a);
+  Write(out, len, "%s<%s,%s,%s>/%s", RotaryOp(a.norm)->name, TypeName(c.q_type), TypeName(w ? c.weight_type : c.q_type),
+        TypeName(c.angle_type), plan);
+}
+
+cudaError_t DispatchRotary(const RotaryKernelArgs& p, const CudaRotaryArgs& c, int config, cudaStream_t stream) {
+  switch (p.a.norm) {
+    case NormKind::kRms: return LaunchRotaryOp<kRms>(p, c.q_type, c.weight_type, c.angle_type, config, stream);
+    case NormKind::kLayer: return LaunchRotaryOp<kLayer>(p, c.q_type, c.weight_type, c.angle_type, config, stream);
+    case NormKind::kL2: return LaunchRotaryOp<kL2>(p, c.q_type, c.weight_type, c.angle_type, config, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -382,5 +587,43 @@ extern "C" const char* onnxnorm_cuda_ops(void) {
     return onnxnorm::CudaOpNames();
   } catch (...) {
     return "";
+  }
+}
+
+extern "C" int onnxnorm_cuda_rotary_kernel_name(const onnxnorm::RotaryArgs* args, const onnxnorm::CudaRotaryArgs* call,
+                                                char* name, size_t name_len) {
+  if (!CheckRotary(args, call, name, name_len)) return ONNXNORM_CUDA_INVALID_ARGUMENT;
+  RotaryKernelName(*args, *call, ChooseRotaryConfig(*args), name, name_len);
+  return ONNXNORM_CUDA_OK;
+}
+
+extern "C" int onnxnorm_cuda_launch_rotary(const onnxnorm::RotaryArgs* args, const onnxnorm::CudaRotaryArgs* call,
+                                           void* stream, char* err, size_t err_len) {
+  if (!CheckRotary(args, call, err, err_len)) return ONNXNORM_CUDA_INVALID_ARGUMENT;
+  if (err != nullptr && err_len > 0) err[0] = '\0';
+  const onnxnorm::RotaryArgs& a = *args;
+  RotaryKernelArgs p;
+  p.a = a;
+  p.rows_q = onnxnorm::RotaryRows(a, a.q);
+  p.rows = p.rows_q + onnxnorm::RotaryRows(a, a.k);
+  p.angle_rows = call->angle_rows;
+  p.position_error = call->position_error;
+  if (p.rows == 0 || RotaryWidth(a) == 0) return ONNXNORM_CUDA_OK;
+  const int config = ChooseRotaryConfig(a);
+  const cudaError_t status = DispatchRotary(p, *call, config, static_cast<cudaStream_t>(stream));
+  if (status == cudaSuccess) return ONNXNORM_CUDA_OK;
+  char name[128];
+  RotaryKernelName(a, *call, config, name, sizeof(name));
+  Write(err, err_len, "onnxnorm::%s: CUDA kernel %s (%lld rows of up to %lld values) failed to launch: %s (%s)",
+        RotaryOp(a.norm)->name, name, (long long)p.rows, (long long)RotaryWidth(a), cudaGetErrorString(status),
+        cudaGetErrorName(status));
+  return ONNXNORM_CUDA_LAUNCH_FAILED;
+}
+
+extern "C" const char* onnxnorm_cuda_rotary_args_layout(void) {
+  try {
+    return onnxnorm::RotaryArgsLayoutJson();
+  } catch (...) {
+    return "{}";
   }
 }

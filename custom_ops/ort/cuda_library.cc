@@ -35,7 +35,7 @@ bool CudaLibraryPresent() {
 
 const CudaLaunchers* LoadCudaLaunchers(std::string* error) {
   static std::mutex mutex;
-  static CudaLaunchers launchers = {nullptr, nullptr};  // set once; the library is never unloaded
+  static CudaLaunchers launchers = {nullptr, nullptr, nullptr};  // set once; the library is never unloaded
   std::lock_guard<std::mutex> lock(mutex);
   if (launchers.launch != nullptr) return &launchers;
 
@@ -71,7 +71,21 @@ const CudaLaunchers* LoadCudaLaunchers(std::string* error) {
     dlclose(handle);
     return nullptr;
   }
-  launchers = {found, quantized};
+  // (a library of the same ops built before their rotary kernels)
+  auto rotary = reinterpret_cast<CudaLaunchRotaryFn>(dlsym(handle, "onnxnorm_cuda_launch_rotary"));
+  auto rotary_layout = reinterpret_cast<ArgsLayoutFn>(dlsym(handle, "onnxnorm_cuda_rotary_args_layout"));
+  if (rotary == nullptr || rotary_layout == nullptr) {
+    *error = path + " has no kernels of the rotary ops (an older build); rebuild both";
+    dlclose(handle);
+    return nullptr;
+  }
+  if (std::strcmp(rotary_layout(), RotaryArgsLayoutJson()) != 0) {
+    *error = path + " was built from other sources than this library (its RotaryArgs layout " + rotary_layout() +
+             " differs from " + RotaryArgsLayoutJson() + "); rebuild both";
+    dlclose(handle);
+    return nullptr;
+  }
+  launchers = {found, quantized, rotary};
   return &launchers;
 }
 

@@ -22,11 +22,10 @@ constexpr bool kCudaRowsOnCpu = true;
 constexpr bool kCudaRowsOnCpu = false;
 #endif
 
-// Whether a line of the table goes into the domain. (The rotary ops have CPU lines alone, which
-// stay in the test build whose CUDA lines claim the CPU.)
+// Whether a line of the table goes into the domain.
 bool Registered(const KernelEntry& e, bool with_cuda) {
   if (e.provider == Provider::kCuda) return with_cuda;
-  return !kCudaRowsOnCpu || IsRotary(*e.spec);
+  return !kCudaRowsOnCpu;
 }
 
 std::atomic<const OrtApi*> g_api{nullptr};

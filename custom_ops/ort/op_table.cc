@@ -18,11 +18,6 @@ constexpr size_t QuantRows(const OpSpec& spec) { return spec.quant_types.size() 
 constexpr size_t AngleRows(const OpSpec& spec, ElemType t) { return IsRotary(spec) && t != ElemType::kFloat32 ? 2 : 1; }
 constexpr ElemType AngleType(ElemType t, size_t i) { return i == 0 ? t : ElemType::kFloat32; }
 
-// Whether the op has rows on the provider: the rotary ops have no CUDA kernels.
-constexpr bool OnProvider(const OpSpec& spec, Provider provider) {
-  return provider == Provider::kCpu || !IsRotary(spec);
-}
-
 // Whether the (T, S) of the op's type set i comes earlier in its list: all the U of one (T, S) are
 // one row of the table.
 constexpr bool Repeats(const OpSpec& spec, size_t i) {
@@ -47,14 +42,11 @@ constexpr bool YFromNode(const OpSpec& spec, size_t i) {
 constexpr size_t CountKernels() {
   size_t count = 0;
   for (const OpSpec& spec : kOps) {
-    for (Provider provider : kProviders) {
-      if (!OnProvider(spec, provider)) continue;
-      for (size_t i = 0; i < spec.types.size(); ++i) {
-        if (!Repeats(spec, i)) count += QuantRows(spec) * AngleRows(spec, spec.types[i].t);
-      }
+    for (size_t i = 0; i < spec.types.size(); ++i) {
+      if (!Repeats(spec, i)) count += QuantRows(spec) * AngleRows(spec, spec.types[i].t);
     }
   }
-  return count;
+  return count * (sizeof(kProviders) / sizeof(kProviders[0]));
 }
 constexpr size_t kKernelCount = CountKernels();
 
@@ -67,20 +59,19 @@ bool HasTypeVar(const OpSpec& spec, TypeVar var) {
 
 // The factory of an op's kernels on a provider.
 constexpr KernelFactory FactoryOf(const OpSpec& spec, Provider provider) {
-  if (IsRotary(spec)) return &CreateRotaryCpuKernel;
+  if (IsRotary(spec)) return provider == Provider::kCpu ? &CreateRotaryCpuKernel : &CreateRotaryCudaKernel;
   return provider == Provider::kCpu ? &CreateCpuKernel : &CreateCudaKernel;
 }
 
 // Each op for every (T, S) (and Q; and A, for the rotary ops) its schema allows on both
-// providers (the rotary ops on the CPU alone), with its U or, where a (T, S) has several, Y's
-// type read from the node. Once the library is registered ORT never falls back to the function
-// body, so no combination may be missing.
+// providers, with its U or, where a (T, S) has several, Y's type read from the node. Once the
+// library is registered ORT never falls back to the function body, so no combination may be
+// missing.
 constexpr std::array<KernelEntry, kKernelCount> BuildTable() {
   std::array<KernelEntry, kKernelCount> table{};
   size_t i = 0;
   for (const OpSpec& spec : kOps) {
     for (Provider provider : kProviders) {
-      if (!OnProvider(spec, provider)) continue;
       for (size_t k = 0; k < spec.types.size(); ++k) {
         if (Repeats(spec, k)) continue;
         const TypeSet& types = spec.types[k];

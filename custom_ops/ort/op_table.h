@@ -52,10 +52,10 @@ struct KernelEntry {
 // launcher of libonnxnorm_cuda_ops.so (loaded on the first CUDA kernel) on ORT's compute stream.
 OrtStatus* CreateCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 OrtStatus* CreateCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
-// The factory of the rotary ops (rotary_op.cc), on the CPU execution provider only: the CUDA
-// library has no rotary kernels, so the table has no CUDA rows for them and ORT places their
-// nodes on the CPU in a CUDA session.
+// The factories of the rotary ops (rotary_op.cc): one kernel code, the CPU row kernels or the CUDA
+// library's rotary launcher.
 OrtStatus* CreateRotaryCpuKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
+OrtStatus* CreateRotaryCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry, Kernel** out);
 
 // Whether the op normalizes and rotates (inputs Cos and Sin of type TypeVar::kA): RMSNormRotary,
 // LayerNormRotary, L2NormRotary.

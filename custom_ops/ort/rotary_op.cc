@@ -1,8 +1,9 @@
-// The kernel of the rotary ops (RMSNormRotary, LayerNormRotary, L2NormRotary) on the CPU
-// execution provider: attributes, the checks of the inputs' shapes (worded as the reference,
+// The kernel of the rotary ops (RMSNormRotary, LayerNormRotary, L2NormRotary) on both execution
+// providers: attributes, the checks of the inputs' shapes (worded as the reference,
 // onnxnorm/ops/reference.py and rotation.py, words them), the outputs in their layout, one
 // RotaryArgs; then the CPU row kernels (onnxnorm/rotary_kernels.h) over the rows of Q and K
-// together, on ORT's thread pool above the size where that pays (parallel.h).
+// together, on ORT's thread pool above the size where that pays (parallel.h), or the CUDA
+// library's rotary launcher (onnxnorm_cuda_launch_rotary) on ORT's compute stream.
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -10,6 +11,8 @@
 #include <new>
 #include <string>
 
+#include "cuda_library.h"
+#include "onnxnorm/cuda_launch.h"
 #include "onnxnorm/kernels.h"
 #include "onnxnorm/rotary_kernels.h"
 #include "op_table.h"
@@ -111,6 +114,8 @@ class RotaryKernel final : public Kernel {
     rows_ = rows;
     small_call_rows_ = small_call_rows;
   }
+
+  void UseCuda(CudaLaunchRotaryFn launch) { cuda_launch_ = launch; }
 
   OrtStatus* Compute(OrtKernelContext* context) noexcept override {
     try {
@@ -241,7 +246,9 @@ class RotaryKernel final : public Kernel {
       }
       position_ids = static_cast<const int64_t*>(positions.data);
       const int64_t count = qh.batch * qh.seq;
-      if (count > 0) {
+      // (on the CUDA provider the ids are device memory: the kernels check them, making an
+      // out-of-range id's rotated values NaN, as onnxnorm/cuda_launch.h says)
+      if (count > 0 && cuda_launch_ == nullptr) {
         const auto range = std::minmax_element(position_ids, position_ids + count);
         if (*range.first < 0 || *range.second >= cos.dims[0]) {
           return Invalid("a position id is outside Cos's " + std::to_string(cos.dims[0]) +
@@ -316,6 +323,19 @@ class RotaryKernel final : public Kernel {
     const int64_t rows_q = RotaryRows(args, args.q), rows_k = RotaryRows(args, args.k);
     const int64_t rows = rows_q + rows_k;
     if (rows == 0 || head_size == 0) return nullptr;  // empty outputs
+    if (cuda_launch_ != nullptr) {
+      CudaRotaryArgs call;
+      call.q_type = entry_.t;
+      call.weight_type = entry_.s;
+      call.angle_type = entry_.a;
+      call.angle_rows = positions.present ? cos.dims[0] : cache_batch * qh.seq;
+      void* stream = nullptr;
+      if (OrtStatus* s = api_.KernelContext_GetGPUComputeStream(context, &stream)) return s;
+      char message[512] = "";
+      const int rc = cuda_launch_(&args, &call, stream, message, sizeof(message));
+      if (rc == ONNXNORM_CUDA_OK) return nullptr;
+      return api_.CreateStatus(rc == ONNXNORM_CUDA_INVALID_ARGUMENT ? ORT_INVALID_ARGUMENT : ORT_FAIL, message);
+    }
     // rows * width is the element count of tensors that exist, so it does not overflow
     const int64_t elements = rows_q * RotaryRowWidth(args, args.q) + rows_k * RotaryRowWidth(args, args.k);
     RotaryRowsFn fn = elements < cpu::kSmallCallElements ? small_call_rows_ : rows_;
@@ -371,6 +391,7 @@ class RotaryKernel final : public Kernel {
   bool k_out_ = false;          // the node has output KOut
   RotaryRowsFn rows_ = nullptr;
   RotaryRowsFn small_call_rows_ = nullptr;  // the same bits, for calls below cpu::kSmallCallElements
+  CudaLaunchRotaryFn cuda_launch_ = nullptr;  // the CUDA provider's kernels (then rows_ is nullptr)
 };
 
 }  // namespace
@@ -390,6 +411,20 @@ OrtStatus* CreateRotaryCpuKernel(const OrtApi& api, const OrtKernelInfo* info, c
                          kElemTypeNames[static_cast<int>(entry.a)]);
   }
   kernel->UseCpu(rows, small_call_rows);
+  *out = kernel.release();
+  return nullptr;
+}
+
+OrtStatus* CreateRotaryCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const KernelEntry& entry,
+                                  Kernel** out) {
+  *out = nullptr;
+  std::unique_ptr<RotaryKernel> kernel(new (std::nothrow) RotaryKernel(api, entry));
+  if (!kernel) return api.CreateStatus(ORT_FAIL, "onnxnorm: out of memory");
+  if (OrtStatus* s = kernel->Init(info)) return s;
+  std::string error;
+  const CudaLaunchers* launchers = LoadCudaLaunchers(&error);
+  if (launchers == nullptr) return MakeError(api, ORT_FAIL, entry.spec->name, error);
+  kernel->UseCuda(launchers->launch_rotary);
   *out = kernel.release();
   return nullptr;
 }

@@ -28,7 +28,6 @@ import pytest
 from onnxnorm import OnnxNormError, _native, ops, runtime
 from onnxnorm.testing.graphs import single_node_model
 from tests.support import cuda_harness
-from tests.support.build import package_build_with_tests
 from tests.support.gpu import (
     cuda_library,
     gpu,
@@ -197,58 +196,15 @@ def test_cuda_kernel_logic_in_host_emulation():
     assert "CUDA kernel cases passed" in run.stdout
 
 
-def _ort_headers() -> Path | None:
-    for folder in (
-        os.environ.get("ONNXRUNTIME_INCLUDE_DIR"),
-        "/usr/include/onnxruntime",
-        str(ROOT / "third_party" / "onnxruntime" / "include"),
-    ):
-        if folder and (Path(folder) / "onnxruntime_c_api.h").is_file():
-            return Path(folder)
-    return None
-
-
 def _build_cpu_library_with_cuda_rows_on_cpu(folder: Path) -> Path:
     """The CPU library built with ONNXNORM_TEST_CUDA_ROWS_ON_CPU: its CUDA rows claim the CPU
-    provider instead of its CPU rows. The glue (custom_ops/ort) is compiled unoptimized (it runs
-    small tensors, and -O0 compiles in under half the time of -O1); the CPU kernels, which the
-    define does not touch and this build never runs, are the editable install's objects where
-    there is one (tests/kernels/test_kernels.py finds it; the portable kernels compiled here
-    otherwise, most of this test's time)."""
-    headers = _ort_headers()
-    if headers is None:
+    provider instead of its CPU rows (tests/support/cuda_harness.py build_glue_library)."""
+    try:
+        out = cuda_harness.build_glue_library(folder)
+    except RuntimeError as e:
+        pytest.fail(str(e)[-4000:])
+    if out is None:
         pytest.skip("no ONNX Runtime headers")
-    package_build = package_build_with_tests(ROOT)
-    kernels = (
-        sorted(package_build.glob("CMakeFiles/onnxnorm_cpu_kernels.dir/**/*.o"))
-        if package_build
-        else []
-    )
-    sources = sorted(str(p) for p in (ROOT / "custom_ops" / "ort").glob("*.cc"))
-    sources += [str(p) for p in kernels] or sorted(
-        str(p) for p in (ROOT / "custom_ops" / "cpu").glob("*.cc")
-    )
-    out = folder / "libonnxnorm_ops.so"
-    build = subprocess.run(
-        [
-            cuda_harness.host_compiler(),
-            "-std=c++17",
-            "-O0",
-            "-shared",
-            "-fPIC",
-            "-DONNXNORM_TEST_CUDA_ROWS_ON_CPU=1",
-            f"-I{ROOT / 'custom_ops' / 'include'}",
-            f"-I{headers}",
-            *sources,
-            "-o",
-            str(out),
-            "-ldl",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert build.returncode == 0, build.stderr[-4000:]
     return out
 
 
@@ -519,7 +475,11 @@ def test_gpu_check_script_dry_run(tmp_path):
     ]
     assert len(collected) == 2 and all(" tests collected" in line for line in collected), out
     assert "tests/cuda/test_cuda_ort.py" in collected[1]
+    assert all("tests/cuda/test_cuda_rotary.py" in line for line in collected)
     assert "dry run: " + sys.executable + " -m onnxnorm.bench.cuda --reps 30" in out
+    assert (
+        f"dry run: {sys.executable} tests/support/cuda_rotary.py --bench --reps 30 --json " in out
+    )
     assert " -m onnxnorm bench e2e --models llama,gemma2 --dtypes float16 " in out
     assert "--devices cuda,cuda-graph --genai fp16 " in out
     runtimes = tmp_path / "build" / "runtimes"

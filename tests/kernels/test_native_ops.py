@@ -1,7 +1,7 @@
 """The native library's op table is the catalogue's: the generated include is current and follows
 catalogue changes, the manifest the built library exports says what the catalogue says (every op
 of ALL_OPS: ids, inputs, outputs, attributes with their defaults and checks, type pairs on each
-provider, the rotary ops' angle types on the CPU), its
+provider, the rotary ops' angle types), its
 attribute errors are worded as the catalogue words them, and the Python mirror of NormArgs has
 the library's layout."""
 
@@ -121,16 +121,16 @@ def test_manifest_matches_catalogue(manifest):
                 assert np.float32(got["default"]) == np.float32(a.default), (spec.name, got)
         # every (T, S) the schema allows, on both providers (ORT never falls back to the body);
         # the ops whose Y is of type U for every (T, S, U), the quantized ops for every Q; the
-        # rotary ops on the CPU alone (no CUDA kernels: ORT places them on the CPU), for every
-        # (T, S) and angle type A (T or float32)
+        # rotary ops for every (T, S) and angle type A (T or float32)
         if spec.rotary:
             f32 = type_name("tensor(float)")
             want = [
-                ("CPUExecutionProvider", type_name(t), type_name(s), a)
+                (provider, type_name(t), type_name(s), a)
+                for provider in PROVIDERS
                 for t, s, _ in spec.type_sets
                 for a in dict.fromkeys((type_name(t), f32))
             ]
-            assert len(want) == (9 if spec.norm != "l2" else 5)
+            assert len(want) == len(PROVIDERS) * (9 if spec.norm != "l2" else 5)
         elif spec.quantize == "none":
             has_u = any(p.type_var == "U" for p in spec.outputs)
             want = [

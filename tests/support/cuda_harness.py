@@ -891,6 +891,75 @@ def build_emulation(folder: str | os.PathLike) -> Path:
     return out
 
 
+def ort_headers() -> Path | None:
+    """The folder of ONNX Runtime's C headers (onnxruntime_c_api.h), or None."""
+    for folder in (
+        os.environ.get("ONNXRUNTIME_INCLUDE_DIR"),
+        "/usr/include/onnxruntime",
+        str(ROOT / "third_party" / "onnxruntime" / "include"),
+    ):
+        if folder and (Path(folder) / "onnxruntime_c_api.h").is_file():
+            return Path(folder)
+    return None
+
+
+def build_glue_library(folder: str | os.PathLike) -> Path | None:
+    """The CPU library built with ONNXNORM_TEST_CUDA_ROWS_ON_CPU into folder/libonnxnorm_ops.so:
+    its CUDA rows claim the CPU provider instead of its CPU rows, so that a CPU session runs the
+    CUDA glue against a host-emulated CUDA library next to it. None without ONNX Runtime's
+    headers; RuntimeError with the compiler's output. The glue (custom_ops/ort) is compiled
+    unoptimized (it runs small tensors, and -O0 compiles in under half the time of -O1); the CPU
+    kernels, which the define does not touch and this build never runs, are the editable
+    install's objects where there is one (the portable kernels compiled here otherwise). One
+    build per content of the sources and the command, kept in build/ (the tests of the norm
+    ops' glue and of the rotary ops' glue both need it)."""
+    from tests.support.build import package_build_with_tests
+
+    headers = ort_headers()
+    cxx = host_compiler()
+    if headers is None or cxx is None:
+        return None
+    package_build = package_build_with_tests(ROOT)
+    kernels = (
+        sorted(package_build.glob("CMakeFiles/onnxnorm_cpu_kernels.dir/**/*.o"))
+        if package_build
+        else []
+    )
+    sources = sorted((ROOT / "custom_ops" / "ort").glob("*.cc"))
+    objects = kernels or sorted((ROOT / "custom_ops" / "cpu").glob("*.cc"))
+    command = [
+        cxx,
+        "-std=c++17",
+        "-O0",
+        "-shared",
+        "-fPIC",
+        "-DONNXNORM_TEST_CUDA_ROWS_ON_CPU=1",
+        f"-I{ROOT / 'custom_ops' / 'include'}",
+        f"-I{headers}",
+        *map(str, sources),
+        *map(str, objects),
+    ]
+    digest = hashlib.sha256(" ".join(command).encode())
+    for source in sorted([*sources, *objects, *(ROOT / "custom_ops" / "include").rglob("*")]):
+        if source.is_file():
+            digest.update(source.name.encode() + source.read_bytes())
+    for header in sorted((ROOT / "custom_ops" / "ort").glob("*.h")):
+        digest.update(header.name.encode() + header.read_bytes())
+    out = Path(folder) / "libonnxnorm_ops.so"
+    cached = ROOT / "build" / "cuda-emulation" / f"glue-{digest.hexdigest()[:16]}" / out.name
+    if not cached.is_file():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f"{out.name}.{os.getpid()}.tmp")
+        build = subprocess.run(
+            command + ["-o", str(partial), "-ldl"], capture_output=True, text=True, timeout=900
+        )
+        if build.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)}\n{build.stderr[-4000:]}")
+        os.replace(partial, cached)
+    shutil.copyfile(cached, out)
+    return out
+
+
 def run_on_host() -> None:
     """Points the harness at host memory for the emulation: "CUDA" tensors stay CPU tensors and
     there are no streams (every emulated launch completes before it returns). For a process of

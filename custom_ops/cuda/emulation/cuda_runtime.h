@@ -25,6 +25,14 @@ struct uint2 {
 };
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };

@@ -1,5 +1,6 @@
 // Host emulation of the onnxnorm CUDA kernels, for testing their logic on machines without a GPU
-// (tests/cuda/test_cuda.py, tests/support/cuda_harness.py): the kernels of norm_kernels.cuh and the real
+// (tests/cuda/test_cuda.py, tests/support/cuda_harness.py, tests/cuda/test_cuda_rotary.py): the kernels of
+// norm_kernels.cuh and rotary_kernels.cuh and the real
 // launcher (launch.cu, with its launch table) compiled by the host C++ compiler, with this
 // folder's stand-ins for the CUDA headers; only the launch itself is emulated.
 //
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "norm_kernels.cuh"
+#include "rotary_kernels.cuh"
 
 thread_local dim3 threadIdx;
 thread_local dim3 blockIdx;
@@ -252,3 +254,6 @@ ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kNone
 ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(onnxnorm::cuda::kLayer, onnxnorm::cuda::kSkip, onnxnorm::cuda::EmulationLauncher)
 ONNXNORM_CUDA_DEFINE_LAUNCH_QUANT_OP(onnxnorm::cuda::kRms, onnxnorm::cuda::kSkip, onnxnorm::cuda::EmulationLauncher)
 ONNXNORM_CUDA_DEFINE_LAUNCH_DYNAMIC_PARAMS(onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_ROTARY(onnxnorm::cuda::kRms, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_ROTARY(onnxnorm::cuda::kLayer, onnxnorm::cuda::EmulationLauncher)
+ONNXNORM_CUDA_DEFINE_LAUNCH_ROTARY(onnxnorm::cuda::kL2, onnxnorm::cuda::EmulationLauncher)

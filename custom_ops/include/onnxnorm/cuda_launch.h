@@ -15,6 +15,7 @@
 #include <string>
 
 #include "onnxnorm/norm_args.h"
+#include "onnxnorm/rotary_kernels.h"
 
 #if defined(_WIN32)
 #define ONNXNORM_EXPORT __declspec(dllexport)
@@ -66,6 +67,88 @@ struct CudaQuantArgs {
   void* scratch = nullptr;
 };
 
+// What onnxnorm_cuda_launch_rotary needs besides a rotary op's RotaryArgs (onnxnorm/rotary_kernels.h,
+// the CPU kernels' argument struct, every pointer then device memory): the element types, which
+// the CPU kernels take from their table row, and the bound of the position ids, which the ORT glue
+// checks on the host for the CPU kernels but cannot read on the device without a copy.
+struct CudaRotaryArgs {
+  ElemType q_type = ElemType::kFloat32;       // T: Q, K, QOut, KOut
+  ElemType weight_type = ElemType::kFloat32;  // S: the norm weights, Q's type or float32 (none: unused)
+  ElemType angle_type = ElemType::kFloat32;   // A: Cos and Sin, Q's type or float32
+  // The rows of Cos and Sin: with PositionIds, max_position (each id must be below it); without,
+  // at least cache_batch * seq.
+  int64_t angle_rows = 0;
+  // Device memory (one int32, 4-byte aligned) that a kernel sets to 1 when it meets a position id
+  // outside [0, angle_rows); nullptr: not reported. Either way that token's rotated values are
+  // NaN and no angle outside Cos and Sin is read.
+  int32_t* position_error = nullptr;
+};
+
+// The layouts of RotaryArgs (RotaryTensor's fields as q.<field> and k.<field>) and CudaRotaryArgs,
+// {"RotaryArgs": {"size": ..., "fields": [[name, offset, size], ...]}, "CudaRotaryArgs": {...}}:
+// what onnxnorm_cuda_rotary_args_layout returns, which the CPU library checks before it uses the
+// rotary launcher and the tests hold the Python mirror to.
+inline const char* RotaryArgsLayoutJson() {
+  static const std::string json = [] {
+    struct Field {
+      const char* name;
+      size_t offset;
+      size_t size;
+    };
+#define ONNXNORM_ROTARY_FIELD(s, f) Field{#f, offsetof(s, f), sizeof(s::f)}
+#define ONNXNORM_ROTARY_TENSOR_FIELDS(t)                                                                             \
+  Field{#t ".x", offsetof(RotaryArgs, t) + offsetof(RotaryTensor, x), sizeof(RotaryTensor::x)},                      \
+      Field{#t ".y", offsetof(RotaryArgs, t) + offsetof(RotaryTensor, y), sizeof(RotaryTensor::y)},                  \
+      Field{#t ".heads", offsetof(RotaryArgs, t) + offsetof(RotaryTensor, heads), sizeof(RotaryTensor::heads)},      \
+      Field{#t ".scale", offsetof(RotaryArgs, t) + offsetof(RotaryTensor, scale), sizeof(RotaryTensor::scale)},      \
+      Field{#t ".scale_rows", offsetof(RotaryArgs, t) + offsetof(RotaryTensor, scale_rows),                          \
+            sizeof(RotaryTensor::scale_rows)},                                                                       \
+      Field{#t ".bias", offsetof(RotaryArgs, t) + offsetof(RotaryTensor, bias), sizeof(RotaryTensor::bias)}, Field { \
+    #t ".bias_rows", offsetof(RotaryArgs, t) + offsetof(RotaryTensor, bias_rows), sizeof(RotaryTensor::bias_rows)    \
+  }
+    const Field args[] = {
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, norm),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, cast_before_scale),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, per_head),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, interleaved),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, rotary_first),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, rotary_in_t),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, layout),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, epsilon),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, scale_offset),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, batch),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, seq),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, head_size),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, rotary_dim),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, cos),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, sin),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, angle_width),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, position_ids),
+        ONNXNORM_ROTARY_FIELD(RotaryArgs, cache_batch),
+        ONNXNORM_ROTARY_TENSOR_FIELDS(q),
+        ONNXNORM_ROTARY_TENSOR_FIELDS(k),
+    };
+    const Field call[] = {
+        ONNXNORM_ROTARY_FIELD(CudaRotaryArgs, q_type),         ONNXNORM_ROTARY_FIELD(CudaRotaryArgs, weight_type),
+        ONNXNORM_ROTARY_FIELD(CudaRotaryArgs, angle_type),     ONNXNORM_ROTARY_FIELD(CudaRotaryArgs, angle_rows),
+        ONNXNORM_ROTARY_FIELD(CudaRotaryArgs, position_error),
+    };
+#undef ONNXNORM_ROTARY_TENSOR_FIELDS
+#undef ONNXNORM_ROTARY_FIELD
+    auto layout = [](const char* name, size_t size, const Field* fields, size_t count) {
+      std::string out = std::string("\"") + name + "\":{\"size\":" + std::to_string(size) + ",\"fields\":[";
+      for (size_t i = 0; i < count; ++i) {
+        out += (i == 0 ? "[\"" : ",[\"") + std::string(fields[i].name) + "\"," + std::to_string(fields[i].offset) +
+               "," + std::to_string(fields[i].size) + "]";
+      }
+      return out + "]}";
+    };
+    return "{" + layout("RotaryArgs", sizeof(RotaryArgs), args, sizeof(args) / sizeof(args[0])) + "," +
+           layout("CudaRotaryArgs", sizeof(CudaRotaryArgs), call, sizeof(call) / sizeof(call[0])) + "}";
+  }();
+  return json.c_str();
+}
+
 }  // namespace onnxnorm
 
 extern "C" {
@@ -87,6 +170,22 @@ ONNXNORM_EXPORT int onnxnorm_cuda_launch_quantized(const onnxnorm::NormArgs* arg
 // The bytes of device scratch a dynamic quantized op's call needs (CudaQuantArgs::scratch): two
 // floats per row; 0 for other ops and for a NULL args.
 ONNXNORM_EXPORT size_t onnxnorm_cuda_quant_scratch_bytes(const onnxnorm::NormArgs* args);
+
+// Checks a rotary op's arguments (RMSNormRotary, LayerNormRotary, L2NormRotary: args->norm says
+// which) and launches its kernel on stream: one launch for Q's rows and K's (rows as in
+// onnxnorm/rotary_kernels.h; an absent K, k.x = nullptr, is left out). Returns as
+// onnxnorm_cuda_launch; a rotary op is refused there. The refusals are worded as the CPU kernel's
+// ORT errors where both check the same thing.
+ONNXNORM_EXPORT int onnxnorm_cuda_launch_rotary(const onnxnorm::RotaryArgs* args, const onnxnorm::CudaRotaryArgs* call,
+                                                void* stream, char* err, size_t err_len);
+
+// The name of the kernel onnxnorm_cuda_launch_rotary would run (e.g.
+// "RMSNormRotary<bfloat16,bfloat16,float32>/regs:subwarp16x4"), written into name.
+ONNXNORM_EXPORT int onnxnorm_cuda_rotary_kernel_name(const onnxnorm::RotaryArgs* args,
+                                                     const onnxnorm::CudaRotaryArgs* call, char* name, size_t name_len);
+
+// RotaryArgsLayoutJson() of the library.
+ONNXNORM_EXPORT const char* onnxnorm_cuda_rotary_args_layout(void);
 
 // The name of the kernel onnxnorm_cuda_launch would run for args (e.g.
 // "SkipRMSNorm<bfloat16,float32>/regs:block128x4"), written into name; the same codes as
@@ -111,4 +210,6 @@ using CudaOpsFn = const char* (*)();
 using CudaLaunchQuantizedFn = int (*)(const NormArgs* args, const CudaQuantArgs* quant, void* stream, char* err,
                                       size_t err_len);
 using CudaQuantScratchBytesFn = size_t (*)(const NormArgs* args);
+using CudaLaunchRotaryFn = int (*)(const RotaryArgs* args, const CudaRotaryArgs* call, void* stream, char* err,
+                                   size_t err_len);
 }  // namespace onnxnorm
