@@ -30,8 +30,6 @@ ORT_MODEL_TYPE = {
     "clip_vision": "clip",
     "whisper_encoder": "bert",
 }
-#: the norm ops each tool writes: (domain, op type) -> (norms, residual adds)
-NORM_OPS = catalogue.NORM_OPS
 
 
 def count(model: onnx.ModelProto, standard_counts: bool = True) -> tuple[int, int]:
@@ -42,8 +40,7 @@ def count(model: onnx.ModelProto, standard_counts: bool = True) -> tuple[int, in
     like."""
     norms = adds = 0
     for node in model.graph.node:
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        n, a = NORM_OPS.get((domain, node.op_type), (0, 0))
+        n, a = catalogue.norms_held(node.domain, node.op_type, len([o for o in node.output if o]))
         norms += n
         adds += a
     return norms, adds
@@ -119,8 +116,8 @@ def count_all(model: onnx.ModelProto) -> tuple[int, int]:
     norms = adds = 0
     for graph in all_graphs(model.graph):
         for node in graph.node:
-            domain = "" if node.domain == "ai.onnx" else node.domain
-            n, a = NORM_OPS.get((domain, node.op_type), (0, 0))
+            outputs = len([o for o in node.output if o])
+            n, a = catalogue.norms_held(node.domain, node.op_type, outputs)
             norms, adds = norms + n, adds + a
     return norms, adds
 

@@ -125,7 +125,7 @@ def rules(tracker: Tracker | None = None, strict_precision: bool = False) -> pat
 
 def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
     """(norm instances, residual adds absorbed) in onnxnorm nodes: a Sandwich op holds two
-    norms and one add, a Skip op one norm and one add."""
+    norms and one add, a Skip op one norm and one add, a rotary op one norm per output."""
     if isinstance(model, onnx.ModelProto):
         from onnxnorm.ops.functions import onnxnorm_nodes
 
@@ -136,12 +136,7 @@ def count_norms(model: ir.Model | onnx.ModelProto) -> tuple[int, int]:
             for n in ir.traversal.RecursiveGraphIterator(model.graph)
             if n.domain == catalogue.DOMAIN
         ]
-    held = []
-    for op_type, outputs in nodes:
-        norms, adds = catalogue.NORM_OPS.get((catalogue.DOMAIN, op_type), (0, 0))
-        # a rotary op normalizes each tensor it has (QOut, and KOut)
-        rotary = op_type in catalogue.ROTARY_OPS
-        held.append((norms * outputs if rotary else norms, adds))
+    held = [catalogue.norms_held(catalogue.DOMAIN, op, outputs) for op, outputs in nodes]
     return sum(n for n, _ in held), sum(a for _, a in held)
 
 

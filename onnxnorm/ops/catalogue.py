@@ -612,6 +612,16 @@ NORM_OPS: dict[tuple[str, str], tuple[int, int]] = {
 }
 
 
+def norms_held(domain: str, op_type: str, outputs: int = 1) -> tuple[int, int]:
+    """(norms, residual adds) one node holds (NORM_OPS; (0, 0) for any other op), a rotary
+    node's norms counted per tensor it normalizes: ``outputs``, the outputs the node has."""
+    domain = "" if domain == "ai.onnx" else domain
+    norms, adds = NORM_OPS.get((domain, op_type), (0, 0))
+    if domain == DOMAIN and op_type in ROTARY_OPS:
+        norms *= outputs
+    return norms, adds
+
+
 def get(name: str) -> OpSpec:
     """The op ``name`` (of ALL_OPS)."""
     try:

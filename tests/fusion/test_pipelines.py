@@ -267,11 +267,11 @@ def test_ort_optimized_to_standard_onnx(built, tmp_path):
 
 
 #: KV-cache family -> (norms, residual adds, onnxnorm ops): every norm (Qwen3's Q/K norms
-#: included) and every residual add before a norm; Gemma 2's post-sublayer norm, residual add
-#: and next norm are one Sandwich op each
+#: included: with their rotary, one node of Q and K per layer) and every residual add before a
+#: norm; Gemma 2's post-sublayer norm, residual add and next norm are one Sandwich op each
 KV_COUNTS = {
     "llama": (5, 4, {"RMSNorm": 1, "SkipRMSNorm": 4}),
-    "qwen3": (9, 4, {"RMSNorm": 5, "SkipRMSNorm": 4}),
+    "qwen3": (9, 4, {"RMSNorm": 1, "RMSNormRotary": 2, "SkipRMSNorm": 4}),
     "gemma2": (9, 4, {"RMSNorm": 1, "SandwichRMSNorm": 4}),
     "phi3": (5, 4, {"RMSNorm": 1, "SkipRMSNorm": 4}),
 }
