@@ -99,3 +99,79 @@ def arrays_and_attrs(
     a_type = t if case["angle_type"] == "T" else np.float32
     arrays["Cos"], arrays["Sin"] = np.cos(angle).astype(a_type), np.sin(angle).astype(a_type)
     return arrays, attrs
+
+
+#: the rows of the angle tables of :func:`make_case`
+KERNEL_MAX_POSITION = 40
+
+
+def make_case(
+    op,
+    dtype,
+    rng,
+    *,
+    w_type=None,
+    a_type=None,
+    layout=0,
+    rank3=False,
+    interleaved=0,
+    rotary_dim=0,
+    cache="pair-ids",
+    with_k=True,
+    rotary_first=0,
+    per_head=1,
+    rotary_in_t=0,
+    heads=(8, 2),
+    head_size=64,
+    batch=2,
+    seq=3,
+    order=0,
+    offset=0.0,
+    weights="shared",
+    bias=True,
+):
+    """The inputs (by name) and attributes of one call of ``op``, for the kernels' tests (CPU
+    and CUDA): the axes as keywords, angles in [-8, 8], tables of KERNEL_MAX_POSITION rows.
+    weights: "shared" ([head_size]), "per-head" ([heads, head_size]) or None (absent)."""
+    spec = catalogue.ROTARY_OPS[op]
+    names = {p.name for p in spec.inputs}
+    w_type = w_type or dtype
+    a_type = a_type or dtype
+    rd = rotary_dim or head_size
+    attrs = {"layout": layout, "interleaved": interleaved, "rotary_first": rotary_first}
+    attrs |= {"per_head": per_head, "rotary_in_t": rotary_in_t, "epsilon": 1e-5}
+    if rotary_dim:
+        attrs["rotary_dim"] = rotary_dim
+    if rank3:
+        attrs["head_size"] = head_size
+    if "cast_before_scale" in spec.defaults:
+        attrs["cast_before_scale"] = order
+    if "scale_offset" in spec.defaults:
+        attrs["scale_offset"] = offset
+
+    def tensor(h):
+        shape = (batch, h, seq, head_size) if layout == 1 else (batch, seq, h, head_size)
+        x = rng.standard_normal(shape) * 2.0 + (0.5 if spec.norm == "layer" else 0.0)
+        return (x.reshape(batch, seq, h * head_size) if rank3 else x).astype(dtype)
+
+    arrays = {"Q": tensor(heads[0])}
+    if with_k:
+        arrays["K"] = tensor(heads[1])
+    for x, h in (("Q", heads[0]), ("K", heads[1])):
+        if x not in arrays or weights is None:
+            continue
+        shape = (head_size,) if weights == "shared" else (h, head_size)
+        if x + "Scale" in names:
+            base = 0.0 if offset else 1.0
+            arrays[x + "Scale"] = (base + 0.3 * rng.standard_normal(shape)).astype(w_type)
+        if x + "Bias" in names and bias:
+            arrays[x + "Bias"] = (0.3 * rng.standard_normal(shape)).astype(w_type)
+    width = rd if cache.startswith("value") else rd // 2
+    if cache.endswith("ids"):
+        angles = rng.uniform(-8.0, 8.0, (KERNEL_MAX_POSITION, width))
+        arrays["PositionIds"] = rng.integers(0, KERNEL_MAX_POSITION, (batch, seq)).astype(np.int64)
+    else:
+        angles = rng.uniform(-8.0, 8.0, (1 if cache.endswith("shared") else batch, seq, width))
+    arrays["Cos"] = np.cos(angles).astype(a_type)
+    arrays["Sin"] = np.sin(angles).astype(a_type)
+    return arrays, attrs
