@@ -1,6 +1,6 @@
 """The rotary ops in the catalogue: defined once, found by name beside the norm ops, every
 attribute with a rule the native library knows, documented in docs/ops.md, and claimed by the
-library (the native op table is generated from ALL_OPS)."""
+library on both providers (the native op table is generated from ALL_OPS)."""
 
 from __future__ import annotations
 
@@ -51,15 +51,18 @@ def test_rotary_ops_are_documented():
 
 def test_the_native_library_claims_the_rotary_ops():
     """The library's op table holds every op of ALL_OPS, the rotary ops after the norm ops, each
-    with a CPU kernel for every (T, S, A) (S is T for L2NormRotary, which has no weights)."""
+    with a kernel for every (T, S, A) on each provider (S is T for L2NormRotary, which has no
+    weights)."""
     ops = {entry["name"]: entry for entry in _native.manifest()["ops"]}
     assert list(ops) == list(catalogue.ALL_OPS)
     for name in ROTARY:
         kernels = {tuple(k) for k in ops[name]["kernels"]}
-        assert {k[0] for k in kernels} == {"CPUExecutionProvider"}
-        assert ("CPUExecutionProvider", "float16", "float16", "float32") in kernels
-        assert ("CPUExecutionProvider", "bfloat16", "bfloat16", "bfloat16") in kernels
-        assert ("CPUExecutionProvider", "float32", "float32", "float32") in kernels
+        providers = ("CPUExecutionProvider", "CUDAExecutionProvider")
+        assert {k[0] for k in kernels} == set(providers)
         weighted = catalogue.ROTARY_OPS[name].norm != "l2"
-        assert len(kernels) == (9 if weighted else 5)
-        assert (("CPUExecutionProvider", "float16", "float32", "float16") in kernels) == weighted
+        for provider in providers:
+            assert (provider, "float16", "float16", "float32") in kernels
+            assert (provider, "bfloat16", "bfloat16", "bfloat16") in kernels
+            assert (provider, "float32", "float32", "float32") in kernels
+            assert ((provider, "float16", "float32", "float16") in kernels) == weighted
+        assert len(kernels) == 2 * (9 if weighted else 5)
