@@ -45,6 +45,7 @@ from onnxnorm.fusion import (
     quantized,
     residual,
     rotary,
+    rotary_pair,
 )
 from onnxnorm.fusion.detached import upgrade_opset
 from onnxnorm.fusion.lowering import lower_with_notes
@@ -164,7 +165,7 @@ def fuse_ir(
             if progress:
                 progress(name)
             stage_driver.fixpoint(model)
-    rotary.pair(model, tracker)
+    rotary_pair.pair(model, tracker)
     if progress:
         progress("quantize")
     quantized.fuse_quantizers(model, tracker)
