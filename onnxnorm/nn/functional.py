@@ -376,6 +376,38 @@ def _schema(spec: catalogue.OpSpec) -> str:
 _LIBRARY = torch.library.Library(catalogue.DOMAIN, "DEF")
 
 
+def _signature(spec: catalogue.OpSpec, inputs: list[tuple[str, bool]]) -> inspect.Signature:
+    """A translation's signature: ``inputs`` (name, whether it defaults to None), then the
+    op's attributes with their defaults and Python types."""
+    parameters = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None if optional else inspect.Parameter.empty,
+        )
+        for name, optional in inputs
+    ]
+    parameters += [
+        inspect.Parameter(
+            a.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=a.default,
+            annotation=_PY_TYPES[a.kind],
+        )
+        for a in spec.attributes
+    ]
+    return inspect.Signature(parameters)
+
+
+def _named(translate: Any, spec: catalogue.OpSpec, signature: inspect.Signature, name: str) -> Any:
+    """``translate`` with what inspect.signature reports (onnxscript's converter reads it;
+    typeshed's function type leaves out the __signature__ that inspect honours) and ``name``."""
+    translate.__signature__ = signature
+    translate.__annotations__ = {a.name: _PY_TYPES[a.kind] for a in spec.attributes}
+    translate.__name__ = name
+    return translate
+
+
 def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
     name = snake_name(spec.name)
     _LIBRARY.define(name + _schema(spec))
@@ -395,24 +427,7 @@ def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
     _LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{catalogue.DOMAIN}::{name}", fake, lib=_LIBRARY)
 
-    parameters = [
-        inspect.Parameter(
-            p.name,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=None if p.optional else inspect.Parameter.empty,
-        )
-        for p in spec.inputs
-    ]
-    parameters += [
-        inspect.Parameter(
-            a.name,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=a.default,
-            annotation=_PY_TYPES[a.kind],
-        )
-        for a in spec.attributes
-    ]
-    signature = inspect.Signature(parameters)
+    signature = _signature(spec, [(p.name, p.optional) for p in spec.inputs])
 
     def translate(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
@@ -422,12 +437,7 @@ def _define(spec: catalogue.OpSpec) -> tuple[Any, Any]:
         attrs = {a.name: values[a.name] for a in spec.attributes}
         return getattr(_OPSET, spec.name)(*inputs, **attrs, _num_outputs=len(spec.outputs))
 
-    # what inspect.signature reports (onnxscript's converter reads it); typeshed's function type
-    # leaves out the __signature__ that inspect honours
-    translate.__signature__ = signature  # type: ignore[attr-defined]
-    translate.__annotations__ = {a.name: _PY_TYPES[a.kind] for a in spec.attributes}
-    translate.__name__ = spec.name
-    return getattr(torch.ops.onnxnorm, name), translate
+    return getattr(torch.ops.onnxnorm, name), _named(translate, spec, signature, spec.name)
 
 
 #: the inputs a rotary op of Q alone leaves out
@@ -463,24 +473,7 @@ def _define_rotary(spec: catalogue.OpSpec, with_k: bool) -> tuple[Any, Any]:
 
     # optional inputs default to None after the last required one (Cos and Sin follow weights)
     last = max(i for i, p in enumerate(params) if not p.optional or p.name == "K")
-    parameters = [
-        inspect.Parameter(
-            p.name,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=None if i > last else inspect.Parameter.empty,
-        )
-        for i, p in enumerate(params)
-    ]
-    parameters += [
-        inspect.Parameter(
-            a.name,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=a.default,
-            annotation=_PY_TYPES[a.kind],
-        )
-        for a in spec.attributes
-    ]
-    signature = inspect.Signature(parameters)
+    signature = _signature(spec, [(p.name, i > last) for i, p in enumerate(params)])
 
     def translate(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
@@ -495,10 +488,8 @@ def _define_rotary(spec: catalogue.OpSpec, with_k: bool) -> tuple[Any, Any]:
         outputs = getattr(_OPSET, spec.name)(*inputs, **attrs)
         return outputs if with_k else outputs[0]
 
-    translate.__signature__ = signature  # type: ignore[attr-defined]
-    translate.__annotations__ = {a.name: _PY_TYPES[a.kind] for a in spec.attributes}
-    translate.__name__ = spec.name + ("" if with_k else "_q")
-    return getattr(torch.ops.onnxnorm, name), translate
+    named = _named(translate, spec, signature, spec.name + ("" if with_k else "_q"))
+    return getattr(torch.ops.onnxnorm, name), named
 
 
 # The float ops: the quantized ones come from fusing a quantized graph, not from torch modules.
