@@ -39,7 +39,7 @@ constexpr size_t kMaxInputs = 8;
 
 class NormKernel final : public Kernel {
  public:
-  NormKernel(const OrtApi& api, const KernelEntry& entry) : api_(api), entry_(entry) {}
+  NormKernel(const OrtApi& api, const KernelEntry& entry) : Kernel(api, entry.spec->name), api_(api), entry_(entry) {}
   ~NormKernel() override {
     if (allocator_ != nullptr) api_.ReleaseAllocator(allocator_);
   }
@@ -168,25 +168,7 @@ class NormKernel final : public Kernel {
     quant_range_ = range;
   }
 
-  OrtStatus* Compute(OrtKernelContext* context) noexcept override {
-    try {
-      return ComputeImpl(context);
-    } catch (const std::exception& e) {
-      return Fail(e.what());
-    } catch (...) {
-      return Fail("unknown error");
-    }
-  }
-
  private:
-  OrtStatus* Fail(const char* what) noexcept {
-    try {
-      return MakeError(api_, ORT_FAIL, entry_.spec->name, std::string("internal error: ") + what);
-    } catch (...) {
-      return api_.CreateStatus(ORT_FAIL, "onnxnorm: internal error");
-    }
-  }
-
   OrtStatus* CheckType(const char* name, const InputTensor& t, ElemType expected) const {
     if (t.type == OnnxType(expected)) return nullptr;
     return MakeError(
@@ -194,7 +176,7 @@ class NormKernel final : public Kernel {
         std::string(name) + " must be " + kElemTypeNames[static_cast<int>(expected)] + ", got " + TypeName(t.type));
   }
 
-  OrtStatus* ComputeImpl(OrtKernelContext* context) {
+  OrtStatus* Run(OrtKernelContext* context) override {
     const OpSpec& spec = *entry_.spec;
     const char* op = spec.name;
     size_t input_count = 0;

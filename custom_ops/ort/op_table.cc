@@ -2,10 +2,29 @@
 
 #include <array>
 #include <cstdio>
+#include <exception>
 #include <string>
+
+#include "ort_util.h"
 
 namespace onnxnorm {
 namespace ort {
+
+OrtStatus* Kernel::Compute(OrtKernelContext* context) noexcept {
+  const char* what = "unknown error";
+  try {
+    return Run(context);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  try {
+    return MakeError(api_, ORT_FAIL, op_, std::string("internal error: ") + what);
+  } catch (...) {
+    return api_.CreateStatus(ORT_FAIL, "onnxnorm: internal error");
+  }
+}
+
 namespace {
 
 constexpr Provider kProviders[] = {Provider::kCpu, Provider::kCuda};

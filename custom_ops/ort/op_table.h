@@ -17,11 +17,20 @@ namespace ort {
 // built next to this one (see custom_op.h).
 enum class Provider { kCpu, kCuda };
 
-// A kernel instance (one per node). Compute must not throw: errors are returned as OrtStatus.
+// A kernel instance (one per node). Compute does not throw: it runs Run and returns its errors
+// as OrtStatus, an exception as an internal error of the node's op.
 class Kernel {
  public:
+  Kernel(const OrtApi& api, const char* op) : api_(api), op_(op) {}
   virtual ~Kernel() = default;
-  virtual OrtStatus* Compute(OrtKernelContext* context) noexcept = 0;
+  OrtStatus* Compute(OrtKernelContext* context) noexcept;
+
+ protected:
+  virtual OrtStatus* Run(OrtKernelContext* context) = 0;
+
+ private:
+  const OrtApi& api_;
+  const char* op_;
 };
 
 struct KernelEntry;

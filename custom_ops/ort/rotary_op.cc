@@ -54,7 +54,7 @@ void RunRotaryBlock(void* user_data, size_t block) {
 
 class RotaryKernel final : public Kernel {
  public:
-  RotaryKernel(const OrtApi& api, const KernelEntry& entry) : api_(api), entry_(entry) {}
+  RotaryKernel(const OrtApi& api, const KernelEntry& entry) : Kernel(api, entry.spec->name), api_(api), entry_(entry) {}
 
   // Reads the attributes and maps the inputs onto their slots.
   OrtStatus* Init(const OrtKernelInfo* info) {
@@ -117,25 +117,7 @@ class RotaryKernel final : public Kernel {
 
   void UseCuda(CudaLaunchRotaryFn launch) { cuda_launch_ = launch; }
 
-  OrtStatus* Compute(OrtKernelContext* context) noexcept override {
-    try {
-      return ComputeImpl(context);
-    } catch (const std::exception& e) {
-      return Fail(e.what());
-    } catch (...) {
-      return Fail("unknown error");
-    }
-  }
-
  private:
-  OrtStatus* Fail(const char* what) noexcept {
-    try {
-      return MakeError(api_, ORT_FAIL, entry_.spec->name, std::string("internal error: ") + what);
-    } catch (...) {
-      return api_.CreateStatus(ORT_FAIL, "onnxnorm: internal error");
-    }
-  }
-
   OrtStatus* Invalid(const std::string& message) const {
     return MakeError(api_, ORT_INVALID_ARGUMENT, entry_.spec->name, message);
   }
@@ -188,7 +170,7 @@ class RotaryKernel final : public Kernel {
     return api_.GetTensorMutableData(value, data);
   }
 
-  OrtStatus* ComputeImpl(OrtKernelContext* context) {
+  OrtStatus* Run(OrtKernelContext* context) override {
     const char* op = entry_.spec->name;
     size_t input_count = 0;
     if (OrtStatus* s = api_.KernelContext_GetInputCount(context, &input_count)) return s;
