@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxnorm.fusion import symbolic_shapes
 from onnxnorm.fusion._base import (
     FusionRule,
     NotThisPattern,
@@ -153,6 +154,19 @@ def _input(node: ir.Node, index: int = 0) -> ir.Value:
     return value
 
 
+def _ints(value: ir.Value, what: str) -> np.ndarray:
+    """The integers of a small computation on constants and shapes, 1-D: where the shapes read
+    are not all static (TorchScript's ``x.shape[-1] // 2`` of a tensor with dynamic batch and
+    sequence dims), evaluated over symbolic dims; each element must come out an integer."""
+    try:
+        return int_values(value, what).reshape(-1)
+    except Rejected:
+        terms, _ = symbolic_shapes.Shapes().evaluate(value)
+    if any(dims for _, dims in terms):
+        raise Rejected(f"{what} ({value.name!r}) depends on dims that are not static")
+    return np.array([coefficient for coefficient, _ in terms], np.int64)
+
+
 def _sliced(node: ir.Node, value: ir.Value, rank: int, size: int) -> slice:
     """The slice of the last axis that a Slice or a Split output ``value`` takes."""
     if node.op_type == "Split":
@@ -162,21 +176,21 @@ def _sliced(node: ir.Node, value: ir.Value, rank: int, size: int) -> slice:
         outputs = list(node.outputs)
         sizes = attribute(node, "split", None)
         if sizes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
-            sizes = int_values(node.inputs[1], "Split's sizes").reshape(-1).tolist()
+            sizes = _ints(node.inputs[1], "Split's sizes").tolist()
         if sizes is None:
             if size % len(outputs):
                 raise NotThisPattern("an uneven Split")
             sizes = [size // len(outputs)] * len(outputs)
         start = sum(sizes[: outputs.index(value)])
         return slice(start, start + sizes[outputs.index(value)])
-    starts, ends = (int_values(v, "Slice's bounds").reshape(-1) for v in node.inputs[1:3])
+    starts, ends = (_ints(_input(node, i), "Slice's bounds") for i in (1, 2))
     axes = (
-        int_values(node.inputs[3], "Slice's axes").reshape(-1)
+        _ints(node.inputs[3], "Slice's axes")
         if len(node.inputs) > 3 and node.inputs[3] is not None
         else np.arange(len(starts))
     )
     steps = (
-        int_values(node.inputs[4], "Slice's steps").reshape(-1)
+        _ints(node.inputs[4], "Slice's steps")
         if len(node.inputs) > 4 and node.inputs[4] is not None
         else np.ones(len(starts), np.int64)
     )

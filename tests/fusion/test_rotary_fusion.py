@@ -1,7 +1,8 @@
 """The Q/K norm and its rotary fused into one rotary op (onnxnorm/fusion/rotary.py), Q and K in
 one node: on hand-built graphs of each spelling (half-split and interleaved partners, partial
 rotary, the transpose between the norm and the rotary or none, angles unsqueezed or folded into
-constants, float32 and float16), and on the exports of the Q/K-norm families (both exporters).
+constants, float32 and float16), and on the exports of the Q/K-norm families (both exporters,
+dynamic batch and sequence dims, float32 and float16).
 Each fused model holds the expected nodes and matches the original in ONNX Runtime."""
 
 from __future__ import annotations
@@ -240,15 +241,28 @@ def _export(family: str, exporter: str, dtype: str = "float32") -> onnx.ModelPro
     ids = torch.arange(2 * 7).reshape(2, 7) % 90
     inputs = (ids, torch.ones_like(ids))
     names = ["input_ids", "attention_mask"]
+    # dynamic batch and sequence dims, as users export
     with quiet_export(), torch.no_grad():
         if exporter == "dynamo":
+            batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
             program = torch.onnx.export(
-                Hidden(), inputs, input_names=names, dynamo=True, opset_version=18
+                Hidden(),
+                inputs,
+                input_names=names,
+                dynamo=True,
+                opset_version=18,
+                dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
             )
             return program.model_proto
         buffer = io.BytesIO()
         torch.onnx.export(
-            Hidden(), inputs, buffer, input_names=names, dynamo=False, opset_version=17
+            Hidden(),
+            inputs,
+            buffer,
+            input_names=names,
+            dynamo=False,
+            opset_version=17,
+            dynamic_axes={name: {0: "batch", 1: "seq"} for name in names},
         )
         return onnx.load_from_string(buffer.getvalue())
 
