@@ -165,6 +165,8 @@ void PrepareWeights(const typename S::St* scale, const typename S::St* bias, int
 // them, in the rounding order kOrderA.
 template <NormKind NK, class E, bool kOrderA>
 struct Normalizer {
+  // Apply's result without a bias is already rounded to T (order A rounds the product)
+  static constexpr bool kRoundsUnbiased = kOrderA;
   V vh, vl, vinv, vconst;
   Normalizer(const Stats& st, float offset)
       : vh(Isa::Set1(st.hi)),

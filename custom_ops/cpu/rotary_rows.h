@@ -10,9 +10,12 @@
 // Per row (one head, or with per_head = 0 one token's heads), reading the row's input once:
 //   rotary_first = 0: the statistics of the row (norm_rows.h's RowStats: the same float32 sums
 //     in the same order); then for each head of the row, its values normalized and scaled into a
-//     float32 head buffer, rounded to T; the buffer's first rotary_dim values rotated in place;
-//     the buffer stored at the head's place in the output (layout 2: [batch, heads, seq,
-//     head_size]).
+//     float32 head buffer, rounded to T; the buffer's first rotary_dim values rotated and stored
+//     at the head's place in the output (layout 2: [batch, heads, seq, head_size]) with the rest
+//     (interleaved pairs: rotated in the buffer first, then stored).
+// The weights of Q and of K are prepared once per call (WeightPrep's float32 values) where they
+// fit a small buffer, so that each row reads them without converting; rounding to T is left out
+// where the values are of T's precision already (angles of T, order A's unbiased products).
 //   rotary_first = 1: each head of the row rotated into a float32 row buffer, rounded to T; the
 //     statistics of the buffer; each head normalized from it into the output.
 // The rotation of a pair (a, b) with angles (cos_a, sin_a) for a and (cos_b, sin_b) for b:
@@ -33,20 +36,95 @@ namespace onnxnorm {
 namespace cpu {
 namespace {
 
-// The rotation of W half-split pairs (a, b) with their angles, rounded to T (E); kInT: the
-// angles and products rounded to T as well.
-template <class E, bool kInT>
+// Loads n values of T into a float32 buffer (exactly), or stores a float32 buffer of T's
+// precision as T.
+template <class E>
+inline void Widen(const typename E::St* x, float* h, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) Isa::Store(F32{}, h + i, Isa::Load(E{}, x + i));
+  if (i < n) Isa::StoreN(F32{}, h + i, Isa::LoadN(E{}, x + i, static_cast<int>(n - i)), static_cast<int>(n - i));
+}
+template <class E>
+inline void Narrow(const float* h, typename E::St* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) Isa::Store(E{}, y + i, Isa::Load(F32{}, h + i));
+  if (i < n) Isa::StoreN(E{}, y + i, Isa::LoadN(F32{}, h + i, static_cast<int>(n - i)), static_cast<int>(n - i));
+}
+
+// The rotation of W pairs (a, b) with their angles, before its final rounding to T (E): the
+// caller rounds it (into a float32 buffer) or stores it as T, which rounds once. kInT: the
+// angles (where A is wider than T) and the products rounded to T as well.
+template <class E, class A, bool kInT>
 ONNXNORM_INLINE void RotateVectors(V a, V b, V ca, V sa, V cb, V sb, V* ra, V* rb) {
   if constexpr (kInT) {
-    ca = Isa::Round(E{}, ca);
-    sa = Isa::Round(E{}, sa);
-    cb = Isa::Round(E{}, cb);
-    sb = Isa::Round(E{}, sb);
-    *ra = Isa::Round(E{}, Isa::Sub(Isa::Round(E{}, Isa::Mul(a, ca)), Isa::Round(E{}, Isa::Mul(b, sa))));
-    *rb = Isa::Round(E{}, Isa::Add(Isa::Round(E{}, Isa::Mul(b, cb)), Isa::Round(E{}, Isa::Mul(a, sb))));
+    if constexpr (!std::is_same<A, E>::value) {
+      ca = Isa::Round(E{}, ca);
+      sa = Isa::Round(E{}, sa);
+      cb = Isa::Round(E{}, cb);
+      sb = Isa::Round(E{}, sb);
+    }
+    *ra = Isa::Sub(Isa::Round(E{}, Isa::Mul(a, ca)), Isa::Round(E{}, Isa::Mul(b, sa)));
+    *rb = Isa::Add(Isa::Round(E{}, Isa::Mul(b, cb)), Isa::Round(E{}, Isa::Mul(a, sb)));
   } else {
-    *ra = Isa::Round(E{}, Isa::Sub(Isa::Mul(a, ca), Isa::Mul(b, sa)));
-    *rb = Isa::Round(E{}, Isa::Add(Isa::Mul(b, cb), Isa::Mul(a, sb)));
+    *ra = Isa::Sub(Isa::Mul(a, ca), Isa::Mul(b, sa));
+    *rb = Isa::Add(Isa::Mul(b, cb), Isa::Mul(a, sb));
+  }
+}
+
+// Where values go: a float32 buffer (rounded to T, unless kRounded says they are) or T's output
+// (the store rounds).
+template <class E>
+struct ToBuffer {
+  float* out;
+  template <bool kRounded = false>
+  ONNXNORM_INLINE void Put(int64_t i, V v) const {
+    Isa::Store(F32{}, out + i, kRounded ? v : Isa::Round(E{}, v));
+  }
+  template <bool kRounded = false>
+  ONNXNORM_INLINE void PutN(int64_t i, V v, int rem) const {
+    Isa::StoreN(F32{}, out + i, kRounded ? v : Isa::Round(E{}, v), rem);
+  }
+};
+template <class E>
+struct ToOutput {
+  typename E::St* out;
+  template <bool kRounded = false>
+  ONNXNORM_INLINE void Put(int64_t i, V v) const {
+    Isa::Store(E{}, out + i, v);
+  }
+  template <bool kRounded = false>
+  ONNXNORM_INLINE void PutN(int64_t i, V v, int rem) const {
+    Isa::StoreN(E{}, out + i, v, rem);
+  }
+};
+
+// The half-split pairs (j, j + half) of a head's first rotary_dim values (float32 values of T's
+// precision, in h) rotated by one token's angles c and s (of A; per_value: one angle per value,
+// the second value's at j + half, else one per pair) into dst (h itself, or the output).
+template <class E, class A, bool kInT, bool kPerValue, class Dst>
+inline void RotateHalves(const float* h, const typename A::St* c, const typename A::St* s, int64_t half,
+                         const Dst& dst) {
+  const int64_t second = kPerValue ? half : 0;
+  int64_t j = 0;
+  for (; j + W <= half; j += W) {
+    const V ca = Isa::Load(A{}, c + j), sa = Isa::Load(A{}, s + j);
+    const V cb = kPerValue ? Isa::Load(A{}, c + j + second) : ca;
+    const V sb = kPerValue ? Isa::Load(A{}, s + j + second) : sa;
+    V ra, rb;
+    RotateVectors<E, A, kInT>(Isa::Load(F32{}, h + j), Isa::Load(F32{}, h + j + half), ca, sa, cb, sb, &ra, &rb);
+    dst.Put(j, ra);
+    dst.Put(j + half, rb);
+  }
+  if (j < half) {
+    const int rem = static_cast<int>(half - j);
+    const V ca = Isa::LoadN(A{}, c + j, rem), sa = Isa::LoadN(A{}, s + j, rem);
+    const V cb = kPerValue ? Isa::LoadN(A{}, c + j + second, rem) : ca;
+    const V sb = kPerValue ? Isa::LoadN(A{}, s + j + second, rem) : sa;
+    V ra, rb;
+    RotateVectors<E, A, kInT>(Isa::LoadN(F32{}, h + j, rem), Isa::LoadN(F32{}, h + j + half, rem), ca, sa, cb, sb, &ra,
+                              &rb);
+    dst.PutN(j, ra, rem);
+    dst.PutN(j + half, rb, rem);
   }
 }
 
@@ -58,25 +136,10 @@ inline void RotateHead(float* h, const typename A::St* c, const typename A::St* 
                        bool interleaved) {
   const int64_t half = rotary_dim / 2;
   if (!interleaved) {
-    // a pair's second value's angle: at j + half (one per value) or j's own (one per pair)
-    const int64_t second = per_value ? half : 0;
-    int64_t j = 0;
-    for (; j + W <= half; j += W) {
-      V ra, rb;
-      RotateVectors<E, kInT>(Isa::Load(F32{}, h + j), Isa::Load(F32{}, h + j + half), Isa::Load(A{}, c + j),
-                             Isa::Load(A{}, s + j), Isa::Load(A{}, c + j + second), Isa::Load(A{}, s + j + second), &ra,
-                             &rb);
-      Isa::Store(F32{}, h + j, ra);
-      Isa::Store(F32{}, h + j + half, rb);
-    }
-    if (j < half) {
-      const int rem = static_cast<int>(half - j);
-      V ra, rb;
-      RotateVectors<E, kInT>(Isa::LoadN(F32{}, h + j, rem), Isa::LoadN(F32{}, h + j + half, rem),
-                             Isa::LoadN(A{}, c + j, rem), Isa::LoadN(A{}, s + j, rem),
-                             Isa::LoadN(A{}, c + j + second, rem), Isa::LoadN(A{}, s + j + second, rem), &ra, &rb);
-      Isa::StoreN(F32{}, h + j, ra, rem);
-      Isa::StoreN(F32{}, h + j + half, rb, rem);
+    if (per_value) {
+      RotateHalves<E, A, kInT, true>(h, c, s, half, ToBuffer<E>{h});
+    } else {
+      RotateHalves<E, A, kInT, false>(h, c, s, half, ToBuffer<E>{h});
     }
     return;
   }
@@ -97,11 +160,11 @@ inline void RotateHead(float* h, const typename A::St* c, const typename A::St* 
       block[5][k] = ToFloat(A{}, s[ib]);
     }
     V ra, rb;
-    RotateVectors<E, kInT>(Isa::Load(F32{}, block[0]), Isa::Load(F32{}, block[1]), Isa::Load(F32{}, block[2]),
-                           Isa::Load(F32{}, block[3]), Isa::Load(F32{}, block[4]), Isa::Load(F32{}, block[5]), &ra,
-                           &rb);
-    Isa::Store(F32{}, block[0], ra);
-    Isa::Store(F32{}, block[1], rb);
+    RotateVectors<E, A, kInT>(Isa::Load(F32{}, block[0]), Isa::Load(F32{}, block[1]), Isa::Load(F32{}, block[2]),
+                              Isa::Load(F32{}, block[3]), Isa::Load(F32{}, block[4]), Isa::Load(F32{}, block[5]), &ra,
+                              &rb);
+    ToBuffer<E>{block[0]}.Put(0, ra);
+    ToBuffer<E>{block[1]}.Put(0, rb);
     for (int k = 0; k < count; ++k) {
       h[2 * (j + k)] = block[0][k];
       h[2 * (j + k) + 1] = block[1][k];
@@ -109,24 +172,31 @@ inline void RotateHead(float* h, const typename A::St* c, const typename A::St* 
   }
 }
 
-// Where a head's normalized values go: a float32 buffer (rounded to T, for the rotation that
-// follows) or the output (the store rounds to T).
-template <class E>
-struct ToBuffer {
-  float* out;
-  ONNXNORM_INLINE void Put(int64_t i, V v) const { Isa::Store(F32{}, out + i, Isa::Round(E{}, v)); }
-  ONNXNORM_INLINE void PutN(int64_t i, V v, int rem) const { Isa::StoreN(F32{}, out + i, Isa::Round(E{}, v), rem); }
-};
-template <class E>
-struct ToOutput {
-  typename E::St* out;
-  ONNXNORM_INLINE void Put(int64_t i, V v) const { Isa::Store(E{}, out + i, v); }
-  ONNXNORM_INLINE void PutN(int64_t i, V v, int rem) const { Isa::StoreN(E{}, out + i, v, rem); }
-};
+// A normalized head (float32 values of T's precision, in h) rotated and stored as T at y:
+// half-split pairs straight from h into y (one rounding), the values past rotary_dim copied;
+// interleaved pairs rotated in h first.
+template <class E, class A, bool kInT>
+inline void RotateHeadInto(float* h, const typename A::St* c, const typename A::St* s, int64_t head_size,
+                           int64_t rotary_dim, bool per_value, bool interleaved, typename E::St* y) {
+  if (interleaved) {
+    RotateHead<E, A, kInT>(h, c, s, rotary_dim, per_value, true);
+    Narrow<E>(h, y, head_size);
+    return;
+  }
+  const int64_t half = rotary_dim / 2;
+  if (per_value) {
+    RotateHalves<E, A, kInT, true>(h, c, s, half, ToOutput<E>{y});
+  } else {
+    RotateHalves<E, A, kInT, false>(h, c, s, half, ToOutput<E>{y});
+  }
+  Narrow<E>(h + rotary_dim, y + rotary_dim, head_size - rotary_dim);
+}
 
-// One head's n values from src, normalized by nz with the weights wt (as stored), into dst.
+// One head's n values from src, normalized by nz with the weights wt, into dst (which skips its
+// rounding where the normalizer's result is rounded already).
 template <bool kScale, bool kBias, class Nz, class Wt, class Src, class Dst>
 inline void NormalizeHead(const Src& source, const Nz& normalizer, const Wt& weights, int64_t n, const Dst& sink) {
+  constexpr bool kRounded = Nz::kRoundsUnbiased && !kBias;
   const Src src = source;
   const Nz nz = normalizer;
   const Wt wt = weights;
@@ -136,13 +206,13 @@ inline void NormalizeHead(const Src& source, const Nz& normalizer, const Wt& wei
   for (; i + W <= n; i += W) {
     const V sv = kScale ? wt.Scale(i) : zero;
     const V bv = kBias ? wt.Bias(i) : zero;
-    dst.Put(i, nz.template Apply<kScale, kBias>(src.Load(i), sv, bv));
+    dst.template Put<kRounded>(i, nz.template Apply<kScale, kBias>(src.Load(i), sv, bv));
   }
   if (i < n) {
     const int rem = static_cast<int>(n - i);
     const V sv = kScale ? wt.ScaleN(i, rem) : zero;
     const V bv = kBias ? wt.BiasN(i, rem) : zero;
-    dst.PutN(i, nz.template Apply<kScale, kBias>(src.LoadN(i, rem), sv, bv), rem);
+    dst.template PutN<kRounded>(i, nz.template Apply<kScale, kBias>(src.LoadN(i, rem), sv, bv), rem);
   }
 }
 
@@ -167,20 +237,40 @@ inline void NormalizeHeadWith(const Src& src, const Nz& nz, const Wt& wt, bool h
   }
 }
 
-// Loads n values of T into a float32 buffer (exactly), or stores a float32 buffer of T's
-// precision as T.
-template <class E>
-inline void Widen(const typename E::St* x, float* h, int64_t n) {
-  int64_t i = 0;
-  for (; i + W <= n; i += W) Isa::Store(F32{}, h + i, Isa::Load(E{}, x + i));
-  if (i < n) Isa::StoreN(F32{}, h + i, Isa::LoadN(E{}, x + i, static_cast<int>(n - i)), static_cast<int>(n - i));
-}
-template <class E>
-inline void Narrow(const float* h, typename E::St* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + W <= n; i += W) Isa::Store(E{}, y + i, Isa::Load(F32{}, h + i));
-  if (i < n) Isa::StoreN(E{}, y + i, Isa::LoadN(F32{}, h + i, static_cast<int>(n - i)), static_cast<int>(n - i));
-}
+// The prepared weights (WeightPrep's values in float32) of Q's and of K's Scale and Bias rows,
+// made once per call where they fit kPreparedFloats, so that a row reads them without converting.
+inline constexpr int64_t kPreparedFloats = 2048;
+
+template <class E, class S, bool kOrderA>
+struct PreparedTensorWeights {
+  alignas(64) float values[kPreparedFloats];
+  const float* scale = nullptr;
+  const float* bias = nullptr;
+  bool ready = false;
+  // false where the tensor's weight rows do not fit (a row then reads them as stored)
+  bool Prepare(const RotaryTensor& t, int64_t d, float offset) {
+    if (ready) return true;
+    const int64_t scale_n = t.scale != nullptr ? t.scale_rows * d : 0;
+    const int64_t bias_n = t.bias != nullptr ? t.bias_rows * d : 0;
+    if (scale_n + bias_n > kPreparedFloats) return false;
+    const bool with_scale = scale_n > 0, with_bias = bias_n > 0;
+    scale = with_scale ? values : nullptr;
+    bias = with_bias ? values + scale_n : nullptr;
+    const WeightPrep<E, S, kOrderA> prep(offset);
+    const auto* sp = static_cast<const typename S::St*>(t.scale);
+    const auto* bp = static_cast<const typename S::St*>(t.bias);
+    for (int64_t i = 0; i < scale_n; i += W) {
+      const int rem = scale_n - i < W ? static_cast<int>(scale_n - i) : W;
+      Isa::StoreN(F32{}, values + i, prep.Scale(Isa::LoadN(S{}, sp + i, rem)), rem);
+    }
+    for (int64_t i = 0; i < bias_n; i += W) {
+      const int rem = bias_n - i < W ? static_cast<int>(bias_n - i) : W;
+      Isa::StoreN(F32{}, values + scale_n + i, prep.Bias(Isa::LoadN(S{}, bp + i, rem)), rem);
+    }
+    ready = true;
+    return true;
+  }
+};
 
 template <NormKind NK, class E, class S, class A, bool kOrderA, bool kInT>
 void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float* scratch) {
@@ -190,6 +280,7 @@ void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float
   constexpr bool kMayBias = NK == NormKind::kLayer;
   alignas(64) float stack[kRotaryStackFloats];
   float* const buffer = RotaryScratchFloats(a) > kRotaryStackFloats ? scratch : stack;
+  PreparedTensorWeights<E, S, kOrderA> prepared[2];  // Q's, K's
   const int64_t d = a.head_size;
   const int64_t rows_q = RotaryRows(a, a.q);
   const bool per_value = a.angle_width == a.rotary_dim;
@@ -198,6 +289,8 @@ void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float
   for (int64_t r = row_begin; r < row_end; ++r) {
     const bool is_q = r < rows_q;
     const RotaryTensor& t = is_q ? a.q : a.k;
+    PreparedTensorWeights<E, S, kOrderA>& ready = prepared[is_q ? 0 : 1];
+    const bool use_prepared = ready.Prepare(t, d, a.scale_offset);
     const int64_t local = is_q ? r : r - rows_q;
     const int64_t heads = t.heads;
     // the row's token (b, s), its first head and head count
@@ -228,26 +321,32 @@ void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float
       const int64_t at = a.layout == 2 ? ((b * heads + h) * a.seq + s) * d : local * n + hh * d;
       return static_cast<T*>(t.y) + at;
     };
-    auto weights = [&](int64_t hh) {
-      const int64_t h = h0 + hh;
-      const WT* scale = static_cast<const WT*>(t.scale);
-      const WT* bias = static_cast<const WT*>(t.bias);
-      return StoredWeights<E, S, kOrderA>{scale != nullptr ? scale + h % t.scale_rows * d : nullptr,
-                                          bias != nullptr ? bias + h % t.bias_rows * d : nullptr, prep};
-    };
     RowParams p;
     p.n = n;
     p.inv_n = NK == NormKind::kL2 ? 1.0 : 1.0 / static_cast<double>(n);  // (L2: the sum of squares itself)
     p.epsilon = static_cast<double>(a.epsilon);
     p.offset = a.scale_offset;
     const bool has_scale = t.scale != nullptr, has_bias = kMayBias && t.bias != nullptr;
+    // head hh's values from src normalized into dst, with its weight rows
+    auto normalize = [&](int64_t hh, const auto& src, const auto& nz, const auto& dst) {
+      const int64_t h = h0 + hh;
+      if (use_prepared) {
+        const PreparedWeights wt{ready.scale != nullptr ? ready.scale + h % t.scale_rows * d : nullptr,
+                                 ready.bias != nullptr ? ready.bias + h % t.bias_rows * d : nullptr};
+        NormalizeHeadWith<kMayBias>(src, nz, wt, has_scale, has_bias, d, dst);
+      } else {
+        const WT* scale = static_cast<const WT*>(t.scale);
+        const WT* bias = static_cast<const WT*>(t.bias);
+        const StoredWeights<E, S, kOrderA> wt{scale != nullptr ? scale + h % t.scale_rows * d : nullptr,
+                                              bias != nullptr ? bias + h % t.bias_rows * d : nullptr, prep};
+        NormalizeHeadWith<kMayBias>(src, nz, wt, has_scale, has_bias, d, dst);
+      }
+    };
     if (!a.rotary_first) {
       const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(PlainSource<E>{xr}, p), p.offset);
       for (int64_t hh = 0; hh < nh; ++hh) {
-        NormalizeHeadWith<kMayBias>(PlainSource<E>{xr + hh * d}, nz, weights(hh), has_scale, has_bias, d,
-                                    ToBuffer<E>{buffer});
-        RotateHead<E, A, kInT>(buffer, c, sn, a.rotary_dim, per_value, interleaved);
-        Narrow<E>(buffer, out(hh), d);
+        normalize(hh, PlainSource<E>{xr + hh * d}, nz, ToBuffer<E>{buffer});
+        RotateHeadInto<E, A, kInT>(buffer, c, sn, d, a.rotary_dim, per_value, interleaved, out(hh));
       }
     } else {
       for (int64_t hh = 0; hh < nh; ++hh) {
@@ -256,8 +355,7 @@ void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float
       }
       const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(PlainSource<F32>{buffer}, p), p.offset);
       for (int64_t hh = 0; hh < nh; ++hh) {
-        NormalizeHeadWith<kMayBias>(PlainSource<F32>{buffer + hh * d}, nz, weights(hh), has_scale, has_bias, d,
-                                    ToOutput<E>{out(hh)});
+        normalize(hh, PlainSource<F32>{buffer + hh * d}, nz, ToOutput<E>{out(hh)});
       }
     }
   }
