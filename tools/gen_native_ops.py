@@ -34,9 +34,10 @@ _ATTR_KINDS = ("int", "float")
 
 
 def load_catalogue():
-    """onnxnorm/ops/catalogue.py by path: it and the module it imports (spec.py, relatively)
-    need only the standard library, so the generator runs without the package's dependencies.
-    They are loaded as modules of a package of their own, whose ``__init__`` is not run."""
+    """onnxnorm/ops/catalogue.py by path: it and the modules it imports relatively (spec.py,
+    norm_attributes.py, rotary_catalogue.py) need only the standard library, so the generator
+    runs without the package's dependencies. They are loaded as modules of a package of their
+    own, whose ``__init__`` is not run."""
     package = "_onnxnorm_catalogue"
     if package not in sys.modules:
         holder = importlib.util.spec_from_loader(package, loader=None, is_package=True)

@@ -4,8 +4,9 @@ the rules an attribute's values follow (:data:`CHECKS`), and the records of an o
 (:class:`OpSpec`), its inputs and outputs (:class:`Param`) and attributes (:class:`Attribute`),
 with what follows from them (the types an op accepts, its defaults).
 
-Like the catalogue it needs only the standard library: ``tools/gen_native_ops.py`` loads both by
-their paths, so that the native op table is generated without the package's dependencies.
+Like the catalogue it needs only the standard library: ``tools/gen_native_ops.py`` loads the
+catalogue's modules (this one, ``norm_attributes.py``, ``rotary_catalogue.py``, ``catalogue.py``)
+by their paths, so that the native op table is generated without the package's dependencies.
 """
 
 from __future__ import annotations
