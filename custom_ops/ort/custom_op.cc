@@ -3,6 +3,7 @@
 #include <atomic>
 #include <mutex>
 #include <new>
+#include <string>
 
 #include "op_table.h"
 #include "ort_util.h"
@@ -145,6 +146,48 @@ int64_t YFloat32(const OrtApi& api, OrtShapeInferContext* context) {
   return IntAttribute(api, context, "y_float32", 0);
 }
 
+// Sets output `index` to a tensor of `type` with these dims (value >= 0, else the name). A dim
+// ONNX Runtime knows neither by value nor by name comes out of GetDimensions as -1 with an empty
+// name, and would go back in as the value -1 (a Reshape after it then infers negative dims): each
+// such dim is given a name of its own, which says as little about it.
+void SetOutput(const OrtApi& api, OrtShapeInferContext* context, size_t index, ONNXTensorElementDataType type,
+               const int64_t* dims, const char* const* names, size_t rank) {
+  static std::atomic<uint64_t> unnamed{0};
+  std::string made[16];
+  const char* out_names[16];
+  if (rank > 16) return;
+  for (size_t i = 0; i < rank; ++i) {
+    out_names[i] = names[i];
+    if (dims[i] < 0 && (names[i] == nullptr || names[i][0] == '\0')) {
+      made[i] = "onnxnorm_unk__" + std::to_string(unnamed.fetch_add(1, std::memory_order_relaxed));
+      out_names[i] = made[i].c_str();
+    }
+  }
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  if (OrtStatus* s = api.CreateTensorTypeAndShapeInfo(&info)) {
+    api.ReleaseStatus(s);
+    return;
+  }
+  OrtStatus* s = api.SetTensorElementType(info, type);
+  if (s == nullptr) s = api.SetDimensions(info, dims, rank);
+  if (s == nullptr) s = api.SetSymbolicDimensions(info, out_names, rank);
+  if (s == nullptr) s = api.ShapeInferContext_SetOutputTypeShape(context, index, info);
+  if (s != nullptr) api.ReleaseStatus(s);
+  api.ReleaseTensorTypeAndShapeInfo(info);
+}
+
+// The type, dims and dim names of an input (false where they cannot be read, or rank > 16).
+bool ReadShape(const OrtApi& api, const OrtTensorTypeAndShapeInfo* info, size_t rank, ONNXTensorElementDataType* type,
+               int64_t* dims, const char** names) {
+  OrtStatus* s = rank <= 16 ? nullptr : api.CreateStatus(ORT_FAIL, "rank");
+  if (s == nullptr) s = api.GetDimensions(info, dims, rank);
+  if (s == nullptr) s = api.GetSymbolicDimensions(info, names, rank);
+  if (s == nullptr) s = api.GetTensorElementType(info, type);
+  if (s == nullptr) return true;
+  api.ReleaseStatus(s);
+  return false;
+}
+
 // A rotary op's QOut (output 0) with layout 2: [batch, heads, seq, head_size] of Q's type, from
 // Q of shape [batch, seq, heads, head_size] or [batch, seq, heads * head_size] (head_size > 0);
 // nothing where that shape cannot be told (the kernel reports a bad shape).
@@ -154,13 +197,7 @@ void SetTransposedQOut(const OrtApi& api, OrtShapeInferContext* context, const O
   int64_t dims[4];
   const char* names[4];
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  OrtStatus* s = api.GetDimensions(q_info, dims, rank);
-  if (s == nullptr) s = api.GetSymbolicDimensions(q_info, names, rank);
-  if (s == nullptr) s = api.GetTensorElementType(q_info, &type);
-  if (s != nullptr) {
-    api.ReleaseStatus(s);
-    return;
-  }
+  if (!ReadShape(api, q_info, rank, &type, dims, names)) return;
   int64_t out[4] = {dims[0], rank == 4 ? dims[2] : -1, dims[1], rank == 4 ? dims[3] : -1};
   const char* out_names[4] = {names[0], rank == 4 ? names[2] : "", names[1], rank == 4 ? names[3] : ""};
   if (rank == 3) {
@@ -169,38 +206,7 @@ void SetTransposedQOut(const OrtApi& api, OrtShapeInferContext* context, const O
     out[1] = dims[2] >= 0 ? dims[2] / head_size : -1;
     out[3] = head_size;
   }
-  OrtTensorTypeAndShapeInfo* q_out = nullptr;
-  if (OrtStatus* st = api.CreateTensorTypeAndShapeInfo(&q_out)) {
-    api.ReleaseStatus(st);
-    return;
-  }
-  s = api.SetTensorElementType(q_out, type);
-  if (s == nullptr) s = api.SetDimensions(q_out, out, 4);
-  if (s == nullptr) s = api.SetSymbolicDimensions(q_out, out_names, 4);
-  if (s == nullptr) s = api.ShapeInferContext_SetOutputTypeShape(context, 0, q_out);
-  if (s != nullptr) api.ReleaseStatus(s);
-  api.ReleaseTensorTypeAndShapeInfo(q_out);
-}
-
-// Y of X's shape in float32 (the mixed form), set as output 0.
-void SetFloat32Y(const OrtApi& api, OrtShapeInferContext* context, const OrtTensorTypeAndShapeInfo* x_info,
-                 size_t rank) {
-  OrtTensorTypeAndShapeInfo* y = nullptr;
-  if (OrtStatus* s = api.CreateTensorTypeAndShapeInfo(&y)) {
-    api.ReleaseStatus(s);
-    return;
-  }
-  int64_t dims[16];
-  const char* names[16];
-  OrtStatus* s = rank <= 16 ? nullptr : api.CreateStatus(ORT_FAIL, "rank");
-  if (s == nullptr) s = api.GetDimensions(x_info, dims, rank);
-  if (s == nullptr) s = api.GetSymbolicDimensions(x_info, names, rank);
-  if (s == nullptr) s = api.SetTensorElementType(y, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
-  if (s == nullptr) s = api.SetDimensions(y, dims, rank);
-  if (s == nullptr) s = api.SetSymbolicDimensions(y, names, rank);
-  if (s == nullptr) s = api.ShapeInferContext_SetOutputTypeShape(context, 0, y);
-  if (s != nullptr) api.ReleaseStatus(s);
-  api.ReleaseTensorTypeAndShapeInfo(y);
+  SetOutput(api, context, 0, type, out, out_names, 4);
 }
 
 // Shape inference at model load. Any failure here only means less shape information, never an
@@ -234,15 +240,23 @@ OrtStatus* ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferCon
     SetTransposedQOut(*api, context, x_info, rank);
     return nullptr;
   }
-  // The ops whose Y is of type U: float32 where the node says so (attribute y_float32)
-  if (entry.spec->outputs.size() > 0 && entry.spec->outputs[0].type == TypeVar::kU && YFloat32(*api, context) == 1) {
-    SetFloat32Y(*api, context, x_info, rank);
+  // Y (output 0) has X's shape and type, or float32 for the ops whose Y is of type U where the
+  // node says so (attribute y_float32: the mixed form). The optional Sum is left alone: the
+  // context cannot tell whether the node has it, and ONNX Runtime 1.24 to 1.27 do not check the
+  // index (setting output 1 of a node without Sum aborts the process there).
+  const bool float32_y =
+      entry.spec->outputs.size() > 0 && entry.spec->outputs[0].type == TypeVar::kU && YFloat32(*api, context) == 1;
+  int64_t dims[16];
+  const char* names[16];
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  if (!ReadShape(*api, x_info, rank, &type, dims, names)) {
+    // (rank > 16: X's type and shape as they are)
+    if (float32_y) return nullptr;
+    if (OrtStatus* s = api->ShapeInferContext_SetOutputTypeShape(context, 0, x_info)) api->ReleaseStatus(s);
     return nullptr;
   }
-  // Y (output 0) has X's type and shape. The optional Sum is left alone: the context cannot tell
-  // whether the node has it, and ONNX Runtime 1.24 to 1.27 do not check the index (setting output
-  // 1 of a node without Sum aborts the process there).
-  if (OrtStatus* s = api->ShapeInferContext_SetOutputTypeShape(context, 0, x_info)) api->ReleaseStatus(s);
+  if (float32_y) type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  SetOutput(*api, context, 0, type, dims, names, rank);
   return nullptr;
 }
 
