@@ -44,6 +44,7 @@ _WHERE = {
     "fuse": "pipeline",
     "fuse_ir": "pipeline",
     "rules": "pipeline",
+    "without_stages": "pipeline",
     "upgrade_opset": "detached",
     "FusionReport": "report",
     "RuleReport": "report",

@@ -567,7 +567,7 @@ class StandardRMSNorm(FusionRule):
         check_scale(scale, x, axis)
         return Replacement(
             "RMSNorm",
-            {"X": x, "Scale": scale},
+            {"X": x, "Scale": None if _is_ones(scale) else scale},
             {
                 "axis": axis,
                 "epsilon": epsilon(attribute(node, "epsilon", 1e-5)),
@@ -676,6 +676,15 @@ def _axis(node: ir.Node, x: ir.Value) -> int:
 
 
 def _all_equal(value: ir.Value, number: float) -> bool:
+    """Whether ``value`` is a constant of ``number`` everywhere: an initializer or Constant, or a
+    ConstantOfShape of it (the lowering's unit Scale, which a norm op's output never takes its
+    shape from)."""
+    producer = value.producer()
+    if producer is not None and producer.op_type == "ConstantOfShape" and producer.domain == "":
+        filled = producer.attributes.get("value")
+        if filled is None:
+            return number == 0
+        return bool((filled.as_tensor().numpy() == number).all())
     tensor = ir.convenience.get_const_tensor(value)
     if tensor is None:
         return False

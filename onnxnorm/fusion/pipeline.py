@@ -20,6 +20,7 @@ onnxnorm nodes lowered to the target (``lowering.py``).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import logging
 import threading
@@ -45,6 +46,8 @@ from onnxnorm.fusion import (
     quantized,
     residual,
     rotary,
+    rotary_gqa,
+    rotary_nodes,
     rotary_pair,
 )
 from onnxnorm.fusion.detached import upgrade_opset
@@ -60,10 +63,34 @@ __all__ = [
     "fuse",
     "fuse_detached",
     "fuse_ir",
+    "fuse_rotary",
     "rules",
     "stage_rules",
     "stages",
+    "without_stages",
 ]
+
+#: the stages :func:`without_stages` leaves out of the runs in its context
+_LEFT_OUT: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "onnxnorm_stages_left_out", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def without_stages(*names: str) -> Iterator[None]:
+    """Within the context, every fusion (:func:`fuse`, :func:`fuse_ir`, the CLI's) runs without
+    the stages ``names`` (of :func:`stage_rules`; "rotary" also leaves Q and K unpaired): what
+    a stage gains is measured against the same pass without it (``onnxnorm bench e2e``'s
+    ``onnxnorm-fused-norotary``)."""
+    known = {name for name, _ in stage_rules(Tracker())}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(f"no fusion stage {unknown}; the stages are {sorted(known)}")
+    token = _LEFT_OUT.set(_LEFT_OUT.get() | frozenset(names))
+    try:
+        yield
+    finally:
+        _LEFT_OUT.reset(token)
 
 
 class Fused(NamedTuple):
@@ -92,7 +119,7 @@ def stage_rules(tracker: Tracker, strict_precision: bool = False) -> list[tuple[
             + l2.scaled_sum_rules(tracker, strict_precision),
         ),
         ("gated", gated.gated_rules(tracker, strict_precision)),
-        ("rotary", rotary.rotary_rules(tracker)),
+        ("rotary", rotary.rotary_rules(tracker) + rotary_nodes.rope_node_rules(tracker)),
         ("sandwich", residual.sandwich_rules(tracker)),
         ("skip", residual.skip_rules(tracker)),
         ("xbias", residual.xbias_rules(tracker)),
@@ -149,6 +176,29 @@ def fuse_ir(
 ) -> Tracker:
     """Runs every stage on ``model`` in place; returns the tracker."""
     tracker = tracker or Tracker()
+    _prepare(model)
+    with driver.drivers(stage_rules, tracker, strict_precision) as stage_drivers:
+        left_out = _LEFT_OUT.get()
+        for name, stage_driver in stage_drivers:
+            if name in left_out:
+                continue
+            if progress:
+                progress(name)
+            stage_driver.fixpoint(model)
+    if "rotary" not in left_out:
+        rotary_pair.pair(model, tracker)
+    rotary_gqa.report(model, tracker)
+    if progress:
+        progress("quantize")
+    quantized.fuse_quantizers(model, tracker)
+    quantized.report_quantized_norms(model, tracker)
+    batch_norm.fold(model, tracker)
+    _tidy(model)
+    return tracker
+
+
+def _prepare(model: ir.Model) -> None:
+    """What the rules need of a graph before the stages run."""
     # one value per name, or shape inference mixes up the branches of an If
     passes.unique_value_names(model)
     # the checks need element types and shapes, which exporters do not always write out (where
@@ -160,17 +210,10 @@ def fuse_ir(
     # exporters cast one value to float32 twice; the rules want one value per computation
     passes.remove_noop_casts(model)
     common_passes.CommonSubexpressionEliminationPass()(model)
-    with driver.drivers(stage_rules, tracker, strict_precision) as stage_drivers:
-        for name, stage_driver in stage_drivers:
-            if progress:
-                progress(name)
-            stage_driver.fixpoint(model)
-    rotary_pair.pair(model, tracker)
-    if progress:
-        progress("quantize")
-    quantized.fuse_quantizers(model, tracker)
-    quantized.report_quantized_norms(model, tracker)
-    batch_norm.fold(model, tracker)
+
+
+def _tidy(model: ir.Model) -> None:
+    """What the stages leave unused, removed; the nodes in order."""
     ir.passes.PassManager(
         [
             common_passes.RemoveUnusedNodesPass(),
@@ -179,7 +222,24 @@ def fuse_ir(
             common_passes.TopologicalSortPass(),
         ]
     )(model)
-    return tracker
+
+
+def fuse_rotary(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FusionReport]:
+    """The stage rotary alone, then Q and K paired: each onnxnorm Q/K norm node and the rotary
+    after it become one rotary op, nothing else changes. What :func:`onnxnorm.export` does to
+    a model whose norms are onnxnorm modules and whose rotary is its own code (a transformers
+    model after :func:`onnxnorm.convert`). Returns a new model and the report."""
+    graph = ir.from_proto(model)
+    tracker = Tracker()
+    with _collector_paused():
+        _prepare(graph)
+        with driver.drivers(stage_rules, tracker, False) as stage_drivers:
+            for name, stage_driver in stage_drivers:
+                if name == "rotary":
+                    stage_driver.fixpoint(graph)
+        rotary_pair.pair(graph, tracker)
+        _tidy(graph)
+    return ir.to_proto(graph), tracker.report()
 
 
 _PAUSED = threading.Lock()

@@ -1,21 +1,29 @@
 """Q/K norm and rotary: a per-head norm (an onnxnorm RMSNorm, LayerNorm or L2Norm node, after
-the norms stage) and the rotary embedding after it become one ``RMSNormRotary``,
-``LayerNormRotary`` or ``L2NormRotary`` node; then the node of a layer's Q and the node of its
-K, rotated by the same angles, become one node with both (``rotary_pair.pair``).
+the norms stage) and the rotary embedding after it, or the rotary and the norm after it, become
+one ``RMSNormRotary``, ``LayerNormRotary`` or ``L2NormRotary`` node (``rotary_op.py`` writes
+it); then the node of a layer's Q and the node of its K, rotated by the same angles in the same
+order, become one node with both (``rotary_pair.pair``).
 
-The rotary is matched as the models compute it, ``x * cos + partner(x) * sin`` (rooted at the
-Add; for a partial rotary at the Concat of that sum and the rest of each head), where
-``partner(x)`` is any chain of Slice, Split, Neg, Concat, Unsqueeze and Reshape on x's last axis
-(:func:`index_map` evaluates it): ``rotate_half`` (``cat(-x2, x1)``) is the half-split form,
-``stack(-x[1::2], x[::2]).flatten`` the interleaved one, whatever ops an exporter spells them
-with. ``cos`` and ``sin`` are the per-token angles unsqueezed at the head axis (the axis tells
-the layout); the norm before is taken whole, through the Transpose to [batch, heads, seq, head]
-a model writes between its norm and its rotary (``layout = 2``), and through the view of a norm
-over the whole projection (OLMo 2: ``per_head = 0``).
+The rotary is matched as the models compute it, ``x * cos + partner(x) * sin`` (for a partial
+rotary, the Concat of that sum and the rest of each head), where ``partner(x)`` is any chain of
+Slice, Split, Neg, Concat, Unsqueeze and Reshape on x's last axis (:func:`index_map` evaluates
+it): ``rotate_half`` (``cat(-x2, x1)``) is the half-split form, ``stack(-x[1::2],
+x[::2]).flatten`` the interleaved one, whatever ops an exporter spells them with; minus either
+(nanochat's ``cat(x2, -x1)``) is the rotation by minus the angle, which the node computes with
+Sin negated (:func:`turn`). ``cos`` and ``sin`` are the per-token angles unsqueezed at the head
+axis (the axis tells the layout); a rotation computed in float32 on a float16/bfloat16 Q is
+taken with the Casts around it (``rotary_in_t = 0``).
 
-What is not matched yet: a rotation computed in float32 on a float16/bfloat16 Q (a Cast to
-float32 before and one back after: OLMo 2, Cohere and Llama 4 in half precision) and a rotary
-before the norm (Llama 4); ONNX's and ONNX Runtime's RotaryEmbedding ops.
+Norm first (rooted at the Add, the Concat, or the Cast back): the norm before is taken whole,
+through the Transpose to [batch, heads, seq, head] a model writes between its norm and its
+rotary (``layout = 2``), and through the view of a norm over the whole projection (OLMo 2:
+``per_head = 0``). Rotary first (rooted at the norm: Llama 4, nanochat; ``rotary_first = 1``):
+the rotary of Q, through a Transpose of the heads between the rotary and the norm or before the
+rotary (nanochat's, where the rotary alone reads it): ``layout = 2``.
+
+What is not matched yet: rotary first with a norm over the whole token, and the Transpose
+after the norm (Llama 4's stays a node of its own); a rotary whose sum or products are read
+outside it (reported).
 """
 
 from __future__ import annotations
@@ -25,7 +33,6 @@ import onnx_ir as ir
 
 from onnxnorm.fusion import symbolic_shapes
 from onnxnorm.fusion._base import (
-    FusionRule,
     NotThisPattern,
     Rejected,
     Replacement,
@@ -35,6 +42,14 @@ from onnxnorm.fusion._base import (
     int_values,
 )
 from onnxnorm.fusion.report import Tracker
+from onnxnorm.fusion.residual import symbolic
+from onnxnorm.fusion.rotary_op import (
+    Rotary,
+    RotaryRule,
+    narrows,
+    replacement,
+    transposes,
+)
 from onnxnorm.ops import catalogue
 
 #: the norm op -> its rotary op
@@ -50,10 +65,12 @@ def _rank(value: ir.Value, what: str) -> int:
 
 
 def _last_dim(value: ir.Value, what: str) -> int:
-    dims = list(value.shape.dims) if value.shape is not None else []
-    if not dims or not isinstance(dims[-1], int):
-        raise Rejected(f"the last dim of {what} ({value.name!r}) is not static")
-    return dims[-1]
+    # onnx's inference, else ORT's symbolic one (TorchScript's reshapes computed from shapes)
+    for shape in (value.shape, symbolic(value)):
+        dims = list(shape.dims) if shape is not None else []
+        if dims and isinstance(dims[-1], int):
+            return dims[-1]
+    raise Rejected(f"the last dim of {what} ({value.name!r}) is not static")
 
 
 def _axis(node: ir.Node, value: ir.Value, default: int = 0) -> int:
@@ -75,8 +92,9 @@ def index_map(
     node = value.producer()
     if node is None or depth == 0 or node.domain not in ("", "ai.onnx"):
         raise NotThisPattern("not a rearrangement of the rotated tensor")
-    op, data = node.op_type, node.inputs[0]
-    if data is None:
+    op = node.op_type
+    data = node.inputs[0] if node.inputs else None
+    if data is None:  # (a Constant: no rearrangement of anything)
         raise NotThisPattern(f"{op} without input")
     rank = _rank(value, "a rotary operand")
     if op == "Identity" or (op == "Cast" and _widens(node)):
@@ -284,8 +302,75 @@ def _chain(value: ir.Value, stop: ir.Value) -> set[ir.Node]:
     return found
 
 
-class _NormRotary(FusionRule):
-    """The base of the two rules: the norm under the rotated tensor, the angles, the layout."""
+def turn(index: np.ndarray, sign: np.ndarray) -> tuple[int, bool]:
+    """(interleaved, negated) of a partner's index map: ``negated`` where the partner is minus
+    a rotation's (``cat(x2, -x1)``, nanochat's: the rotation by minus the angle, which is the
+    op's with Sin negated, exactly, as negating a float is); NotThisPattern for any other."""
+    try:
+        return rotation_kind(index, sign), False
+    except Rejected:
+        return rotation_kind(index, -sign), True
+
+
+def _rotary(
+    rotated: ir.Value,
+    cos: ir.Value,
+    sin: ir.Value,
+    partner: ir.Value,
+    head_axis: int | None,
+    t: ir.DataType,
+    in_float32: bool,
+) -> Rotary:
+    """The rotary ``rotated * cos + partner * sin`` of a tensor of type ``t`` (``in_float32``:
+    computed in float32 from it); ``head_axis``: where the layout says the heads are (None:
+    not known)."""
+    interleaved, negated = turn(*index_map(partner, rotated))
+    cos_angles, axis, cos_view = _angles(cos, "cos", rotated, head_axis)
+    sin_angles, sin_axis, sin_view = _angles(sin, "sin", rotated, head_axis)
+    if axis != sin_axis or axis not in (1, 2):
+        raise Rejected("cos and sin are unsqueezed at different axes, or not at a head axis")
+    nodes = {n for n in (cos.producer(), sin.producer()) if n is not None}
+    if in_float32:  # angles of Q's type cast to float32 are Q's type's angles
+        cos_angles, sin_angles = _unwidened(cos_angles), _unwidened(sin_angles)
+    allowed = (t, ir.DataType.FLOAT) if in_float32 else (t,)
+    if dtype(cos_angles, "cos") not in allowed or dtype(sin_angles, "sin") not in allowed:
+        raise Rejected("cos and sin are not of the rotated tensor's type")
+    if cos_angles.shape != sin_angles.shape or cos_view != sin_view:
+        raise Rejected("cos and sin differ in shape")
+    rotary_dim = _last_dim(rotated, "the rotated values")
+    if _last_dim(cos_angles, "cos") != rotary_dim:
+        raise Rejected("cos is not one angle per rotated value")
+    views = {name: v for name, v in (("Cos", cos_view), ("Sin", sin_view)) if v is not None}
+    nodes |= _chain(partner, rotated)
+    return Rotary(cos_angles, sin_angles, views, axis, interleaved, negated, rotary_dim, nodes)
+
+
+def _halves(x: ir.Value, rest: ir.Value) -> ir.Value:
+    """The heads whose leading values ``x`` and whose other values ``rest`` are (the two parts
+    of a partial rotary)."""
+    slices = [x.producer(), rest.producer()]
+    if any(node is None or node.op_type not in ("Slice", "Split") for node in slices):
+        raise NotThisPattern("not the two parts of a head")
+    first_node, second_node = (node for node in slices if node is not None)
+    base = _input(first_node)
+    if second_node.inputs[0] is not base:
+        raise NotThisPattern("the two parts are of different tensors")
+    head = _last_dim(base, "a head")
+    rank = _rank(base, "the rotated tensor")
+    first = _sliced(first_node, x, rank, head)
+    second = _sliced(second_node, rest, rank, head)
+    if (
+        (first.start, first.step, second.step) != (0, 1, 1)
+        or second.start != first.stop
+        or second.stop != head
+    ):
+        raise Rejected("the rotated part and the rest do not split each head in two")
+    return base
+
+
+class _NormRotary(RotaryRule):
+    """The base of the rules: the norm under the rotated tensor, the angles, the layout; a
+    rotation by minus the angle becomes the op's of minus Sin."""
 
     title = "Q/K norm and rotary"
 
@@ -303,32 +388,27 @@ class _NormRotary(FusionRule):
         """The node of a match: ``rotated`` is the tensor the partner rearranges (a head, or its
         leading part), ``base`` the whole heads; ``in_float32``: the rotation is computed in
         float32 from them (the Casts around it in the match)."""
-        rank = _rank(base, "the rotated tensor")
-        if rank != 4:
+        if _rank(base, "the rotated tensor") != 4:
             raise NotThisPattern("not a 4-D tensor of heads")
-        interleaved = rotation_kind(*index_map(partner, rotated))
         # the norm, through the transpose before the rotary (layout 2: the heads on axis 1)
         norm_out, transposed, known = base, None, None
         producer = base.producer()
         if producer is not None and producer.op_type == "Transpose" and producer.domain == "":
-            if list(attribute(producer, "perm", [])) != [0, 2, 1, 3]:
+            if not transposes(producer):
                 raise Rejected("the Transpose before the rotary is not [0, 2, 1, 3]")
             transposed, norm_out, known = producer, _input(producer), 1
-        cos_angles, head_axis, cos_view = _angles(cos, "cos", rotated, known)
-        sin_angles, sin_axis, sin_view = _angles(sin, "sin", rotated, known)
-        if head_axis != sin_axis or head_axis not in (1, 2):
-            raise Rejected("cos and sin are unsqueezed at different axes, or not at a head axis")
-        if transposed is not None and head_axis != 1:
-            raise Rejected("the angles broadcast over another axis than the transposed heads")
-        layout = 2 if transposed is not None else (1 if head_axis == 1 else 0)
-        inside |= {n for n in (cos.producer(), sin.producer()) if n is not None}
-        inside |= _chain(partner, rotated)
+        read = [norm_out]  # what the norm computes, read by the match alone
         norm = norm_out.producer()
-        head_size = 0
-        per_head = 1
-        if norm is not None and norm.op_type == "Reshape" and norm.domain == "" and layout == 2:
+        head_size, per_head = 0, 1
+        if (
+            norm is not None
+            and norm.op_type == "Reshape"
+            and norm.domain == ""
+            and transposed is not None
+        ):
             # OLMo 2: the norm over the whole projection [b, s, h * d], then the view to heads
-            view, norm_out = norm, _input(norm)
+            inside.add(norm)
+            norm_out = _input(norm)
             norm = norm_out.producer()
             head_size = _last_dim(base, "a head")
             if (
@@ -339,56 +419,27 @@ class _NormRotary(FusionRule):
                     "the view before the rotary does not split the norm's rows into heads"
                 )
             per_head = 0
-            inside.add(view)
+            read.append(norm_out)
         if norm is None or norm.domain != catalogue.DOMAIN or norm.op_type not in ROTARY_OF:
             raise NotThisPattern("no onnxnorm norm before the rotary")
-        spec = catalogue.get(norm.op_type)
-        x = _input(norm)
-        axis = attribute(norm, "axis", -1) % _rank(x, "the norm's X")
-        if axis != _rank(x, "the norm's X") - 1:
-            raise Rejected("the norm before the rotary spans more than the last axis")
-        if attribute(norm, "y_float32", 0):
-            raise Rejected("the norm before the rotary has a float32 output")
-        inside |= {root, norm} | ({transposed} if transposed is not None else set())
-        _users_inside([norm_out] + ([base] if transposed is not None else []), inside)
         t = dtype(rotated, "the rotated tensor")
-        if in_float32:  # angles of Q's type cast to float32 are Q's type's angles
-            cos_angles, sin_angles = _unwidened(cos_angles), _unwidened(sin_angles)
-        allowed = (t, ir.DataType.FLOAT) if in_float32 else (t,)
-        if dtype(cos_angles, "cos") not in allowed or dtype(sin_angles, "sin") not in allowed:
-            raise Rejected("cos and sin are not of the rotated tensor's type")
-        if cos_angles.shape != sin_angles.shape or cos_view != sin_view:
-            raise Rejected("cos and sin differ in shape")
-        rotary_dim = _last_dim(rotated, "the rotated values")
-        head = _last_dim(base, "a head")
-        if _last_dim(cos_angles, "cos") != rotary_dim:
-            raise Rejected("cos is not one angle per rotated value")
-        op = ROTARY_OF[norm.op_type]
-        given = {
-            p.name: (norm.inputs[i] if i < len(norm.inputs) else None)
-            for i, p in enumerate(spec.inputs)
-        }
-        inputs: dict[str, ir.Value | None] = {"Q": x, "Cos": cos_angles, "Sin": sin_angles}
-        if op != "L2NormRotary":
-            inputs["QScale"] = given.get("Scale")
-        if op == "LayerNormRotary":
-            inputs["QBias"] = given.get("Bias")
-        attributes = {
-            "epsilon": attribute(norm, "epsilon", 1e-5),
-            "layout": layout,
-            "head_size": head_size,
-            "per_head": per_head,
-            "rotary_dim": 0 if rotary_dim == head else rotary_dim,
-            "interleaved": interleaved,
-            # eager PyTorch rounds each step in the model's type; in float32 both are one
-            "rotary_in_t": int(t != ir.DataType.FLOAT and not in_float32),
-        }
-        if op != "L2NormRotary":
-            attributes["cast_before_scale"] = attribute(norm, "cast_before_scale", 0)
-        if op == "RMSNormRotary":
-            attributes["scale_offset"] = attribute(norm, "scale_offset", 0.0)
-        views = {name: v for name, v in (("Cos", cos_view), ("Sin", sin_view)) if v is not None}
-        return Replacement(op, inputs, attributes, outputs=1, reshape=views)
+        rotary = _rotary(rotated, cos, sin, partner, known, t, in_float32)
+        if transposed is not None and rotary.head_axis != 1:
+            raise Rejected("the angles broadcast over another axis than the transposed heads")
+        layout = 2 if transposed is not None else (1 if rotary.head_axis == 1 else 0)
+        inside |= rotary.nodes | {root, norm} | ({transposed} if transposed is not None else set())
+        _users_inside(read + ([base] if transposed is not None else []), inside)
+        return replacement(
+            ROTARY_OF[norm.op_type],
+            norm,
+            _input(norm),
+            rotary,
+            _last_dim(base, "a head"),
+            in_float32,
+            layout=layout,
+            head_size=head_size,
+            per_head=per_head,
+        )
 
 
 class NormRotary(_NormRotary):
@@ -412,24 +463,8 @@ class PartialNormRotary(_NormRotary):
         return op.Concat(rotated, rest, _outputs=["y"])
 
     def inspect(self, context, x, cos, partner, sin, rest, **_) -> Replacement:
-        for value in (x, rest):
-            producer = value.producer()
-            if producer is None or producer.op_type not in ("Slice", "Split"):
-                raise NotThisPattern("not the two parts of a head")
-        base = x.producer().inputs[0]
-        if rest.producer().inputs[0] is not base:
-            raise NotThisPattern("the two parts are of different tensors")
-        head = _last_dim(base, "a head")
-        rank = _rank(base, "the rotated tensor")
-        first = _sliced(x.producer(), x, rank, head)
-        second = _sliced(rest.producer(), rest, rank, head)
-        if (
-            (first.start, first.step, second.step) != (0, 1, 1)
-            or second.start != first.stop
-            or second.stop != head
-        ):
-            raise Rejected("the rotated part and the rest do not split each head in two")
-        if _axis(context.root, context.output_values[0]) != rank - 1:
+        base = _halves(x, rest)
+        if _axis(context.root, context.output_values[0]) != _rank(base, "a head") - 1:
             raise NotThisPattern("a Concat of another axis")
         inside = set(context.nodes) | {x.producer(), rest.producer()}
         return self._replacement(context.root, x, base, cos, sin, partner, inside)
@@ -456,9 +491,127 @@ class FloatNormRotary(_NormRotary):
         )
 
 
+def _terms(add: ir.Node) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value]:
+    """(x, rotated, cos, partner, sin) of the sum ``x * cos + partner * sin``, its terms and
+    factors in either order, ``partner`` a rearrangement of ``rotated`` (x, or the tensor x
+    widens to float32) that rotates; NotThisPattern for any other sum."""
+    factors: list[tuple[ir.Value, ir.Value]] = []
+    for value in add.inputs:
+        node = value.producer() if value is not None else None
+        if node is None or node.op_type != "Mul" or node.domain != "" or len(node.inputs) != 2:
+            raise NotThisPattern("not a sum of two products")
+        a, b = node.inputs
+        if a is None or b is None:
+            raise NotThisPattern("a Mul without its inputs")
+        factors.append((a, b))
+    if len(factors) != 2:
+        raise NotThisPattern("not a sum of two products")
+    for first, second in (factors, factors[::-1]):
+        for x, cos in (first, first[::-1]):
+            for partner, sin in (second, second[::-1]):
+                for rotated in dict.fromkeys((x, _unwidened(x))):
+                    try:
+                        turn(*index_map(partner, rotated))
+                    except Rejected:
+                        continue
+                    return x, rotated, cos, partner, sin
+    raise NotThisPattern("the sum before the norm is no rotation")
+
+
+class RotaryNorm(_NormRotary):
+    """Rotary first (Llama 4, nanochat): the norm of ``x * cos + partner(x) * sin`` (or of
+    its partial form), through a Transpose of the heads between the two or before the rotary
+    and through the Cast back of a rotation in float32, with ``rotary_first = 1``."""
+
+    title = "Q/K rotary, then norm"
+
+    def __init__(self, tracker: Tracker, op_name: str) -> None:
+        self.op_name = op_name
+        super().__init__(tracker, f"Rotary{op_name}")
+
+    def pattern(self, op, x):
+        norm = getattr(op, self.op_name)
+        return norm(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["y"])
+
+    def inspect(self, context, x, **_) -> Replacement:
+        norm = context.root
+        t = dtype(x, "the norm's X")
+        value, between, narrowing = x, None, None
+        while (node := value.producer()) is not None and node.domain == "":
+            if node.op_type == "Transpose" and between is None:
+                between = node
+            elif node.op_type == "Cast" and narrowing is None and narrows(node, t):
+                narrowing = node
+            else:
+                break
+            value = _input(node)
+        inside = {norm} | {n for n in (between, narrowing) if n is not None}
+        computed = [v for n in (between, narrowing) if n is not None for v in n.outputs]
+        concat, add = None, value.producer()
+        if add is not None and add.op_type == "Concat" and add.domain == "":
+            concat, add = add, _input(add).producer()
+        if add is None or add.op_type != "Add" or add.domain != "":
+            raise NotThisPattern("no rotary before the norm")
+        term, rotated, cos, partner, sin = _terms(add)
+        products = [n for n in (_input(add, i).producer() for i in (0, 1)) if n is not None]
+        inside |= {add, *products}
+        computed += [add.outputs[0]] + [p.outputs[0] for p in products]
+        base = term
+        if concat is not None:
+            if len(concat.inputs) != 2 or concat.inputs[0] is not add.outputs[0]:
+                raise NotThisPattern("a Concat of more than a rotated part and the rest")
+            base = _halves(term, _input(concat, 1))
+            if _axis(concat, concat.outputs[0]) != _rank(base, "a head") - 1:
+                raise NotThisPattern("a Concat of another axis")
+            inside |= {concat, term.producer(), _input(concat, 1).producer()}
+            computed += [concat.outputs[0], term, _input(concat, 1)]
+        q = base
+        if narrowing is not None:  # the rotation in float32 of a narrower Q, rounded back
+            q = _unwidened(base)
+            if q is base:
+                raise Rejected("the rotation in float32 is not of a tensor of the norm's type")
+            inside.add(base.producer())
+            computed.append(base)
+        if dtype(q, "the rotated tensor") != t:
+            raise Rejected("the rotated tensor is not of the norm's type")
+        if _rank(q, "the rotated tensor") != 4:
+            raise NotThisPattern("not a 4-D tensor of heads")
+        if between is not None and not transposes(between):
+            raise Rejected("the Transpose between the rotary and the norm is not [0, 2, 1, 3]")
+        known = 2 if between is not None else None
+        rotary = _rotary(rotated, cos, sin, partner, known, t, narrowing is not None)
+        if between is not None and rotary.head_axis != 2:
+            raise Rejected("the angles broadcast over another axis than the transposed heads")
+        inside |= rotary.nodes
+        # the Transpose to [batch, heads, seq, head] before the rotary (nanochat), where the
+        # rotary alone reads its output
+        before = q.producer()
+        if (
+            before is not None
+            and between is None
+            and rotary.head_axis == 1
+            and transposes(before)
+            and not q.is_graph_output()
+            and all(user in inside for user in q.consumers())
+        ):
+            inside.add(before)
+            q = _input(before)
+        else:
+            before = None
+        _users_inside(computed, inside)
+        taken = between is not None or before is not None
+        layout = 2 if taken else (1 if rotary.head_axis == 1 else 0)
+        head = _last_dim(base, "a head")
+        op = ROTARY_OF[self.op_name]
+        return replacement(
+            op, norm, q, rotary, head, narrowing is not None, layout=layout, rotary_first=1
+        )
+
+
 def rotary_rules(tracker: Tracker) -> list:
     return [
         NormRotary.rule(tracker, "NormRotary"),
         PartialNormRotary.rule(tracker, "PartialNormRotary"),
         FloatNormRotary.rule(tracker, "FloatNormRotary"),
+        *(RotaryNorm.rule(tracker, op_name=name) for name in ROTARY_OF),
     ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxnorm.fusion._base import Rejected, int_values
+from onnxnorm.fusion._base import Rejected, attribute, int_values
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.fusion.rotary import ROTARY_OF
 from onnxnorm.ops import catalogue
@@ -41,16 +41,28 @@ def _is_constant(value: ir.Value) -> bool:
         value = node.inputs[0]
 
 
+#: the projections (domain, op) whose input 0 is the hidden state: ONNX's, and ONNX Runtime's
+#: quantized ones (onnxruntime-genai's int4 models project with MatMulNBits)
+_PROJECTIONS = {
+    ("", "MatMul"),
+    ("", "Gemm"),
+    ("com.microsoft", "MatMulNBits"),
+    ("com.microsoft", "DynamicQuantizeMatMul"),
+    ("com.microsoft", "MatMulIntegerToFloat"),
+}
+
+
 def _source(value: ir.Value | None, depth: int = 8) -> ir.Value | None:
-    """The input of the projection (MatMul, Gemm) ``value`` is a view of: Q and K of one
+    """The input of the projection (``_PROJECTIONS``) ``value`` is a view of: Q and K of one
     attention layer project the same hidden state."""
     while value is not None and depth:
         node = value.producer()
-        if node is None or node.domain not in ("", "ai.onnx"):
+        if node is None:
             return None
-        if node.op_type in ("MatMul", "Gemm"):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if (domain, node.op_type) in _PROJECTIONS:
             return node.inputs[0]
-        if node.op_type not in _VIEWS:
+        if domain != "" or node.op_type not in _VIEWS:
             return None
         value, depth = node.inputs[0], depth - 1
         if node.op_type == "Add":  # a projection's bias: the operand that is no constant
@@ -61,8 +73,11 @@ def _source(value: ir.Value | None, depth: int = 8) -> ir.Value | None:
 
 def _angle_source(value: ir.Value | None) -> object:
     """The angles a rotary node reads: the same tensor under the view the rule gave each node
-    of folded constant angles is the same angles."""
+    of folded constant angles is the same angles, and so is the same tensor negated by the Neg
+    the rule gave each node of a rotation by minus the angle."""
     node = value.producer() if value is not None else None
+    if node is not None and node.op_type == "Neg" and node.domain == "":
+        return ("Neg", _angle_source(node.inputs[0]))
     if node is not None and node.op_type == "Reshape" and node.domain == "":
         try:
             shape = tuple(int_values(node.inputs[1], "a view's shape").reshape(-1).tolist())
@@ -85,7 +100,9 @@ def _key(node: ir.Node) -> tuple | None:
     source = _source(given.get("Q"))
     if source is None:
         return None
-    attributes = tuple(sorted((k, repr(a.value)) for k, a in node.attributes.items()))
+    # every attribute, given or by its default: rotary_first among them, so that a rotary-first
+    # node never pairs with a norm-first one
+    attributes = tuple(sorted((k, repr(attribute(node, k, d))) for k, d in spec.defaults.items()))
     angles = tuple(_angle_source(given.get(n)) for n in ("Cos", "Sin", "PositionIds"))
     return (node.op_type, source, angles, attributes)
 

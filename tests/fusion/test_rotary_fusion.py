@@ -203,6 +203,25 @@ def test_a_norm_read_outside_its_rotary_is_left_with_the_reason():
     assert checks and all(c.ok for c in checks), [str(c) for c in checks]
 
 
+def test_without_the_rotary_stage_the_norms_stay_norm_ops():
+    """``without_stages("rotary")`` (what ``bench e2e``'s onnxnorm-fused-norotary measures):
+    the Q/K norms become RMSNorm nodes and the rotary stays as the model has it; the context
+    ends with the stage back; a stage that does not exist is a clear error."""
+    from onnxnorm.fusion import without_stages
+
+    model = _model(CASES[0])
+    with without_stages("rotary"):
+        unrotated, _ = fuse(model, "function")
+    ops = collections.Counter(n.op_type for n in unrotated.graph.node if n.domain == "onnxnorm")
+    assert ops == {"RMSNorm": 2}
+    checks = verify(model, unrotated)
+    assert checks and all(c.ok for c in checks), [str(c) for c in checks]
+    fused, _ = fuse(model, "function")
+    assert [n.op_type for n in fused.graph.node if n.domain == "onnxnorm"] == ["RMSNormRotary"]
+    with pytest.raises(ValueError, match="no fusion stage"), without_stages("rotation"):
+        pass
+
+
 #: the Q/K-norm families of transformers (onnxnorm.testing.hf), the config each needs, and the
 #: rotary op their norms become
 FAMILIES = {
