@@ -44,6 +44,10 @@ def help_text() -> str:
 #
 # A runtime's form of each norm family, in order of preference: the first form the node can be
 # written in (its opset, its types, its attributes) is the one written. The forms:
+#   attention   the norm written into the attention op that reads it: a per-head Q/K RMSNorm
+#               before com.microsoft GroupQueryAttention becomes its q_norm_weight /
+#               k_norm_weight where that is exact (``fusion/gqa_writer.py``); a norm anywhere
+#               else takes the next form
 #   library     onnxnorm's op with its function body (the onnxnorm library serves the provider)
 #   contrib     ONNX Runtime's own op (LayerNormalization / SimplifiedLayerNormalization in the
 #               ONNX domain, com.microsoft Skip*LayerNormalization and GatedRMSNorm)
@@ -54,15 +58,15 @@ def help_text() -> str:
 # The families: "layer" and "rms" (with their Skip, Sandwich and quantized ops), "gated"
 # (GatedRMSNorm) and "l2" (L2Norm). The evidence of each row is the test that checks it, or
 # the upstream source and version where no machine here runs the runtime.
-FORMS = ("library", "contrib", "standard", "decomposed", "body")
+FORMS = ("attention", "library", "contrib", "standard", "decomposed", "body")
 FAMILIES = ("layer", "rms", "gated", "l2")
 # The rotary ops (RMSNormRotary, LayerNormRotary, L2NormRotary: the Q/K norm and the rotary
-# embedding) are a family of their own, outside FAMILIES (the norm families, which the runtimes
-# page tabulates): the library's runtimes keep the op (with its body, which runs where the
-# library has no kernel of it), "onnx" writes ONNX's norm op and RotaryEmbedding where the opset
-# has them and they are exact (standard; checked in plain ONNX Runtime by
-# tests/fusion/test_rotary_lowering.py), and the other runtimes the function body, the form that
-# each is known to run (nothing here shows them reading either RotaryEmbedding).
+# embedding) are a family of their own, outside FAMILIES (the norm families; the runtimes page
+# gives the rotary forms a column of their own): the library's runtimes keep the op (with its
+# body, which runs where the library has no kernel of it), "onnx" writes ONNX's norm op and
+# RotaryEmbedding where the opset has them and they are exact (standard; checked in plain ONNX
+# Runtime by tests/fusion/test_rotary_lowering.py), and the other runtimes the function body, the
+# form that each is known to run (nothing here shows them reading either RotaryEmbedding).
 ROTARY = "rotary"
 
 
@@ -123,8 +127,11 @@ RUNTIMES = {
         Runtime(
             "ort-cuda",
             "ONNX Runtime, CUDA provider, with the onnxnorm library",
-            _LIBRARY,
-            "the library's CUDA kernels for every op (tests/cuda/, tools/gpu_check.sh)",
+            {**_LIBRARY, "rms": ("attention", "library")},
+            "the library's CUDA kernels for every op (tests/cuda/, tools/gpu_check.sh); the Q/K "
+            "norms of GroupQueryAttention in its q_norm_weight / k_norm_weight, which ONNX "
+            "Runtime's CUDA kernel computes as the norm (its schema and source, 1.31.1's CUDA "
+            "provider; tests/fusion/test_rotary_gqa.py, tools/gpu_check.sh)",
             tested_here=False,
         ),
         Runtime(

@@ -30,6 +30,11 @@
 #                package's parser: whichever is here) and on the WebGPU plugin without CPU
 #                fallback, against the CPU provider: parity and where the nodes ran, one row
 #                each, a runtime not here a skipped row (the same onnxruntime-gpu);
+#   gqa          the float16 Qwen3 folder of onnxruntime-genai's model builder written --for
+#                ort-cuda (its Q/K norms in GroupQueryAttention's q_norm_weight / k_norm_weight)
+#                against the same folder with the library's norms, both on the CUDA provider:
+#                parity in a prompt and a decode step, and how many values agree bit for bit
+#                (tests/fusion/test_rotary_gqa.py; the same onnxruntime-gpu);
 #   e2e          onnxnorm bench e2e on the CUDA provider: float16 Llama- and Gemma-2-style
 #                decoders, and the onnxruntime-genai model builder's float16 folders before and
 #                after onnxnorm genai, with and without CUDA graphs (the same onnxruntime-gpu and
@@ -50,7 +55,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root="$PWD"
 start=$SECONDS
-all_steps="machine,build,correctness,bandwidth,ort,runtimes,e2e"
+all_steps="machine,build,correctness,bandwidth,ort,runtimes,gqa,e2e"
 steps="$all_steps"
 build=""
 while [[ $# -gt 0 ]]; do
@@ -297,6 +302,20 @@ if want runtimes; then
       3) record runtimes "skipped (no GPU runtime here: $build/runtimes.md)" ;;
       *) record runtimes "FAILED ($status)" ;;
     esac
+  fi
+fi
+
+if want gqa; then
+  step "gqa (the Q/K norms in GroupQueryAttention, --for ort-cuda)"; step_start=$SECONDS
+  gqa_test=tests/fusion/test_rotary_gqa.py::test_gpu_gqa_norms_match_the_library
+  if ! have_build; then
+    record gqa "skipped (no build in $build)"
+  elif [[ "$dry" == 1 ]]; then
+    tests gqa -rP "$gqa_test" && record gqa ok || record gqa "FAILED (collection)"
+  elif ! ort_gpu; then
+    record gqa "skipped (no onnxruntime with a working CUDA provider)"
+  else
+    tests gqa -rP "$gqa_test" && record gqa ok || record gqa "FAILED ($?)"
   fi
 fi
 

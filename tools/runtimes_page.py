@@ -1,7 +1,7 @@
 """Writes docs/runtimes.md: the runtime table of ``onnxnorm/targets.py`` (RUNTIMES, each
-runtime's forms and their evidence) and the portability matrix of
-``tests/support/portability.py`` (what each runtime does with each file, which
-``tests/runtime/test_portability.py`` checks cell by cell), in the prose of
+runtime's forms per norm family and for the rotary ops, and their evidence) and the
+portability matrix of ``tests/support/portability.py`` (what each runtime does with each file,
+which ``tests/runtime/test_portability.py`` checks cell by cell), in the prose of
 tools/runtimes.md.in. Rendered without running anything: part of `make generate`.
 
     python tools/runtimes_page.py [-o docs/runtimes.md]
@@ -23,12 +23,14 @@ TEMPLATE = Path(__file__).with_name("runtimes.md.in")
 def _runtimes() -> str:
     from onnxnorm import targets
 
+    # the norm families, then the rotary ops' family of their own
+    families = (*targets.FAMILIES, targets.ROTARY)
     rows = [
-        "| `--for` | runtime | layer | rms | gated | l2 | evidence |",
-        "|---|---|---|---|---|---|---|",
+        "| `--for` | runtime | " + " | ".join(families) + " | evidence |",
+        "|---" * (len(families) + 3) + "|",
     ]
     for runtime in targets.RUNTIMES.values():
-        forms = [" > ".join(runtime.forms[f]) for f in targets.FAMILIES]
+        forms = [" > ".join(runtime.forms[f]) for f in families]
         where = "" if runtime.tested_here else " (*GPU machine*)"
         rows.append(
             f"| `{runtime.name}` | {runtime.title}{where} | "

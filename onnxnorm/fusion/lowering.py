@@ -77,6 +77,11 @@ op on float16 values directly where Cos and Sin are float16 too (the same bits, 
 rotary_in_t = 1 (each product rounded to Q's type, as eager PyTorch computes) is no reading of
 ONNX Runtime's, so its 16-bit nodes get the body.
 
+Written for a runtime whose ``rms`` forms start with ``attention`` (``--for ort-cuda``), the
+per-head Q/K RMSNorms before a ``com.microsoft GroupQueryAttention`` become that op's own
+``q_norm_weight`` / ``k_norm_weight`` where ONNX Runtime computes exactly the same norm there
+(``gqa_writer.py`` says where), before any other node is written; the others take the next form.
+
 A quantized op becomes its norm, lowered as above, and the QuantizeLinear or
 DynamicQuantizeLinear it stands for (after a Cast to float32 for a float16 / bfloat16 X, where
 the quantizer computes in float32 anyway), its zero point as given: a float8e4m3fn zero point
@@ -93,6 +98,7 @@ import onnx
 from onnx import helper
 
 from onnxnorm import targets
+from onnxnorm.fusion import gqa_writer
 from onnxnorm.fusion.ort_gated import MS_DOMAIN, ms_gated_rms_norm_problem
 from onnxnorm.fusion.rope_writer import ROTARY_OPSET, RopeWriter
 from onnxnorm.ops import catalogue, functions
@@ -132,6 +138,11 @@ def lower_with_notes(
         return functions.strip_functions(out), []
     opset = functions.model_opset(out) or functions.MIN_OPSET
     lowerer = _Lowerer(out, target, opset, weights, forms)
+    if forms is not None and gqa_writer.ATTENTION in forms.get("rms", ()):
+        folded, lowerer.attention = gqa_writer.fold_norms(
+            out, lowerer.types, lowerer.dims, lowerer.initializers
+        )
+        lowerer.notes += folded
     lowerer.graph(out.graph)
     if lowerer.library:  # nodes kept as onnxnorm ops, with their bodies
         functions.attach_functions(out, notes)
@@ -170,6 +181,9 @@ class _Lowerer(RopeWriter):
         self.forms = forms
         #: how many onnxnorm nodes a runtime's forms keep as they are (the ``library`` form)
         self.library = 0
+        #: why each Q/K norm before a GroupQueryAttention was not written into it, by the name
+        #: of its output (the ``attention`` form: ``gqa_writer.fold_norms``)
+        self.attention: dict[str, str] = {}
 
     # -- the graph ------------------------------------------------------------------------
     def graph(self, graph: onnx.GraphProto) -> None:
@@ -249,12 +263,17 @@ class _Lowerer(RopeWriter):
             family = targets.ROTARY
         passed: list[str] = []
         for form in (self.forms or {}).get(family, ("body",)):
+            if form == gqa_writer.ATTENTION:  # (written before the walk, where it could be)
+                why = self.attention.get(node.output[0]) if node.output else None
+                if why:
+                    passed.append(f"not {form}: {why}")
+                continue
             if form == "library":
                 kept = onnx.NodeProto()
                 kept.CopyFrom(node)
                 self.new_nodes.append(kept)
                 self.library += 1
-                return "onnxnorm op", ""
+                return "onnxnorm op", "; ".join(passed)
             if form == "body":
                 problem = functions.node_problem(node, self.opset, self.types)
                 if problem:

@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,16 @@ import pytest
 from onnxnorm import OnnxNormError, _native, ops, runtime
 from onnxnorm.testing.graphs import single_node_model
 from tests.support import cuda_harness
+from tests.support.cuda_common import (
+    NVCC,
+    compile_with_nvcc,
+    glue_library,
+    kernels_fixture,
+    needs_host_compiler,
+    needs_host_compiler_and_proc,
+    needs_nvcc,
+    run_python,
+)
 from tests.support.gpu import (
     cuda_library,
     gpu,
@@ -36,12 +45,6 @@ from tests.support.gpu import (
     run_on_cuda_provider,
 )
 from tests.support.matrix import DTYPES
-
-ROOT = Path(__file__).resolve().parents[2]
-CUDA_DIR = ROOT / "custom_ops" / "cuda"
-NVCC = shutil.which("nvcc") or (
-    "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,45 +85,21 @@ def test_cuda_library_built_when_nvcc_present():
     assert "libonnxruntime" not in needed
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not on this machine")
+@needs_nvcc
 def test_cuda_sources_compile_with_nvcc():
     """The launcher, one op's kernels, float and quantized, and the gated and L2 norms' kernels
     compile for sm_80 (a quick check of the sources). Where the installed build has the CUDA
     library, the package build compiled them all with this nvcc
     (test_cuda_library_built_when_nvcc_present checks it), and this adds nothing."""
-    if runtime.build_info().get("cuda"):
-        pytest.skip("the installed build compiled every CUDA source with this nvcc")
-    with tempfile.TemporaryDirectory() as tmp:
-        jobs = [
-            subprocess.Popen(
-                [
-                    NVCC,
-                    "-std=c++17",
-                    "-O1",
-                    "-arch=sm_80",
-                    "--expt-relaxed-constexpr",
-                    f"-I{ROOT / 'custom_ops' / 'include'}",
-                    "-c",
-                    str(CUDA_DIR / name),
-                    "-o",
-                    os.path.join(tmp, name + ".o"),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for name in (
-                "launch.cu",
-                "ops_skip_rms_norm.cu",
-                "ops_skip_rms_norm_quantized.cu",
-                "ops_gated_rms_norm.cu",
-                "ops_gated_rms_norm_gate_first.cu",
-                "ops_l2_norm.cu",
-            )
-        ]
-        for job in jobs:
-            out, _ = job.communicate(timeout=300)
-            assert job.returncode == 0, out
+    compile_with_nvcc(
+        "launch.cu",
+        "ops_skip_rms_norm.cu",
+        "ops_skip_rms_norm_quantized.cu",
+        "ops_gated_rms_norm.cu",
+        "ops_gated_rms_norm_gate_first.cu",
+        "ops_l2_norm.cu",
+        timeout=300,
+    )
 
 
 _CPU_ONLY_RUN = r"""
@@ -176,6 +155,7 @@ def test_runtime_cuda_helpers_without_loading():
 
 
 @pytest.mark.slow
+@needs_host_compiler
 def test_cuda_kernel_logic_in_host_emulation():
     """Without a GPU: the kernels of norm_kernels.cuh, their launch table and the real launcher
     (launch.cu), compiled by the host compiler with stand-ins for the CUDA headers
@@ -183,29 +163,8 @@ def test_cuda_kernel_logic_in_host_emulation():
     barriers), run the harness's quick correctness matrix against the reference: every op, dtype,
     weight dtype, rounding order, kernel configuration and the general kernel, and the bad
     arguments. GPU-specific behaviour (memory model, speed) is left to the GPU tests."""
-    if cuda_harness.host_compiler() is None:
-        pytest.skip("no host C++ compiler")
-    run = subprocess.run(
-        [sys.executable, str(cuda_harness.__file__), "--emulation", "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
-    assert "CUDA kernel cases passed" in run.stdout
-
-
-def _build_cpu_library_with_cuda_rows_on_cpu(folder: Path) -> Path:
-    """The CPU library built with ONNXNORM_TEST_CUDA_ROWS_ON_CPU: its CUDA rows claim the CPU
-    provider instead of its CPU rows (tests/support/cuda_harness.py build_glue_library)."""
-    try:
-        out = cuda_harness.build_glue_library(folder)
-    except RuntimeError as e:
-        pytest.fail(str(e)[-4000:])
-    if out is None:
-        pytest.skip("no ONNX Runtime headers")
-    return out
+    out = run_python(str(cuda_harness.__file__), "--emulation", "--quick", timeout=1800)
+    assert "CUDA kernel cases passed" in out
 
 
 _GLUE_RUN = r"""
@@ -365,20 +324,19 @@ print(f"RESULT: {checked} checked ({mixed} mixed), {gated} gated, {l2} L2, "
 
 
 @pytest.mark.slow
+@needs_host_compiler_and_proc
 def test_cuda_glue_in_host_emulation(tmp_path):
     """The ORT glue of the CUDA kernels, end to end without a GPU: a CPU library whose CUDA rows
     claim the CPU provider (a test build) registers them only when a CUDA library sits next to
     it; with the host-emulated CUDA library there, ORT creates the CUDA kernels, which load it
     and launch through it, with the same shape checks and error texts as the CPU kernels; a CUDA
     library that cannot be loaded, or is another library, is a clear error naming it."""
-    if cuda_harness.host_compiler() is None or not Path("/proc/self/maps").is_file():
-        pytest.skip("needs a host C++ compiler and /proc")
     with_cuda, without, broken, foreign = (
         tmp_path / name for name in ("with", "without", "broken", "foreign")
     )
     for folder in (with_cuda, without, broken, foreign):
         folder.mkdir()
-    cpu = _build_cpu_library_with_cuda_rows_on_cpu(with_cuda)
+    cpu = glue_library(with_cuda)
     cuda_harness.build_emulation(with_cuda)
     for folder in (without, broken, foreign):
         shutil.copy(cpu, folder / cpu.name)
@@ -386,17 +344,8 @@ def test_cuda_glue_in_host_emulation(tmp_path):
     shutil.copy(cpu, foreign / "libonnxnorm_cuda_ops.so")
 
     def glue(folder: Path, mode: str) -> str:
-        env = dict(os.environ, ONNXNORM_LIBRARY=str(folder / cpu.name))
-        result = subprocess.run(
-            [sys.executable, "-c", _GLUE_RUN, mode, str(folder / "libonnxnorm_cuda_ops.so")],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            cwd=ROOT,
-            env=env,
-        )
-        assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
-        return result.stdout
+        cuda = str(folder / "libonnxnorm_cuda_ops.so")
+        return run_python("-c", _GLUE_RUN, mode, cuda, timeout=900, library=folder / cpu.name)
 
     out = glue(with_cuda, "runs")
     # two shapes for each row (T, S, U) of the registration table, the mixed ones (U float32
@@ -464,7 +413,7 @@ def test_gpu_check_script_dry_run(tmp_path):
     result = _gpu_check(tmp_path, str(tmp_path / "build"))
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
-    steps = ("machine", "build", "correctness", "bandwidth", "ort", "runtimes", "e2e")
+    steps = ("machine", "build", "correctness", "bandwidth", "ort", "runtimes", "gqa", "e2e")
     for step in (*steps, "summary"):
         assert f"=== {step}" in out, out
     assert "dry run: cmake -S . -B" in out and "-DONNXNORM_CUDA=ON" in out
@@ -480,6 +429,11 @@ def test_gpu_check_script_dry_run(tmp_path):
     assert (
         f"dry run: {sys.executable} tests/support/cuda_rotary.py --bench --reps 30 --json " in out
     )
+    gqa = "tests/fusion/test_rotary_gqa.py::test_gpu_gqa_norms_match_the_library"
+    assert any(
+        line.startswith("dry run: ") and gqa in line and "(1 test collected" in line
+        for line in out.splitlines()
+    ), out
     assert " -m onnxnorm bench e2e --models llama,gemma2 --dtypes float16 " in out
     assert "--devices cuda,cuda-graph --genai fp16 " in out
     runtimes = tmp_path / "build" / "runtimes"
@@ -596,11 +550,7 @@ def test_bench_cuda_rows_count_every_byte_the_kernel_moves(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # GPU machine
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def kernels():
-    from onnxnorm import _native
-
-    return _native.Kernels(cuda_library())
+kernels = kernels_fixture(_native.Kernels)
 
 
 @needs_gpu

@@ -12,79 +12,39 @@ execution provider, the rotary ops on it.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from onnxnorm import _native, ops, runtime
-from tests.support import cuda_harness, cuda_rotary
-from tests.support.gpu import cuda_library, needs_gpu, needs_ort_cuda, run_on_cuda_provider
+from onnxnorm import _native, ops
+from tests.support import cuda_common, cuda_rotary
+from tests.support.cuda_harness import build_emulation
+from tests.support.gpu import needs_gpu, needs_ort_cuda, run_on_cuda_provider
 from tests.support.matrix import DTYPES
-
-ROOT = Path(__file__).resolve().parents[2]
-CUDA_DIR = ROOT / "custom_ops" / "cuda"
-NVCC = shutil.which("nvcc") or (
-    "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None
-)
 
 
 # ---------------------------------------------------------------------------------------------
 # Any machine
 # ---------------------------------------------------------------------------------------------
+@cuda_common.needs_host_compiler
 def test_rotary_kernel_logic_in_host_emulation():
     """Without a GPU: the rotary kernels, their launch table and the launcher, compiled by the
     host compiler (a block's threads as fibers), pass the quick matrix against the reference
     (every op x type x layout form x half-split or interleaved x rotary_first, each kernel
     configuration and the general kernel, NaN and Inf, an out-of-range position id, an empty
     call), refuse bad arguments in the CPU kernel's words, and export the mirrors' layout."""
-    if cuda_harness.host_compiler() is None:
-        pytest.skip("no host C++ compiler")
-    run = subprocess.run(
-        [sys.executable, str(cuda_rotary.__file__), "--emulation", "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
-    passed = [line for line in run.stdout.splitlines() if "CUDA rotary kernel cases passed" in line]
-    assert passed and passed[0].split("/")[0] == passed[0].split("/")[1].split()[0], run.stdout[
-        -3000:
-    ]
+    out = cuda_common.run_python(str(cuda_rotary.__file__), "--emulation", "--quick", timeout=900)
+    passed = [line for line in out.splitlines() if "CUDA rotary kernel cases passed" in line]
+    assert passed and passed[0].split("/")[0] == passed[0].split("/")[1].split()[0], out[-3000:]
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not on this machine")
+@cuda_common.needs_nvcc
 def test_rotary_sources_compile_with_nvcc():
     """The launcher and one norm's rotary kernels compile for sm_80. Where the installed build
     has the CUDA library, the package build compiled them all with this nvcc."""
-    if runtime.build_info().get("cuda"):
-        pytest.skip("the installed build compiled every CUDA source with this nvcc")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("launch.cu", "ops_rotary_rms_norm.cu"):
-            result = subprocess.run(
-                [
-                    NVCC,
-                    "-std=c++17",
-                    "-O1",
-                    "-arch=sm_80",
-                    "--expt-relaxed-constexpr",
-                    f"-I{ROOT / 'custom_ops' / 'include'}",
-                    "-c",
-                    str(CUDA_DIR / name),
-                    "-o",
-                    os.path.join(tmp, name + ".o"),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            assert result.returncode == 0, result.stdout + result.stderr
+    cuda_common.compile_with_nvcc("launch.cu", "ops_rotary_rms_norm.cu")
 
 
 def test_rotary_bench_options():
@@ -177,31 +137,16 @@ print(f"RESULT: {checked} checked, CUDA library loaded: {loaded}")
 """
 
 
+@cuda_common.needs_host_compiler_and_proc
 def test_rotary_glue_in_host_emulation(tmp_path):
     """The ORT glue of the rotary ops' CUDA rows, end to end without a GPU: a CPU library whose
     CUDA rows claim the CPU provider (a test build) creates the rotary kernels of its CUDA rows,
     which load the host-emulated CUDA library and launch through its rotary launcher: every
     (T, S, A) row of each op against the reference, K without KOut, an out-of-range position id
     (NaN, no error: the ids are device memory there), the shape checks' errors as on the CPU."""
-    if cuda_harness.host_compiler() is None or not Path("/proc/self/maps").is_file():
-        pytest.skip("needs a host C++ compiler and /proc")
-    try:
-        cpu = cuda_harness.build_glue_library(tmp_path)
-    except RuntimeError as e:
-        pytest.fail(str(e)[-4000:])
-    if cpu is None:
-        pytest.skip("no ONNX Runtime headers")
-    cuda = cuda_harness.build_emulation(tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-c", _GLUE_RUN, str(cuda)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env=dict(os.environ, ONNXNORM_LIBRARY=str(cpu)),
-    )
-    out = result.stdout
-    assert result.returncode == 0, (out + result.stderr)[-6000:]
+    cpu = cuda_common.glue_library(tmp_path)
+    cuda = build_emulation(tmp_path)
+    out = cuda_common.run_python("-c", _GLUE_RUN, str(cuda), timeout=900, library=cpu)
     rows = sum(
         len(spec.type_sets) + sum(1 for t, _, _ in spec.type_sets if t != "tensor(float)")
         for spec in ops.catalogue.ROTARY_OPS.values()
@@ -214,9 +159,7 @@ def test_rotary_glue_in_host_emulation(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # GPU machine
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def kernels():
-    return cuda_rotary.RotaryKernels(cuda_library())
+kernels = cuda_common.kernels_fixture(cuda_rotary.RotaryKernels)
 
 
 @needs_gpu
