@@ -292,13 +292,25 @@ def export(
                 raise OnnxNormError(_exporter_failure(second)) from second
     finally:
         model.train(was_training)
-    proto = single_output_rotary(program.model_proto)
+    proto = _rotary_fused(single_output_rotary(program.model_proto))
     if not allow_no_norms and not any(True for _ in functions.onnxnorm_nodes(proto)):
         raise OnnxNormError(_no_norms_message(model))
     proto = lower(proto, mode, runtime)
     if path is not None:
         save(proto, path, external_data)
     return proto
+
+
+def _rotary_fused(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each onnxnorm Q/K norm node and the rotary the model's own code computes
+    after it (a transformers model after ``convert``: its q_norm and k_norm are onnxnorm
+    modules, its rotary is not) as one rotary op, Q and K in one node (the fusion's stage
+    rotary, :func:`onnxnorm.fusion.pipeline.fuse_rotary`); ``model`` itself where there is
+    none (nothing else is rewritten)."""
+    from onnxnorm.fusion.pipeline import fuse_rotary
+
+    fused, report = fuse_rotary(model)
+    return fused if report.fused_total else model
 
 
 def single_output_rotary(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -66,7 +66,7 @@ def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
         data["environment"]
     )
     ort_group, genai_group = data["groups"]
-    assert list(ort_group["variants"]) == list(e2e.VARIANTS)
+    assert list(ort_group["variants"]) == list(e2e.DEFAULT_VARIANTS)
     assert list(genai_group["variants"]) == list(e2e.GENAI_VARIANTS)
     config = e2e.Config(**data["config"])
     want = _torch_greedy(e2e.hf_model("llama", config), config.prompt_ids(), 4)
@@ -91,8 +91,10 @@ def test_tiny_decoder_through_the_whole_command(tmp_path, capsys):
         "ai.onnx.SimplifiedLayerNormalization": 1,
     }
     assert v["export"]["norm_ops"] == {}
-    assert set(ort_group["gains"]) == set(e2e.ONNXNORM_VARIANTS)
-    assert set(ort_group["gains"]["onnxnorm-fused"]) == set(e2e.VARIANTS) - {"onnxnorm-fused"}
+    assert set(ort_group["gains"]) == set(e2e.ONNXNORM_VARIANTS) & set(e2e.DEFAULT_VARIANTS)
+    assert set(ort_group["gains"]["onnxnorm-fused"]) == set(e2e.DEFAULT_VARIANTS) - {
+        "onnxnorm-fused"
+    }
     # every group times a second session of its first variant beside the others: the noise
     for group, first in ((ort_group, "export"), (genai_group, "genai")):
         control = group["control"]
@@ -251,6 +253,27 @@ def test_the_package_names_are_its_modules():
         assert getattr(e2e, name) is not None, name
     for old in ("_collect", "_interleave", "add_parser", "with_cache"):
         assert not hasattr(e2e, old), old
+
+
+@pytest.mark.slow
+def test_qwen3_with_and_without_the_rotary_op(tmp_path, capsys):
+    """Qwen3's Q/K norms and rotary: onnxnorm-fused holds one rotary node per layer, the same
+    fusion without the stage rotary (onnxnorm-fused-norotary) RMSNorm nodes for them; both
+    generate the tokens of the export."""
+    pytest.importorskip("transformers")
+    out_json = tmp_path / "e2e.json"
+    variants = "export,onnxnorm-fused,onnxnorm-fused-norotary"
+    argv = ["bench", "e2e", "--models", "qwen3", "--dtypes", "float32", "--genai", "none"]
+    argv += ["--variants", variants, "--devices", "cpu", *TINY, "--json", str(out_json)]
+    assert cli.main(argv) == 0
+    assert "#### qwen3, float32, onnxruntime, cpu" in capsys.readouterr().out
+    (group,) = json.loads(out_json.read_text())["groups"]
+    v = group["variants"]
+    assert list(v) == variants.split(",")
+    assert v["onnxnorm-fused"]["norm_ops"]["onnxnorm.RMSNormRotary"] == 2
+    unrotated = v["onnxnorm-fused-norotary"]["norm_ops"]
+    assert "onnxnorm.RMSNormRotary" not in unrotated and unrotated["onnxnorm.RMSNorm"] == 5
+    assert group["tokens_identical"] is True
 
 
 def _torch_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:

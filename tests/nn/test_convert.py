@@ -10,6 +10,7 @@ import collections
 import copy
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from onnxnorm import OnnxNormError, ops
 from onnxnorm.nn import GatedRMSNorm, L2Norm, LayerNorm, RMSNorm, decoder, families
 from onnxnorm.nn.converter import convert
 from onnxnorm.testing import hf
+from tests.support.helpers import run
 
 transformers = pytest.importorskip("transformers")
 
@@ -92,10 +94,16 @@ def test_per_head_qk_norms_keep_their_weight_shape():
     assert isinstance(model.model.layers[0].self_attn.q_norm, LayerNorm)
 
 
-def test_converted_hf_model_exports_one_node_per_norm():
-    model = _hf("qwen3")
+@pytest.mark.parametrize(
+    "name, rotary_op, other",
+    [("qwen3", "RMSNormRotary", "RMSNorm"), ("cohere", "LayerNormRotary", "LayerNorm")],
+)
+def test_converted_hf_model_exports_one_node_per_norm(name, rotary_op, other):
+    """Each norm one node; a layer's Q and K norms and their rotary (transformers' own code)
+    one rotary node (the export's rotary stage), with the model's logits in ONNX Runtime."""
+    model = _hf(name)
     report = onnxnorm.convert(model)  # the package-level entry point
-    ids, _ = _inputs("qwen3")
+    ids, _ = _inputs(name)
 
     class Logits(torch.nn.Module):
         def __init__(self, inner):
@@ -106,9 +114,17 @@ def test_converted_hf_model_exports_one_node_per_norm():
             return self.inner(ids, use_cache=False).logits
 
     proto = onnxnorm.export(Logits(model), (ids,), mode="fused")
-    norms = collections.Counter(n.op_type for n in proto.graph.node if n.domain == ops.DOMAIN)
-    assert norms == {"RMSNorm": len(report.replaced)}
-    assert len(report.replaced) == 2 * 2 + 2 * 2 + 1  # 2 per layer, Q/K norms, final
+    nodes = [n for n in proto.graph.node if n.domain == ops.DOMAIN]
+    norms = collections.Counter(n.op_type for n in nodes)
+    layers = 2
+    qk = 2 * layers
+    assert len(report.replaced) == (2 * layers + 1 if name == "qwen3" else layers + 1) + qk
+    assert norms == {other: len(report.replaced) - qk, rotary_op: layers}
+    assert all(len(n.output) == 2 for n in nodes if n.op_type == rotary_op)
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits.numpy()
+    (got,) = run(proto, {proto.graph.input[0].name: ids.numpy()}, with_library=True)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 class FixedEpsRMSNorm(torch.nn.Module):

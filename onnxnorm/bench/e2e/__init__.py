@@ -61,8 +61,10 @@ _WHERE = {
     **dict.fromkeys(
         (
             "FAMILIES",
+            "DEFAULT_FAMILIES",
             "DTYPES",
             "VARIANTS",
+            "DEFAULT_VARIANTS",
             "ONNXNORM_VARIANTS",
             "GENAI_PRECISIONS",
             "GENAI_VARIANTS",

@@ -7,6 +7,8 @@ import argparse
 
 from onnxnorm.bench.common import choices_list
 from onnxnorm.bench.e2e.config import (
+    DEFAULT_FAMILIES,
+    DEFAULT_VARIANTS,
     DEVICES,
     DTYPES,
     FAMILIES,
@@ -40,8 +42,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     e2e.add_argument(
         "--models",
         type=choices_list(FAMILIES),
-        default=list(FAMILIES),
-        help="comma-separated decoders (default: llama,gemma2)",
+        default=list(DEFAULT_FAMILIES),
+        help="comma-separated decoders: llama, gemma2, qwen3 (its Q/K norms and rotary) "
+        "(default: llama,gemma2)",
     )
     e2e.add_argument(
         "--dtypes",
@@ -52,8 +55,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     e2e.add_argument(
         "--variants",
         type=choices_list(tuple(VARIANTS)),
-        default=list(VARIANTS),
-        help="comma-separated variants (default: all)",
+        default=list(DEFAULT_VARIANTS),
+        help="comma-separated variants (default: all but onnxnorm-fused-norotary, which "
+        "measures the rotary op against the same fusion without it)",
     )
     e2e.add_argument(
         "--quantize",

@@ -13,7 +13,10 @@ from typing import Any
 
 from onnxnorm import targets
 
-FAMILIES = ("llama", "gemma2")
+FAMILIES = ("llama", "gemma2", "qwen3")
+#: the decoders measured unless --models names others (Qwen3: its Q/K norms and their rotary,
+#: with the variant onnxnorm-fused-norotary beside onnxnorm-fused)
+DEFAULT_FAMILIES = ("llama", "gemma2")
 DTYPES = ("float32", "float16")
 #: variant -> what a user runs to get it
 VARIANTS = {
@@ -23,9 +26,14 @@ VARIANTS = {
     "onnxscript": "onnxscript.rewriter.ort_fusions.optimize_for_ort",
     "onnxnorm-ort": "onnxnorm fuse --target ort",
     "onnxnorm-fused": "onnxnorm fuse --target fused (+ the onnxnorm library)",
+    "onnxnorm-fused-norotary": "the same without the fusion stage rotary "
+    "(onnxnorm.fusion.without_stages('rotary'): the Q/K norms RMSNorm ops, the rotary as "
+    "exported)",
     "onnxnorm-export": "onnxnorm.export(model, mode='fused', convert=True) (+ the library)",
 }
-ONNXNORM_VARIANTS = ("onnxnorm-ort", "onnxnorm-fused", "onnxnorm-export")
+ONNXNORM_VARIANTS = ("onnxnorm-ort", "onnxnorm-fused", "onnxnorm-fused-norotary", "onnxnorm-export")
+#: the variants measured unless --variants names others
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "onnxnorm-fused-norotary")
 GENAI_PRECISIONS = ("fp32", "int4")
 #: every model builder precision the genai rows take (fp16: for the CUDA provider, where the
 #: builder wraps its norms in float32 casts)

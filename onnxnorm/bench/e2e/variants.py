@@ -68,16 +68,24 @@ def make_variants(
         optimized, _ = optimize_for_ort(ir.load(str(source)))
         ir.save(optimized, str(path))
 
+    def unrotated(path):
+        from onnxnorm.fusion import without_stages
+
+        with without_stages("rotary"):
+            onnx.save(fuse(plain(), "fused")[0], path)
+
     makers = {
         "export": lambda path: plain(),
         "ort-optimizer": ort_optimizer,
         "onnxscript": onnxscript,
         "onnxnorm-ort": lambda path: onnx.save(fuse(plain(), "ort")[0], path),
         "onnxnorm-fused": lambda path: onnx.save(fuse(plain(), "fused")[0], path),
+        "onnxnorm-fused-norotary": unrotated,
         "onnxnorm-export": lambda path: onnx.save(export_onnxnorm(model, config), path),
     }
     paths = {name: source if name == "export" else folder / f"{name}.onnx" for name in names}
-    return _make(folder, names, makers, paths, ("onnxnorm-fused", "onnxnorm-export"), "", log)
+    library = ("onnxnorm-fused", "onnxnorm-fused-norotary", "onnxnorm-export")
+    return _make(folder, names, makers, paths, library, "", log)
 
 
 def _make(
