@@ -38,6 +38,12 @@ def _configs():
             "Gemma2ForCausalLM",
             lambda: hf.config("gemma2", **decoder, sliding_window=16),
         ),
+        # (its Q/K norms and their rotary: one rotary op of Q and K per layer once fused)
+        "qwen3": (
+            "text-generation-with-past",
+            "Qwen3ForCausalLM",
+            lambda: hf.config("qwen3", **decoder),
+        ),
         "t5": (
             "text2text-generation-with-past",
             "T5ForConditionalGeneration",

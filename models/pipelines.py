@@ -17,8 +17,8 @@ nothing is downloaded. The sources:
 - ``simplified``: onnxsim and onnxslim;
 - ``kv_cache``: a Llama decoder exported by ``torch.onnx.export(dynamo=True)`` with its past
   keys and values as inputs and outputs;
-- ``optimum``: Optimum folders (``optimum-cli export onnx``) of Llama, Gemma 2, T5 and Whisper
-  checkpoints, exported on an overlay with the older transformers optimum-onnx requires
+- ``optimum``: Optimum folders (``optimum-cli export onnx``) of Llama, Gemma 2, Qwen3, T5 and
+  Whisper checkpoints, exported on an overlay with the older transformers optimum-onnx requires
   (``models/optimum_export.py``).
 """
 
@@ -323,6 +323,7 @@ OVERLAY = Path(__file__).resolve().parent.parent / "build" / "optimum-overlay"
 OPTIMUM_FAMILIES = {
     "llama": ("text-generation-with-past", ("model.onnx",)),
     "gemma2": ("text-generation-with-past", ("model.onnx",)),
+    "qwen3": ("text-generation-with-past", ("model.onnx",)),
     "t5": (
         "text2text-generation-with-past",
         (

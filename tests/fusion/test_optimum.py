@@ -22,12 +22,13 @@ from models import compare, pipelines
 from onnxnorm.fusion.folder import fuse_folder
 from onnxnorm.ops.functions import all_graphs
 
-#: (family, file) -> (norms, residual adds): every norm, and every residual add that feeds a
-#: norm (Gemma 2's as Sandwich ops; Whisper's decoder also its token + position add, while its
+#: (family, file) -> (norms, residual adds): every norm (Qwen3's Q/K norms in its rotary ops),
+#: and every residual add that feeds a norm (Gemma 2's as Sandwich ops; Whisper's decoder also its token + position add, while its
 #: encoder's position add broadcasts a 2-D table over the batch, which no Skip op does)
 COUNTS = {
     ("llama", "model.onnx"): (5, 4),
     ("gemma2", "model.onnx"): (9, 4),
+    ("qwen3", "model.onnx"): (9, 4),
     ("t5", "decoder_model.onnx"): (7, 6),
     ("t5", "decoder_model_merged.onnx"): (14, 12),
     ("t5", "decoder_with_past_model.onnx"): (7, 6),
@@ -83,6 +84,13 @@ def test_folder_fused_with_parity(folders, family, tmp_path):
             if op in ("ReduceMean", "Pow", "Sqrt") or "LayerNormalization" in op
         ]
         assert not left, (result.name, left)
+    if family == "qwen3":  # each layer's Q/K norms and rotary: one node of Q and K
+        rotary = [
+            n
+            for n in onnx.load(out / "model.onnx", load_external_data=False).graph.node
+            if n.op_type == "RMSNormRotary"
+        ]
+        assert len(rotary) == 2 and all(len(n.output) == 2 for n in rotary)
     if family == "whisper":  # the one add left is reported with its reason
         skips = [
             s.reason
