@@ -46,6 +46,7 @@ from onnxnorm.fusion import (
     quantized,
     residual,
     rotary,
+    rotary_first,
     rotary_gqa,
     rotary_nodes,
     rotary_pair,
@@ -119,7 +120,12 @@ def stage_rules(tracker: Tracker, strict_precision: bool = False) -> list[tuple[
             + l2.scaled_sum_rules(tracker, strict_precision),
         ),
         ("gated", gated.gated_rules(tracker, strict_precision)),
-        ("rotary", rotary.rotary_rules(tracker) + rotary_nodes.rope_node_rules(tracker)),
+        (
+            "rotary",
+            rotary.rotary_rules(tracker)
+            + rotary_first.rotary_first_rules(tracker)
+            + rotary_nodes.rope_node_rules(tracker),
+        ),
         ("sandwich", residual.sandwich_rules(tracker)),
         ("skip", residual.skip_rules(tracker)),
         ("xbias", residual.xbias_rules(tracker)),

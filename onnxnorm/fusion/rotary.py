@@ -1,8 +1,9 @@
-"""Q/K norm and rotary: a per-head norm (an onnxnorm RMSNorm, LayerNorm or L2Norm node, after
-the norms stage) and the rotary embedding after it, or the rotary and the norm after it, become
-one ``RMSNormRotary``, ``LayerNormRotary`` or ``L2NormRotary`` node (``rotary_op.py`` writes
-it); then the node of a layer's Q and the node of its K, rotated by the same angles in the same
-order, become one node with both (``rotary_pair.pair``).
+"""Q/K norm, then rotary: a per-head norm (an onnxnorm RMSNorm, LayerNorm or L2Norm node, after
+the norms stage) and the rotary embedding after it become one ``RMSNormRotary``,
+``LayerNormRotary`` or ``L2NormRotary`` node (``rotary_op.py`` writes it); then the node of a
+layer's Q and the node of its K, rotated by the same angles in the same order, become one node
+with both (``rotary_pair.pair``). The analysis of a rotary is here as well, public, for
+``rotary_first.py`` (the rotary, then the norm).
 
 The rotary is matched as the models compute it, ``x * cos + partner(x) * sin`` (for a partial
 rotary, the Concat of that sum and the rest of each head), where ``partner(x)`` is any chain of
@@ -11,19 +12,15 @@ it): ``rotate_half`` (``cat(-x2, x1)``) is the half-split form, ``stack(-x[1::2]
 x[::2]).flatten`` the interleaved one, whatever ops an exporter spells them with; minus either
 (nanochat's ``cat(x2, -x1)``) is the rotation by minus the angle, which the node computes with
 Sin negated (:func:`turn`). ``cos`` and ``sin`` are the per-token angles unsqueezed at the head
-axis (the axis tells the layout); a rotation computed in float32 on a float16/bfloat16 Q is
-taken with the Casts around it (``rotary_in_t = 0``).
+axis (the axis tells the layout; :func:`match_rotary`); a rotation computed in float32 on a
+float16/bfloat16 Q is taken with the Casts around it (``rotary_in_t = 0``).
 
-Norm first (rooted at the Add, the Concat, or the Cast back): the norm before is taken whole,
-through the Transpose to [batch, heads, seq, head] a model writes between its norm and its
-rotary (``layout = 2``), and through the view of a norm over the whole projection (OLMo 2:
-``per_head = 0``). Rotary first (rooted at the norm: Llama 4, nanochat; ``rotary_first = 1``):
-the rotary of Q, through a Transpose of the heads between the rotary and the norm or before the
-rotary (nanochat's, where the rotary alone reads it): ``layout = 2``.
+The rules here are rooted at the Add, the Concat, or the Cast back: the norm before is taken
+whole, through the Transpose to [batch, heads, seq, head] a model writes between its norm and
+its rotary (``layout = 2``), and through the view of a norm over the whole projection (OLMo 2:
+``per_head = 0``).
 
-What is not matched yet: rotary first with a norm over the whole token, and the Transpose
-after the norm (Llama 4's stays a node of its own); a rotary whose sum or products are read
-outside it (reported).
+What is not matched yet: a rotary whose sum or products are read outside it (reported).
 """
 
 from __future__ import annotations
@@ -46,7 +43,6 @@ from onnxnorm.fusion.residual import symbolic
 from onnxnorm.fusion.rotary_op import (
     Rotary,
     RotaryRule,
-    narrows,
     replacement,
     transposes,
 )
@@ -58,13 +54,13 @@ ROTARY_OF = {"RMSNorm": "RMSNormRotary", "LayerNorm": "LayerNormRotary", "L2Norm
 _DEPTH = 12
 
 
-def _rank(value: ir.Value, what: str) -> int:
+def rank_of(value: ir.Value, what: str) -> int:
     if value.shape is None:
         raise Rejected(f"the rank of {what} ({value.name!r}) is unknown")
     return value.shape.rank()
 
 
-def _last_dim(value: ir.Value, what: str) -> int:
+def last_dim(value: ir.Value, what: str) -> int:
     # onnx's inference, else ORT's symbolic one (TorchScript's reshapes computed from shapes)
     for shape in (value.shape, symbolic(value)):
         dims = list(shape.dims) if shape is not None else []
@@ -73,9 +69,9 @@ def _last_dim(value: ir.Value, what: str) -> int:
     raise Rejected(f"the last dim of {what} ({value.name!r}) is not static")
 
 
-def _axis(node: ir.Node, value: ir.Value, default: int = 0) -> int:
+def axis_of(node: ir.Node, value: ir.Value, default: int = 0) -> int:
     axis = attribute(node, "axis", default)
-    rank = _rank(value, "a rotary operand")
+    rank = rank_of(value, "a rotary operand")
     return axis % rank
 
 
@@ -87,7 +83,7 @@ def index_map(
     one axis, or two inside an interleaved stack); NotThisPattern where ``value`` is not such
     a rearrangement of ``source``."""
     if value is source:
-        n = _last_dim(source, "the rotated tensor")
+        n = last_dim(source, "the rotated tensor")
         return np.arange(n), np.ones(n, np.int64)
     node = value.producer()
     if node is None or depth == 0 or node.domain not in ("", "ai.onnx"):
@@ -96,7 +92,7 @@ def index_map(
     data = node.inputs[0] if node.inputs else None
     if data is None:  # (a Constant: no rearrangement of anything)
         raise NotThisPattern(f"{op} without input")
-    rank = _rank(value, "a rotary operand")
+    rank = rank_of(value, "a rotary operand")
     if op == "Identity" or (op == "Cast" and _widens(node)):
         return index_map(data, source, depth - 1)
     if op == "Neg":
@@ -105,7 +101,7 @@ def index_map(
     if op == "Concat":
         parts = [index_map(v, source, depth - 1) for v in node.inputs if v is not None]
         inner = parts[0][0].ndim
-        if _axis(node, value) != rank - 1 or any(p[0].ndim != inner for p in parts):
+        if axis_of(node, value) != rank - 1 or any(p[0].ndim != inner for p in parts):
             raise NotThisPattern("a Concat across another axis")
         return (
             np.concatenate([p[0] for p in parts], axis=-1),
@@ -127,9 +123,9 @@ def index_map(
         return index[:, None], sign[:, None]
     if op in ("Reshape", "Flatten"):
         index, sign = index_map(data, source, depth - 1)
-        if index.ndim != 2 or _rank(data, "a rotary operand") != rank + 1:
+        if index.ndim != 2 or rank_of(data, "a rotary operand") != rank + 1:
             raise NotThisPattern("a Reshape of other axes")
-        if _last_dim(value, "a rotary operand") != index.size:
+        if last_dim(value, "a rotary operand") != index.size:
             raise NotThisPattern("a Reshape of other axes")
         return index.reshape(-1), sign.reshape(-1)
     if op == "Mul":
@@ -156,15 +152,15 @@ def _widens(node: ir.Node) -> bool:
     )
 
 
-def _unwidened(value: ir.Value) -> ir.Value:
+def unwidened(value: ir.Value) -> ir.Value:
     """``value`` before an exact Cast to float32 (itself where there is none)."""
     node = value.producer()
     if node is not None and node.op_type == "Cast" and node.domain == "" and _widens(node):
-        return _input(node)
+        return input_of(node)
     return value
 
 
-def _input(node: ir.Node, index: int = 0) -> ir.Value:
+def input_of(node: ir.Node, index: int = 0) -> ir.Value:
     """An input a match needs (NotThisPattern where the node leaves it out)."""
     value = node.inputs[index] if index < len(node.inputs) else None
     if value is None:
@@ -188,7 +184,7 @@ def _ints(value: ir.Value, what: str) -> np.ndarray:
 def _sliced(node: ir.Node, value: ir.Value, rank: int, size: int) -> slice:
     """The slice of the last axis that a Slice or a Split output ``value`` takes."""
     if node.op_type == "Split":
-        axis = _axis(node, value)
+        axis = axis_of(node, value)
         if axis != rank - 1:
             raise NotThisPattern("a Split of another axis")
         outputs = list(node.outputs)
@@ -201,7 +197,7 @@ def _sliced(node: ir.Node, value: ir.Value, rank: int, size: int) -> slice:
             sizes = [size // len(outputs)] * len(outputs)
         start = sum(sizes[: outputs.index(value)])
         return slice(start, start + sizes[outputs.index(value)])
-    starts, ends = (_ints(_input(node, i), "Slice's bounds") for i in (1, 2))
+    starts, ends = (_ints(input_of(node, i), "Slice's bounds") for i in (1, 2))
     axes = (
         _ints(node.inputs[3], "Slice's axes")
         if len(node.inputs) > 3 and node.inputs[3] is not None
@@ -249,14 +245,14 @@ def _angles(
     (None: they are the Unsqueeze's input, as they are): an Unsqueeze at the head axis, or a
     4-D tensor with a 1 there (a constant an exporter folded); ``head_axis``: the axis where
     the layout says the heads are (None: not known, the one where x has more than one)."""
-    rank = _rank(x, "the rotated tensor")
+    rank = rank_of(x, "the rotated tensor")
     node = operand.producer()
     if node is not None and node.op_type == "Unsqueeze" and node.domain in ("", "ai.onnx"):
         axes = attribute(node, "axes", None)
         if axes is None and len(node.inputs) > 1:
             axes = int_values(node.inputs[1], f"{what}'s Unsqueeze axes").reshape(-1).tolist()
         angles = node.inputs[0]
-        if angles is None or len(axes or []) != 1 or _rank(angles, what) != 3:
+        if angles is None or len(axes or []) != 1 or rank_of(angles, what) != 3:
             raise Rejected(f"{what} is not [batch, seq, dim] angles unsqueezed at one axis")
         return angles, axes[0] % rank, None
     dims = list(operand.shape.dims) if operand.shape is not None else []
@@ -274,7 +270,7 @@ def _angles(
     return operand, heads[0], (0, -1, dims[3]) if heads[0] == 1 else (0, 0, dims[3])
 
 
-def _users_inside(values: list[ir.Value], nodes: set[ir.Node]) -> None:
+def users_inside(values: list[ir.Value], nodes: set[ir.Node]) -> None:
     for value in values:
         if value.is_graph_output():
             raise Rejected(f"{value.name!r} is a graph output")
@@ -312,7 +308,7 @@ def turn(index: np.ndarray, sign: np.ndarray) -> tuple[int, bool]:
         return rotation_kind(index, -sign), True
 
 
-def _rotary(
+def match_rotary(
     rotated: ir.Value,
     cos: ir.Value,
     sin: ir.Value,
@@ -331,32 +327,32 @@ def _rotary(
         raise Rejected("cos and sin are unsqueezed at different axes, or not at a head axis")
     nodes = {n for n in (cos.producer(), sin.producer()) if n is not None}
     if in_float32:  # angles of Q's type cast to float32 are Q's type's angles
-        cos_angles, sin_angles = _unwidened(cos_angles), _unwidened(sin_angles)
+        cos_angles, sin_angles = unwidened(cos_angles), unwidened(sin_angles)
     allowed = (t, ir.DataType.FLOAT) if in_float32 else (t,)
     if dtype(cos_angles, "cos") not in allowed or dtype(sin_angles, "sin") not in allowed:
         raise Rejected("cos and sin are not of the rotated tensor's type")
     if cos_angles.shape != sin_angles.shape or cos_view != sin_view:
         raise Rejected("cos and sin differ in shape")
-    rotary_dim = _last_dim(rotated, "the rotated values")
-    if _last_dim(cos_angles, "cos") != rotary_dim:
+    rotary_dim = last_dim(rotated, "the rotated values")
+    if last_dim(cos_angles, "cos") != rotary_dim:
         raise Rejected("cos is not one angle per rotated value")
     views = {name: v for name, v in (("Cos", cos_view), ("Sin", sin_view)) if v is not None}
     nodes |= _chain(partner, rotated)
     return Rotary(cos_angles, sin_angles, views, axis, interleaved, negated, rotary_dim, nodes)
 
 
-def _halves(x: ir.Value, rest: ir.Value) -> ir.Value:
+def halves(x: ir.Value, rest: ir.Value) -> ir.Value:
     """The heads whose leading values ``x`` and whose other values ``rest`` are (the two parts
     of a partial rotary)."""
     slices = [x.producer(), rest.producer()]
     if any(node is None or node.op_type not in ("Slice", "Split") for node in slices):
         raise NotThisPattern("not the two parts of a head")
     first_node, second_node = (node for node in slices if node is not None)
-    base = _input(first_node)
+    base = input_of(first_node)
     if second_node.inputs[0] is not base:
         raise NotThisPattern("the two parts are of different tensors")
-    head = _last_dim(base, "a head")
-    rank = _rank(base, "the rotated tensor")
+    head = last_dim(base, "a head")
+    rank = rank_of(base, "the rotated tensor")
     first = _sliced(first_node, x, rank, head)
     second = _sliced(second_node, rest, rank, head)
     if (
@@ -388,7 +384,7 @@ class _NormRotary(RotaryRule):
         """The node of a match: ``rotated`` is the tensor the partner rearranges (a head, or its
         leading part), ``base`` the whole heads; ``in_float32``: the rotation is computed in
         float32 from them (the Casts around it in the match)."""
-        if _rank(base, "the rotated tensor") != 4:
+        if rank_of(base, "the rotated tensor") != 4:
             raise NotThisPattern("not a 4-D tensor of heads")
         # the norm, through the transpose before the rotary (layout 2: the heads on axis 1)
         norm_out, transposed, known = base, None, None
@@ -396,7 +392,7 @@ class _NormRotary(RotaryRule):
         if producer is not None and producer.op_type == "Transpose" and producer.domain == "":
             if not transposes(producer):
                 raise Rejected("the Transpose before the rotary is not [0, 2, 1, 3]")
-            transposed, norm_out, known = producer, _input(producer), 1
+            transposed, norm_out, known = producer, input_of(producer), 1
         read = [norm_out]  # what the norm computes, read by the match alone
         norm = norm_out.producer()
         head_size, per_head = 0, 1
@@ -408,12 +404,12 @@ class _NormRotary(RotaryRule):
         ):
             # OLMo 2: the norm over the whole projection [b, s, h * d], then the view to heads
             inside.add(norm)
-            norm_out = _input(norm)
+            norm_out = input_of(norm)
             norm = norm_out.producer()
-            head_size = _last_dim(base, "a head")
+            head_size = last_dim(base, "a head")
             if (
-                _rank(norm_out, "the norm's output") != 3
-                or _last_dim(norm_out, "the norm's output") % head_size
+                rank_of(norm_out, "the norm's output") != 3
+                or last_dim(norm_out, "the norm's output") % head_size
             ):
                 raise Rejected(
                     "the view before the rotary does not split the norm's rows into heads"
@@ -423,18 +419,18 @@ class _NormRotary(RotaryRule):
         if norm is None or norm.domain != catalogue.DOMAIN or norm.op_type not in ROTARY_OF:
             raise NotThisPattern("no onnxnorm norm before the rotary")
         t = dtype(rotated, "the rotated tensor")
-        rotary = _rotary(rotated, cos, sin, partner, known, t, in_float32)
+        rotary = match_rotary(rotated, cos, sin, partner, known, t, in_float32)
         if transposed is not None and rotary.head_axis != 1:
             raise Rejected("the angles broadcast over another axis than the transposed heads")
         layout = 2 if transposed is not None else (1 if rotary.head_axis == 1 else 0)
         inside |= rotary.nodes | {root, norm} | ({transposed} if transposed is not None else set())
-        _users_inside(read + ([base] if transposed is not None else []), inside)
+        users_inside(read + ([base] if transposed is not None else []), inside)
         return replacement(
             ROTARY_OF[norm.op_type],
             norm,
-            _input(norm),
+            input_of(norm),
             rotary,
-            _last_dim(base, "a head"),
+            last_dim(base, "a head"),
             in_float32,
             layout=layout,
             head_size=head_size,
@@ -463,8 +459,8 @@ class PartialNormRotary(_NormRotary):
         return op.Concat(rotated, rest, _outputs=["y"])
 
     def inspect(self, context, x, cos, partner, sin, rest, **_) -> Replacement:
-        base = _halves(x, rest)
-        if _axis(context.root, context.output_values[0]) != _rank(base, "a head") - 1:
+        base = halves(x, rest)
+        if axis_of(context.root, context.output_values[0]) != rank_of(base, "a head") - 1:
             raise NotThisPattern("a Concat of another axis")
         inside = set(context.nodes) | {x.producer(), rest.producer()}
         return self._replacement(context.root, x, base, cos, sin, partner, inside)
@@ -491,127 +487,10 @@ class FloatNormRotary(_NormRotary):
         )
 
 
-def _terms(add: ir.Node) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value]:
-    """(x, rotated, cos, partner, sin) of the sum ``x * cos + partner * sin``, its terms and
-    factors in either order, ``partner`` a rearrangement of ``rotated`` (x, or the tensor x
-    widens to float32) that rotates; NotThisPattern for any other sum."""
-    factors: list[tuple[ir.Value, ir.Value]] = []
-    for value in add.inputs:
-        node = value.producer() if value is not None else None
-        if node is None or node.op_type != "Mul" or node.domain != "" or len(node.inputs) != 2:
-            raise NotThisPattern("not a sum of two products")
-        a, b = node.inputs
-        if a is None or b is None:
-            raise NotThisPattern("a Mul without its inputs")
-        factors.append((a, b))
-    if len(factors) != 2:
-        raise NotThisPattern("not a sum of two products")
-    for first, second in (factors, factors[::-1]):
-        for x, cos in (first, first[::-1]):
-            for partner, sin in (second, second[::-1]):
-                for rotated in dict.fromkeys((x, _unwidened(x))):
-                    try:
-                        turn(*index_map(partner, rotated))
-                    except Rejected:
-                        continue
-                    return x, rotated, cos, partner, sin
-    raise NotThisPattern("the sum before the norm is no rotation")
-
-
-class RotaryNorm(_NormRotary):
-    """Rotary first (Llama 4, nanochat): the norm of ``x * cos + partner(x) * sin`` (or of
-    its partial form), through a Transpose of the heads between the two or before the rotary
-    and through the Cast back of a rotation in float32, with ``rotary_first = 1``."""
-
-    title = "Q/K rotary, then norm"
-
-    def __init__(self, tracker: Tracker, op_name: str) -> None:
-        self.op_name = op_name
-        super().__init__(tracker, f"Rotary{op_name}")
-
-    def pattern(self, op, x):
-        norm = getattr(op, self.op_name)
-        return norm(x, _domain=catalogue.DOMAIN, _allow_other_inputs=True, _outputs=["y"])
-
-    def inspect(self, context, x, **_) -> Replacement:
-        norm = context.root
-        t = dtype(x, "the norm's X")
-        value, between, narrowing = x, None, None
-        while (node := value.producer()) is not None and node.domain == "":
-            if node.op_type == "Transpose" and between is None:
-                between = node
-            elif node.op_type == "Cast" and narrowing is None and narrows(node, t):
-                narrowing = node
-            else:
-                break
-            value = _input(node)
-        inside = {norm} | {n for n in (between, narrowing) if n is not None}
-        computed = [v for n in (between, narrowing) if n is not None for v in n.outputs]
-        concat, add = None, value.producer()
-        if add is not None and add.op_type == "Concat" and add.domain == "":
-            concat, add = add, _input(add).producer()
-        if add is None or add.op_type != "Add" or add.domain != "":
-            raise NotThisPattern("no rotary before the norm")
-        term, rotated, cos, partner, sin = _terms(add)
-        products = [n for n in (_input(add, i).producer() for i in (0, 1)) if n is not None]
-        inside |= {add, *products}
-        computed += [add.outputs[0]] + [p.outputs[0] for p in products]
-        base = term
-        if concat is not None:
-            if len(concat.inputs) != 2 or concat.inputs[0] is not add.outputs[0]:
-                raise NotThisPattern("a Concat of more than a rotated part and the rest")
-            base = _halves(term, _input(concat, 1))
-            if _axis(concat, concat.outputs[0]) != _rank(base, "a head") - 1:
-                raise NotThisPattern("a Concat of another axis")
-            inside |= {concat, term.producer(), _input(concat, 1).producer()}
-            computed += [concat.outputs[0], term, _input(concat, 1)]
-        q = base
-        if narrowing is not None:  # the rotation in float32 of a narrower Q, rounded back
-            q = _unwidened(base)
-            if q is base:
-                raise Rejected("the rotation in float32 is not of a tensor of the norm's type")
-            inside.add(base.producer())
-            computed.append(base)
-        if dtype(q, "the rotated tensor") != t:
-            raise Rejected("the rotated tensor is not of the norm's type")
-        if _rank(q, "the rotated tensor") != 4:
-            raise NotThisPattern("not a 4-D tensor of heads")
-        if between is not None and not transposes(between):
-            raise Rejected("the Transpose between the rotary and the norm is not [0, 2, 1, 3]")
-        known = 2 if between is not None else None
-        rotary = _rotary(rotated, cos, sin, partner, known, t, narrowing is not None)
-        if between is not None and rotary.head_axis != 2:
-            raise Rejected("the angles broadcast over another axis than the transposed heads")
-        inside |= rotary.nodes
-        # the Transpose to [batch, heads, seq, head] before the rotary (nanochat), where the
-        # rotary alone reads its output
-        before = q.producer()
-        if (
-            before is not None
-            and between is None
-            and rotary.head_axis == 1
-            and transposes(before)
-            and not q.is_graph_output()
-            and all(user in inside for user in q.consumers())
-        ):
-            inside.add(before)
-            q = _input(before)
-        else:
-            before = None
-        _users_inside(computed, inside)
-        taken = between is not None or before is not None
-        layout = 2 if taken else (1 if rotary.head_axis == 1 else 0)
-        head = _last_dim(base, "a head")
-        op = ROTARY_OF[self.op_name]
-        return replacement(
-            op, norm, q, rotary, head, narrowing is not None, layout=layout, rotary_first=1
-        )
-
-
 def rotary_rules(tracker: Tracker) -> list:
+    """The norm-first rules (the rotary-first ones: ``rotary_first.rotary_first_rules``)."""
     return [
         NormRotary.rule(tracker, "NormRotary"),
         PartialNormRotary.rule(tracker, "PartialNormRotary"),
         FloatNormRotary.rule(tracker, "FloatNormRotary"),
-        *(RotaryNorm.rule(tracker, op_name=name) for name in ROTARY_OF),
     ]

@@ -1,8 +1,9 @@
-"""The rotary op that a Q/K norm and its rotary become (``rotary.py`` finds them, in either
-order): its inputs and attributes, from the onnxnorm norm node and the rotary's angles, and the
-Sin it reads, negated where the model rotates by minus the angle (nanochat's ``rotate_half``,
-``cat(x2, -x1)``): the rotation by -a is the one by a with sin negated, and negating a float is
-exact, so the fused node computes what the model does, bit for bit."""
+"""The rotary op that a Q/K norm and its rotary become (``rotary.py`` finds the norm then the
+rotary, ``rotary_first.py`` the rotary then the norm): its inputs and attributes, from the
+onnxnorm norm node and the rotary's angles, and the Sin it reads, negated where the model
+rotates by minus the angle (nanochat's ``rotate_half``, ``cat(x2, -x1)``): the rotation by -a is
+the one by a with sin negated, and negating a float is exact, so the fused node computes what
+the model does, bit for bit."""
 
 from __future__ import annotations
 

@@ -23,8 +23,9 @@ from onnxnorm.fusion.folder import fuse_folder
 from onnxnorm.ops.functions import all_graphs
 
 #: (family, file) -> (norms, residual adds): every norm (Qwen3's Q/K norms in its rotary ops),
-#: and every residual add that feeds a norm (Gemma 2's as Sandwich ops; Whisper's decoder also its token + position add, while its
-#: encoder's position add broadcasts a 2-D table over the batch, which no Skip op does)
+#: and every residual add that feeds a norm (Gemma 2's as Sandwich ops; Whisper's decoder also
+#: its token + position add, while its encoder's position add broadcasts a 2-D table over the
+#: batch, which no Skip op does)
 COUNTS = {
     ("llama", "model.onnx"): (5, 4),
     ("gemma2", "model.onnx"): (9, 4),
