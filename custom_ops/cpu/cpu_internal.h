@@ -41,6 +41,9 @@ NormRowsFn GetNormRowsAvx512Bf16(NormKind norm, ResidualKind residual, ElemType 
 QuantRowsFn GetQuantRowsAvx2(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w, ElemType q);
 QuantRowsFn GetQuantRowsAvx512(NormKind norm, ResidualKind residual, QuantPass pass, ElemType x, ElemType w,
                                ElemType q);
+// Whether this CPU and operating system run AVX512-FP16 (half-precision arithmetic; the rotary
+// ops' float16 kernels use it, rotary_avx512_fp16.cc).
+bool HasAvx512Fp16();
 #endif
 
 namespace {

@@ -68,6 +68,18 @@ int64_t StreamMinBytes() { return g_stream_min_bytes.load(std::memory_order_rela
 
 void SetStreamMinBytes(int64_t bytes) { g_stream_min_bytes.store(bytes, std::memory_order_relaxed); }
 
+#if defined(ONNXNORM_X86_KERNELS)
+bool HasAvx512Fp16() {
+  static const bool has = [] {
+    if (static_cast<int>(SupportedIsa()) < static_cast<int>(Isa::kAvx512)) return false;  // (ZMM state saved)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    return ((edx >> 23) & 1u) != 0;  // AVX512_FP16
+  }();
+  return has;
+}
+#endif
+
 Isa SupportedIsa() {
   static const Isa isa = Detected();
   return isa;

@@ -3,6 +3,7 @@
 // GetNormRowsForSmallCalls takes.
 #include <cstring>
 
+#include "cpu_internal.h"
 #include "onnxnorm/rotary_kernels.h"
 #include "rotary_units.h"
 
@@ -30,6 +31,10 @@ RotaryRowsFn GetRotaryRowsFor(Isa isa, NormKind norm, ElemType x_type, ElemType 
 #if defined(ONNXNORM_X86_KERNELS)
     case Isa::kAvx512Bf16:
       if (x_type == ElemType::kBFloat16) return GetRotaryRowsAvx512Bf16(norm, x_type, weight_type, angle_type);
+      // (the float16 kernels in half-precision arithmetic where the CPU has it: the same bits)
+      if (x_type == ElemType::kFloat16 && HasAvx512Fp16()) {
+        if (RotaryRowsFn fn = GetRotaryRowsAvx512Fp16(norm, x_type, weight_type, angle_type)) return fn;
+      }
       return GetRotaryRowsAvx512(norm, x_type, weight_type, angle_type);
     case Isa::kAvx512: return GetRotaryRowsAvx512(norm, x_type, weight_type, angle_type);
     case Isa::kAvx2: return GetRotaryRowsAvx2(norm, x_type, weight_type, angle_type);

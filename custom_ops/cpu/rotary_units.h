@@ -12,6 +12,8 @@ RotaryRowsFn GetRotaryRowsPortable(NormKind norm, ElemType x, ElemType w, ElemTy
 RotaryRowsFn GetRotaryRowsAvx2(NormKind norm, ElemType x, ElemType w, ElemType a);
 RotaryRowsFn GetRotaryRowsAvx512(NormKind norm, ElemType x, ElemType w, ElemType a);
 RotaryRowsFn GetRotaryRowsAvx512Bf16(NormKind norm, ElemType x, ElemType w, ElemType a);  // bfloat16 T only
+// float16 T only; nullptr where the compiler had no AVX512-FP16
+RotaryRowsFn GetRotaryRowsAvx512Fp16(NormKind norm, ElemType x, ElemType w, ElemType a);
 #endif
 
 }  // namespace cpu
