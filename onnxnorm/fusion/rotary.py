@@ -270,7 +270,9 @@ def _angles(
     return operand, heads[0], (0, -1, dims[3]) if heads[0] == 1 else (0, 0, dims[3])
 
 
-def users_inside(values: list[ir.Value], nodes: set[ir.Node]) -> None:
+def users_inside(values: list[ir.Value], nodes: set[ir.Node], rotary: str = "rotary") -> None:
+    """Rejected unless every one of ``values`` is read only by ``nodes`` (the norm and its
+    ``rotary``, which the fused node replaces) and is no graph output."""
     for value in values:
         if value.is_graph_output():
             raise Rejected(f"{value.name!r} is a graph output")
@@ -278,7 +280,7 @@ def users_inside(values: list[ir.Value], nodes: set[ir.Node]) -> None:
             if user not in nodes:
                 raise Rejected(
                     f"{value.name!r} is also used by {user.op_type} node {user.name!r}, "
-                    "outside the norm and its rotary"
+                    f"outside the norm and its {rotary}"
                 )
 
 

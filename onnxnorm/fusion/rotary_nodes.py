@@ -37,7 +37,7 @@ from onnxnorm.fusion._base import (
 )
 from onnxnorm.fusion.ort_gated import MS_DOMAIN
 from onnxnorm.fusion.report import Tracker
-from onnxnorm.fusion.rotary import ROTARY_OF
+from onnxnorm.fusion.rotary import ROTARY_OF, users_inside
 from onnxnorm.ops import catalogue
 
 _STANDARD = ("", "ai.onnx")
@@ -129,18 +129,6 @@ def _narrowed(value: ir.Value) -> ir.Value | None:
     return data if widens and data is not None and data.dtype in _HALF else None
 
 
-def _only_inside(values: list[ir.Value], nodes: set[ir.Node]) -> None:
-    for value in values:
-        if value.is_graph_output():
-            raise Rejected(f"{value.name!r} is a graph output")
-        for user in value.consumers():
-            if user not in nodes:
-                raise Rejected(
-                    f"{value.name!r} is also used by {user.op_type} node {user.name!r}, outside "
-                    "the norm and its RotaryEmbedding"
-                )
-
-
 def _check_weight(weight, head, heads, layout) -> None:
     """A weight of one head, or of each head: the norm's rows take the rows of a weight
     of [heads, head] in turn, the heads of a token's (layouts 0 and 2, not 1)."""
@@ -202,7 +190,7 @@ class NormRope(FusionRule):
             raise NotThisPattern("not a float32 rotation of a narrower tensor, cast back")
         chain += [n for n in (cast, transpose, view) if n is not None]
         inside |= {norm, *chain}
-        _only_inside([value] + [n.outputs[0] for n in chain], inside)
+        users_inside([value] + [n.outputs[0] for n in chain], inside, "RotaryEmbedding")
         return self._replacement(rope, x, norm, transpose, view)
 
     def _replacement(self, rope, x, norm, transpose, view) -> Replacement:
