@@ -225,7 +225,13 @@ def test_load_with_dynamic_batching_on_and_off(served, server, tmp_path):
                 "rtol": 1e-5,
                 "atol": 1e-5,
             },
-            {"action": "stats", "url": server.http, "model": name, "headers": headers},
+            {
+                "action": "stats",
+                "url": server.http,
+                "model": name,
+                "headers": headers,
+                "settle": True,
+            },
         ]
     results = run_client(plan, tmp_path / "client")
     measured = {}

@@ -182,10 +182,14 @@ def bad(action: dict) -> dict:
 
 
 def stats(action: dict) -> dict:
+    """The counts; with ``settle``, read until three reads 50 ms apart agree (at most 10 s): the
+    server may count a request just after its reply has gone, so a read right after a load can
+    miss the last ones."""
     import tritonclient.http as http
 
     client = http.InferenceServerClient(action["url"])
-    try:
+
+    def read() -> dict:
         found = client.get_inference_statistics(
             action["model"], headers=action.get("headers") or None
         )
@@ -196,6 +200,17 @@ def stats(action: dict) -> dict:
             "success": int(entry["inference_stats"]["success"]["count"]),
             "fail": int(entry["inference_stats"]["fail"]["count"]),
         }
+
+    try:
+        counts = read()
+        if action.get("settle"):
+            same, deadline = 0, time.monotonic() + 10
+            while same < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+                again = read()
+                same = same + 1 if again == counts else 0
+                counts = again
+        return counts
     finally:
         client.close()
 
