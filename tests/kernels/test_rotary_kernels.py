@@ -24,7 +24,7 @@ from onnxnorm.ops import catalogue, reference
 from onnxnorm.testing.graphs import single_node_model
 from tests.support.helpers import run
 from tests.support.matrix import BF16, F16, F32
-from tests.support.rotary_cases import KERNEL_MAX_POSITION, make_case
+from tests.support.rotary_cases import KERNEL_MAX_POSITION, drawn_cases, make_case
 
 ROOT = Path(__file__).resolve().parents[2]
 ROTARY = list(catalogue.ROTARY_OPS)
@@ -33,7 +33,6 @@ ROTARY = list(catalogue.ROTARY_OPS)
 EXACT = 0.99
 #: the forms of Cos and Sin: per pair gathered by PositionIds, per value gathered by PositionIds,
 #: per value per token [batch, seq, C], per pair shared by the batch [1, seq, C]
-CACHES = ("pair-ids", "value-ids", "value-token", "pair-shared")
 
 
 def run_kernel(op, arrays, attrs, threads=1, k_out=None):
@@ -76,43 +75,13 @@ def check(op, arrays, attrs, threads=1):
 
 
 def _cases():
-    """The pruned matrix: every op x type x layout form x half-split / interleaved x rotary_first,
-    the other axes varied from case to case (seeded, so the same cases each run)."""
-    pick = np.random.default_rng(20)
-    layouts = [(0, False), (0, True), (1, False), (2, False), (2, True)]
+    """The pruned matrix (``rotary_cases.drawn_cases``), each case named by its fixed axes."""
     cases = []
-    for op, dtype, (layout, rank3), interleaved, first in itertools.product(
-        ROTARY, (F32, F16, BF16), layouts, (0, 1), (0, 1)
-    ):
-        head_size = int(pick.choice([64, 128, 12]))
-        heads = [(8, 2), (4, 4), (2, 1)][int(pick.integers(3))]
-        rotary_dim = int(pick.choice([0, 0, head_size // 2 if head_size % 4 == 0 else 8]))
-        other = F32 if dtype != F32 and pick.random() < 0.5 else None
-        angle = F32 if dtype != F32 and pick.random() < 0.5 else None
-        kw = dict(
-            layout=layout,
-            rank3=rank3,
-            interleaved=interleaved,
-            rotary_first=first,
-            rotary_dim=rotary_dim,
-            head_size=head_size,
-            heads=heads,
-            w_type=other,
-            a_type=angle,
-            cache=CACHES[int(pick.integers(len(CACHES)))],
-            with_k=pick.random() < 0.8,
-            per_head=0 if layout != 1 and pick.random() < 0.3 else 1,
-            rotary_in_t=int(pick.random() < 0.5),
-            order=int(pick.random() < 0.5),
-            offset=float(pick.random() < 0.3),
-            weights=[None, "shared", "per-head"][int(pick.integers(3))],
-            bias=pick.random() < 0.7,
-            seq=int(pick.choice([1, 3, 5])),
-        )
-        name = (
-            f"{op}-{np.dtype(dtype).name}-l{layout}{'-3d' if rank3 else ''}-i{interleaved}-f{first}"
-        )
-        cases.append(pytest.param(op, dtype, kw, int(pick.integers(2**31)), id=name))
+    for op, dtype, kw, seed in drawn_cases(np.random.default_rng(20)):
+        rank3 = "-3d" if kw["rank3"] else ""
+        name = f"{op}-{np.dtype(dtype).name}-l{kw['layout']}{rank3}"
+        name += f"-i{kw['interleaved']}-f{kw['rotary_first']}"
+        cases.append(pytest.param(op, dtype, kw, seed, id=name))
     return cases
 
 

@@ -50,7 +50,7 @@ from onnxnorm import _native  # noqa: E402
 from onnxnorm.ops import catalogue, reference, rotation  # noqa: E402
 from tests.support import cuda_harness  # noqa: E402
 from tests.support.matrix import BF16, F16, F32  # noqa: E402
-from tests.support.rotary_cases import KERNEL_MAX_POSITION, make_case  # noqa: E402
+from tests.support.rotary_cases import KERNEL_MAX_POSITION, drawn_cases, make_case  # noqa: E402
 
 ROTARY = list(catalogue.ROTARY_OPS)
 #: onnxnorm::NormKind
@@ -59,7 +59,6 @@ NORM_KINDS = {"layer": 0, "rms": 1, "l2": 2}
 EXACT = 0.99
 #: Cos and Sin: per pair gathered by PositionIds, per value gathered by PositionIds, per value per
 #: token [batch, seq, C], per pair shared by the batch [1, seq, C]
-CACHES = ("pair-ids", "value-ids", "value-token", "pair-shared")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,36 +287,9 @@ class Case:
 def cases(quick: bool = False) -> list[Case]:
     """The pruned matrix (module docstring); the full one draws each random axis twice."""
     pick = np.random.default_rng(20)
-    layouts = [(0, False), (0, True), (1, False), (2, False), (2, True)]
     out: list[Case] = []
     for _ in range(1 if quick else 2):
-        for op, dtype, (layout, rank3), interleaved, first in itertools.product(
-            ROTARY, (F32, F16, BF16), layouts, (0, 1), (0, 1)
-        ):
-            head_size = int(pick.choice([64, 128, 12]))
-            heads = [(8, 2), (4, 4), (2, 1)][int(pick.integers(3))]
-            rotary_dim = int(pick.choice([0, 0, head_size // 2 if head_size % 4 == 0 else 8]))
-            kw = dict(
-                layout=layout,
-                rank3=rank3,
-                interleaved=interleaved,
-                rotary_first=first,
-                rotary_dim=rotary_dim,
-                head_size=head_size,
-                heads=heads,
-                w_type=F32 if dtype != F32 and pick.random() < 0.5 else None,
-                a_type=F32 if dtype != F32 and pick.random() < 0.5 else None,
-                cache=CACHES[int(pick.integers(len(CACHES)))],
-                with_k=bool(pick.random() < 0.8),
-                per_head=0 if layout != 1 and pick.random() < 0.3 else 1,
-                rotary_in_t=int(pick.random() < 0.5),
-                order=int(pick.random() < 0.5),
-                offset=float(pick.random() < 0.3),
-                weights=[None, "shared", "per-head"][int(pick.integers(3))],
-                bias=bool(pick.random() < 0.7),
-                seq=int(pick.choice([1, 3, 5])),
-            )
-            out.append(Case(op, dtype, kw, int(pick.integers(2**31))))
+        out += [Case(op, dtype, kw, seed) for op, dtype, kw, seed in drawn_cases(pick)]
     # every kernel configuration: heads of 8 to 512 values (4 lanes to a warp of 8 slots each),
     # per_head = 0's tokens of 1024 to 8192 values (a block of 128 to 512), wider ones (the
     # general kernel) in each layout, interleaved or not, rotated first or not

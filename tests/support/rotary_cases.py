@@ -5,10 +5,13 @@ one-node models from."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 import numpy as np
 
 from onnxnorm.ops import catalogue
-from tests.support.matrix import DTYPES
+from tests.support.matrix import BF16, DTYPES, F16, F32
 
 BATCH, SEQ, Q_HEADS, K_HEADS, HEAD_SIZE, MAX_POSITION = 2, 3, 4, 2, 16, 12
 EPS = 2.0**-16
@@ -175,3 +178,44 @@ def make_case(
     arrays["Cos"] = np.cos(angles).astype(a_type)
     arrays["Sin"] = np.sin(angles).astype(a_type)
     return arrays, attrs
+
+
+#: the cache forms make_case draws from: one angle per pair or per value, gathered by position
+#: ids, per token, or per token shared by the batch
+CACHES = ("pair-ids", "value-ids", "value-token", "pair-shared")
+#: the matrix's layout forms: (layout, Q of rank 3)
+LAYOUT_FORMS = [(0, False), (0, True), (1, False), (2, False), (2, True)]
+
+
+def drawn_cases(pick: np.random.Generator) -> Iterator[tuple[str, type, dict, int]]:
+    """The pruned matrix, once: every op x type x layout form x half-split / interleaved x
+    rotary_first, the other axes drawn from ``pick`` case by case (seeded by the caller, so the
+    same cases each run). Yields (op, dtype, make_case's keywords, a seed for the arrays); the
+    CPU tests and the CUDA harness draw the same cases from the same seed."""
+    for op, dtype, (layout, rank3), interleaved, first in itertools.product(
+        list(catalogue.ROTARY_OPS), (F32, F16, BF16), LAYOUT_FORMS, (0, 1), (0, 1)
+    ):
+        head_size = int(pick.choice([64, 128, 12]))
+        heads = [(8, 2), (4, 4), (2, 1)][int(pick.integers(3))]
+        rotary_dim = int(pick.choice([0, 0, head_size // 2 if head_size % 4 == 0 else 8]))
+        kw = dict(
+            layout=layout,
+            rank3=rank3,
+            interleaved=interleaved,
+            rotary_first=first,
+            rotary_dim=rotary_dim,
+            head_size=head_size,
+            heads=heads,
+            w_type=F32 if dtype != F32 and pick.random() < 0.5 else None,
+            a_type=F32 if dtype != F32 and pick.random() < 0.5 else None,
+            cache=CACHES[int(pick.integers(len(CACHES)))],
+            with_k=bool(pick.random() < 0.8),
+            per_head=0 if layout != 1 and pick.random() < 0.3 else 1,
+            rotary_in_t=int(pick.random() < 0.5),
+            order=int(pick.random() < 0.5),
+            offset=float(pick.random() < 0.3),
+            weights=[None, "shared", "per-head"][int(pick.integers(3))],
+            bias=bool(pick.random() < 0.7),
+            seq=int(pick.choice([1, 3, 5])),
+        )
+        yield op, dtype, kw, int(pick.integers(2**31))
