@@ -45,6 +45,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxnorm.fusion.ort_gated import MS_DOMAIN
+from onnxnorm.fusion.rope_writer import add_initializer
 from onnxnorm.ops import catalogue, functions
 from onnxnorm.ops.functions import Note
 
@@ -394,14 +395,7 @@ def _rewrite(
 
 def _new_initializer(known: _Known, values: np.ndarray, hint: str) -> str:
     taken = set(_names(known.model)) | set(known.initializers)
-    name, index = hint, 0
-    while name in taken:
-        index += 1
-        name = f"{hint}_{index}"
-    tensor = numpy_helper.from_array(values, name)
-    known.model.graph.initializer.append(tensor)
-    known.types[name], known.dims[name] = tensor.data_type, list(values.shape)
-    return name
+    return add_initializer(known.model, known.types, known.dims, values, hint, taken)
 
 
 def _names(model: onnx.ModelProto) -> Iterator[str]:

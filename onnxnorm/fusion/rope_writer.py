@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 from onnx import TensorProto, numpy_helper
 
 from onnxnorm.fusion.norm_writer import NormWriter
@@ -40,6 +41,27 @@ _FLOAT = TensorProto.FLOAT
 _SWAP = [0, 2, 1, 3]
 #: the opset of ONNX's RotaryEmbedding and RMSNormalization
 ROTARY_OPSET = 23
+
+
+def add_initializer(
+    model: onnx.ModelProto,
+    types: dict[str, int],
+    dims: dict[str, list],
+    values: np.ndarray,
+    hint: str,
+    taken: set[str],
+) -> str:
+    """A new initializer of ``model`` holding ``values`` (their type), named after ``hint``
+    (``hint_1``, ``hint_2``, ... past the names in ``taken``), its type and dims recorded in
+    ``types`` and ``dims``; returns its name."""
+    name, index = hint, 0
+    while name in taken:
+        index += 1
+        name = f"{hint}_{index}"
+    tensor = numpy_helper.from_array(values, name)
+    model.graph.initializer.append(tensor)
+    types[name], dims[name] = tensor.data_type, list(values.shape)
+    return name
 
 
 @dataclass(frozen=True)
@@ -214,14 +236,7 @@ class RopeWriter(NormWriter):
     def _initializer_of(self, values: np.ndarray, hint: str) -> str:
         """A new initializer of ``values`` (their type) named after ``hint``."""
         taken = {t.name for t in self.model.graph.initializer} | set(self.types)
-        name, index = hint, 0
-        while name in taken:
-            index += 1
-            name = f"{hint}_{index}"
-        tensor = numpy_helper.from_array(values, name)
-        self.model.graph.initializer.append(tensor)
-        self.types[name], self.dims[name] = tensor.data_type, list(values.shape)
-        return name
+        return add_initializer(self.model, self.types, self.dims, values, hint, taken)
 
     # -- the nodes --------------------------------------------------------------------------
     def _rope_norm(self, spec, attrs, args, name, rows, bhsd, plan) -> tuple[str, str]:

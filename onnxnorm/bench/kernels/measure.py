@@ -74,11 +74,8 @@ def bench_case(
     def model():
         return graphs.onnxnorm_model(op, dtype, shape, d, quant_type, attrs, scale_shape)
 
-    if spec.rotary:
-        torch.set_num_threads(threads)
-        rotary.add_contenders(op, dtype, case, arrays, add, threads, keep, compare)
-        # Q and K read, QOut and KOut written: a copy of Q and K
-        nbytes = arrays["q"].nbytes + arrays["k"].nbytes
+    def timed(nbytes: int, quantized: str | None = None) -> Result:
+        """Every contender added, timed against a copy of ``nbytes``."""
         return _time(
             op,
             shape_name,
@@ -92,7 +89,14 @@ def bench_case(
             min_sample,
             warmup,
             keep,
+            quantized,
         )
+
+    if spec.rotary:
+        torch.set_num_threads(threads)
+        rotary.add_contenders(op, dtype, case, arrays, add, threads, keep, compare)
+        # Q and K read, QOut and KOut written: a copy of Q and K
+        return timed(arrays["q"].nbytes + arrays["k"].nbytes)
     add("onnxnorm", lambda: ort_runner(model(), arrays, threads, True, keep))
     for name, path in (compare or {}).items():  # other builds of the library, for before/after
         add(
@@ -163,22 +167,7 @@ def bench_case(
     # much as it reads): X [Residual] [Gate] read, Y [Sum] written
     moved = 2 + 2 * spec.has_residual + spec.gated
     nbytes = moved * arrays["x"].nbytes // 2
-    static = spec.quantize == "static"
-    return _time(
-        op,
-        shape_name,
-        dtype,
-        fns,
-        times,
-        notes,
-        nbytes,
-        threads,
-        repeats,
-        min_sample,
-        warmup,
-        keep,
-        quant_type if static else None,
-    )
+    return timed(nbytes, quant_type if spec.quantize == "static" else None)
 
 
 def _time(
