@@ -5,8 +5,8 @@
 // Included by the rotary unit of each instruction set (rotary_portable.cc, rotary_avx2.cc,
 // rotary_avx512.cc, rotary_avx512_bf16.cc, rotary_avx512_fp16.cc) after its isa_<set>.h; a unit
 // that defines ONNXNORM_ONLY_BFLOAT16 (ONNXNORM_ONLY_FLOAT16) holds the kernels of a bfloat16
-// (float16) T only, and ONNXNORM_NATIVE_HALF rotates float16 heads in half precision. Everything here has internal
-// linkage (see cpu_internal.h).
+// (float16) T only, and ONNXNORM_NATIVE_HALF rotates float16 heads in half precision
+// (rotary_half.h). Everything here has internal linkage (see cpu_internal.h).
 //
 // Per row (one head, or with per_head = 0 one token's heads), reading the row's input once:
 //   rotary_first = 0: the statistics of the row (norm_rows.h's RowStats: the same float32 sums
@@ -33,6 +33,9 @@
 
 #include "norm_rows.h"
 #include "onnxnorm/rotary_kernels.h"
+#if defined(ONNXNORM_NATIVE_HALF)
+#include "rotary_half.h"  // (the float16 heads in half-precision arithmetic)
+#endif
 
 namespace onnxnorm {
 namespace cpu {
@@ -238,82 +241,6 @@ inline void NormalizeHeadWith(const Src& src, const Nz& nz, const Wt& wt, bool h
     NormalizeHead<false, false>(src, nz, wt, n, dst);
   }
 }
-
-#if defined(ONNXNORM_NATIVE_HALF)
-// AVX512-FP16 (rotary_avx512_fp16.cc): the rotation of a float16 head in half-precision
-// arithmetic, 32 values to a vector. With rotary_in_t = 1 each product and each sum is rounded to
-// float16, which one vmulph / vaddph / vsubph does exactly: the product of two float16 values is
-// exact in float32 (11 + 11 bits), so float32's product rounded to float16 is the product rounded
-// once; and a sum rounded to float32 and then to float16 is the sum rounded once to float16
-// (24 >= 2 * 11 + 2 bits: the second rounding cannot land on the first's tie). The same bits as
-// the float32 arithmetic of the other instruction sets.
-ONNXNORM_INLINE __mmask32 HalfMask(int count) {
-  return count >= 32 ? static_cast<__mmask32>(0xffffffffu) : static_cast<__mmask32>((1u << count) - 1u);
-}
-ONNXNORM_INLINE __m512h LoadHalves(const uint16_t* p, int count) {
-  return _mm512_castsi512_ph(_mm512_maskz_loadu_epi16(HalfMask(count), p));
-}
-ONNXNORM_INLINE void StoreHalves(uint16_t* p, __m512h v, int count) {
-  _mm512_mask_storeu_epi16(p, HalfMask(count), _mm512_castph_si512(v));
-}
-// `count` angles of A as float16 (float32 angles rounded to float16, as rotary_in_t = 1 asks)
-template <class A>
-ONNXNORM_INLINE __m512h LoadHalfAngles(const typename A::St* p, int count) {
-  if constexpr (std::is_same<A, F32>::value) {
-    const int low = count < 16 ? count : 16, high = count - low;
-    const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << low) - 1u), p);
-    const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << high) - 1u), p + 16);
-    const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    const __m512i both =
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(lo, mode)), _mm512_cvtps_ph(hi, mode), 1);
-    return _mm512_castsi512_ph(both);
-  } else {
-    return LoadHalves(p, count);
-  }
-}
-
-// The half-split pairs of a normalized float16 head h (rounded to T) rotated by one token's
-// angles into y, in half precision (rotary_in_t = 1); kPerValue as RotateHalves.
-template <class A, bool kPerValue>
-inline void RotateHalvesInHalf(const uint16_t* h, const typename A::St* c, const typename A::St* s, int64_t half,
-                               uint16_t* y) {
-  const int64_t second = kPerValue ? half : 0;
-  for (int64_t j = 0; j < half; j += 32) {
-    const int n = half - j < 32 ? static_cast<int>(half - j) : 32;
-    const __m512h a = LoadHalves(h + j, n), b = LoadHalves(h + j + half, n);
-    const __m512h ca = LoadHalfAngles<A>(c + j, n), sa = LoadHalfAngles<A>(s + j, n);
-    const __m512h cb = kPerValue ? LoadHalfAngles<A>(c + j + second, n) : ca;
-    const __m512h sb = kPerValue ? LoadHalfAngles<A>(s + j + second, n) : sa;
-    StoreHalves(y + j, _mm512_sub_ph(_mm512_mul_ph(a, ca), _mm512_mul_ph(b, sa)), n);
-    StoreHalves(y + j + half, _mm512_add_ph(_mm512_mul_ph(b, cb), _mm512_mul_ph(a, sb)), n);
-  }
-}
-// One float16 head of n values normalized in rounding order A into out (float16): the
-// normalized value h as Normalizer::Apply computes it in float32, rounded to float16, times the
-// Scale (or the normalizer's constant) in half precision (the product of two float16 values
-// rounded once, as order A's float32 product rounded to float16), plus the Bias (a sum rounded
-// once). scale and bias: the prepared weights in float16 (nullptr: absent).
-template <NormKind NK, bool kBias>
-inline void NormalizeHeadInHalf(const uint16_t* x, const Normalizer<NK, F16, true>& nz, const uint16_t* scale,
-                                const uint16_t* bias, int64_t n, uint16_t* out) {
-  const __m512h constant = _mm512_set1_ph(static_cast<_Float16>(_mm512_cvtss_f32(nz.vconst)));
-  const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  auto normalized = [&](V z) {
-    return NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(z, nz.vh), nz.vl), nz.vinv) : Isa::Mul(z, nz.vinv);
-  };
-  for (int64_t i = 0; i < n; i += 32) {
-    const int count = n - i < 32 ? static_cast<int>(n - i) : 32;
-    const __m512i xs = _mm512_maskz_loadu_epi16(HalfMask(count), x + i);
-    const __m512 lo = normalized(_mm512_cvtph_ps(_mm512_castsi512_si256(xs)));
-    const __m512 hi = normalized(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(xs, 1)));
-    const __m512h h = _mm512_castsi512_ph(
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(lo, mode)), _mm512_cvtps_ph(hi, mode), 1));
-    __m512h y = _mm512_mul_ph(h, scale != nullptr ? LoadHalves(scale + i, count) : constant);
-    if constexpr (kBias) y = _mm512_add_ph(y, LoadHalves(bias + i, count));
-    StoreHalves(out + i, y, count);
-  }
-}
-#endif  // ONNXNORM_NATIVE_HALF
 
 // The prepared weights (WeightPrep's values in float32) of Q's and of K's Scale and Bias rows,
 // made once per call where they fit kPreparedFloats, so that a row reads them without converting.
