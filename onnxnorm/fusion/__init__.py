@@ -15,6 +15,8 @@ from onnxnorm import _lazy
 #: options are defined in this package (``onnxnorm fuse``, ``onnxnorm genai``) then print their
 #: help without loading onnx-ir and onnxscript (a second of a call that does nothing else)
 _WHERE = {
+    "CastAbsorb": "absorb",
+    "ScaleAbsorb": "absorb",
     "CannotVerify": "files",
     "FileResult": "files",
     "fuse_file": "files",
@@ -29,14 +31,12 @@ _WHERE = {
     "MsGatedRMSNorm": "gated",
     "L2Core": "l2",
     "lower": "lowering",
-    "CastAbsorb": "norms",
+    "MsSkipNorm": "norm_ops",
+    "SimplifiedLayerNorm": "norm_ops",
+    "StandardLayerNorm": "norm_ops",
+    "StandardRMSNorm": "norm_ops",
     "LayerCore": "norms",
-    "MsSkipNorm": "norms",
     "RMSCore": "norms",
-    "ScaleAbsorb": "norms",
-    "SimplifiedLayerNorm": "norms",
-    "StandardLayerNorm": "norms",
-    "StandardRMSNorm": "norms",
     "Detached": "pipeline",
     "Fused": "pipeline",
     "OutputDoesNotLoad": "pipeline",

@@ -14,7 +14,7 @@ from typing import TypeGuard
 import onnx_ir as ir
 
 from onnxnorm.fusion._base import FLOAT, NotThisPattern, Rejected, attribute
-from onnxnorm.fusion.norms import MS_DOMAIN
+from onnxnorm.fusion.ort_gated import MS_DOMAIN
 from onnxnorm.fusion.residual import same_shape
 
 #: the catalogue's ``activation`` values

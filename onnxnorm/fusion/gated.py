@@ -8,8 +8,9 @@ A gated norm multiplies by the gate's activation, computed in float32 from float
   Nemotron-H, Bamba, Zamba2 and GraniteMoeHybrid (normalized in groups: a Reshape to
   ``[..., groups, group_size]`` around the statistics), Falcon-H1 by its flag.
 
-As for LayerNorm and RMSNorm (``norms.py``), the norm's core is found first, then grown. These
-rules start from the ``RMSNorm`` nodes the norm stage wrote (core, Scale and casts absorbed):
+As for LayerNorm and RMSNorm (``norms.py``, ``absorb.py``), the norm's core is found first,
+then grown. These rules start from the ``RMSNorm`` nodes the norm stage wrote (core, Scale and
+casts absorbed):
 
 1. :class:`GroupAbsorb`: ``Reshape(RMSNorm(Reshape(z, [..., g])), z's shape)`` becomes a
    ``GatedRMSNorm`` of z with ``group_size = g`` (a Scale over ``[groups, g]`` as one row), the
@@ -19,7 +20,7 @@ rules start from the ``RMSNorm`` nodes the norm stage wrote (core, Scale and cas
    :class:`GateAfter`: ``norm(X) * act(G)`` after it, also in the half-precision spelling
    ``Cast(Cast(norm(X), float32) * act(Cast(G, float32)), X's type)`` (order A);
 3. :class:`GatedCasts`: ``Cast(GatedRMSNorm(Cast(X, float32), ..., Cast(G, float32)), X's
-   type)`` becomes the op of X and G (order B), as ``norms.CastAbsorb`` does for the norms;
+   type)`` becomes the op of X and G (order B), as ``absorb.CastAbsorb`` does for the norms;
 4. :class:`GatedScale`: ``Mul(GatedRMSNorm(...), w)`` becomes its Scale where the op scales
    there: no gate, or the gate before the norm (order A in half precision).
 
@@ -74,7 +75,7 @@ from onnxnorm.fusion.l2 import (
     ScaledSum as ScaledSum,
     l2_rules,
 )
-from onnxnorm.fusion.norms import MS_DOMAIN
+from onnxnorm.fusion.ort_gated import MS_DOMAIN
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.fusion.residual import SYMBOLIC_SHAPE, same_shape, symbolic
 from onnxnorm.fusion.symbolic_shapes import Shapes, show

@@ -3,7 +3,7 @@ delta-rule attention). They run in the stage of the gated norms: ``gated.gated_r
 them with its own.
 
 :class:`L2Core` finds the norm's core in each of the divisions of ``norms.FORMS`` and each way
-of summing the squares (:data:`SUMS`); ``norms.CastAbsorb`` then takes the casts around it, as
+of summing the squares (:data:`SUMS`); ``absorb.CastAbsorb`` then takes the casts around it, as
 for the other norms. The same with the mean is an RMSNorm (``norms.RMSCore``), and a sum of
 squares scaled before epsilon by the count of the values is their mean, an RMSNorm too, and by
 another factor a near miss of both (:class:`ScaledSum`). ONNX's
@@ -27,8 +27,9 @@ from onnxnorm.fusion._base import (
     epsilon,
     scalar,
 )
+from onnxnorm.fusion.absorb import CastAbsorb
 from onnxnorm.fusion.checks import square
-from onnxnorm.fusion.norms import FORMS, CastAbsorb, core_checks, divide
+from onnxnorm.fusion.norms import FORMS, core_checks, divide
 from onnxnorm.fusion.report import Tracker
 
 #: how an L2 norm sums the squares: ``ReduceSum`` of ``Mul(x, x)`` / ``Pow(x, 2)``; the same

@@ -58,6 +58,7 @@ from onnxnorm.ops import catalogue
 from onnxnorm.targets import TARGETS
 
 __all__ = [
+    "STAGES",
     "TARGETS",
     "Detached",
     "Fused",
@@ -65,6 +66,7 @@ __all__ = [
     "fuse_detached",
     "fuse_ir",
     "fuse_rotary",
+    "may_fuse_rotary",
     "rules",
     "stage_rules",
     "stages",
@@ -80,13 +82,12 @@ _LEFT_OUT: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
 @contextlib.contextmanager
 def without_stages(*names: str) -> Iterator[None]:
     """Within the context, every fusion (:func:`fuse`, :func:`fuse_ir`, the CLI's) runs without
-    the stages ``names`` (of :func:`stage_rules`; "rotary" also leaves Q and K unpaired): what
-    a stage gains is measured against the same pass without it (``onnxnorm bench e2e``'s
+    the stages ``names`` (of :data:`STAGES`; "rotary" also leaves Q and K unpaired): what a
+    stage gains is measured against the same pass without it (``onnxnorm bench e2e``'s
     ``onnxnorm-fused-norotary``)."""
-    known = {name for name, _ in stage_rules(Tracker())}
-    unknown = sorted(set(names) - known)
+    unknown = sorted(set(names) - set(STAGES))
     if unknown:
-        raise ValueError(f"no fusion stage {unknown}; the stages are {sorted(known)}")
+        raise ValueError(f"no fusion stage {unknown}; the stages are {sorted(STAGES)}")
     token = _LEFT_OUT.set(_LEFT_OUT.get() | frozenset(names))
     try:
         yield
@@ -108,6 +109,11 @@ class Detached(NamedTuple):
     model: onnx.ModelProto
     weights: list[onnx.TensorProto]
     report: FusionReport
+
+
+#: the names of the stages :func:`stage_rules` builds, in its order: what :func:`without_stages`
+#: checks names against without building every rule
+STAGES = ("norms", "gated", "rotary", "sandwich", "skip", "xbias")
 
 
 def stage_rules(tracker: Tracker, strict_precision: bool = False) -> list[tuple[str, list]]:
@@ -234,7 +240,12 @@ def fuse_rotary(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FusionReport]:
     """The stage rotary alone, then Q and K paired: each onnxnorm Q/K norm node and the rotary
     after it become one rotary op, nothing else changes. What :func:`onnxnorm.export` does to
     a model whose norms are onnxnorm modules and whose rotary is its own code (a transformers
-    model after :func:`onnxnorm.convert`). Returns a new model and the report."""
+    model after :func:`onnxnorm.convert`). Returns a new model and the report; where
+    :func:`may_fuse_rotary` finds that nothing can fuse, ``model`` itself and an empty report,
+    without preparing the graph (onnx's and ONNX Runtime's shape inference, CSE: ``_prepare``)
+    or building the IR."""
+    if not may_fuse_rotary(model):
+        return model, Tracker().report()
     graph = ir.from_proto(model)
     tracker = Tracker()
     with _collector_paused():
@@ -246,6 +257,61 @@ def fuse_rotary(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FusionReport]:
         rotary_pair.pair(graph, tracker)
         _tidy(graph)
     return ir.to_proto(graph), tracker.report()
+
+
+def may_fuse_rotary(model: onnx.ModelProto) -> bool:
+    """Whether :func:`fuse_rotary` may fuse anything in ``model``, read off the op types of the
+    nodes of its graph, their subgraphs and its local functions, without preparing the graph:
+    False only where what every rule of the stage rotary and the pairing after it need is
+    missing. One of these is needed:
+
+    1. two onnxnorm rotary nodes of Q alone (K not given), which the pairing
+       (``rotary_pair.pair``) can make one node of Q and K with nothing else fused;
+    2. an onnxnorm norm the rotary rules can take (``rotary.ROTARY_OF``: RMSNorm, LayerNorm,
+       L2Norm; every rule of the stage starts or ends at one, and :func:`fuse_rotary` runs no
+       norms stage that could write it), and with it a rotary of one of these forms:
+
+       - computed by the model's own nodes, before or after the norm (``rotary.py``,
+         ``rotary_first.py``): ``x * cos + partner(x) * sin`` is an Add of two Muls; its
+         partner is a rotation, which has values of x of both signs, and of the ops the
+         partner's chain may hold only a Concat joins values of different signs (the others
+         keep one sign for all the values they pass); the parts it joins are parts of x,
+         which only a Slice or a Split cuts (the others keep the number of values, and a
+         Concat of whole copies of x has more values than x): an Add, a Mul, a Concat and a
+         Slice or a Split;
+       - a RotaryEmbedding node of ONNX or ONNX Runtime (``rotary_nodes.ROPE_DOMAINS``).
+    """
+    ops: set[tuple[str, str]] = set()
+    q_alone = 0
+    rotary_ops = set(rotary.ROTARY_OF.values())
+    for node in _every_node(model):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        ops.add((domain, node.op_type))
+        alone = len(node.input) < 2 or not node.input[1]
+        if domain == catalogue.DOMAIN and node.op_type in rotary_ops and alone:
+            q_alone += 1
+    if q_alone >= 2:
+        return True
+    if not any((catalogue.DOMAIN, norm) in ops for norm in rotary.ROTARY_OF):
+        return False
+    computed = {("", "Add"), ("", "Mul"), ("", "Concat")} <= ops and bool(
+        {("", "Slice"), ("", "Split")} & ops
+    )
+    nodes = any((domain, "RotaryEmbedding") in ops for domain in rotary_nodes.ROPE_DOMAINS)
+    return computed or nodes
+
+
+def _every_node(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """The nodes of ``model``'s graph, of its local functions, and of their subgraphs."""
+    pending = [model.graph.node, *(function.node for function in model.functions)]
+    while pending:
+        for node in pending.pop():
+            yield node
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    pending.append(attr.g.node)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    pending.extend(graph.node for graph in attr.graphs)
 
 
 _PAUSED = threading.Lock()

@@ -159,7 +159,7 @@ class SkipFusion(_SkipRule):
 class CastSkipFusion(_SkipRule):
     """``Norm(Cast(a + b))``: a residual add whose sum is cast before the norm (float16 graphs
     that keep their norms in float32 without casting the output back, whose input/output casts
-    ``norms.CastAbsorb`` would take). A Skip op adds, normalizes and gives Y and Sum in X's
+    ``absorb.CastAbsorb`` would take). A Skip op adds, normalizes and gives Y and Sum in X's
     type, so it is the original only where the Cast keeps the type; elsewhere the report says
     why not (without this rule such an add would be passed over in silence)."""
 

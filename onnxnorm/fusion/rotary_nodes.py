@@ -35,6 +35,7 @@ from onnxnorm.fusion._base import (
     dtype,
     int_values,
 )
+from onnxnorm.fusion.norm_ops import all_equal
 from onnxnorm.fusion.ort_gated import MS_DOMAIN
 from onnxnorm.fusion.report import Tracker
 from onnxnorm.fusion.rotary import ROTARY_OF, users_inside
@@ -42,6 +43,8 @@ from onnxnorm.ops import catalogue
 
 _STANDARD = ("", "ai.onnx")
 _HALF = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+#: the domains of the RotaryEmbedding ops the rules take: ONNX Runtime's and ONNX's
+ROPE_DOMAINS = (MS_DOMAIN, "")
 
 
 def _dims(value: ir.Value | None) -> list:
@@ -104,19 +107,6 @@ def _keeps(value: ir.Value, shape: tuple[int, ...]) -> bool:
     if value.shape is None or len(dims) != len(shape) or list(shape).count(-1) > 1:
         return False
     return all(s in (0, -1) or (isinstance(d, int) and s == d) for s, d in zip(shape, dims))
-
-
-def _ones(value: ir.Value | None) -> bool:
-    """A weight of ones (a constant, or a ConstantOfShape of 1: the lowering's unit scale),
-    which changes nothing in any rounding order."""
-    node = value.producer() if value is not None else None
-    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
-    if tensor is None and node is not None and node.op_type == "ConstantOfShape":
-        tensor = attribute(node, "value", None)
-    try:
-        return tensor is not None and bool((tensor.numpy() == 1).all())
-    except (OSError, ValueError):  # external data that cannot be read here
-        return False
 
 
 def _narrowed(value: ir.Value) -> ir.Value | None:
@@ -249,7 +239,9 @@ class NormRope(FusionRule):
         for name in ("Scale", "Bias"):
             _check_weight(weights.get(name), head, heads, layout)
         inputs = {"Q": q, "Cos": cos, "Sin": sin, "PositionIds": positions}
-        if op != "L2NormRotary" and not _ones(weights.get("Scale")):
+        scale = weights.get("Scale")
+        # (a weight of ones, or the lowering's unit ConstantOfShape, changes no rounding order)
+        if op != "L2NormRotary" and not (scale is not None and all_equal(scale, 1)):
             inputs["QScale"] = weights.get("Scale")
         if op == "LayerNormRotary":
             inputs["QBias"] = weights.get("Bias")
@@ -337,5 +329,5 @@ def rope_node_rules(tracker: Tracker) -> list:
     return [
         NormRope.rule(tracker, domain, widened)
         for widened in (False, True)
-        for domain in (MS_DOMAIN, "")
+        for domain in ROPE_DOMAINS
     ]

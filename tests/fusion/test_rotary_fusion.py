@@ -222,6 +222,39 @@ def test_without_the_rotary_stage_the_norms_stay_norm_ops():
         pass
 
 
+def test_the_stage_names_are_the_stages_in_order():
+    """``pipeline.STAGES``, the names ``without_stages`` checks without building any rule, are
+    the stages ``stage_rules`` builds, in its order."""
+    from onnxnorm.fusion import Tracker, pipeline
+
+    assert tuple(name for name, _ in pipeline.stage_rules(Tracker())) == pipeline.STAGES
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_the_rotary_pre_check_passes_each_norm_and_rotary(case, monkeypatch):
+    """What the export of a Qwen3-style attention gives ``fuse_rotary`` (its Q/K norms onnxnorm
+    nodes, its rotary the model's own ops) passes ``may_fuse_rotary``, and becomes one node of
+    Q and K; the decomposed graph, whose norms only the norms stage would make nodes, cannot
+    fuse there: it is returned as it is, never prepared (no shape inference)."""
+    from onnxnorm.fusion import pipeline, without_stages
+
+    model = _model(case)
+    with without_stages("rotary"):
+        normed, _ = fuse(model, "function")
+    assert pipeline.may_fuse_rotary(normed)
+    fused, report = pipeline.fuse_rotary(normed)
+    ops = collections.Counter(n.op_type for n in fused.graph.node if n.domain == "onnxnorm")
+    assert ops == {"RMSNormRotary": 1}, str(report)
+
+    def prepared(_):
+        raise AssertionError("fuse_rotary prepared a model it cannot fuse")
+
+    monkeypatch.setattr(pipeline, "_prepare", prepared)
+    assert not pipeline.may_fuse_rotary(model)
+    same, report = pipeline.fuse_rotary(model)
+    assert same is model and not report.fused_total
+
+
 #: the Q/K-norm families of transformers (onnxnorm.testing.hf), the config each needs, and the
 #: rotary op their norms become
 FAMILIES = {

@@ -98,9 +98,19 @@ def test_per_head_qk_norms_keep_their_weight_shape():
     "name, rotary_op, other",
     [("qwen3", "RMSNormRotary", "RMSNorm"), ("cohere", "LayerNormRotary", "LayerNorm")],
 )
-def test_converted_hf_model_exports_one_node_per_norm(name, rotary_op, other):
+def test_converted_hf_model_exports_one_node_per_norm(name, rotary_op, other, monkeypatch):
     """Each norm one node; a layer's Q and K norms and their rotary (transformers' own code)
-    one rotary node (the export's rotary stage), with the model's logits in ONNX Runtime."""
+    one rotary node (the export's rotary stage, which its pre-check lets run), with the model's
+    logits in ONNX Runtime."""
+    from onnxnorm.fusion import pipeline
+
+    answers, check = [], pipeline.may_fuse_rotary
+
+    def recorded(model):
+        answers.append(check(model))
+        return answers[-1]
+
+    monkeypatch.setattr(pipeline, "may_fuse_rotary", recorded)
     model = _hf(name)
     report = onnxnorm.convert(model)  # the package-level entry point
     ids, _ = _inputs(name)
@@ -114,6 +124,7 @@ def test_converted_hf_model_exports_one_node_per_norm(name, rotary_op, other):
             return self.inner(ids, use_cache=False).logits
 
     proto = onnxnorm.export(Logits(model), (ids,), mode="fused")
+    assert answers == [True]
     nodes = [n for n in proto.graph.node if n.domain == ops.DOMAIN]
     norms = collections.Counter(n.op_type for n in nodes)
     layers = 2

@@ -142,6 +142,20 @@ def test_fused_mode_needs_the_library(exported):
         ort.InferenceSession(str(paths["fused"]), providers=["CPUExecutionProvider"])
 
 
+def test_a_model_without_rotary_skips_the_rotary_stage(monkeypatch):
+    """Norms and no rotary: the export's rotary stage (``fusion.pipeline.fuse_rotary``) finds
+    nothing it could fuse (``may_fuse_rotary``) and returns the export as it is, without
+    preparing its graph (onnx's and ONNX Runtime's shape inference)."""
+    from onnxnorm.fusion import pipeline
+
+    def prepared(_):
+        raise AssertionError("the rotary stage prepared a model without rotary")
+
+    monkeypatch.setattr(pipeline, "_prepare", prepared)
+    proto = onnxnorm.export(TwoNorms().eval(), (torch.randn(2, 5, 16),))
+    assert count_norm_nodes(proto) == {"RMSNorm": 2}
+
+
 def test_export_bad_arguments(tmp_path):
     with pytest.raises(OnnxNormError, match="unknown export mode 'bogus'"):
         onnxnorm.export(TwoNorms(), (torch.randn(1, 2, 16),), mode="bogus")
