@@ -168,11 +168,14 @@ struct Normalizer {
   // Apply's result without a bias is already rounded to T (order A rounds the product)
   static constexpr bool kRoundsUnbiased = kOrderA;
   V vh, vl, vinv, vconst;
-  Normalizer(const Stats& st, float offset)
-      : vh(Isa::Set1(st.hi)),
-        vl(Isa::Set1(st.lo)),
-        vinv(Isa::Set1(st.inv)),
-        vconst(Isa::Set1(kOrderA ? RoundScalar<E>(1.f + RoundScalar<E>(offset)) : 1.f + offset)) {}
+  // the Scale of a norm without one: 1 + offset (order A: in T's precision)
+  static V Constant(float offset) {
+    return Isa::Set1(kOrderA ? RoundScalar<E>(1.f + RoundScalar<E>(offset)) : 1.f + offset);
+  }
+  // (constant: Constant(offset), which rows of many calls take once)
+  Normalizer(const Stats& st, V constant)
+      : vh(Isa::Set1(st.hi)), vl(Isa::Set1(st.lo)), vinv(Isa::Set1(st.inv)), vconst(constant) {}
+  Normalizer(const Stats& st, float offset) : Normalizer(st, Constant(offset)) {}
   template <bool kScale, bool kBias>
   ONNXNORM_INLINE V Apply(V zv, V s, V b) const {
     V h = NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(zv, vh), vl), vinv) : Isa::Mul(zv, vinv);

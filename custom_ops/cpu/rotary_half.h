@@ -1,8 +1,9 @@
 // The float16 head kernels in half-precision arithmetic (AVX512-FP16) of the rotary rows
 // (rotary_rows.h), included there by rotary_avx512_fp16.cc's instantiation alone
-// (ONNXNORM_NATIVE_HALF, compiled with -mavx512fp16): a float16 head normalized in rounding order
-// A and rotated (rotary_in_t = 1) in vectors of 32 halves, with the bits of the float32 arithmetic
-// of the other units. Internal linkage, as rotary_rows.h.
+// (ONNXNORM_NATIVE_HALF, compiled with -mavx512fp16): a float16 head's half-split pairs normalized
+// (in order A with its product by the weight in half precision) and rotated (rotary_in_t = 1) in
+// vectors of 32 halves, with the bits of the float32 arithmetic of the other units. Internal
+// linkage, as rotary_rows.h.
 #pragma once
 
 #if !defined(ONNXNORM_NATIVE_HALF)
@@ -50,45 +51,84 @@ ONNXNORM_INLINE __m512h LoadHalfAngles(const typename A::St* p, int count) {
   }
 }
 
-// The half-split pairs of a normalized float16 head h (rounded to T) rotated by one token's
-// angles into y, in half precision (rotary_in_t = 1); kPerValue as RotateHalves.
-template <class A, bool kPerValue>
-inline void RotateHalvesInHalf(const uint16_t* h, const typename A::St* c, const typename A::St* s, int64_t half,
-                               uint16_t* y) {
-  const int64_t second = kPerValue ? half : 0;
+// A float16 head's values i.. i + count (count <= 32) normalized, as float16 in half precision's
+// vector: the bits NormalizeHead leaves in its buffer. The head's values come from src (a source
+// of norm_rows.h: the input, or the float32 values the statistics pass kept). HalfHeadOf:
+// Normalizer::Apply in float32 on two vectors of 16, each rounded to float16 once.
+// HalfHeadOrderA: rounding order A with the weights in float16 (PreparedTensorWeights' halves):
+// the normalized value as Apply computes it in float32, rounded to float16, times the Scale (or
+// the normalizer's constant) in half precision (the product of two float16 values rounded once,
+// as order A's float32 product rounded to float16), plus the Bias (a sum rounded once).
+// (Constructors, not aggregates: an aggregate's padding was zeroed on every head.)
+ONNXNORM_INLINE __m512h JoinHalves(V lo, V hi) {
+  const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return _mm512_castsi512_ph(
+      _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(lo, mode)), _mm512_cvtps_ph(hi, mode), 1));
+}
+// values i.. i + count of src (count <= 16), zeros past them
+template <class Src>
+ONNXNORM_INLINE V SourcePart(const Src& src, int64_t i, int count) {
+  if (count >= 16) return src.Load(i);
+  return count > 0 ? src.LoadN(i, count) : Isa::Zero();
+}
+
+template <bool kScale, bool kBias, class Src, class Nz, class Wt>
+struct HalfHeadOf {
+  Nz nz;
+  Wt wt;
+  Src src;
+  HalfHeadOf(const Src& values, const Nz& normalizer, const Wt& weights) : nz(normalizer), wt(weights), src(values) {}
+  ONNXNORM_INLINE V Part(int64_t i, int count) const {
+    const V zero = Isa::Zero();
+    if (count >= 16) {
+      return nz.template Apply<kScale, kBias>(src.Load(i), kScale ? wt.Scale(i) : zero, kBias ? wt.Bias(i) : zero);
+    }
+    return nz.template Apply<kScale, kBias>(src.LoadN(i, count), kScale ? wt.ScaleN(i, count) : zero,
+                                            kBias ? wt.BiasN(i, count) : zero);
+  }
+  ONNXNORM_INLINE __m512h operator()(int64_t i, int count) const {
+    return JoinHalves(Part(i, count), count > 16 ? Part(i + 16, count - 16) : Isa::Zero());
+  }
+};
+
+template <NormKind NK, bool kScale, bool kBias, class Src>
+struct HalfHeadOrderA {
+  Normalizer<NK, F16, true> nz;
+  Src src;
+  const uint16_t* scale;  // float16 weights (kScale, kBias)
+  const uint16_t* bias;
+  HalfHeadOrderA(const Src& values, const Normalizer<NK, F16, true>& normalizer, const uint16_t* scale_values,
+                 const uint16_t* bias_values)
+      : nz(normalizer), src(values), scale(scale_values), bias(bias_values) {}
+  ONNXNORM_INLINE V Normalized(V z) const {
+    return NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(z, nz.vh), nz.vl), nz.vinv) : Isa::Mul(z, nz.vinv);
+  }
+  ONNXNORM_INLINE __m512h operator()(int64_t i, int count) const {
+    const __m512h h = JoinHalves(Normalized(SourcePart(src, i, count < 16 ? count : 16)),
+                                 Normalized(SourcePart(src, i + 16, count - 16)));
+    const __m512h s =
+        kScale ? LoadHalves(scale + i, count) : _mm512_set1_ph(static_cast<_Float16>(_mm512_cvtss_f32(nz.vconst)));
+    const __m512h y = _mm512_mul_ph(h, s);
+    return kBias ? _mm512_add_ph(y, LoadHalves(bias + i, count)) : y;
+  }
+};
+
+// A float16 head's half-split pairs normalized (head: HalfHeadOf or HalfHeadOrderA) and rotated
+// in half precision (rotary_in_t = 1) into y in one pass, 32 pairs at a time; angles per pair, or
+// per value (per_value) as RotateHalves reads them.
+template <class A, class Head>
+ONNXNORM_INLINE void NormalizeRotateHalvesInHalf(const Head& normalized, const typename A::St* c,
+                                                 const typename A::St* s, int64_t half, bool per_value, uint16_t* y) {
+  const Head head = normalized;
+  const int64_t second = per_value ? half : 0;
   for (int64_t j = 0; j < half; j += 32) {
     const int n = half - j < 32 ? static_cast<int>(half - j) : 32;
-    const __m512h a = LoadHalves(h + j, n), b = LoadHalves(h + j + half, n);
+    const __m512h a = head(j, n), b = head(j + half, n);
     const __m512h ca = LoadHalfAngles<A>(c + j, n), sa = LoadHalfAngles<A>(s + j, n);
-    const __m512h cb = kPerValue ? LoadHalfAngles<A>(c + j + second, n) : ca;
-    const __m512h sb = kPerValue ? LoadHalfAngles<A>(s + j + second, n) : sa;
+    const __m512h cb = per_value ? LoadHalfAngles<A>(c + j + second, n) : ca;
+    const __m512h sb = per_value ? LoadHalfAngles<A>(s + j + second, n) : sa;
     StoreHalves(y + j, _mm512_sub_ph(_mm512_mul_ph(a, ca), _mm512_mul_ph(b, sa)), n);
     StoreHalves(y + j + half, _mm512_add_ph(_mm512_mul_ph(b, cb), _mm512_mul_ph(a, sb)), n);
-  }
-}
-// One float16 head of n values normalized in rounding order A into out (float16): the
-// normalized value h as Normalizer::Apply computes it in float32, rounded to float16, times the
-// Scale (or the normalizer's constant) in half precision (the product of two float16 values
-// rounded once, as order A's float32 product rounded to float16), plus the Bias (a sum rounded
-// once). scale and bias: the prepared weights in float16 (nullptr: absent).
-template <NormKind NK, bool kBias>
-inline void NormalizeHeadInHalf(const uint16_t* x, const Normalizer<NK, F16, true>& nz, const uint16_t* scale,
-                                const uint16_t* bias, int64_t n, uint16_t* out) {
-  const __m512h constant = _mm512_set1_ph(static_cast<_Float16>(_mm512_cvtss_f32(nz.vconst)));
-  const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  auto normalized = [&](V z) {
-    return NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(z, nz.vh), nz.vl), nz.vinv) : Isa::Mul(z, nz.vinv);
-  };
-  for (int64_t i = 0; i < n; i += 32) {
-    const int count = n - i < 32 ? static_cast<int>(n - i) : 32;
-    const __m512i xs = _mm512_maskz_loadu_epi16(HalfMask(count), x + i);
-    const __m512 lo = normalized(_mm512_cvtph_ps(_mm512_castsi512_si256(xs)));
-    const __m512 hi = normalized(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(xs, 1)));
-    const __m512h h = _mm512_castsi512_ph(
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(lo, mode)), _mm512_cvtps_ph(hi, mode), 1));
-    __m512h y = _mm512_mul_ph(h, scale != nullptr ? LoadHalves(scale + i, count) : constant);
-    if constexpr (kBias) y = _mm512_add_ph(y, LoadHalves(bias + i, count));
-    StoreHalves(out + i, y, count);
   }
 }
 

@@ -10,10 +10,13 @@
 //
 // Per row (one head, or with per_head = 0 one token's heads), reading the row's input once:
 //   rotary_first = 0: the statistics of the row (norm_rows.h's RowStats: the same float32 sums
-//     in the same order); then for each head of the row, its values normalized and scaled into a
-//     float32 head buffer, rounded to T; the buffer's first rotary_dim values rotated and stored
-//     at the head's place in the output (layout 2: [batch, heads, seq, head_size]) with the rest
-//     (interleaved pairs: rotated in the buffer first, then stored).
+//     in the same order), taken for a block of rows before the block is normalized (so that each
+//     row's chain of a horizontal sum, a square root and a division overlaps other rows' work);
+//     then for each head of the row, its half-split pairs normalized and scaled in registers,
+//     rounded to T as a float32 buffer would hold them, rotated and stored at the head's place in
+//     the output (layout 2: [batch, heads, seq, head_size]) in one pass, the values past
+//     rotary_dim normalized and stored; interleaved pairs: the head normalized into a float32
+//     buffer, rotated there, then stored.
 // The weights of Q and of K are prepared once per call (WeightPrep's float32 values) where they
 // fit a small buffer, so that each row reads them without converting; rounding to T is left out
 // where the values are of T's precision already (angles of T, order A's unbiased products).
@@ -177,26 +180,6 @@ inline void RotateHead(float* h, const typename A::St* c, const typename A::St* 
   }
 }
 
-// A normalized head (float32 values of T's precision, in h) rotated and stored as T at y:
-// half-split pairs straight from h into y (one rounding), the values past rotary_dim copied;
-// interleaved pairs rotated in h first.
-template <class E, class A, bool kInT>
-inline void RotateHeadInto(float* h, const typename A::St* c, const typename A::St* s, int64_t head_size,
-                           int64_t rotary_dim, bool per_value, bool interleaved, typename E::St* y) {
-  if (interleaved) {
-    RotateHead<E, A, kInT>(h, c, s, rotary_dim, per_value, true);
-    Narrow<E>(h, y, head_size);
-    return;
-  }
-  const int64_t half = rotary_dim / 2;
-  if (per_value) {
-    RotateHalves<E, A, kInT, true>(h, c, s, half, ToOutput<E>{y});
-  } else {
-    RotateHalves<E, A, kInT, false>(h, c, s, half, ToOutput<E>{y});
-  }
-  Narrow<E>(h + rotary_dim, y + rotary_dim, head_size - rotary_dim);
-}
-
 // One head's n values from src, normalized by nz with the weights wt, into dst (which skips its
 // rounding where the normalizer's result is rounded already).
 template <bool kScale, bool kBias, class Nz, class Wt, class Src, class Dst>
@@ -221,24 +204,71 @@ inline void NormalizeHead(const Src& source, const Nz& normalizer, const Wt& wei
   }
 }
 
-// NormalizeHead with the weights that are present (kMayBias: false for the norms without a bias).
-template <bool kMayBias, class Nz, class Wt, class Src, class Dst>
-inline void NormalizeHeadWith(const Src& src, const Nz& nz, const Wt& wt, bool has_scale, bool has_bias, int64_t n,
-                              const Dst& dst) {
+// Calls body(kScale, kBias) (std::bool_constant tags) with the weights that are present
+// (kMayBias: false for the norms without a bias).
+template <bool kMayBias, class Body>
+inline void WithWeightsPresent(bool has_scale, bool has_bias, const Body& body) {
   if constexpr (kMayBias) {
     if (has_bias) {
       if (has_scale) {
-        NormalizeHead<true, true>(src, nz, wt, n, dst);
+        body(std::true_type{}, std::true_type{});
       } else {
-        NormalizeHead<false, true>(src, nz, wt, n, dst);
+        body(std::false_type{}, std::true_type{});
       }
       return;
     }
   }
   if (has_scale) {
-    NormalizeHead<true, false>(src, nz, wt, n, dst);
+    body(std::true_type{}, std::false_type{});
   } else {
-    NormalizeHead<false, false>(src, nz, wt, n, dst);
+    body(std::false_type{}, std::false_type{});
+  }
+}
+
+// A head's half-split pairs (j, j + half) normalized and rotated in one pass from its values
+// (src: the input, or the float32 values the statistics pass kept) to its output y: each pair's
+// values as NormalizeHead would leave them in a float32 buffer (rounded to T), rotated by
+// RotateVectors as RotateHalves rotates them, without the buffer's round trip (a store, then
+// loads that wait for it, between the two halves of each head). The weights are the head's;
+// angles and kPerValue as RotateHalves.
+template <class E, class A, bool kInT, bool kPerValue, bool kScale, bool kBias, class Src, class Nz, class Wt>
+ONNXNORM_INLINE void NormalizeRotateHalves(const Src& source, const Nz& normalizer, const Wt& weights,
+                                           const typename A::St* c, const typename A::St* s, int64_t half,
+                                           typename E::St* y) {
+  constexpr bool kRounded = Nz::kRoundsUnbiased && !kBias;
+  const Src src = source;
+  const Nz nz = normalizer;
+  const Wt wt = weights;
+  const int64_t second = kPerValue ? half : 0;
+  const V zero = Isa::Zero();
+  auto value = [&](V z, V sv, V bv) {
+    const V v = nz.template Apply<kScale, kBias>(z, sv, bv);
+    return kRounded ? v : Isa::Round(E{}, v);
+  };
+  int64_t j = 0;
+  for (; j + W <= half; j += W) {
+    const V av = value(src.Load(j), kScale ? wt.Scale(j) : zero, kBias ? wt.Bias(j) : zero);
+    const V bv = value(src.Load(j + half), kScale ? wt.Scale(j + half) : zero, kBias ? wt.Bias(j + half) : zero);
+    const V ca = Isa::Load(A{}, c + j), sa = Isa::Load(A{}, s + j);
+    const V cb = kPerValue ? Isa::Load(A{}, c + j + second) : ca;
+    const V sb = kPerValue ? Isa::Load(A{}, s + j + second) : sa;
+    V ra, rb;
+    RotateVectors<E, A, kInT>(av, bv, ca, sa, cb, sb, &ra, &rb);
+    Isa::Store(E{}, y + j, ra);
+    Isa::Store(E{}, y + j + half, rb);
+  }
+  if (j < half) {
+    const int rem = static_cast<int>(half - j);
+    const V av = value(src.LoadN(j, rem), kScale ? wt.ScaleN(j, rem) : zero, kBias ? wt.BiasN(j, rem) : zero);
+    const V bv = value(src.LoadN(j + half, rem), kScale ? wt.ScaleN(j + half, rem) : zero,
+                       kBias ? wt.BiasN(j + half, rem) : zero);
+    const V ca = Isa::LoadN(A{}, c + j, rem), sa = Isa::LoadN(A{}, s + j, rem);
+    const V cb = kPerValue ? Isa::LoadN(A{}, c + j + second, rem) : ca;
+    const V sb = kPerValue ? Isa::LoadN(A{}, s + j + second, rem) : sa;
+    V ra, rb;
+    RotateVectors<E, A, kInT>(av, bv, ca, sa, cb, sb, &ra, &rb);
+    Isa::StoreN(E{}, y + j, ra, rem);
+    Isa::StoreN(E{}, y + j + half, rb, rem);
   }
 }
 
@@ -303,117 +333,154 @@ void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float
   alignas(64) float stack[kRotaryStackFloats];
   float* const buffer = RotaryScratchFloats(a) > kRotaryStackFloats ? scratch : stack;
   PreparedTensorWeights<E, S, kOrderA> prepared[2];  // Q's, K's
-#if defined(ONNXNORM_NATIVE_HALF)
-  alignas(64) uint16_t half_buffer[std::is_same<E, F16>::value && kInT ? kRotaryStackFloats : 1];
-#endif
   const int64_t d = a.head_size;
   const int64_t rows_q = RotaryRows(a, a.q);
   const bool per_value = a.angle_width == a.rotary_dim;
   const bool interleaved = a.interleaved != 0;
   const WeightPrep<E, S, kOrderA> prep(a.scale_offset);
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const bool is_q = r < rows_q;
-    const RotaryTensor& t = is_q ? a.q : a.k;
-    PreparedTensorWeights<E, S, kOrderA>& ready = prepared[is_q ? 0 : 1];
-    const bool use_prepared = ready.Prepare(t, d, a.scale_offset);
-    const int64_t local = is_q ? r : r - rows_q;
-    const int64_t heads = t.heads;
-    // the row's token (b, s), its first head and head count
-    int64_t b, s, h0 = 0, nh = heads;
-    if (!a.per_head) {
-      b = local / a.seq;
-      s = local % a.seq;
-    } else if (a.layout == 1) {
-      h0 = local / a.seq % heads;
-      b = local / a.seq / heads;
-      s = local % a.seq;
-      nh = 1;
-    } else {
-      h0 = local % heads;
-      b = local / heads / a.seq;
-      s = local / heads % a.seq;
-      nh = 1;
-    }
-    const int64_t n = nh * d;
-    const T* xr = static_cast<const T*>(t.x) + local * n;
-    const int64_t token = b * a.seq + s;
-    const int64_t cache_row = a.position_ids != nullptr ? a.position_ids[token] : (b % a.cache_batch) * a.seq + s;
-    const AT* c = static_cast<const AT*>(a.cos) + cache_row * a.angle_width;
-    const AT* sn = static_cast<const AT*>(a.sin) + cache_row * a.angle_width;
-    // head h's output (layout 2: [batch, heads, seq, head_size]; else where its input is)
-    auto out = [&](int64_t hh) {
-      const int64_t h = h0 + hh;
-      const int64_t at = a.layout == 2 ? ((b * heads + h) * a.seq + s) * d : local * n + hh * d;
-      return static_cast<T*>(t.y) + at;
-    };
-    RowParams p;
-    p.n = n;
-    p.inv_n = NK == NormKind::kL2 ? 1.0 : 1.0 / static_cast<double>(n);  // (L2: the sum of squares itself)
-    p.epsilon = static_cast<double>(a.epsilon);
-    p.offset = a.scale_offset;
-    const bool has_scale = t.scale != nullptr, has_bias = kMayBias && t.bias != nullptr;
-    // head hh's values from src normalized into dst, with its weight rows
-    auto normalize = [&](int64_t hh, const auto& src, const auto& nz, const auto& dst) {
-      const int64_t h = h0 + hh;
-      if (use_prepared) {
-        const PreparedWeights wt{ready.scale != nullptr ? ready.scale + h % t.scale_rows * d : nullptr,
-                                 ready.bias != nullptr ? ready.bias + h % t.bias_rows * d : nullptr};
-        NormalizeHeadWith<kMayBias>(src, nz, wt, has_scale, has_bias, d, dst);
-      } else {
-        const WT* scale = static_cast<const WT*>(t.scale);
-        const WT* bias = static_cast<const WT*>(t.bias);
-        const StoredWeights<E, S, kOrderA> wt{scale != nullptr ? scale + h % t.scale_rows * d : nullptr,
-                                              bias != nullptr ? bias + h % t.bias_rows * d : nullptr, prep};
-        NormalizeHeadWith<kMayBias>(src, nz, wt, has_scale, has_bias, d, dst);
-      }
-    };
+  const V unit_scale = Normalizer<NK, E, kOrderA>::Constant(a.scale_offset);
+  // the parameters of Q's rows and of K's (a token's heads are rows of different widths)
+  RowParams params[2];
+  for (int k = 0; k < 2; ++k) {
+    const int64_t n = (a.per_head ? 1 : (k == 0 ? a.q : a.k).heads) * d;
+    // (L2: the sum of squares itself)
+    params[k] = RowParams{n, NK == NormKind::kL2 ? 1.0 : 1.0 / static_cast<double>(n), static_cast<double>(a.epsilon),
+                          a.scale_offset};
+  }
+  // With rotary_first = 0 the statistics of a block of rows are taken before the block's rows are
+  // normalized: each row's statistics end in a chain of dependent operations (the horizontal sum,
+  // a square root and a division), which the other rows' work then overlaps instead of waiting for.
+  constexpr int64_t kStatsAhead = 16;
+  Stats block_stats[kStatsAhead];
+  for (int64_t block = row_begin; block < row_end; block += kStatsAhead) {
+    const int64_t block_end = block + kStatsAhead < row_end ? block + kStatsAhead : row_end;
     if (!a.rotary_first) {
-      const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(PlainSource<E>{xr}, p), p.offset);
-#if defined(ONNXNORM_NATIVE_HALF)
-      if constexpr (std::is_same<E, F16>::value && kInT) {
-        if (!interleaved && d <= kRotaryStackFloats) {
-          // each head normalized into a float16 buffer, rotated from it in half precision
-          for (int64_t hh = 0; hh < nh; ++hh) {
-            if constexpr (kOrderA) {
-              if (use_prepared) {
-                const int64_t h = h0 + hh;
-                const uint16_t* hs = ready.half_scale != nullptr ? ready.half_scale + h % t.scale_rows * d : nullptr;
-                const uint16_t* hb = ready.half_bias != nullptr ? ready.half_bias + h % t.bias_rows * d : nullptr;
-                if (has_bias) {
-                  NormalizeHeadInHalf<NK, true>(xr + hh * d, nz, hs, hb, d, half_buffer);
-                } else {
-                  NormalizeHeadInHalf<NK, false>(xr + hh * d, nz, hs, nullptr, d, half_buffer);
-                }
-              } else {
-                normalize(hh, PlainSource<E>{xr + hh * d}, nz, ToOutput<E>{half_buffer});
-              }
-            } else {
-              normalize(hh, PlainSource<E>{xr + hh * d}, nz, ToOutput<E>{half_buffer});
-            }
-            T* const y = out(hh);
-            if (per_value) {
-              RotateHalvesInHalf<A, true>(half_buffer, c, sn, a.rotary_dim / 2, y);
-            } else {
-              RotateHalvesInHalf<A, false>(half_buffer, c, sn, a.rotary_dim / 2, y);
-            }
-            std::memcpy(y + a.rotary_dim, half_buffer + a.rotary_dim, (d - a.rotary_dim) * sizeof(T));
-          }
-          continue;
+      for (int64_t r = block; r < block_end; ++r) {
+        const bool is_q = r < rows_q;
+        const RowParams& p = params[is_q ? 0 : 1];
+        const T* x = static_cast<const T*>((is_q ? a.q : a.k).x) + (is_q ? r : r - rows_q) * p.n;
+        block_stats[r - block] = RowStats<NK>(PlainSource<E>{x}, p);
+      }
+    }
+    for (int64_t r = block; r < block_end; ++r) {
+      const bool is_q = r < rows_q;
+      const RotaryTensor& t = is_q ? a.q : a.k;
+      PreparedTensorWeights<E, S, kOrderA>& ready = prepared[is_q ? 0 : 1];
+      const bool use_prepared = ready.Prepare(t, d, a.scale_offset);
+      const int64_t local = is_q ? r : r - rows_q;
+      const int64_t heads = t.heads;
+      // the row's token (b, s), its first head and head count
+      int64_t b, s, h0 = 0, nh = heads;
+      if (!a.per_head) {
+        b = local / a.seq;
+        s = local % a.seq;
+      } else if (a.layout == 1) {
+        h0 = local / a.seq % heads;
+        b = local / a.seq / heads;
+        s = local % a.seq;
+        nh = 1;
+      } else {
+        h0 = local % heads;
+        b = local / heads / a.seq;
+        s = local / heads % a.seq;
+        nh = 1;
+      }
+      const int64_t n = nh * d;
+      const T* xr = static_cast<const T*>(t.x) + local * n;
+      const int64_t token = b * a.seq + s;
+      const int64_t cache_row = a.position_ids != nullptr ? a.position_ids[token] : (b % a.cache_batch) * a.seq + s;
+      const AT* c = static_cast<const AT*>(a.cos) + cache_row * a.angle_width;
+      const AT* sn = static_cast<const AT*>(a.sin) + cache_row * a.angle_width;
+      // head h's output (layout 2: [batch, heads, seq, head_size]; else where its input is)
+      auto out = [&](int64_t hh) {
+        const int64_t h = h0 + hh;
+        const int64_t at = a.layout == 2 ? ((b * heads + h) * a.seq + s) * d : local * n + hh * d;
+        return static_cast<T*>(t.y) + at;
+      };
+      const RowParams& p = params[is_q ? 0 : 1];
+      const bool has_scale = t.scale != nullptr, has_bias = kMayBias && t.bias != nullptr;
+      // body(weights, kScale, kBias) with head hh's weights from its value `from` on (prepared or
+      // as stored) and the tags of the weights present
+      auto with_weights = [&](int64_t hh, int64_t from, const auto& body) {
+        const int64_t h = h0 + hh;
+        // (the offset of head h's weight row: most weights have one row, which needs no division)
+        const int64_t scale_at = (t.scale_rows > 1 ? h % t.scale_rows * d : 0) + from;
+        const int64_t bias_at = (t.bias_rows > 1 ? h % t.bias_rows * d : 0) + from;
+        auto present = [&](const auto& wt) {
+          WithWeightsPresent<kMayBias>(has_scale, has_bias, [&](auto ks, auto kb) { body(wt, ks, kb); });
+        };
+        if (use_prepared) {
+          present(PreparedWeights{ready.scale != nullptr ? ready.scale + scale_at : nullptr,
+                                  ready.bias != nullptr ? ready.bias + bias_at : nullptr});
+        } else {
+          const WT* scale = static_cast<const WT*>(t.scale);
+          const WT* bias = static_cast<const WT*>(t.bias);
+          present(StoredWeights<E, S, kOrderA>{scale != nullptr ? scale + scale_at : nullptr,
+                                               bias != nullptr ? bias + bias_at : nullptr, prep});
         }
-      }
+      };
+      // head hh's values from src normalized into dst (n of them, from its value `from` on)
+      auto normalize = [&](int64_t hh, const auto& src, const auto& nz, const auto& dst, int64_t from = 0) {
+        with_weights(hh, from, [&](const auto& wt, auto ks, auto kb) {
+          NormalizeHead<decltype(ks)::value, decltype(kb)::value>(src, nz, wt, d - from, dst);
+        });
+      };
+      if (!a.rotary_first) {
+        const Normalizer<NK, E, kOrderA> nz(block_stats[r - block], unit_scale);
+        const int64_t half = a.rotary_dim / 2;
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          const T* const x = xr + hh * d;
+          T* const y = out(hh);
+          if (interleaved) {
+            normalize(hh, PlainSource<E>{x}, nz, ToBuffer<E>{buffer});
+            RotateHead<E, A, kInT>(buffer, c, sn, a.rotary_dim, per_value, true);
+            Narrow<E>(buffer, y, d);
+            continue;
+          }
+          {
+            const PlainSource<E> src{x};
+            with_weights(hh, 0, [&](const auto& wt, auto ks, auto kb) {
+              constexpr bool kScale = decltype(ks)::value, kBias = decltype(kb)::value;
+#if defined(ONNXNORM_NATIVE_HALF)
+              if constexpr (std::is_same<E, F16>::value && kInT) {
+                if constexpr (kOrderA) {
+                  if (use_prepared) {
+                    // (order A's product with the weight in half precision, from the float16 weights)
+                    const int64_t h = h0 + hh;
+                    const HalfHeadOrderA<NK, kScale, kBias, PlainSource<E>> head(
+                        src, nz, kScale ? ready.half_scale + (t.scale_rows > 1 ? h % t.scale_rows * d : 0) : nullptr,
+                        kBias ? ready.half_bias + (t.bias_rows > 1 ? h % t.bias_rows * d : 0) : nullptr);
+                    NormalizeRotateHalvesInHalf<A>(head, c, sn, half, per_value, y);
+                    return;
+                  }
+                }
+                const HalfHeadOf<kScale, kBias, PlainSource<E>, Normalizer<NK, E, kOrderA>, std::decay_t<decltype(wt)>>
+                    head(src, nz, wt);
+                NormalizeRotateHalvesInHalf<A>(head, c, sn, half, per_value, y);
+                return;
+              }
 #endif
-      for (int64_t hh = 0; hh < nh; ++hh) {
-        normalize(hh, PlainSource<E>{xr + hh * d}, nz, ToBuffer<E>{buffer});
-        RotateHeadInto<E, A, kInT>(buffer, c, sn, d, a.rotary_dim, per_value, interleaved, out(hh));
-      }
-    } else {
-      for (int64_t hh = 0; hh < nh; ++hh) {
-        Widen<E>(xr + hh * d, buffer + hh * d, d);
-        RotateHead<E, A, kInT>(buffer + hh * d, c, sn, a.rotary_dim, per_value, interleaved);
-      }
-      const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(PlainSource<F32>{buffer}, p), p.offset);
-      for (int64_t hh = 0; hh < nh; ++hh) {
-        normalize(hh, PlainSource<F32>{buffer + hh * d}, nz, ToOutput<E>{out(hh)});
+              if (per_value) {
+                NormalizeRotateHalves<E, A, kInT, true, kScale, kBias>(src, nz, wt, c, sn, half, y);
+              } else {
+                NormalizeRotateHalves<E, A, kInT, false, kScale, kBias>(src, nz, wt, c, sn, half, y);
+              }
+            });
+            // the values past rotary_dim normalized alone
+            if (a.rotary_dim < d) {
+              normalize(hh, PlainSource<E>{x + a.rotary_dim}, nz, ToOutput<E>{y + a.rotary_dim}, a.rotary_dim);
+            }
+          }
+        }
+      } else {
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          Widen<E>(xr + hh * d, buffer + hh * d, d);
+          RotateHead<E, A, kInT>(buffer + hh * d, c, sn, a.rotary_dim, per_value, interleaved);
+        }
+        const Normalizer<NK, E, kOrderA> nz(RowStats<NK>(PlainSource<F32>{buffer}, p), unit_scale);
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          normalize(hh, PlainSource<F32>{buffer + hh * d}, nz, ToOutput<E>{out(hh)});
+        }
       }
     }
   }
