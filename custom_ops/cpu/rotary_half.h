@@ -52,13 +52,12 @@ ONNXNORM_INLINE __m512h LoadHalfAngles(const typename A::St* p, int count) {
 }
 
 // A float16 head's values i.. i + count (count <= 32) normalized, as float16 in half precision's
-// vector: the bits NormalizeHead leaves in its buffer. The head's values come from src (a source
-// of norm_rows.h: the input, or the float32 values the statistics pass kept). HalfHeadOf:
-// Normalizer::Apply in float32 on two vectors of 16, each rounded to float16 once.
-// HalfHeadOrderA: rounding order A with the weights in float16 (PreparedTensorWeights' halves):
-// the normalized value as Apply computes it in float32, rounded to float16, times the Scale (or
-// the normalizer's constant) in half precision (the product of two float16 values rounded once,
-// as order A's float32 product rounded to float16), plus the Bias (a sum rounded once).
+// vector: the bits NormalizeHead leaves in its buffer. HalfHeadOf: a NormalizedSource's float32
+// values (rotary_rows.h), two vectors of 16 each rounded to float16 once. HalfHeadOrderA:
+// rounding order A with the weights in float16 (PreparedTensorWeights' halves): the normalized
+// value as Apply computes it in float32, rounded to float16, times the Scale (or the
+// normalizer's constant) in half precision (the product of two float16 values rounded once, as
+// order A's float32 product rounded to float16), plus the Bias (a sum rounded once).
 // (Constructors, not aggregates: an aggregate's padding was zeroed on every head.)
 ONNXNORM_INLINE __m512h JoinHalves(V lo, V hi) {
   const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -71,23 +70,13 @@ ONNXNORM_INLINE V SourcePart(const Src& src, int64_t i, int count) {
   if (count >= 16) return src.Load(i);
   return count > 0 ? src.LoadN(i, count) : Isa::Zero();
 }
-
-template <bool kScale, bool kBias, class Src, class Nz, class Wt>
+// (Values: a NormalizedSource that leaves the rounding to the conversion)
+template <class Values>
 struct HalfHeadOf {
-  Nz nz;
-  Wt wt;
-  Src src;
-  HalfHeadOf(const Src& values, const Nz& normalizer, const Wt& weights) : nz(normalizer), wt(weights), src(values) {}
-  ONNXNORM_INLINE V Part(int64_t i, int count) const {
-    const V zero = Isa::Zero();
-    if (count >= 16) {
-      return nz.template Apply<kScale, kBias>(src.Load(i), kScale ? wt.Scale(i) : zero, kBias ? wt.Bias(i) : zero);
-    }
-    return nz.template Apply<kScale, kBias>(src.LoadN(i, count), kScale ? wt.ScaleN(i, count) : zero,
-                                            kBias ? wt.BiasN(i, count) : zero);
-  }
+  Values values;
+  explicit HalfHeadOf(const Values& normalized) : values(normalized) {}
   ONNXNORM_INLINE __m512h operator()(int64_t i, int count) const {
-    return JoinHalves(Part(i, count), count > 16 ? Part(i + 16, count - 16) : Isa::Zero());
+    return JoinHalves(SourcePart(values, i, count < 16 ? count : 16), SourcePart(values, i + 16, count - 16));
   }
 };
 

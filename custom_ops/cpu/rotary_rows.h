@@ -107,12 +107,15 @@ struct ToOutput {
   }
 };
 
-// The half-split pairs (j, j + half) of a head's first rotary_dim values (float32 values of T's
-// precision, in h) rotated by one token's angles c and s (of A; per_value: one angle per value,
-// the second value's at j + half, else one per pair) into dst (h itself, or the output).
-template <class E, class A, bool kInT, bool kPerValue, class Dst>
-inline void RotateHalves(const float* h, const typename A::St* c, const typename A::St* s, int64_t half,
+// The half-split pairs (j, j + half) of a head's first rotary_dim values (values: a source of
+// float32 values of T's precision, Load(i) / LoadN(i, rem) giving value i: a buffer's, or
+// NormalizedSource's) rotated by one token's angles c and s (of A; per_value: one angle per
+// value, the second value's at j + half, else one per pair) into dst (the buffer itself, or the
+// output).
+template <class E, class A, bool kInT, bool kPerValue, class Values, class Dst>
+inline void RotateHalves(const Values& source, const typename A::St* c, const typename A::St* s, int64_t half,
                          const Dst& dst) {
+  const Values values = source;
   const int64_t second = kPerValue ? half : 0;
   int64_t j = 0;
   for (; j + W <= half; j += W) {
@@ -120,7 +123,7 @@ inline void RotateHalves(const float* h, const typename A::St* c, const typename
     const V cb = kPerValue ? Isa::Load(A{}, c + j + second) : ca;
     const V sb = kPerValue ? Isa::Load(A{}, s + j + second) : sa;
     V ra, rb;
-    RotateVectors<E, A, kInT>(Isa::Load(F32{}, h + j), Isa::Load(F32{}, h + j + half), ca, sa, cb, sb, &ra, &rb);
+    RotateVectors<E, A, kInT>(values.Load(j), values.Load(j + half), ca, sa, cb, sb, &ra, &rb);
     dst.Put(j, ra);
     dst.Put(j + half, rb);
   }
@@ -130,8 +133,7 @@ inline void RotateHalves(const float* h, const typename A::St* c, const typename
     const V cb = kPerValue ? Isa::LoadN(A{}, c + j + second, rem) : ca;
     const V sb = kPerValue ? Isa::LoadN(A{}, s + j + second, rem) : sa;
     V ra, rb;
-    RotateVectors<E, A, kInT>(Isa::LoadN(F32{}, h + j, rem), Isa::LoadN(F32{}, h + j + half, rem), ca, sa, cb, sb, &ra,
-                              &rb);
+    RotateVectors<E, A, kInT>(values.LoadN(j, rem), values.LoadN(j + half, rem), ca, sa, cb, sb, &ra, &rb);
     dst.PutN(j, ra, rem);
     dst.PutN(j + half, rb, rem);
   }
@@ -146,9 +148,9 @@ inline void RotateHead(float* h, const typename A::St* c, const typename A::St* 
   const int64_t half = rotary_dim / 2;
   if (!interleaved) {
     if (per_value) {
-      RotateHalves<E, A, kInT, true>(h, c, s, half, ToBuffer<E>{h});
+      RotateHalves<E, A, kInT, true>(PlainSource<F32>{h}, c, s, half, ToBuffer<E>{h});
     } else {
-      RotateHalves<E, A, kInT, false>(h, c, s, half, ToBuffer<E>{h});
+      RotateHalves<E, A, kInT, false>(PlainSource<F32>{h}, c, s, half, ToBuffer<E>{h});
     }
     return;
   }
@@ -226,52 +228,31 @@ inline void WithWeightsPresent(bool has_scale, bool has_bias, const Body& body) 
   }
 }
 
-// A head's half-split pairs (j, j + half) normalized and rotated in one pass from its values
-// (src: the input, or the float32 values the statistics pass kept) to its output y: each pair's
-// values as NormalizeHead would leave them in a float32 buffer (rounded to T), rotated by
-// RotateVectors as RotateHalves rotates them, without the buffer's round trip (a store, then
-// loads that wait for it, between the two halves of each head). The weights are the head's;
-// angles and kPerValue as RotateHalves.
-template <class E, class A, bool kInT, bool kPerValue, bool kScale, bool kBias, class Src, class Nz, class Wt>
-ONNXNORM_INLINE void NormalizeRotateHalves(const Src& source, const Nz& normalizer, const Wt& weights,
-                                           const typename A::St* c, const typename A::St* s, int64_t half,
-                                           typename E::St* y) {
-  constexpr bool kRounded = Nz::kRoundsUnbiased && !kBias;
-  const Src src = source;
-  const Nz nz = normalizer;
-  const Wt wt = weights;
-  const int64_t second = kPerValue ? half : 0;
-  const V zero = Isa::Zero();
-  auto value = [&](V z, V sv, V bv) {
-    const V v = nz.template Apply<kScale, kBias>(z, sv, bv);
-    return kRounded ? v : Isa::Round(E{}, v);
-  };
-  int64_t j = 0;
-  for (; j + W <= half; j += W) {
-    const V av = value(src.Load(j), kScale ? wt.Scale(j) : zero, kBias ? wt.Bias(j) : zero);
-    const V bv = value(src.Load(j + half), kScale ? wt.Scale(j + half) : zero, kBias ? wt.Bias(j + half) : zero);
-    const V ca = Isa::Load(A{}, c + j), sa = Isa::Load(A{}, s + j);
-    const V cb = kPerValue ? Isa::Load(A{}, c + j + second) : ca;
-    const V sb = kPerValue ? Isa::Load(A{}, s + j + second) : sa;
-    V ra, rb;
-    RotateVectors<E, A, kInT>(av, bv, ca, sa, cb, sb, &ra, &rb);
-    Isa::Store(E{}, y + j, ra);
-    Isa::Store(E{}, y + j + half, rb);
+// A head's values from src normalized by nz with the weights wt, as a source of values
+// (Load(i), LoadN(i, rem)): Apply's result, rounded to T where kRound and Apply has not rounded
+// it already (what NormalizeHead leaves in a float32 buffer). RotateHalves rotates the pairs of
+// such a source straight into the output, without a buffer's round trip (a store, then loads
+// that wait for it, between the two halves of each head).
+template <class E, bool kScale, bool kBias, bool kRound, class Src, class Nz, class Wt>
+struct NormalizedSource {
+  static constexpr bool kRounds = kRound && !(Nz::kRoundsUnbiased && !kBias);
+  Src src;
+  Nz nz;
+  Wt wt;
+  NormalizedSource(const Src& values, const Nz& normalizer, const Wt& weights)
+      : src(values), nz(normalizer), wt(weights) {}
+  ONNXNORM_INLINE V Load(int64_t i) const {
+    const V zero = Isa::Zero();
+    const V v = nz.template Apply<kScale, kBias>(src.Load(i), kScale ? wt.Scale(i) : zero, kBias ? wt.Bias(i) : zero);
+    return kRounds ? Isa::Round(E{}, v) : v;
   }
-  if (j < half) {
-    const int rem = static_cast<int>(half - j);
-    const V av = value(src.LoadN(j, rem), kScale ? wt.ScaleN(j, rem) : zero, kBias ? wt.BiasN(j, rem) : zero);
-    const V bv = value(src.LoadN(j + half, rem), kScale ? wt.ScaleN(j + half, rem) : zero,
-                       kBias ? wt.BiasN(j + half, rem) : zero);
-    const V ca = Isa::LoadN(A{}, c + j, rem), sa = Isa::LoadN(A{}, s + j, rem);
-    const V cb = kPerValue ? Isa::LoadN(A{}, c + j + second, rem) : ca;
-    const V sb = kPerValue ? Isa::LoadN(A{}, s + j + second, rem) : sa;
-    V ra, rb;
-    RotateVectors<E, A, kInT>(av, bv, ca, sa, cb, sb, &ra, &rb);
-    Isa::StoreN(E{}, y + j, ra, rem);
-    Isa::StoreN(E{}, y + j + half, rb, rem);
+  ONNXNORM_INLINE V LoadN(int64_t i, int rem) const {
+    const V zero = Isa::Zero();
+    const V v = nz.template Apply<kScale, kBias>(src.LoadN(i, rem), kScale ? wt.ScaleN(i, rem) : zero,
+                                                 kBias ? wt.BiasN(i, rem) : zero);
+    return kRounds ? Isa::Round(E{}, v) : v;
   }
-}
+};
 
 // The prepared weights (WeightPrep's values in float32) of Q's and of K's Scale and Bias rows,
 // made once per call where they fit kPreparedFloats, so that a row reads them without converting.
@@ -404,11 +385,11 @@ void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float
       const bool has_scale = t.scale != nullptr, has_bias = kMayBias && t.bias != nullptr;
       // body(weights, kScale, kBias) with head hh's weights from its value `from` on (prepared or
       // as stored) and the tags of the weights present
+      // the offset of head hh's row of a weight of `rows` rows (most have one: no division)
+      auto row_at = [&](int64_t rows, int64_t hh) { return rows > 1 ? (h0 + hh) % rows * d : 0; };
       auto with_weights = [&](int64_t hh, int64_t from, const auto& body) {
-        const int64_t h = h0 + hh;
-        // (the offset of head h's weight row: most weights have one row, which needs no division)
-        const int64_t scale_at = (t.scale_rows > 1 ? h % t.scale_rows * d : 0) + from;
-        const int64_t bias_at = (t.bias_rows > 1 ? h % t.bias_rows * d : 0) + from;
+        const int64_t scale_at = row_at(t.scale_rows, hh) + from;
+        const int64_t bias_at = row_at(t.bias_rows, hh) + from;
         auto present = [&](const auto& wt) {
           WithWeightsPresent<kMayBias>(has_scale, has_bias, [&](auto ks, auto kb) { body(wt, ks, kb); });
         };
@@ -440,39 +421,40 @@ void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float
             Narrow<E>(buffer, y, d);
             continue;
           }
-          {
-            const PlainSource<E> src{x};
-            with_weights(hh, 0, [&](const auto& wt, auto ks, auto kb) {
-              constexpr bool kScale = decltype(ks)::value, kBias = decltype(kb)::value;
+          const PlainSource<E> src{x};
+          with_weights(hh, 0, [&](const auto& wt, auto ks, auto kb) {
+            constexpr bool kScale = decltype(ks)::value, kBias = decltype(kb)::value;
 #if defined(ONNXNORM_NATIVE_HALF)
-              if constexpr (std::is_same<E, F16>::value && kInT) {
-                if constexpr (kOrderA) {
-                  if (use_prepared) {
-                    // (order A's product with the weight in half precision, from the float16 weights)
-                    const int64_t h = h0 + hh;
-                    const HalfHeadOrderA<NK, kScale, kBias, PlainSource<E>> head(
-                        src, nz, kScale ? ready.half_scale + (t.scale_rows > 1 ? h % t.scale_rows * d : 0) : nullptr,
-                        kBias ? ready.half_bias + (t.bias_rows > 1 ? h % t.bias_rows * d : 0) : nullptr);
-                    NormalizeRotateHalvesInHalf<A>(head, c, sn, half, per_value, y);
-                    return;
-                  }
+            if constexpr (std::is_same<E, F16>::value && kInT) {
+              if constexpr (kOrderA) {
+                if (use_prepared) {
+                  // (order A's product with the weight in half precision, from the float16 weights)
+                  const HalfHeadOrderA<NK, kScale, kBias, PlainSource<E>> head(
+                      src, nz, kScale ? ready.half_scale + row_at(t.scale_rows, hh) : nullptr,
+                      kBias ? ready.half_bias + row_at(t.bias_rows, hh) : nullptr);
+                  NormalizeRotateHalvesInHalf<A>(head, c, sn, half, per_value, y);
+                  return;
                 }
-                const HalfHeadOf<kScale, kBias, PlainSource<E>, Normalizer<NK, E, kOrderA>, std::decay_t<decltype(wt)>>
-                    head(src, nz, wt);
-                NormalizeRotateHalvesInHalf<A>(head, c, sn, half, per_value, y);
-                return;
               }
-#endif
-              if (per_value) {
-                NormalizeRotateHalves<E, A, kInT, true, kScale, kBias>(src, nz, wt, c, sn, half, y);
-              } else {
-                NormalizeRotateHalves<E, A, kInT, false, kScale, kBias>(src, nz, wt, c, sn, half, y);
-              }
-            });
-            // the values past rotary_dim normalized alone
-            if (a.rotary_dim < d) {
-              normalize(hh, PlainSource<E>{x + a.rotary_dim}, nz, ToOutput<E>{y + a.rotary_dim}, a.rotary_dim);
+              const HalfHeadOf<NormalizedSource<E, kScale, kBias, false, PlainSource<E>, Normalizer<NK, E, kOrderA>,
+                                                std::decay_t<decltype(wt)>>>
+                  head({src, nz, wt});
+              NormalizeRotateHalvesInHalf<A>(head, c, sn, half, per_value, y);
+              return;
             }
+#endif
+            const NormalizedSource<E, kScale, kBias, true, PlainSource<E>, Normalizer<NK, E, kOrderA>,
+                                   std::decay_t<decltype(wt)>>
+                values(src, nz, wt);
+            if (per_value) {
+              RotateHalves<E, A, kInT, true>(values, c, sn, half, ToOutput<E>{y});
+            } else {
+              RotateHalves<E, A, kInT, false>(values, c, sn, half, ToOutput<E>{y});
+            }
+          });
+          // the values past rotary_dim normalized alone
+          if (a.rotary_dim < d) {
+            normalize(hh, PlainSource<E>{x + a.rotary_dim}, nz, ToOutput<E>{y + a.rotary_dim}, a.rotary_dim);
           }
         }
       } else {
