@@ -54,7 +54,22 @@ struct Isa {
   }
 
   static V FromHalf(__m256i h) { return _mm512_cvtph_ps(h); }
+#if defined(ONNXNORM_AVX512_BF16)
+  // bfloat16 words 0..15 (from = 0) or 16..31 (from = 16) of w as float32: each word placed in the
+  // high half of its lane and the low half zeroed by one masked permutation (one instruction
+  // where widening and shifting take two)
+  static ONNXNORM_INLINE V WordsToFloat(__m512i w, int from) {
+    const __m512i index =
+        _mm512_add_epi16(_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
+                                                            16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           1),
+                         _mm512_set1_epi16(static_cast<short>(from)));
+    return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, index, w));
+  }
+  static ONNXNORM_INLINE V FromBFloat16(__m256i b) { return WordsToFloat(_mm512_castsi256_si512(b), 0); }
+#else
   static V FromBFloat16(__m256i b) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)); }
+#endif
   static V Load(F32, const float* p) { return _mm512_loadu_ps(p); }
   static V Load(F16, const uint16_t* p) { return FromHalf(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static V Load(BF16, const uint16_t* p) {
@@ -110,6 +125,31 @@ struct Isa {
 #endif
     return _mm512_castsi512_ps(_mm512_and_si512(BFloat16High(a), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
+#if defined(ONNXNORM_AVX512_BF16)
+  // Round(BF16, a) and Round(BF16, b) with one conversion instruction for both (vcvtne2ps2bf16
+  // costs what vcvtneps2bf16 does) and one subnormal test
+  static ONNXNORM_INLINE void RoundBoth(BF16, V* a, V* b) {
+    if (__builtin_expect(_kortestz_mask16_u8(_mm512_fpclass_ps_mask(*a, 0x20), _mm512_fpclass_ps_mask(*b, 0x20)), 1)) {
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(*b, *a));  // words: a's, then b's
+      *a = WordsToFloat(both, 0);
+      *b = WordsToFloat(both, 16);
+      return;
+    }
+    *a = Round(BF16{}, *a);
+    *b = Round(BF16{}, *b);
+  }
+  // Store(BF16, pa, a) and Store(BF16, pb, b) with one conversion instruction for both
+  static ONNXNORM_INLINE void StoreBoth(BF16, uint16_t* pa, V a, uint16_t* pb, V b) {
+    if (__builtin_expect(_kortestz_mask16_u8(_mm512_fpclass_ps_mask(a, 0x20), _mm512_fpclass_ps_mask(b, 0x20)), 1)) {
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // words: a's, then b's
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pa), _mm512_castsi512_si256(both));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb), _mm512_extracti64x4_epi64(both, 1));
+      return;
+    }
+    Store(BF16{}, pa, a);
+    Store(BF16{}, pb, b);
+  }
+#endif
 };
 
 }  // namespace

@@ -12,7 +12,9 @@
 //   tag E (F32, F16, BF16): Load(E, p), LoadN(E, p, n) (lanes >= n read as 0,
 //   nothing past p + n touched), Store(E, p, v), StoreN(E, p, v, n) (rounding to E's type,
 //   nearest even), Round(E, v) (v rounded to E's type); kHasStream, Stream(E, p, v) (a
-//   non-temporal Store to a 64-byte aligned address) and Fence().
+//   non-temporal Store to a 64-byte aligned address) and Fence(). The bfloat16 unit's Isa
+//   (ONNXNORM_AVX512_BF16) has RoundBoth and StoreBoth too (two vectors in one conversion),
+//   which RoundBoth<E> and StoreBoth<E> below call.
 // Everything here has internal linkage (see cpu_internal.h).
 //
 // Every instruction set gives the same bits: each element goes through the same float32
@@ -161,6 +163,32 @@ void PrepareWeights(const typename S::St* scale, const typename S::St* bias, int
   }
 }
 
+// *a and *b rounded to E's type: Round twice, or once for both where the instruction set has a
+// conversion of two vectors (the bfloat16 unit's RoundBoth). The same bits either way.
+template <class E>
+ONNXNORM_INLINE void RoundBoth(V* a, V* b) {
+#if defined(ONNXNORM_AVX512_BF16)
+  if constexpr (std::is_same<E, BF16>::value) {
+    Isa::RoundBoth(E{}, a, b);
+    return;
+  }
+#endif
+  *a = Isa::Round(E{}, *a);
+  *b = Isa::Round(E{}, *b);
+}
+// Store(E, pa, a) and Store(E, pb, b), converted together where RoundBoth rounds together
+template <class E>
+ONNXNORM_INLINE void StoreBoth(typename E::St* pa, V a, typename E::St* pb, V b) {
+#if defined(ONNXNORM_AVX512_BF16)
+  if constexpr (std::is_same<E, BF16>::value) {
+    Isa::StoreBoth(E{}, pa, a, pb, b);
+    return;
+  }
+#endif
+  Isa::Store(E{}, pa, a);
+  Isa::Store(E{}, pb, b);
+}
+
 // Y from Z for one row, from its statistics: Norm(Z) * s + b with s and b as WeightPrep makes
 // them, in the rounding order kOrderA.
 template <NormKind NK, class E, bool kOrderA>
@@ -176,13 +204,33 @@ struct Normalizer {
   Normalizer(const Stats& st, V constant)
       : vh(Isa::Set1(st.hi)), vl(Isa::Set1(st.lo)), vinv(Isa::Set1(st.inv)), vconst(constant) {}
   Normalizer(const Stats& st, float offset) : Normalizer(st, Constant(offset)) {}
+  // z normalized, before the weights
+  ONNXNORM_INLINE V Normalized(V z) const {
+    return NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(z, vh), vl), vinv) : Isa::Mul(z, vinv);
+  }
   template <bool kScale, bool kBias>
   ONNXNORM_INLINE V Apply(V zv, V s, V b) const {
-    V h = NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(zv, vh), vl), vinv) : Isa::Mul(zv, vinv);
+    V h = Normalized(zv);
     if (!kScale) s = vconst;
     if (!kOrderA) return kBias ? Isa::Add(Isa::Mul(h, s), b) : Isa::Mul(h, s);
     const V out = Isa::Round(E{}, Isa::Mul(Isa::Round(E{}, h), s));
     return kBias ? Isa::Add(out, b) : out;  // the store rounds the sum
+  }
+  // Apply to two vectors (za with sa, ba; zb with sb, bb), the roundings of both made together
+  template <bool kScale, bool kBias>
+  ONNXNORM_INLINE void ApplyBoth(V* za, V sa, V ba, V* zb, V sb, V bb) const {
+    if (!kOrderA) {
+      *za = Apply<kScale, kBias>(*za, sa, ba);
+      *zb = Apply<kScale, kBias>(*zb, sb, bb);
+      return;
+    }
+    V ha = Normalized(*za), hb = Normalized(*zb);
+    RoundBoth<E>(&ha, &hb);
+    ha = Isa::Mul(ha, kScale ? sa : vconst);
+    hb = Isa::Mul(hb, kScale ? sb : vconst);
+    RoundBoth<E>(&ha, &hb);
+    *za = kBias ? Isa::Add(ha, ba) : ha;
+    *zb = kBias ? Isa::Add(hb, bb) : hb;
   }
 };
 
@@ -193,6 +241,10 @@ struct PlainSource {
   const typename E::St* x;
   ONNXNORM_INLINE V Load(int64_t i) const { return Isa::Load(E{}, x + i); }
   ONNXNORM_INLINE V LoadN(int64_t i, int rem) const { return Isa::LoadN(E{}, x + i, rem); }
+  ONNXNORM_INLINE void LoadBoth(int64_t i, int64_t j, V* a, V* b) const {
+    *a = Load(i);
+    *b = Load(j);
+  }
 };
 
 // (1 * Residual is Residual: the product is left out when alpha is 1.)

@@ -89,12 +89,9 @@ struct HalfHeadOrderA {
   HalfHeadOrderA(const Src& values, const Normalizer<NK, F16, true>& normalizer, const uint16_t* scale_values,
                  const uint16_t* bias_values)
       : nz(normalizer), src(values), scale(scale_values), bias(bias_values) {}
-  ONNXNORM_INLINE V Normalized(V z) const {
-    return NK == NormKind::kLayer ? Isa::Mul(Isa::Sub(Isa::Sub(z, nz.vh), nz.vl), nz.vinv) : Isa::Mul(z, nz.vinv);
-  }
   ONNXNORM_INLINE __m512h operator()(int64_t i, int count) const {
-    const __m512h h = JoinHalves(Normalized(SourcePart(src, i, count < 16 ? count : 16)),
-                                 Normalized(SourcePart(src, i + 16, count - 16)));
+    const __m512h h = JoinHalves(nz.Normalized(SourcePart(src, i, count < 16 ? count : 16)),
+                                 nz.Normalized(SourcePart(src, i + 16, count - 16)));
     const __m512h s =
         kScale ? LoadHalves(scale + i, count) : _mm512_set1_ph(static_cast<_Float16>(_mm512_cvtss_f32(nz.vconst)));
     const __m512h y = _mm512_mul_ph(h, s);

@@ -225,6 +225,22 @@ def _isa_cases():
             angle = F32 if dtype != F32 and j % 3 == 1 else None
             arrays, attrs = make_case(op, dtype, rng, w_type=other, a_type=angle, **kw)
             cases.append((op, arrays, attrs, 2 if j >= 3 else 1))
+    # bfloat16 heads of a wide range (one value of 1e18 each, the others near 1e-22): their
+    # normalized values and products fall below float32's normal range, which the bfloat16
+    # conversion instruction reads as zero; the kernels must round them as the integer rounding
+    # of the portable instruction set does (both of a pair rounded together or not)
+    for op in ROTARY:
+        for kw in (
+            dict(rotary_in_t=1, order=1),
+            dict(rotary_in_t=1, rotary_first=1),
+            dict(interleaved=1),
+        ):
+            arrays, attrs = make_case(op, BF16, rng, heads=(4, 2), head_size=64, seq=8, **kw)
+            for name in ("Q", "K"):
+                wide = arrays[name].astype(np.float32) * np.float32(1e-22)
+                wide[..., 5] = 1e18
+                arrays[name] = wide.astype(BF16)
+            cases.append((op, arrays, attrs, 1))
     return cases
 
 
