@@ -54,6 +54,7 @@ from onnxnorm.fusion import (
 from onnxnorm.fusion.detached import upgrade_opset
 from onnxnorm.fusion.lowering import lower_with_notes
 from onnxnorm.fusion.report import FusionReport, Tracker
+from onnxnorm.fusion.rotary_scan import may_fuse_rotary
 from onnxnorm.ops import catalogue
 from onnxnorm.targets import TARGETS
 
@@ -257,61 +258,6 @@ def fuse_rotary(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FusionReport]:
         rotary_pair.pair(graph, tracker)
         _tidy(graph)
     return ir.to_proto(graph), tracker.report()
-
-
-def may_fuse_rotary(model: onnx.ModelProto) -> bool:
-    """Whether :func:`fuse_rotary` may fuse anything in ``model``, read off the op types of the
-    nodes of its graph, their subgraphs and its local functions, without preparing the graph:
-    False only where what every rule of the stage rotary and the pairing after it need is
-    missing. One of these is needed:
-
-    1. two onnxnorm rotary nodes of Q alone (K not given), which the pairing
-       (``rotary_pair.pair``) can make one node of Q and K with nothing else fused;
-    2. an onnxnorm norm the rotary rules can take (``rotary.ROTARY_OF``: RMSNorm, LayerNorm,
-       L2Norm; every rule of the stage starts or ends at one, and :func:`fuse_rotary` runs no
-       norms stage that could write it), and with it a rotary of one of these forms:
-
-       - computed by the model's own nodes, before or after the norm (``rotary.py``,
-         ``rotary_first.py``): ``x * cos + partner(x) * sin`` is an Add of two Muls; its
-         partner is a rotation, which has values of x of both signs, and of the ops the
-         partner's chain may hold only a Concat joins values of different signs (the others
-         keep one sign for all the values they pass); the parts it joins are parts of x,
-         which only a Slice or a Split cuts (the others keep the number of values, and a
-         Concat of whole copies of x has more values than x): an Add, a Mul, a Concat and a
-         Slice or a Split;
-       - a RotaryEmbedding node of ONNX or ONNX Runtime (``rotary_nodes.ROPE_DOMAINS``).
-    """
-    ops: set[tuple[str, str]] = set()
-    q_alone = 0
-    rotary_ops = set(rotary.ROTARY_OF.values())
-    for node in _every_node(model):
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        ops.add((domain, node.op_type))
-        alone = len(node.input) < 2 or not node.input[1]
-        if domain == catalogue.DOMAIN and node.op_type in rotary_ops and alone:
-            q_alone += 1
-    if q_alone >= 2:
-        return True
-    if not any((catalogue.DOMAIN, norm) in ops for norm in rotary.ROTARY_OF):
-        return False
-    computed = {("", "Add"), ("", "Mul"), ("", "Concat")} <= ops and bool(
-        {("", "Slice"), ("", "Split")} & ops
-    )
-    nodes = any((domain, "RotaryEmbedding") in ops for domain in rotary_nodes.ROPE_DOMAINS)
-    return computed or nodes
-
-
-def _every_node(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    """The nodes of ``model``'s graph, of its local functions, and of their subgraphs."""
-    pending = [model.graph.node, *(function.node for function in model.functions)]
-    while pending:
-        for node in pending.pop():
-            yield node
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    pending.append(attr.g.node)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    pending.extend(graph.node for graph in attr.graphs)
 
 
 _PAUSED = threading.Lock()

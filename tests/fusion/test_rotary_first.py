@@ -268,6 +268,24 @@ def test_rotary_and_norm_become_one_node(case):
     assert checks and all(c.ok for c in checks), [str(c) for c in checks]
 
 
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_the_rotary_stage_alone_fuses_each_case(case):
+    """What ``onnxnorm.export`` gives the rotary stage (the norms already onnxnorm nodes, the
+    rotary the model's own ops, before or after them): ``may_fuse_rotary`` lets it through
+    (the rotary's last op, an Add of two Muls or the Concat of a partial rotary, meets the norm
+    through views) and ``fuse_rotary`` makes the one rotary node of Q and K."""
+    from onnxnorm.fusion import pipeline, without_stages
+
+    # (without the skip stage too, which would take the rotary's Add into the norm)
+    with without_stages("rotary", "skip"):
+        normed, _ = fuse(_model(case), "function")
+    assert pipeline.may_fuse_rotary(normed)
+    fused, report = pipeline.fuse_rotary(normed)
+    op = "L2NormRotary" if case["norm"] == "l2" else "RMSNormRotary"
+    ops = collections.Counter(n.op_type for n in fused.graph.node if n.domain == "onnxnorm")
+    assert ops == {op: 1}, str(report)
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c["dtype"] == np.float16], ids=_case_id)
 def test_half_precision_nodes_give_the_graphs_values_bit_for_bit(case):
     """In float16 the fused node gives what the original graph means op by op (onnx's

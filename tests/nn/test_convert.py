@@ -96,12 +96,17 @@ def test_per_head_qk_norms_keep_their_weight_shape():
 
 @pytest.mark.parametrize(
     "name, rotary_op, other",
-    [("qwen3", "RMSNormRotary", "RMSNorm"), ("cohere", "LayerNormRotary", "LayerNorm")],
+    [
+        ("qwen3", "RMSNormRotary", "RMSNorm"),
+        ("cohere", "LayerNormRotary", "LayerNorm"),
+        ("llama", None, "RMSNorm"),
+    ],
 )
 def test_converted_hf_model_exports_one_node_per_norm(name, rotary_op, other, monkeypatch):
     """Each norm one node; a layer's Q and K norms and their rotary (transformers' own code)
     one rotary node (the export's rotary stage, which its pre-check lets run), with the model's
-    logits in ONNX Runtime."""
+    logits in ONNX Runtime. Llama has norms and a rotary but no Q/K norm: the pre-check says
+    no, and the export never prepares its graph for the rotary stage."""
     from onnxnorm.fusion import pipeline
 
     answers, check = [], pipeline.may_fuse_rotary
@@ -110,7 +115,12 @@ def test_converted_hf_model_exports_one_node_per_norm(name, rotary_op, other, mo
         answers.append(check(model))
         return answers[-1]
 
+    def prepared(_):
+        raise AssertionError("the rotary stage prepared a model without Q/K norms")
+
     monkeypatch.setattr(pipeline, "may_fuse_rotary", recorded)
+    if rotary_op is None:
+        monkeypatch.setattr(pipeline, "_prepare", prepared)
     model = _hf(name)
     report = onnxnorm.convert(model)  # the package-level entry point
     ids, _ = _inputs(name)
@@ -124,13 +134,14 @@ def test_converted_hf_model_exports_one_node_per_norm(name, rotary_op, other, mo
             return self.inner(ids, use_cache=False).logits
 
     proto = onnxnorm.export(Logits(model), (ids,), mode="fused")
-    assert answers == [True]
+    assert answers == [rotary_op is not None]
     nodes = [n for n in proto.graph.node if n.domain == ops.DOMAIN]
     norms = collections.Counter(n.op_type for n in nodes)
     layers = 2
-    qk = 2 * layers
-    assert len(report.replaced) == (2 * layers + 1 if name == "qwen3" else layers + 1) + qk
-    assert norms == {other: len(report.replaced) - qk, rotary_op: layers}
+    qk = 2 * layers if rotary_op else 0
+    assert len(report.replaced) == (layers + 1 if name == "cohere" else 2 * layers + 1) + qk
+    rotary_nodes = {rotary_op: layers} if rotary_op else {}
+    assert norms == {other: len(report.replaced) - qk, **rotary_nodes}
     assert all(len(n.output) == 2 for n in nodes if n.op_type == rotary_op)
     with torch.no_grad():
         want = model(ids, use_cache=False).logits.numpy()
