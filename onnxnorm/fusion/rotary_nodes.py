@@ -242,7 +242,7 @@ class NormRope(FusionRule):
         scale = weights.get("Scale")
         # (a weight of ones, or the lowering's unit ConstantOfShape, changes no rounding order)
         if op != "L2NormRotary" and not (scale is not None and all_equal(scale, 1)):
-            inputs["QScale"] = weights.get("Scale")
+            inputs["QScale"] = scale
         if op == "LayerNormRotary":
             inputs["QBias"] = weights.get("Bias")
         attributes = {
