@@ -127,7 +127,7 @@ def _a_norm_meets_a_rotary(model: onnx.ModelProto) -> bool:
             consumers.setdefault(name, []).append(node)
     for norm in filter(_is_norm, model.graph.node):
         # after the norm: every value its output reaches through views
-        pending, seen = [norm.output[0]], set()
+        pending, seen = list(norm.output[:1]), set()
         while pending:
             name = pending.pop()
             for node in consumers.get(name, ()):

@@ -255,6 +255,27 @@ def test_the_rotary_pre_check_passes_each_norm_and_rotary(case, monkeypatch):
     assert same is model and not report.fused_total
 
 
+def test_the_rotary_pre_check_reads_odd_graphs_without_failing():
+    """The pre-check walks raw protos: a norm without outputs, a view without inputs and a
+    residual Add (not a rotary's sum) before a norm answer no, and do not raise."""
+    from onnx import helper
+
+    from onnxnorm.fusion import pipeline
+
+    nodes = [
+        helper.make_node("Mul", ["a", "b"], ["m"]),
+        helper.make_node("Slice", ["m", "s", "e"], ["sl"]),
+        helper.make_node("Concat", ["sl", "sl"], ["c"], axis=-1),
+        helper.make_node("Add", ["c", "x"], ["residual"]),
+        helper.make_node("Reshape", [], ["viewed"]),
+        helper.make_node("RMSNorm", ["residual"], ["y"], domain="onnxnorm"),
+        helper.make_node("RMSNorm", ["viewed"], [], domain="onnxnorm"),
+        helper.make_node("MatMul", ["y", "w"], ["out"]),
+    ]
+    graph = helper.make_graph(nodes, "odd", [], [])
+    assert not pipeline.may_fuse_rotary(helper.make_model(graph))
+
+
 #: the Q/K-norm families of transformers (onnxnorm.testing.hf), the config each needs, and the
 #: rotary op their norms become
 FAMILIES = {
