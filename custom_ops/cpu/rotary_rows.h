@@ -402,10 +402,10 @@ void RotaryRowsOf(const RotaryArgs& a, int64_t row_begin, int64_t row_end, float
       };
       const RowParams& p = params[is_q ? 0 : 1];
       const bool has_scale = t.scale != nullptr, has_bias = kMayBias && t.bias != nullptr;
-      // body(weights, kScale, kBias) with head hh's weights from its value `from` on (prepared or
-      // as stored) and the tags of the weights present
       // the offset of head hh's row of a weight of `rows` rows (most have one: no division)
       auto row_at = [&](int64_t rows, int64_t hh) { return rows > 1 ? (h0 + hh) % rows * d : 0; };
+      // body(weights, kScale, kBias) with head hh's weights from its value `from` on (prepared or
+      // as stored) and the tags of the weights present
       auto with_weights = [&](int64_t hh, int64_t from, const auto& body) {
         const int64_t scale_at = row_at(t.scale_rows, hh) + from;
         const int64_t bias_at = row_at(t.bias_rows, hh) + from;

@@ -22,8 +22,8 @@ from onnxnorm.ops import catalogue
 #: Identity) and the views around them that the preparation may fold away
 VIEWS = frozenset({"Transpose", "Reshape", "Cast", "Identity", "Flatten", "Squeeze", "Unsqueeze"})
 #: the ops a rotary starts with, reading its input (the products by cos and sin, the partner's
-#: chain: ``rotary.index_map``'s ops), and the RotaryEmbedding nodes of either domain
-STARTS = frozenset({"Mul", "Slice", "Split", "Neg", "Concat", "RotaryEmbedding"})
+#: chain: ``rotary.index_map``'s ops), besides the RotaryEmbedding nodes of either domain
+STARTS = frozenset({"Mul", "Slice", "Split", "Neg", "Concat"})
 
 
 def may_fuse_rotary(model: onnx.ModelProto) -> bool:
@@ -55,69 +55,64 @@ def may_fuse_rotary(model: onnx.ModelProto) -> bool:
        functions; subgraphs are not followed here).
     """
     ops: set[tuple[str, str]] = set()
-    q_alone = 0
+    q_alone = norms = 0
     rotary_ops = set(rotary.ROTARY_OF.values())
     for node in _every_node(model):
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        ops.add((domain, node.op_type))
+        ops.add((_domain(node), node.op_type))
         alone = len(node.input) < 2 or not node.input[1]
-        if domain == catalogue.DOMAIN and node.op_type in rotary_ops and alone:
+        if _domain(node) == catalogue.DOMAIN and node.op_type in rotary_ops and alone:
             q_alone += 1
+        norms += _is_norm(node)
     if q_alone >= 2:
         return True
-    if not any((catalogue.DOMAIN, norm) in ops for norm in rotary.ROTARY_OF):
+    if not norms:
         return False
     computed = {("", "Add"), ("", "Mul"), ("", "Concat")} <= ops and bool(
         {("", "Slice"), ("", "Split")} & ops
     )
     nodes = any((domain, "RotaryEmbedding") in ops for domain in rotary_nodes.ROPE_DOMAINS)
-    return (computed or nodes) and _a_norm_meets_a_rotary(model)
+    return (computed or nodes) and _a_norm_meets_a_rotary(model, norms)
+
+
+def _domain(node: onnx.NodeProto) -> str:
+    return "" if node.domain == "ai.onnx" else node.domain
 
 
 def _is_norm(node: onnx.NodeProto) -> bool:
     return node.domain == catalogue.DOMAIN and node.op_type in rotary.ROTARY_OF
 
 
-def _rotary_op(node: onnx.NodeProto, ops: frozenset[str]) -> bool:
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    if node.op_type == "RotaryEmbedding":
-        return domain in rotary_nodes.ROPE_DOMAINS
-    return domain == "" and node.op_type in ops
+def _is_rope(node: onnx.NodeProto) -> bool:
+    return node.op_type == "RotaryEmbedding" and _domain(node) in rotary_nodes.ROPE_DOMAINS
 
 
-def _is_view(node: onnx.NodeProto) -> bool:
-    return node.domain in ("", "ai.onnx") and node.op_type in VIEWS
+def _is_onnx(node: onnx.NodeProto, ops: frozenset[str]) -> bool:
+    return _domain(node) == "" and node.op_type in ops
 
 
 def _ends_a_rotary(node: onnx.NodeProto | None, producer: dict[str, onnx.NodeProto]) -> bool:
     """Whether ``node`` (found before a norm through views) may be the last op of a rotary."""
-    while node is not None and _is_view(node):
+    while node is not None and _is_onnx(node, VIEWS):
         node = producer.get(node.input[0]) if node.input else None
     if node is None:
         return False
-    if _rotary_op(node, frozenset({"RotaryEmbedding"})):
+    if _is_rope(node):
         return True
-    if node.domain not in ("", "ai.onnx"):
-        return False
     parts = [producer.get(name) for name in node.input]
-    if node.op_type == "Add":
-        return all(
-            p is not None and p.op_type == "Mul" and p.domain in ("", "ai.onnx") for p in parts
-        )
-    if node.op_type == "Concat":
+    if _is_onnx(node, frozenset({"Add"})):
+        return all(p is not None and _is_onnx(p, frozenset({"Mul"})) for p in parts)
+    if _is_onnx(node, frozenset({"Concat"})):
         return any(
             p is not None and p.op_type != "Concat" and _ends_a_rotary(p, producer) for p in parts
         )
     return False
 
 
-def _a_norm_meets_a_rotary(model: onnx.ModelProto) -> bool:
-    """Whether a norm of ``rotary.ROTARY_OF`` meets a rotary's first or last op through views
-    (see :func:`may_fuse_rotary`)."""
-    elsewhere = [function.node for function in model.functions]
-    elsewhere += [graph.node for node in _every_node(model) for graph in _subgraphs(node)]
-    if any(_is_norm(node) for nodes in elsewhere for node in nodes):
-        return True
+def _a_norm_meets_a_rotary(model: onnx.ModelProto, norms: int) -> bool:
+    """Whether a norm of ``rotary.ROTARY_OF`` (``norms`` of them in the model) meets a rotary's
+    first or last op through views (see :func:`may_fuse_rotary`)."""
+    if sum(map(_is_norm, model.graph.node)) < norms:
+        return True  # a norm in a local function or a subgraph
     producer: dict[str, onnx.NodeProto] = {}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
@@ -131,9 +126,9 @@ def _a_norm_meets_a_rotary(model: onnx.ModelProto) -> bool:
         while pending:
             name = pending.pop()
             for node in consumers.get(name, ()):
-                if _rotary_op(node, STARTS):
+                if _is_rope(node) or _is_onnx(node, STARTS):
                     return True
-                if _is_view(node) and node.output[0] not in seen:
+                if _is_onnx(node, VIEWS) and node.output and node.output[0] not in seen:
                     seen.add(node.output[0])
                     pending.append(node.output[0])
         # before it: the op its input comes from through views
