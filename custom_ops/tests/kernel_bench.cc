@@ -14,18 +14,14 @@
 // hand-off costs next to nothing here: the difference to `onnxnorm bench kernels` is ORT's.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <functional>
 #include <random>
 #include <string>
-#include <thread>
-#include <vector>
 
+#include "bench_harness.h"
 #include "onnxnorm/kernels.h"
 
 namespace {
@@ -34,122 +30,13 @@ using onnxnorm::ElemType;
 using onnxnorm::NormArgs;
 using onnxnorm::NormRowsFn;
 using onnxnorm::OpSpec;
+using onnxnorm::bench::Buffer;
+using onnxnorm::bench::Team;
+using onnxnorm::bench::Timing;
 namespace cpu = onnxnorm::cpu;
 
-// The ORT glue's blocks (custom_ops/ort/parallel.h; --block-elements changes the first).
+// The ORT glue's block size (bench_harness.h's GlueBlocks; --block-elements changes it).
 int64_t kBlockElements = 64 * 1024;
-constexpr int64_t kMinBlocks = 8;
-constexpr int64_t kMaxBlocks = 1024;
-constexpr int64_t kParallelMinElements = 64 * 1024;
-
-struct Buffer {
-  explicit Buffer(size_t bytes)
-      : size(bytes), data(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
-  ~Buffer() { std::free(data); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  size_t size;
-  char* data;
-};
-
-// Fills with small random values of the type (float16 / bfloat16 bits of values in [-2, 2)).
-void Fill(Buffer& b, ElemType t, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-2.f, 2.f);
-  if (t == ElemType::kFloat32) {
-    auto* p = reinterpret_cast<float*>(b.data);
-    for (size_t i = 0; i < b.size / 4; ++i) p[i] = dist(rng);
-    return;
-  }
-  auto* p = reinterpret_cast<uint16_t*>(b.data);
-  for (size_t i = 0; i < b.size / 2; ++i) {
-    const float f = dist(rng);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    // bfloat16: the top half; float16 of a value in [-2, 2): a coarse but valid encoding
-    p[i] = t == ElemType::kBFloat16 ? static_cast<uint16_t>(u >> 16)
-                                    : static_cast<uint16_t>(((u >> 16) & 0x8000u) | (0x3800u + (rng() & 0x7ffu)));
-  }
-}
-
-// Persistent worker threads that spin on a generation counter; Run(job) runs job(thread index) on
-// every thread (the caller is thread 0) and returns when all are done.
-class Team {
- public:
-  explicit Team(int threads) : threads_(threads) {
-    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { Loop(t); });
-  }
-  ~Team() {
-    stop_.store(true);
-    generation_.fetch_add(1);
-    for (auto& w : workers_) w.join();
-  }
-  void Run(const std::function<void(int)>& job) {
-    job_ = &job;
-    pending_.store(threads_ - 1);
-    generation_.fetch_add(1, std::memory_order_release);
-    job(0);
-    while (pending_.load(std::memory_order_acquire) != 0) {
-    }
-  }
-
- private:
-  void Loop(int t) {
-    uint64_t seen = 0;
-    for (;;) {
-      uint64_t g;
-      while ((g = generation_.load(std::memory_order_acquire)) == seen) {
-      }
-      seen = g;
-      if (stop_.load()) return;
-      (*job_)(t);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
-    }
-  }
-  int threads_;
-  std::vector<std::thread> workers_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
-  std::atomic<bool> stop_{false};
-  const std::function<void(int)>* job_ = nullptr;
-};
-
-struct Timing {
-  double median_us;  // wall clock, median sample
-  double best_us;    // wall clock, fastest sample
-  double cpu_us;     // CPU time of the process per call and thread, fastest sample (time the
-                     // threads were scheduled out does not count: a fairer number on a busy machine)
-};
-
-double CpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// Times fn over samples of `calls` calls each (0: as many as last 2 ms), for about `seconds`.
-Timing TimeCalls(const std::function<void()>& fn, double seconds, int64_t calls, int threads) {
-  using Clock = std::chrono::steady_clock;
-  for (int i = 0; i < 3; ++i) fn();
-  if (calls <= 0) {
-    const auto t0 = Clock::now();
-    fn();
-    const double once = std::chrono::duration<double>(Clock::now() - t0).count();
-    calls = std::max<int64_t>(1, static_cast<int64_t>(0.002 / std::max(once, 1e-7)));
-  }
-  std::vector<double> samples;
-  double cpu_best = 1e300;
-  const auto start = Clock::now();
-  while (samples.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
-    const double c0 = CpuSeconds();
-    const auto t0 = Clock::now();
-    for (int64_t i = 0; i < calls; ++i) fn();
-    const double wall = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    cpu_best = std::min(cpu_best, (CpuSeconds() - c0) * 1e6 / threads);
-    samples.push_back(wall / static_cast<double>(calls));
-  }
-  std::sort(samples.begin(), samples.end());
-  return {samples[samples.size() / 2], samples.front(), cpu_best / static_cast<double>(calls)};
-}
 
 int Usage(const char* argv0) {
   std::fprintf(
@@ -233,10 +120,10 @@ int main(int argc, char** argv) {
   // (r: Residual or Gate; sum: Sum, or where the copy writes the half of Gate)
   Buffer x(tensor), r(residual || gated ? tensor : 64), y(tensor), sum(residual || gated ? tensor : 64);
   Buffer scale(static_cast<size_t>(cols) * elem), bias(static_cast<size_t>(cols) * elem);
-  Fill(x, t, rng);
-  Fill(r, t, rng);
-  Fill(scale, t, rng);
-  Fill(bias, t, rng);
+  onnxnorm::bench::Fill(x, t, rng);
+  onnxnorm::bench::Fill(r, t, rng);
+  onnxnorm::bench::Fill(scale, t, rng);
+  onnxnorm::bench::Fill(bias, t, rng);
   std::memset(y.data, 0, y.size);
   std::memset(sum.data, 0, sum.size);
 
@@ -261,14 +148,9 @@ int main(int argc, char** argv) {
   a.norm_before_gate = norm_before_gate;
 
   // The glue's blocks, claimed from a shared counter as ORT's pool does.
-  const int64_t elements = static_cast<int64_t>(rows) * cols;
-  int64_t rows_per_block = std::max<int64_t>(1, kBlockElements / cols);
-  rows_per_block = std::min<int64_t>(rows_per_block, std::max<int64_t>(1, (rows + kMinBlocks - 1) / kMinBlocks));
-  rows_per_block = std::max(rows_per_block, (static_cast<int64_t>(rows) + kMaxBlocks - 1) / kMaxBlocks);
-  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-  // (with one thread the glue still runs a large call block by block: ORT's ParallelFor without
-  // a pool runs the blocks in order on the calling thread)
-  const bool parallel = rows > 1 && elements >= kParallelMinElements && blocks > 1;
+  const onnxnorm::bench::RowBlocks glue = onnxnorm::bench::GlueBlocks(rows, cols, kBlockElements);
+  const int64_t rows_per_block = glue.rows_per_block, blocks = glue.blocks;
+  const bool parallel = glue.parallel;
   if (!parallel) threads = 1;
   Team team(threads);
   std::atomic<int64_t> next{0};
@@ -277,7 +159,7 @@ int main(int argc, char** argv) {
       fn(a, b * rows_per_block, std::min<int64_t>((b + 1) * rows_per_block, rows));
     }
   };
-  const Timing kernel = TimeCalls(
+  const Timing kernel = onnxnorm::bench::TimeCalls(
       [&] {
         if (!parallel) {
           fn(a, 0, rows);
@@ -299,7 +181,7 @@ int main(int argc, char** argv) {
     if (residual) std::memcpy(sum.data + begin, r.data + begin, end - begin);
     if (gated) std::memcpy(sum.data + begin / 2, r.data + begin / 2, (end - begin) / 2);
   };
-  const Timing copy = TimeCalls([&] { team.Run(copy_job); }, seconds, calls, copy_threads);
+  const Timing copy = onnxnorm::bench::TimeCalls([&] { team.Run(copy_job); }, seconds, calls, copy_threads);
 
   const double moved = static_cast<double>(tensor) * (residual ? 4 : gated ? 3 : 2);
   auto gbs = [&](double us) { return moved / us / 1e3; };
