@@ -31,7 +31,8 @@ if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then
 fi
 cmake -S "$root" -B "$build" "${generator[@]}" -DONNXNORM_SANITIZE=ON -DONNXNORM_CUDA=OFF \
   -DONNXNORM_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="${ONNXNORM_SANITIZE_FLAGS:--O1 -g1}" >/dev/null
-cmake --build "$build" --parallel "$jobs" --target onnxnorm_ops onnxnorm_kernel_tests
+cmake --build "$build" --parallel "$jobs" --target onnxnorm_ops onnxnorm_kernel_tests onnxnorm_kernel_bench \
+  onnxnorm_rotary_bench
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 echo "== C++ kernel tests (ctest), sanitized"

@@ -672,7 +672,8 @@ def test_kernels_cxx_ctest():
     build/kernel-tests) and run by ctest: every op, type pair,
     optional input, attribute and rounding order against a scalar float64 reference, misaligned and
     streamed tensors, rows split as threads split them, the float16/bfloat16 conversions, and every
-    instruction set this CPU has against the others, byte for byte."""
+    instruction set this CPU has against the others, byte for byte; and the two microbenchmarks
+    docs/benchmarks.md uses, run once briefly."""
     root = Path(__file__).resolve().parents[2]
     jobs = str(max(1, min(4, os.cpu_count() or 1)))
     build = package_build_with_tests(root)
@@ -699,6 +700,8 @@ def test_kernels_cxx_ctest():
             str(build),
             "--target",
             "onnxnorm_kernel_tests",
+            "onnxnorm_kernel_bench",
+            "onnxnorm_rotary_bench",
             "--parallel",
             jobs,
         ],
