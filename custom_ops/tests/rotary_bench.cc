@@ -201,10 +201,11 @@ int main(int argc, char** argv) {
   if (!glue.parallel) threads = 1;
   Team team(threads);
   std::atomic<int64_t> next{0};
-  std::vector<float> scratch(static_cast<size_t>(
-      threads *
-      std::max<int64_t>(
-          onnxnorm::RotaryScratchFloats(a) > onnxnorm::kRotaryStackFloats ? onnxnorm::RotaryScratchFloats(a) : 0, 1)));
+  // (rows wider than the kernels' stack buffer: scratch of each thread's own, as the glue gives
+  // each block its own)
+  const int64_t scratch_floats =
+      onnxnorm::RotaryScratchFloats(a) > onnxnorm::kRotaryStackFloats ? onnxnorm::RotaryScratchFloats(a) : 0;
+  std::vector<float> scratch(static_cast<size_t>(threads * scratch_floats));
   auto by_blocks = [&](const std::function<void(int64_t, int64_t, int)>& body) {
     return [&, body](int thread) {
       for (int64_t b; (b = next.fetch_add(1, std::memory_order_relaxed)) < blocks;) {
@@ -220,9 +221,8 @@ int main(int argc, char** argv) {
         },
         seconds, calls, threads);
   };
-  const bool wide = onnxnorm::RotaryScratchFloats(a) > onnxnorm::kRotaryStackFloats;
   const Timing kernel = time_blocks(by_blocks([&](int64_t begin, int64_t end, int thread) {
-    fn(a, begin, end, wide ? scratch.data() + thread * onnxnorm::RotaryScratchFloats(a) : nullptr);
+    fn(a, begin, end, scratch_floats > 0 ? scratch.data() + thread * scratch_floats : nullptr);
   }));
 
   // memcpy of Q and K, each thread its share
@@ -231,7 +231,8 @@ int main(int argc, char** argv) {
       [&] {
         team.Run([&](int i) {
           const size_t begin = bytes / 64 * static_cast<size_t>(i) / static_cast<size_t>(threads) * 64;
-          const size_t end = i + 1 == threads ? bytes : bytes / 64 * static_cast<size_t>(i + 1) / threads * 64;
+          const size_t end =
+              i + 1 == threads ? bytes : bytes / 64 * static_cast<size_t>(i + 1) / static_cast<size_t>(threads) * 64;
           std::memcpy(y.data + begin, x.data + begin, end - begin);
         });
       },

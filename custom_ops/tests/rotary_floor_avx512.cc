@@ -1,9 +1,11 @@
 // The floor loops of rotary_floor.h, on the vectors of isa_avx512.h with its bfloat16 conversion
-// instructions (this file is compiled with the flags of custom_ops/cpu/isa_avx512_bf16.cc and
+// instructions, rounding and storing pairs of vectors by the kernels' RoundBoth and StoreBoth
+// (norm_rows.h) (this file is compiled with the flags of custom_ops/cpu/isa_avx512_bf16.cc and
 // -ffp-contract=off, as the kernels are).
 #define ONNXNORM_AVX512_BF16 1
 
 #include "isa_avx512.h"
+#include "norm_rows.h"
 #include "rotary_floor.h"
 
 #if defined(ONNXNORM_X86_KERNELS)
@@ -14,21 +16,6 @@ namespace cpu {
 namespace {
 
 using bench::RotaryFloorArgs;
-using V = Isa::V;
-
-// A pair's two vectors rounded to T, or stored as T, as the kernels' RoundBoth / StoreBoth do
-ONNXNORM_INLINE void RoundPair(F32, V*, V*) {}
-ONNXNORM_INLINE void RoundPair(F16, V* a, V* b) {
-  *a = Isa::Round(F16{}, *a);
-  *b = Isa::Round(F16{}, *b);
-}
-ONNXNORM_INLINE void RoundPair(BF16, V* a, V* b) { Isa::RoundBoth(BF16{}, a, b); }
-template <class E>
-ONNXNORM_INLINE void StorePair(E, typename E::St* pa, V a, typename E::St* pb, V b) {
-  Isa::Store(E{}, pa, a);
-  Isa::Store(E{}, pb, b);
-}
-ONNXNORM_INLINE void StorePair(BF16, uint16_t* pa, V a, uint16_t* pb, V b) { Isa::StoreBoth(BF16{}, pa, a, pb, b); }
 
 template <class E, bool kContract>
 void Heads(const RotaryFloorArgs& f, int64_t begin, int64_t end) {
@@ -46,19 +33,19 @@ void Heads(const RotaryFloorArgs& f, int64_t begin, int64_t end) {
     const St* s = sin + h / f.heads_per_token * half;
     for (int64_t j = 0; j < half; j += Isa::W) {
       V a = Isa::Mul(Isa::Load(E{}, xh + j), inv), b = Isa::Mul(Isa::Load(E{}, xh + j + half), inv);
-      if (kContract) RoundPair(E{}, &a, &b);
+      if (kContract) RoundBoth<E>(&a, &b);
       a = Isa::Mul(a, Isa::Load(F32{}, f.weight + j));
       b = Isa::Mul(b, Isa::Load(F32{}, f.weight + j + half));
       const V ca = Isa::Load(E{}, c + j), sa = Isa::Load(E{}, s + j);
       if (kContract) {
-        RoundPair(E{}, &a, &b);
+        RoundBoth<E>(&a, &b);
         V pa = Isa::Mul(a, ca), pb = Isa::Mul(b, sa), qa = Isa::Mul(b, ca), qb = Isa::Mul(a, sa);
-        RoundPair(E{}, &pa, &pb);
-        RoundPair(E{}, &qa, &qb);
-        StorePair(E{}, yh + j, Isa::Sub(pa, pb), yh + j + half, Isa::Add(qa, qb));
+        RoundBoth<E>(&pa, &pb);
+        RoundBoth<E>(&qa, &qb);
+        StoreBoth<E>(yh + j, Isa::Sub(pa, pb), yh + j + half, Isa::Add(qa, qb));
       } else {
-        StorePair(E{}, yh + j, Isa::Sub(Isa::Mul(a, ca), Isa::Mul(b, sa)), yh + j + half,
-                  Isa::Add(Isa::Mul(b, ca), Isa::Mul(a, sa)));
+        StoreBoth<E>(yh + j, Isa::Sub(Isa::Mul(a, ca), Isa::Mul(b, sa)), yh + j + half,
+                     Isa::Add(Isa::Mul(b, ca), Isa::Mul(a, sa)));
       }
     }
   }
