@@ -225,12 +225,15 @@ def plugin_devices(plugin: Plugin) -> list[Any]:
         if d.ep_name == plugin.name and d.device.type.name in kinds
     ]
     if not devices:
-        offered = sorted(
-            d.device.type.name for d in onnxruntime.get_ep_devices() if d.ep_name == plugin.name
-        )
+        everyone = onnxruntime.get_ep_devices()
+        offered = sorted(d.device.type.name for d in everyone if d.ep_name == plugin.name)
+        # (what ONNX Runtime found: a plugin may take one vendor's hardware only, as OpenVINO's
+        # takes Intel's)
+        seen = sorted({f"{d.device.type.name} by {d.device.vendor}" for d in everyone})
         raise OnnxNormError(
             f"{plugin.name} offers no device of kind {', '.join(sorted(kinds))} on this "
-            f"machine (it offers: {', '.join(offered) or 'none'})"
+            f"machine (it offers: {', '.join(offered) or 'none'}; ONNX Runtime found: "
+            f"{', '.join(seen) or 'nothing'})"
         )
     return devices
 
