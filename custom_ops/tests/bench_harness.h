@@ -12,6 +12,7 @@
 #include <ctime>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -19,6 +20,33 @@
 
 namespace onnxnorm {
 namespace bench {
+
+// The element type a --dtype names (float32, float16, bfloat16); false for another name.
+inline bool DtypeNamed(const std::string& name, ElemType* t) {
+  for (ElemType e : {ElemType::kFloat32, ElemType::kFloat16, ElemType::kBFloat16}) {
+    if (name == kElemTypeNames[static_cast<int>(e)]) {
+      *t = e;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The instruction set an --isa names (cpu::IsaName's names; empty: the best this CPU has); false
+// for an unknown name.
+inline bool IsaNamed(const std::string& name, cpu::Isa* isa) {
+  if (name.empty()) {
+    *isa = cpu::SupportedIsa();
+    return true;
+  }
+  for (int level = 0; level <= static_cast<int>(cpu::Isa::kAvx512Bf16); ++level) {
+    if (name == cpu::IsaName(static_cast<cpu::Isa>(level))) {
+      *isa = static_cast<cpu::Isa>(level);
+      return true;
+    }
+  }
+  return false;
+}
 
 // The ORT glue's row blocks (custom_ops/ort/parallel.h): rows of cols values in blocks of about
 // block_elements values, no fewer than 8 blocks where there are rows for them and no more than

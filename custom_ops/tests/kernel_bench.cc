@@ -90,19 +90,13 @@ int main(int argc, char** argv) {
   for (const OpSpec& o : onnxnorm::kOps) {
     if (op_name == o.name) op = &o;
   }
-  const ElemType t = dtype == "float32"    ? ElemType::kFloat32
-                     : dtype == "float16"  ? ElemType::kFloat16
-                     : dtype == "bfloat16" ? ElemType::kBFloat16
-                                           : static_cast<ElemType>(-1);
+  ElemType t = ElemType::kFloat32;
+  cpu::Isa isa = cpu::Isa::kPortable;
   long long rows = 0, cols = 0;
-  if (op == nullptr || static_cast<int>(t) < 0 || std::sscanf(shape.c_str(), "%lldx%lld", &rows, &cols) != 2 ||
-      rows <= 0 || cols <= 0 || threads < 1 || (activation != 0 && activation != 1) ||
-      (norm_before_gate != 0 && norm_before_gate != 1)) {
+  if (op == nullptr || !onnxnorm::bench::DtypeNamed(dtype, &t) || !onnxnorm::bench::IsaNamed(isa_name, &isa) ||
+      std::sscanf(shape.c_str(), "%lldx%lld", &rows, &cols) != 2 || rows <= 0 || cols <= 0 || threads < 1 ||
+      (activation != 0 && activation != 1) || (norm_before_gate != 0 && norm_before_gate != 1)) {
     return Usage(argv[0]);
-  }
-  cpu::Isa isa = cpu::SupportedIsa();
-  for (int level = 0; level <= static_cast<int>(cpu::Isa::kAvx512Bf16); ++level) {
-    if (isa_name == cpu::IsaName(static_cast<cpu::Isa>(level))) isa = static_cast<cpu::Isa>(level);
   }
   if (stream_min >= 0) cpu::SetStreamMinBytes(stream_min);
   const NormRowsFn fn = cpu::GetNormRowsFor(isa, op->norm, op->residual, t, t, t);

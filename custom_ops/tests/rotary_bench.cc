@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../cpu/cpu_internal.h"  // the scalar float16 / bfloat16 conversions
 #include "bench_harness.h"
 #include "onnxnorm/kernels.h"
 #include "onnxnorm/rotary_kernels.h"
@@ -52,25 +53,14 @@ int Usage(const char* argv0) {
   return 2;
 }
 
-// f as bits of T: bfloat16 rounded to nearest even, float16 truncated (normal values, below
-// 65536; any value of T will do here)
-uint16_t Bits16(ElemType t, float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (t == ElemType::kBFloat16) return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  // float16 of |f| <= 1 by exponent and 10 bits of mantissa (normal values; 0 below 2^-14)
-  const int exponent = static_cast<int>((u >> 23) & 0xffu) - 127 + 15;
-  if (exponent <= 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);
-  return static_cast<uint16_t>(((u >> 16) & 0x8000u) | (exponent << 10) | ((u >> 13) & 0x3ffu));
-}
-
 // n values of T from f(i)
 void FillWith(Buffer& b, ElemType t, int64_t n, const std::function<float(int64_t)>& f) {
   for (int64_t i = 0; i < n; ++i) {
     if (t == ElemType::kFloat32) {
       reinterpret_cast<float*>(b.data)[i] = f(i);
     } else {
-      reinterpret_cast<uint16_t*>(b.data)[i] = Bits16(t, f(i));
+      reinterpret_cast<uint16_t*>(b.data)[i] =
+          t == ElemType::kFloat16 ? cpu::FloatToHalf(f(i)) : cpu::FloatToBFloat16(f(i));
     }
   }
 }
@@ -116,22 +106,17 @@ int main(int argc, char** argv) {
       return Usage(argv[0]);
     }
   }
-  const ElemType t = dtype == "float32"    ? ElemType::kFloat32
-                     : dtype == "float16"  ? ElemType::kFloat16
-                     : dtype == "bfloat16" ? ElemType::kBFloat16
-                                           : static_cast<ElemType>(-1);
+  ElemType t = ElemType::kFloat32;
+  cpu::Isa isa = cpu::Isa::kPortable;
   const NormKind norm = norm_name == "rms"     ? NormKind::kRms
                         : norm_name == "layer" ? NormKind::kLayer
                         : norm_name == "l2"    ? NormKind::kL2
                                                : static_cast<NormKind>(-1);
-  if (static_cast<int>(t) < 0 || static_cast<int>(norm) < 0 || tokens < 1 || tokens > kPositions || q_heads < 1 ||
-      k_heads < 0 || head_size < 2 || head_size % 2 != 0 || (layout != 0 && layout != 2) ||
-      (rotary_in_t != 0 && rotary_in_t != 1) || (order != "A" && order != "B") || threads < 1) {
+  if (!onnxnorm::bench::DtypeNamed(dtype, &t) || !onnxnorm::bench::IsaNamed(isa_name, &isa) ||
+      static_cast<int>(norm) < 0 || tokens < 1 || tokens > kPositions || q_heads < 1 || k_heads < 0 || head_size < 2 ||
+      head_size % 2 != 0 || (layout != 0 && layout != 2) || (rotary_in_t != 0 && rotary_in_t != 1) ||
+      (order != "A" && order != "B") || threads < 1) {
     return Usage(argv[0]);
-  }
-  cpu::Isa isa = cpu::SupportedIsa();
-  for (int level = 0; level <= static_cast<int>(cpu::Isa::kAvx512Bf16); ++level) {
-    if (isa_name == cpu::IsaName(static_cast<cpu::Isa>(level))) isa = static_cast<cpu::Isa>(level);
   }
   const RotaryRowsFn fn = cpu::GetRotaryRowsFor(isa, norm, t, t, t);
   if (fn == nullptr) {
